@@ -1,0 +1,1 @@
+"""PulseIO decode engine: paged KV, sparse offload and scheduling on top of pulseio."""
