@@ -24,7 +24,10 @@ def paged_decode_attention(
     (`max_blocks`, not `context_lens` values). Callers must keep context_lens <= max_blocks * block_size.
     """
     check_paged_decode_args(q, k_cache, v_cache, block_tables, context_lens, scale, out)
-    # TODO(attention): the Triton split-K kernel replaces this on CUDA in the next commit.
+    if q.is_cuda:
+        from ._launch import paged_decode_attention_triton  # Triton is imported only on the CUDA path
+
+        return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out=out)
     result = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
     if out is None:
         return result

@@ -1,0 +1,27 @@
+"""pulseio: move scattered KV-cache blocks between pinned host memory and the GPU at the link's limit."""
+
+from .backend import Backend as Backend
+from .config import AutoPolicy as AutoPolicy
+from .config import DmaConfig as DmaConfig
+from .devices import open_backend as open_backend
+from .dma import DmaEngine as DmaEngine
+from .dma import DmaStatistics as DmaStatistics
+from .errors import ClosedError as ClosedError
+from .errors import CudaError as CudaError
+from .errors import DeviceUnavailableError as DeviceUnavailableError
+from .errors import InvalidRequestError as InvalidRequestError
+from .errors import PoolTooSmallError as PoolTooSmallError
+from .errors import PulseError as PulseError
+from .errors import PulseInternalError as PulseInternalError
+from .errors import TransferError as TransferError
+from .errors import WouldBlock as WouldBlock
+from .host_backend import HostBackend as HostBackend
+from .memory import DevicePool as DevicePool
+from .memory import HostPool as HostPool
+from .plan import Direction as Direction
+from .plan import Strategy as Strategy
+from .plan import TransferPlan as TransferPlan
+from .transfer import Transfer as Transfer
+from .transfer import TransferState as TransferState
+
+__version__ = "0.1.0"

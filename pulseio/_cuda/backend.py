@@ -1,0 +1,236 @@
+"""CudaBackend: pinned host pool, GPU slot pool, and the four routes on one copy stream.
+
+Staging buffer layout (pinned and device twins, `capacity` blocks each):
+    [ blocks: capacity x block_bytes | ids: capacity x int64 ]
+A recall piece of m blocks is gathered into rows 0..m-1 and its destination slot ids are written
+right behind them, at byte m*block_bytes, so blocks and ids travel in ONE contiguous DMA; the scatter
+kernel then reads the ids from device memory. An offload piece writes its source slot ids at the
+fixed ids area, where the gather kernel reads them through UVA.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..backend import Pending
+from ..config import DmaConfig
+from ..errors import DeviceUnavailableError, PoolTooSmallError
+from ..memory import DevicePool, HostPool
+from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
+from . import driver
+from .hostmem import PinnedBuffer
+from .launch import BlockArray, CopyBlocksLauncher
+
+log = logging.getLogger(__name__)
+_ID = 8  # bytes per id (int64)
+
+
+class CudaBackend:
+    """The GPU backend. Construct it only where torch sees a CUDA device."""
+
+    name = "cuda"
+
+    def __init__(self, device: int | str | torch.device = "cuda") -> None:
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                "the CUDA backend needs a CUDA GPU, and torch sees none; use pulseio.HostBackend() on this machine"
+            )
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise DeviceUnavailableError(f"CudaBackend needs a cuda device, got {self.device}")
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.init()
+        driver.init()
+
+    def alloc_host(self, nbytes: int, *, label: str) -> PinnedBuffer:
+        return PinnedBuffer(nbytes, label=label)
+
+    def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if nbytes > free:
+            raise PoolTooSmallError(
+                f"the {label} needs {nbytes / 2**30:.2f} GiB of GPU memory, {self.device} has "
+                f"{free / 2**30:.2f} GiB free"
+            )
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> CudaRoutes:
+        return CudaRoutes(self, host, device, config)
+
+
+class _BufferRing:
+    """Pinned (and optionally device-twin) buffers handed out by a free queue; the worker blocks,
+    GIL released, when all are in flight, and the completion thread gives them back."""
+
+    def __init__(self, count: int, nbytes: int, device: torch.device | None, label: str) -> None:
+        self.pinned = [PinnedBuffer(nbytes, label=label) for _ in range(count)]
+        self.device = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(count)] if device else []
+        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(count):
+            self._free.put(i)
+
+    def acquire(self) -> int:
+        return self._free.get()
+
+    def releaser(self, index: int) -> Callable[[], None]:
+        return lambda: self._free.put(index)
+
+    def close(self) -> None:
+        for buffer in self.pinned:
+            buffer.close()
+
+
+class CudaRoutes:
+    available = frozenset({Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED})
+
+    def __init__(self, backend: CudaBackend, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
+        self._device = backend.device
+        self._host = host
+        self._pool = device
+        self._bb = host.block_bytes
+        if self._bb % 8:
+            raise PoolTooSmallError(f"the CUDA routes move blocks as 8-byte words; block_bytes={self._bb}")
+        self.stream = torch.cuda.Stream(self._device)
+        self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
+        self._capacity = max(1, config.staging_bytes // self._bb)
+        self._staging = _BufferRing(
+            config.staging_buffers, self._capacity * (self._bb + _ID), self._device, "staging"
+        )
+        self._id_capacity = config.merge_blocks
+        self._ids = _BufferRing(2 * config.staging_buffers, 2 * self._id_capacity * _ID, None, "id ring")
+        self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
+        self._batch = {
+            Direction.H2D: driver.MemcpyBatch(host_to_device=True, device_ordinal=self._device.index),
+            Direction.D2H: driver.MemcpyBatch(host_to_device=False, device_ordinal=self._device.index),
+        }
+        self._host_array = BlockArray(host.device_ptr, host.num_blocks, self._bb)
+        self._pool_array = BlockArray(device.device_ptr, device.num_slots, self._bb)
+
+    # -- RouteSet ------------------------------------------------------------------------------
+
+    def record_after(self) -> Any:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
+        torch.cuda.set_device(self._device)
+        for event in after:
+            self.stream.wait_event(event)
+        plan = merge_plans(list(plans))
+        with torch.cuda.stream(self.stream):
+            if strategy is Strategy.GATHER_DMA:
+                return self._gather_dma(plan)
+            if strategy is Strategy.ZERO_COPY:
+                return self._zero_copy(plan)
+            if strategy is Strategy.BATCHED:
+                self._batched(plan)
+            elif strategy is Strategy.PER_BLOCK:
+                self._per_block(plan)
+            else:
+                raise ValueError(f"unknown strategy {strategy!r}")
+            return [Pending(self._record())]
+
+    def device_event(self, pending: Sequence[Pending]) -> Any:
+        return pending[-1].event  # the copy stream is in order: the last event covers all
+
+    def synchronize(self, event: Any) -> None:
+        event.synchronize()
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self._staging.close()
+        self._ids.close()
+
+    # -- routes --------------------------------------------------------------------------------
+
+    def _record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        return event
+
+    def _per_block(self, plan: TransferPlan) -> None:
+        host, pool = self._host.blocks, self._pool.slots
+        pairs = zip(plan.host_ids.tolist(), plan.device_slots.tolist())
+        if plan.direction is Direction.H2D:
+            for h, d in pairs:
+                pool[d].copy_(host[h], non_blocking=True)
+        else:
+            for h, d in pairs:
+                host[h].copy_(pool[d], non_blocking=True)
+
+    def _batched(self, plan: TransferPlan) -> None:
+        host_start, slot_start, length = plan.runs
+        host_ptrs = (self._host.device_ptr + host_start * self._bb).astype(np.uint64)
+        slot_ptrs = (self._pool.device_ptr + slot_start * self._bb).astype(np.uint64)
+        sizes = (length * self._bb).astype(np.uint64)
+        dsts, srcs = (slot_ptrs, host_ptrs) if plan.direction is Direction.H2D else (host_ptrs, slot_ptrs)
+        self._batch[plan.direction](dsts, srcs, sizes, self.stream.cuda_stream)
+
+    def _zero_copy(self, plan: TransferPlan) -> list[Pending]:
+        pending = []
+        for host_ids, slots in pieces(plan, self._id_capacity):
+            m = len(host_ids)
+            index = self._ids.acquire()
+            ids = self._ids.pinned[index]
+            ids_np = ids.tensor.numpy().view(np.int64)
+            ids_np[:m] = host_ids
+            ids_np[self._id_capacity : self._id_capacity + m] = slots
+            host_ids_ptr = ids.device_ptr
+            slot_ids_ptr = ids.device_ptr + self._id_capacity * _ID
+            if plan.direction is Direction.H2D:
+                args = (self._host_array, host_ids_ptr, self._pool_array, slot_ids_ptr)
+            else:
+                args = (self._pool_array, slot_ids_ptr, self._host_array, host_ids_ptr)
+            self._copy_blocks(self.stream.cuda_stream, *args, m)
+            pending.append(Pending(self._record(), self._ids.releaser(index)))
+        return pending
+
+    def _gather_dma(self, plan: TransferPlan) -> list[Pending]:
+        piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece
+        return [piece_fn(host_ids, slots) for host_ids, slots in pieces(plan, self._capacity)]
+
+    def _recall_piece(self, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
+        m, bb = len(host_ids), self._bb
+        index = self._staging.acquire()
+        pinned, dev = self._staging.pinned[index], self._staging.device[index]
+        nbytes = m * bb + m * _ID
+        torch.index_select(
+            self._host.blocks, 0, torch.from_numpy(host_ids), out=pinned.tensor[: m * bb].view(m, bb)
+        )
+        pinned.tensor[m * bb : nbytes].view(torch.int64).copy_(torch.from_numpy(slots))
+        dev[:nbytes].copy_(pinned.tensor[:nbytes], non_blocking=True)
+        staged = BlockArray(dev.data_ptr(), m, bb)
+        self._copy_blocks(
+            self.stream.cuda_stream, staged, self._arange.data_ptr(), self._pool_array, dev.data_ptr() + m * bb, m
+        )
+        return Pending(self._record(), self._staging.releaser(index))
+
+    def _offload_piece(self, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
+        m, bb = len(host_ids), self._bb
+        index = self._staging.acquire()
+        pinned, dev = self._staging.pinned[index], self._staging.device[index]
+        ids_at = self._capacity * bb
+        pinned.tensor[ids_at : ids_at + m * _ID].view(torch.int64).copy_(torch.from_numpy(slots))
+        staged = BlockArray(dev.data_ptr(), m, bb)
+        self._copy_blocks(
+            self.stream.cuda_stream, self._pool_array, pinned.device_ptr + ids_at, staged, self._arange.data_ptr(), m
+        )
+        pinned.tensor[: m * bb].copy_(dev[: m * bb], non_blocking=True)
+        host_index = torch.from_numpy(host_ids)
+        release = self._staging.releaser(index)
+
+        def scatter_on_host() -> None:
+            try:
+                self._host.blocks.index_copy_(0, host_index, pinned.tensor[: m * bb].view(m, bb))
+            finally:
+                release()
+
+        return Pending(self._record(), scatter_on_host)

@@ -1,0 +1,105 @@
+"""Checked CUDA driver calls through cuda-python (`cuda.bindings.driver`).
+
+Every call goes through `check`, which turns a failing CUresult into a `CudaError` naming the call.
+`cuMemcpyBatchAsync` is called through the function pointer `cuGetProcAddress` returns, with
+ctypes arrays built by numpy: the cuda-python wrapper wants one `CUdeviceptr` object per copy,
+which would be a Python loop per block on the hot path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+from cuda.bindings import driver as cu
+
+from ..errors import CudaError
+
+_MEMCPY_SRC_ACCESS_ORDER_STREAM = int(cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
+_MEM_LOCATION_TYPE_HOST = int(cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST)
+_MEM_LOCATION_TYPE_DEVICE = int(cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE)
+_HOST_REGISTER_FLAGS = int(cu.CU_MEMHOSTREGISTER_PORTABLE) | int(cu.CU_MEMHOSTREGISTER_DEVICEMAP)
+
+
+def check(call: str, result: tuple[Any, ...] | Any) -> Any:
+    """Unpack a cuda-python result tuple, raising `CudaError` if its CUresult is not CUDA_SUCCESS."""
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if status != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(status)
+        raise CudaError(call, int(status), name.decode() if isinstance(name, bytes) else str(name))
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def init() -> None:
+    check("cuInit", cu.cuInit(0))
+
+
+def host_register(ptr: int, nbytes: int) -> int:
+    """Pin and device-map `nbytes` at `ptr`; returns the device pointer (equal to `ptr` under UVA)."""
+    check("cuMemHostRegister", cu.cuMemHostRegister(ptr, nbytes, _HOST_REGISTER_FLAGS))
+    return int(check("cuMemHostGetDevicePointer", cu.cuMemHostGetDevicePointer(ptr, 0)))
+
+
+def host_unregister(ptr: int) -> None:
+    check("cuMemHostUnregister", cu.cuMemHostUnregister(ptr))
+
+
+class _MemLocation(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class _MemcpyAttributes(ctypes.Structure):
+    _fields_ = [
+        ("srcAccessOrder", ctypes.c_int),
+        ("srcLocHint", _MemLocation),
+        ("dstLocHint", _MemLocation),
+        ("flags", ctypes.c_uint),
+    ]
+
+
+_BatchFn = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_void_p,  # CUdeviceptr *dsts
+    ctypes.c_void_p,  # CUdeviceptr *srcs
+    ctypes.c_void_p,  # size_t *sizes
+    ctypes.c_size_t,  # count
+    ctypes.POINTER(_MemcpyAttributes),
+    ctypes.c_void_p,  # size_t *attrsIdxs
+    ctypes.c_size_t,  # numAttrs
+    ctypes.c_void_p,  # CUstream
+)
+
+
+class MemcpyBatch:
+    """`cuMemcpyBatchAsync` (CUDA 13 ABI) with stream-ordered source access, one attribute set for all."""
+
+    def __init__(self, *, host_to_device: bool, device_ordinal: int) -> None:
+        pfn = check("cuGetProcAddress", cu.cuGetProcAddress(b"cuMemcpyBatchAsync", 13000, 0))
+        pfn = pfn[0] if isinstance(pfn, tuple) else pfn
+        if not int(pfn):
+            raise CudaError("cuGetProcAddress(cuMemcpyBatchAsync)", 0, "CUDA_ERROR_NOT_FOUND")
+        self._fn = _BatchFn(int(pfn))
+        host = _MemLocation(_MEM_LOCATION_TYPE_HOST, 0)
+        device = _MemLocation(_MEM_LOCATION_TYPE_DEVICE, device_ordinal)
+        src, dst = (host, device) if host_to_device else (device, host)
+        self._attrs = _MemcpyAttributes(_MEMCPY_SRC_ACCESS_ORDER_STREAM, src, dst, 0)
+        self._attr_idx = np.zeros(1, dtype=np.uint64)
+
+    def __call__(self, dsts: np.ndarray, srcs: np.ndarray, sizes: np.ndarray, stream_handle: int) -> None:
+        """dsts, srcs, sizes: [n] uint64 (addresses and byte counts); enqueued on `stream_handle`."""
+        count = len(sizes)
+        status = self._fn(
+            dsts.ctypes.data,
+            srcs.ctypes.data,
+            sizes.ctypes.data,
+            count,
+            ctypes.byref(self._attrs),
+            self._attr_idx.ctypes.data,
+            1,
+            stream_handle,
+        )
+        if status != 0:
+            check("cuMemcpyBatchAsync", (cu.CUresult(status),))

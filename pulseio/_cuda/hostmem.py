@@ -1,0 +1,77 @@
+"""Pinned, device-mapped host memory: a torch byte tensor registered with the driver in chunks.
+
+Why register rather than `torch.empty(pin_memory=True)`: torch's pinned allocator rounds every
+request up to a power of two (a 40 GiB pool would pin 64 GiB) and pins it in one call. Here the
+buffer is one contiguous pageable allocation, page-aligned, pinned chunk by chunk from a few
+threads (pinning is page-faulting, which parallelises), with a progress bar for large pools.
+Under UVA the device pointer of registered memory equals its host pointer, so one contiguous
+range stays contiguous for kernels; that is checked per chunk, not assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from ..errors import PulseInternalError
+from . import driver
+
+log = logging.getLogger(__name__)
+
+_ALIGN = 2 << 20  # 2 MiB: page-aligned, and huge-page-aligned where the kernel uses them
+_PROGRESS_BYTES = 2 << 30
+
+
+class PinnedBuffer:
+    """`nbytes` of pinned host memory as `tensor` ([nbytes] uint8, CPU); `device_ptr` is its UVA address."""
+
+    def __init__(self, nbytes: int, *, chunk_bytes: int = 1 << 30, threads: int = 4, label: str = "") -> None:
+        self.nbytes = nbytes
+        raw = torch.empty(nbytes + _ALIGN, dtype=torch.uint8)
+        offset = (-raw.data_ptr()) % _ALIGN
+        self.tensor = raw[offset : offset + nbytes]
+        self.host_ptr = self.tensor.data_ptr()
+        self._chunks: list[int] = []
+        self._register(chunk_bytes, threads, label)
+        self.device_ptr = self.host_ptr
+
+    def _register(self, chunk_bytes: int, threads: int, label: str) -> None:
+        starts = list(range(0, self.nbytes, chunk_bytes))
+        bar = None
+        if self.nbytes >= _PROGRESS_BYTES:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.nbytes >> 20, unit="MiB", desc=f"pinning {label}".strip(), leave=False)
+
+        def pin(start: int) -> None:
+            size = min(chunk_bytes, self.nbytes - start)
+            ptr = self.host_ptr + start
+            device_ptr = driver.host_register(ptr, size)
+            with lock:
+                self._chunks.append(ptr)
+            if device_ptr != ptr:
+                raise PulseInternalError(
+                    f"registered host memory at {ptr:#x} maps to device address {device_ptr:#x}; "
+                    "pulseio needs UVA identity mapping (a 64-bit CUDA platform)"
+                )
+            if bar is not None:
+                bar.update(size >> 20)
+
+        lock = threading.Lock()
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(threads, len(starts)))) as pool:
+                list(pool.map(pin, starts))
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def close(self) -> None:
+        """Unpin. The tensor stays valid as plain memory until it is garbage-collected."""
+        while self._chunks:
+            driver.host_unregister(self._chunks.pop())

@@ -1,0 +1,63 @@
+"""The seam below which hardware lives: what a backend allocates and how its routes move blocks.
+
+Two backends implement it: `HostBackend` (threads copy between host regions; every machine) and
+the CUDA backend in `pulseio._cuda` (pinned host pool, copy engine, numba kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import torch
+
+from .plan import Strategy, TransferPlan
+
+if TYPE_CHECKING:
+    from .config import DmaConfig
+    from .memory import DevicePool, HostPool
+
+
+class HostMemory(Protocol):
+    tensor: torch.Tensor  # [nbytes] uint8, host
+    device_ptr: int  # the address a kernel uses for it (UVA); 0 where no device can address it
+
+    def close(self) -> None: ...
+
+
+class Pending(NamedTuple):
+    """Work a route left running: wait for `event`, then run `then` (host-side finishing work) if any."""
+
+    event: Any
+    then: Callable[[], None] | None = None
+
+
+class RouteSet(Protocol):
+    """The strategies one backend offers over one (host pool, device pool) pair."""
+
+    available: frozenset[Strategy]
+
+    def record_after(self) -> Any:
+        """On the submitting thread: a token for 'work already enqueued on the current stream'."""
+
+    def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
+        """On the worker thread: enqueue (or, on the host backend, do) the copies of `plans`."""
+
+    def device_event(self, pending: Sequence[Pending]) -> Any:
+        """The event a consumer stream waits on for these pendings (None on the host backend)."""
+
+    def synchronize(self, event: Any) -> None:
+        """On the completion thread: wait, GIL released, until `event` has completed."""
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: str
+    device: torch.device  # where DevicePool slots live
+
+    def alloc_host(self, nbytes: int, *, label: str) -> HostMemory: ...
+
+    def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor: ...
+
+    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> RouteSet: ...

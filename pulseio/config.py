@@ -1,0 +1,79 @@
+"""Frozen, validated configuration of the transfer layer, and the AUTO strategy policy."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .plan import Direction, Strategy
+
+
+@dataclass(frozen=True)
+class AutoPolicy:
+    """Picks a strategy by (direction, block size, block count) from measured points.
+
+    `best` maps (direction, block_bytes) to [(num_blocks, strategy)] sorted by count: the strategy
+    measured fastest at that count. A request takes the point nearest in log(block size), then in
+    log(count). With no point for a direction, `fallback` decides.
+    """
+
+    best: Mapping[tuple[Direction, int], tuple[tuple[int, Strategy], ...]] = field(default_factory=dict)
+    fallback: tuple[tuple[int, Strategy], ...] = ((256, Strategy.ZERO_COPY), (1 << 62, Strategy.GATHER_DMA))
+
+    def choose(self, direction: Direction, block_bytes: int, num_blocks: int) -> Strategy:
+        sizes = [size for (d, size) in self.best if d is direction]
+        if not sizes:
+            return next(s for limit, s in self.fallback if num_blocks < limit)
+        size = min(sizes, key=lambda s: abs(math.log(s) - math.log(block_bytes)))
+        points = self.best[(direction, size)]
+        count = max(num_blocks, 1)
+        return min(points, key=lambda p: abs(math.log(p[0]) - math.log(count)))[1]
+
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]]) -> AutoPolicy:
+        """Build from `pulseio bench` records (dicts with strategy, direction, block_bytes, num_blocks, gbps)."""
+        fastest: dict[tuple[Direction, int, int], tuple[float, Strategy]] = {}
+        for r in records:
+            if r.get("under_load") or r["strategy"] == Strategy.AUTO.value:
+                continue
+            key = (Direction(r["direction"]), int(r["block_bytes"]), int(r["num_blocks"]))
+            if key not in fastest or r["gbps"] > fastest[key][0]:
+                fastest[key] = (float(r["gbps"]), Strategy(r["strategy"]))
+        best: dict[tuple[Direction, int], list[tuple[int, Strategy]]] = {}
+        for (direction, size, count), (_, strategy) in sorted(fastest.items(), key=lambda kv: kv[0][2]):
+            best.setdefault((direction, size), []).append((count, strategy))
+        return cls(best={k: tuple(v) for k, v in best.items()})
+
+
+@dataclass(frozen=True)
+class DmaConfig:
+    """How a DmaEngine moves blocks.
+
+    staging_bytes: size of each pinned staging buffer of the GATHER_DMA route; a larger transfer is
+        split into pieces that pipeline (CPU gather of piece i+1 overlaps the DMA of piece i).
+    staging_buffers: how many staging buffers rotate (>= 2 for that overlap).
+    zero_copy_ctas: CTA budget of the copy kernel (ZERO_COPY route and the scatter/gather kernels):
+        it never occupies more SMs than this, so model kernels keep the rest.
+    max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
+    merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
+    auto: the policy behind Strategy.AUTO.
+    """
+
+    staging_bytes: int = 64 << 20
+    staging_buffers: int = 3
+    zero_copy_ctas: int = 64
+    max_inflight: int = 4096
+    merge_blocks: int = 8192
+    auto: AutoPolicy = field(default_factory=AutoPolicy)
+
+    def __post_init__(self) -> None:
+        for name in ("staging_bytes", "zero_copy_ctas", "max_inflight", "merge_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"DmaConfig.{name} must be a positive int, got {value!r}")
+        if not isinstance(self.staging_buffers, int) or self.staging_buffers < 2:
+            raise ValueError(
+                f"DmaConfig.staging_buffers must be >= 2 so gather and DMA overlap, got {self.staging_buffers!r}"
+            )

@@ -1,0 +1,90 @@
+"""HostBackend: pulseio on a machine without a GPU. The "device" pool is host memory too and the
+copy engine is the DMA worker thread; every route runs the same planning as on the GPU (merging,
+staging pieces, coalesced runs), so the whole transfer path is exercised in CI and on laptops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .backend import Pending
+from .config import DmaConfig
+from .memory import DevicePool, HostPool
+from .plan import Direction, Strategy, TransferPlan, merge_plans, pieces
+
+
+class _HostMemory:
+    def __init__(self, nbytes: int) -> None:
+        self.tensor = torch.empty(nbytes, dtype=torch.uint8)
+        self.device_ptr = self.tensor.data_ptr()
+
+    def close(self) -> None:
+        pass
+
+
+class HostBackend:
+    """The CPU backend: plain host memory, copies done by pulseio's worker thread."""
+
+    name = "host"
+    device = torch.device("cpu")
+
+    def alloc_host(self, nbytes: int, *, label: str) -> _HostMemory:
+        return _HostMemory(nbytes)
+
+    def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> _HostRoutes:
+        return _HostRoutes(host, device, config)
+
+
+class _HostRoutes:
+    available = frozenset({Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED})
+
+    def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
+        self._host = host.blocks  # [num_blocks, block_bytes] uint8
+        self._dev = device.slots  # [num_slots, block_bytes] uint8
+        self._capacity = max(1, config.staging_bytes // host.block_bytes)
+        self._staging = torch.empty(self._capacity, host.block_bytes, dtype=torch.uint8)
+
+    def record_after(self) -> Any:
+        return None
+
+    def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
+        plan = merge_plans(list(plans))
+        src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)
+        src_ids, dst_ids = (
+            (plan.host_ids, plan.device_slots) if plan.direction is Direction.H2D
+            else (plan.device_slots, plan.host_ids)
+        )
+        if strategy is Strategy.PER_BLOCK:
+            for s, d in zip(src_ids.tolist(), dst_ids.tolist()):
+                dst[d].copy_(src[s])
+        elif strategy is Strategy.BATCHED:
+            host_start, slot_start, length = plan.runs
+            starts = (host_start, slot_start) if plan.direction is Direction.H2D else (slot_start, host_start)
+            for s, d, n in zip(starts[0].tolist(), starts[1].tolist(), length.tolist()):
+                dst[d : d + n].copy_(src[s : s + n])
+        elif strategy is Strategy.GATHER_DMA:
+            for host_ids, slots in pieces(plan, self._capacity):
+                s_ids, d_ids = (host_ids, slots) if plan.direction is Direction.H2D else (slots, host_ids)
+                staged = self._staging[: len(s_ids)]
+                torch.index_select(src, 0, torch.from_numpy(s_ids), out=staged)
+                dst.index_copy_(0, torch.from_numpy(d_ids), staged)
+        elif strategy is Strategy.ZERO_COPY:
+            dst.index_copy_(0, torch.from_numpy(dst_ids), src.index_select(0, torch.from_numpy(src_ids)))
+        else:
+            raise ValueError(f"unknown strategy {strategy!r}")
+        return []
+
+    def device_event(self, pending: Sequence[Pending]) -> Any:
+        return None
+
+    def synchronize(self, event: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

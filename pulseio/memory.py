@@ -1,0 +1,108 @@
+"""Block pools: HostPool (pinned host memory on the CUDA backend) and DevicePool (GPU slots).
+
+Both are byte slabs of fixed-size blocks addressed by id; they hold no policy. `blocks` / `slots`
+are [n, block_bytes] uint8 tensors; `view(dtype, *shape)` reinterprets them for a model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .backend import Backend, HostMemory
+from .errors import ClosedError, InvalidRequestError, PoolTooSmallError
+
+_MIN_BLOCK = 16
+
+
+def _check_geometry(kind: str, count: int, block_bytes: int) -> None:
+    if not isinstance(count, int) or count < 1:
+        raise InvalidRequestError(f"{kind} needs at least one block, got {count!r}")
+    if not isinstance(block_bytes, int) or block_bytes < _MIN_BLOCK or block_bytes % _MIN_BLOCK:
+        raise InvalidRequestError(
+            f"block_bytes must be a positive multiple of {_MIN_BLOCK}, got {block_bytes!r}"
+        )
+
+
+def _available_host_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _view(tensor: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    rows, block_bytes = tensor.shape
+    per_block = torch.empty((), dtype=dtype).element_size()
+    for dim in shape:
+        per_block *= dim
+    if per_block != block_bytes:
+        raise InvalidRequestError(
+            f"a block of shape {shape} and dtype {dtype} takes {per_block} bytes, blocks here have {block_bytes}"
+        )
+    return tensor.view(dtype).view(rows, *shape)
+
+
+class HostPool:
+    """num_blocks blocks of block_bytes in host memory; pinned and device-mapped on the CUDA backend."""
+
+    def __init__(self, backend: Backend, num_blocks: int, block_bytes: int) -> None:
+        _check_geometry("HostPool", num_blocks, block_bytes)
+        nbytes = num_blocks * block_bytes
+        available = _available_host_bytes()
+        if available is not None and nbytes > available:
+            raise PoolTooSmallError(
+                f"a host pool of {num_blocks} x {block_bytes} B needs {nbytes / 2**30:.2f} GiB, "
+                f"the machine has {available / 2**30:.2f} GiB available"
+            )
+        self.backend = backend
+        self.num_blocks = num_blocks
+        self.block_bytes = block_bytes
+        self._memory: HostMemory | None = backend.alloc_host(nbytes, label="host pool")
+        self.blocks = self._memory.tensor.view(num_blocks, block_bytes)  # [num_blocks, block_bytes] uint8
+
+    @property
+    def device_ptr(self) -> int:
+        if self._memory is None:
+            raise ClosedError("this HostPool is closed")
+        return self._memory.device_ptr
+
+    def view(self, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+        """The pool as [num_blocks, *shape] of dtype (shape must fill a block exactly)."""
+        return _view(self.blocks, dtype, shape)
+
+    def close(self) -> None:
+        """Unpin the memory. Call only once no transfer uses the pool (the DmaEngine closes first)."""
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+
+    def __enter__(self) -> HostPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DevicePool:
+    """num_slots blocks of block_bytes on the backend's device: where recalled blocks land."""
+
+    def __init__(self, backend: Backend, num_slots: int, block_bytes: int) -> None:
+        _check_geometry("DevicePool", num_slots, block_bytes)
+        self.backend = backend
+        self.num_slots = num_slots
+        self.block_bytes = block_bytes
+        self.slots = backend.alloc_device(num_slots * block_bytes, label="device pool").view(
+            num_slots, block_bytes
+        )  # [num_slots, block_bytes] uint8, backend.device
+
+    @property
+    def device_ptr(self) -> int:
+        return self.slots.data_ptr()
+
+    def view(self, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+        """The pool as [num_slots, *shape] of dtype (shape must fill a block exactly)."""
+        return _view(self.slots, dtype, shape)

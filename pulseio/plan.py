@@ -1,0 +1,151 @@
+"""TransferPlan: validated (host block, device slot) pairs of one transfer; pure numpy, no torch.
+
+Validation is vectorised (no Python loop per block) and happens on the submitting thread, before
+anything is queued: a bad request raises and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .errors import InvalidRequestError, PoolTooSmallError
+
+
+class Direction(enum.Enum):
+    H2D = "h2d"  # recall: host pool -> device pool
+    D2H = "d2h"  # offload: device pool -> host pool
+
+
+class Strategy(enum.Enum):
+    """How a transfer is carried out. `AUTO` picks one by direction, block size and count."""
+
+    PER_BLOCK = "per_block"  # one copy per block: the baseline
+    GATHER_DMA = "gather_dma"  # CPU gather into pinned staging, one DMA, GPU scatter kernel
+    ZERO_COPY = "zero_copy"  # GPU kernel reads/writes pinned host memory through UVA
+    BATCHED = "batched"  # cuMemcpyBatchAsync over coalesced runs
+    AUTO = "auto"
+
+
+def as_id_array(ids: Any, *, name: str) -> np.ndarray:
+    """ids: [n] any integer dtype, host (list, numpy, CPU torch tensor) -> [n] int64 numpy."""
+    device = getattr(ids, "device", None)
+    if device is not None and getattr(device, "type", "cpu") != "cpu":
+        raise InvalidRequestError(
+            f"{name} must be on the host, got a tensor on {device}; "
+            "GPU-produced ids reach pulseio through the doorbell ring, without a sync"
+        )
+    array = np.asarray(ids)
+    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
+        if array.size == 0 and array.dtype == np.float64:  # np.asarray([]) is float64
+            array = array.astype(np.int64)
+        else:
+            raise TypeError(f"{name} must have an integer dtype, got {array.dtype}")
+    if array.ndim != 1:
+        raise InvalidRequestError(f"{name} must be one-dimensional, got shape {array.shape}")
+    return array.astype(np.int64, copy=False)
+
+
+def _check_range(ids: np.ndarray, limit: int, *, name: str, pool: str) -> None:
+    if ids.size == 0:
+        return
+    bad = np.flatnonzero((ids < 0) | (ids >= limit))
+    if bad.size:
+        i = int(bad[0])
+        raise InvalidRequestError(
+            f"{name}[{i}] = {int(ids[i])} is out of range: {pool} has ids 0..{limit - 1}"
+            + (f" ({bad.size} ids out of range in all)" if bad.size > 1 else "")
+        )
+
+
+def _check_unique(ids: np.ndarray, *, name: str) -> None:
+    if ids.size < 2:
+        return
+    order = np.argsort(ids, kind="stable")
+    repeated = np.flatnonzero(ids[order[1:]] == ids[order[:-1]])
+    if repeated.size:
+        j = int(repeated[0])
+        first, second = sorted((int(order[j]), int(order[j + 1])))
+        raise InvalidRequestError(
+            f"{name} must not repeat a destination: {name}[{first}] and {name}[{second}] "
+            f"are both {int(ids[first])}"
+        )
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """host_ids, device_slots: [n] int64 numpy; pair b moves block host_ids[b] <-> slot device_slots[b]."""
+
+    direction: Direction
+    host_ids: np.ndarray
+    device_slots: np.ndarray
+    block_bytes: int
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.host_ids.size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    @cached_property
+    def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Coalesced runs (host_start, slot_start, length): pairs consecutive on both sides, sorted by host id."""
+        order = np.argsort(self.host_ids, kind="stable")
+        host, slot = self.host_ids[order], self.device_slots[order]
+        breaks = np.flatnonzero((np.diff(host) != 1) | (np.diff(slot) != 1)) + 1
+        starts = np.concatenate(([0], breaks)) if host.size else breaks
+        lengths = np.diff(np.concatenate((starts, [host.size])))
+        return host[starts], slot[starts], lengths
+
+
+def make_plan(
+    direction: Direction,
+    host_ids: Any,
+    device_slots: Any,
+    *,
+    num_host_blocks: int,
+    num_device_slots: int,
+    block_bytes: int,
+) -> TransferPlan:
+    """Validate one transfer's ids against the pools; raise before anything moves."""
+    host = as_id_array(host_ids, name="host_ids")
+    slots = as_id_array(device_slots, name="device_slots")
+    if host.size != slots.size:
+        raise InvalidRequestError(
+            f"host_ids and device_slots must have the same length, got {host.size} and {slots.size}"
+        )
+    if direction is Direction.H2D and slots.size > num_device_slots:
+        raise PoolTooSmallError(
+            f"a recall of {slots.size} blocks needs as many device slots, the device pool has {num_device_slots}"
+        )
+    _check_range(host, num_host_blocks, name="host_ids", pool="the host pool")
+    _check_range(slots, num_device_slots, name="device_slots", pool="the device pool")
+    _check_unique(slots if direction is Direction.H2D else host,
+                  name="device_slots" if direction is Direction.H2D else "host_ids")
+    return TransferPlan(direction, host, slots, block_bytes)
+
+
+def merge_plans(plans: list[TransferPlan]) -> TransferPlan:
+    """One plan holding the pairs of several plans of one direction (the worker merges queued transfers)."""
+    if len(plans) == 1:
+        return plans[0]
+    return TransferPlan(
+        plans[0].direction,
+        np.concatenate([p.host_ids for p in plans]),
+        np.concatenate([p.device_slots for p in plans]),
+        plans[0].block_bytes,
+    )
+
+
+def pieces(plan: TransferPlan, capacity: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(host_ids, device_slots) slices of at most `capacity` pairs: what one staging buffer holds."""
+    return [
+        (plan.host_ids[i : i + capacity], plan.device_slots[i : i + capacity])
+        for i in range(0, plan.num_blocks, capacity)
+    ]

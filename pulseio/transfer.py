@@ -1,0 +1,159 @@
+"""Transfer: the handle of one submitted transfer; done(), wait(), exception(), callbacks, device wait.
+
+State moves one way: QUEUED -> ISSUED -> DONE or FAILED (FAILED may also follow QUEUED). ISSUED
+means every copy and kernel of the transfer is enqueued on the copy stream, so a consumer stream
+can wait on `device_event` without the host waiting for the GPU.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import PulseInternalError, TransferError
+from .plan import Direction, Strategy
+
+
+class TransferState(enum.Enum):
+    QUEUED = "queued"
+    ISSUED = "issued"
+    DONE = "done"
+    FAILED = "failed"
+
+
+_NEXT = {
+    TransferState.QUEUED: {TransferState.ISSUED, TransferState.FAILED},
+    TransferState.ISSUED: {TransferState.DONE, TransferState.FAILED},
+    TransferState.DONE: set(),
+    TransferState.FAILED: set(),
+}
+
+
+class Transfer:
+    """One transfer. Created by `DmaEngine.submit`; resolved by pulseio's threads."""
+
+    def __init__(
+        self, *, seq: int, tag: Any, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int
+    ) -> None:
+        self.seq = seq
+        self.tag = tag
+        self.direction = direction
+        self.strategy = strategy
+        self.num_blocks = num_blocks
+        self.nbytes = nbytes
+        self.submitted_at = time.perf_counter()
+        self.finished_at: float | None = None
+        self.device_event: Any = None  # torch.cuda.Event once ISSUED on a GPU backend
+        self._state = TransferState.QUEUED
+        self._exception: BaseException | None = None
+        self._lock = threading.Lock()
+        self._issued = threading.Event()
+        self._finished = threading.Event()
+        self._callbacks: list[Callable[[Transfer], None]] = []
+        self._issued_callbacks: list[Callable[[Transfer], None]] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"<Transfer seq={self.seq} tag={self.tag!r} {self.direction.value} {self.strategy.value} "
+            f"{self.num_blocks} blocks {self._state.value}>"
+        )
+
+    @property
+    def state(self) -> TransferState:
+        return self._state
+
+    def done(self) -> bool:
+        """True once the data has landed (or the transfer failed). Never waits."""
+        return self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait, GIL released, until done; False on timeout. Raises TransferError if the transfer failed.
+
+        A timeout changes nothing: the copy may still be running and its buffers stay reserved.
+        """
+        if not self._finished.wait(timeout):
+            return False
+        if self._exception is not None:
+            raise self._exception
+        return True
+
+    def exception(self) -> BaseException | None:
+        """The failure, or None; only meaningful once done()."""
+        return self._exception
+
+    @property
+    def latency_s(self) -> float | None:
+        """Seconds from submit to landed, once done."""
+        return None if self.finished_at is None else self.finished_at - self.submitted_at
+
+    def add_done_callback(self, fn: Callable[[Transfer], None]) -> None:
+        """Call fn(self) once done, from the pulseio thread that finishes it (now, if already done)."""
+        with self._lock:
+            if not self._finished.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def add_issued_callback(self, fn: Callable[[Transfer], None]) -> None:
+        """Call fn(self) once its copies are enqueued (`device_event` set) or it failed, from the pulseio
+        worker thread (now, if that already happened). fn must not block: it runs on the copy path."""
+        with self._lock:
+            if not self._issued.is_set():
+                self._issued_callbacks.append(fn)
+                return
+        fn(self)
+
+    def device_wait(self, stream: Any = None) -> None:
+        """Make a torch CUDA stream (default: current) wait for the data, without waiting for the GPU.
+
+        Blocks the calling thread only until pulseio's worker has enqueued the copies (microseconds
+        behind submit), never for the copy itself. Raises at once if the transfer already failed.
+        """
+        self._issued.wait()
+        if self._exception is not None:
+            raise self._exception
+        if self.device_event is None:  # host backend: the copy already happened on the worker
+            self._finished.wait()
+            return
+        import torch
+
+        (stream or torch.cuda.current_stream()).wait_event(self.device_event)
+
+    # -- called by pulseio's threads -------------------------------------------------------
+
+    def _move(self, state: TransferState) -> None:
+        if state not in _NEXT[self._state]:
+            raise PulseInternalError(f"{self!r}: illegal state change {self._state.value} -> {state.value}")
+        self._state = state
+
+    def _set_issued(self, device_event: Any) -> None:
+        with self._lock:
+            self.device_event = device_event
+            self._move(TransferState.ISSUED)
+            self._issued.set()
+            callbacks, self._issued_callbacks = self._issued_callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def _set_done(self) -> None:
+        self._finish(TransferState.DONE, None)
+
+    def _set_failed(self, cause: BaseException) -> None:
+        error = TransferError(f"transfer seq={self.seq} tag={self.tag!r} failed: {cause}")
+        error.__cause__ = cause
+        self._finish(TransferState.FAILED, error)
+
+    def _finish(self, state: TransferState, exception: BaseException | None) -> None:
+        with self._lock:
+            self._move(state)
+            self._exception = exception
+            self.finished_at = time.perf_counter()
+            callbacks, self._callbacks = self._callbacks, []
+            issued_callbacks, self._issued_callbacks = self._issued_callbacks, []
+            self._issued.set()
+            self._finished.set()
+        for fn in issued_callbacks + callbacks:
+            fn(self)

@@ -1,0 +1,112 @@
+"""Triton kernels of flash-decoding over a paged KV cache.
+
+Why the kernel looks the way it does (decode attention is a pure HBM stream):
+
+- One program = one (KV head, context split, sequence). It loads each KV tile once and uses it for
+  all GROUP = Hq / Hkv query heads of that KV head, through `tl.dot` with the query group padded to
+  GROUP_PAD >= 16 rows (the MMA minimum). The padded rows are zeros and are never stored.
+- Split-K: the context of each sequence is cut into `num_splits` ranges of whole BLOCK_N-token tiles,
+  computed on the device from `context_lens`, so the grid (Hkv, num_splits, B) depends on shapes only
+  (CUDA-graph safe) while the work per program follows the real length. `num_splits` is a runtime
+  argument, not a constexpr, so trying several costs no recompilation.
+- Tiles gather tokens through the block table, one page id per token: token t of the sequence lives at
+  page block_tables[b, t // PAGE_SIZE], slot t % PAGE_SIZE. BLOCK_N may be smaller or larger than a page.
+  Page ids are loaded only for t < context_len, so unused block-table entries are never read.
+- Each split writes its output normalised, plus its log-sum-exp (base 2); `_reduce_splits_kernel`
+  merges the splits. With one split the first kernel writes the final output itself (DIRECT).
+- The program id order puts the KV head fastest, so the Hkv programs of one (sequence, split) run
+  together and read neighbouring bytes of the same pages.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
+    scale_log2, num_splits, max_context,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kt, stride_kh, stride_kd,
+    stride_vb, stride_vt, stride_vh, stride_vd,
+    stride_btb,
+    stride_ob, stride_oh, stride_os, stride_od,
+    stride_lb, stride_lh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    kv_head = tl.program_id(0)
+    split = tl.program_id(1)
+    b = tl.program_id(2)
+
+    ctx = tl.minimum(tl.load(lens_ptr + b), max_context)  # never read past the block-table row
+    n_tiles = tl.cdiv(ctx, BLOCK_N)
+    tiles_per_split = tl.cdiv(n_tiles, num_splits)
+    tile_lo = split * tiles_per_split
+    tile_hi = tl.minimum(tile_lo + tiles_per_split, n_tiles)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    k_head = k_ptr + kv_head * stride_kh
+    v_head = v_ptr + kv_head * stride_vh
+    for tile in range(tile_lo, tile_hi):
+        tok = tile * BLOCK_N + offs_n
+        tok_mask = tok < ctx
+        page = tl.load(bt_row + tok // PAGE_SIZE, mask=tok_mask, other=0).to(tl.int64)
+        slot = tok % PAGE_SIZE
+        k = tl.load(k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
+                    mask=tok_mask[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_N]
+        s = tl.where(tok_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
+                    mask=tok_mask[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    has_work = l_i > 0.0  # false only for splits past the end of a short context
+    l_safe = tl.where(has_work, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    if DIRECT:
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        tl.store(o_ptrs + split * stride_os, o, mask=g_mask[:, None])
+        lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    part_ptr, lse_ptr, out_ptr, num_splits,
+    stride_pb, stride_ph, stride_ps,
+    stride_lb, stride_lh,
+    stride_ob, stride_oh, stride_od,
+    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    head = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has work, so the max is finite
+    part = tl.load(part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                   mask=s_mask[:, None], other=0.0)  # [SPLITS_PAD, HEAD_DIM]
+    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d * stride_od, o.to(out_ptr.dtype.element_ty))

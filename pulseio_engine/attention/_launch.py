@@ -1,0 +1,123 @@
+"""Launch configuration and grid of the Triton paged decode kernels.
+
+`choose_config` picks the tile (BLOCK_N tokens, warps, pipeline stages) and the split count from
+shapes only: B, Hkv, head_dim, page size, `max_blocks` and the SM count. Never from `context_lens`
+values, so a captured CUDA graph stays valid for any lengths up to max_blocks * block_size.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from . import _kernel
+
+_DEFAULT_NUM_SMS = 132  # H200 / H100 SXM; used when the tensors are not on a CUDA device (interpreter)
+_PROGRAMS_PER_SM = 8  # enough programs that the last wave is a small fraction of the run
+_MIN_TILES_PER_SPLIT = 4  # below this the per-program prologue/epilogue stops being amortised
+_MAX_SPLITS = 128
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One launch configuration; `num_splits == 1` skips the reduce kernel."""
+
+    block_n: int  # tokens per loop iteration (power of two >= 16)
+    num_warps: int
+    num_stages: int
+    num_splits: int
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"num_warps must be one of 1, 2, 4, 8, 16, got {self.num_warps}")
+        if self.num_stages < 1:
+            raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
+        if not 1 <= self.num_splits <= 1024:
+            raise ValueError(f"num_splits must be in [1, 1024], got {self.num_splits}")
+
+
+def choose_config(*, batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_blocks: int,
+                  num_sms: int) -> DecodeConfig:
+    """Heuristic tile and split count for one shape (see module docstring)."""
+    block_n = 64 if head_dim >= 128 else 128
+    max_tiles = -(-max_blocks * page_size // block_n)
+    want = -(-_PROGRAMS_PER_SM * num_sms // (batch * num_kv_heads))
+    cap = max(1, max_tiles // _MIN_TILES_PER_SPLIT)
+    splits = max(1, min(want, cap, _MAX_SPLITS))
+    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, num_splits=splits)
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _DEFAULT_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def check_triton_shapes(q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """Rules of the kernel beyond those of the API (see _checks)."""
+    head_dim = q.shape[2]
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two in [16, 256] for the Triton kernel, got {head_dim}")
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor,             # [B, Hq, D]
+    k_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    context_lens: torch.Tensor,  # [B] int32
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,   # [B, Hq, D], q.dtype
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:                     # [B, Hq, D], q.dtype
+    """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
+    check_triton_shapes(q, k_cache)
+    batch, hq, head_dim = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    max_blocks = block_tables.shape[1]
+    if config is None:
+        config = choose_config(batch=batch, num_kv_heads=hkv, head_dim=head_dim, page_size=page_size,
+                               max_blocks=max_blocks, num_sms=_num_sms(q.device))
+    if out is None:
+        out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    group = hq // hkv
+    splits = config.num_splits
+    direct = splits == 1
+    if direct:
+        part, lse = out, out  # lse is unused when DIRECT
+        part_strides = (out.stride(0), out.stride(1), 0, out.stride(2))
+        lse_strides = (0, 0)
+    else:
+        part = torch.empty((batch, hq, splits, head_dim), dtype=torch.float32, device=q.device)
+        lse = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
+        part_strides = part.stride()
+        lse_strides = lse.stride()[:2]
+    _kernel._paged_decode_split_kernel[(hkv, splits, batch)](
+        q, k_cache, v_cache, block_tables, context_lens, part, lse,
+        float(scale) * 1.4426950408889634, splits, max_blocks * page_size,
+        *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
+        *part_strides, *lse_strides,
+        GROUP=group, GROUP_PAD=max(16, _next_pow2(group)), HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+        BLOCK_N=config.block_n, DIRECT=direct,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if not direct:
+        splits_pad = max(2, _next_pow2(splits))
+        _kernel._reduce_splits_kernel[(hq, batch)](
+            part, lse, out, splits, *part.stride()[:3], *lse.stride()[:2], *out.stride(),
+            SPLITS_PAD=splits_pad, HEAD_DIM=head_dim, num_warps=4 if splits_pad * head_dim <= 4096 else 8,
+        )
+    return out

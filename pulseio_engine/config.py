@@ -1,0 +1,166 @@
+"""Frozen, validated configuration: one dataclass per layer, composed by `EngineConfig`.
+
+Nothing here imports torch: dtypes and devices are named by strings/enums and resolved by the
+runner, so configs can be built and validated on any machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Architecture(Enum):
+    LLAMA = "llama"    # Llama 2/3, SmolLM2
+    QWEN3 = "qwen3"    # Llama + per-head RMSNorm on q and k
+
+
+class DType(Enum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+def _positive(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{owner}.{name} must be a positive number, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3 `rope_scaling` with `rope_type: llama3`."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        _positive("RopeScaling", factor=self.factor, low_freq_factor=self.low_freq_factor,
+                  high_freq_factor=self.high_freq_factor,
+                  original_max_position_embeddings=self.original_max_position_embeddings)
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(
+                f"RopeScaling.high_freq_factor ({self.high_freq_factor}) must exceed "
+                f"low_freq_factor ({self.low_freq_factor})"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama/Qwen3 decoder. `head_dim` may differ from hidden_size // num_heads (Qwen3)."""
+
+    architecture: Architecture
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.architecture, Architecture):
+            raise TypeError(f"ModelConfig.architecture must be an Architecture, got {self.architecture!r}")
+        _positive("ModelConfig", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                  num_layers=self.num_layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                  head_dim=self.head_dim, intermediate_size=self.intermediate_size,
+                  max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
+                  rope_theta=self.rope_theta)
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture is Architecture.QWEN3
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: `num_blocks` blocks of `block_size` tokens per layer (block 0 is reserved
+    as the padding block of CUDA-graph buckets). `num_blocks=None` sizes the cache from
+    `gpu_memory_fraction` of free memory on CUDA, or to `cpu_default_tokens` on CPU."""
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    gpu_memory_fraction: float = 0.9
+    cpu_default_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        _positive("CacheConfig", block_size=self.block_size, cpu_default_tokens=self.cpu_default_tokens)
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks < 2):
+            raise ValueError(
+                f"CacheConfig.num_blocks must be an int >= 2 (block 0 is the padding block) or None, "
+                f"got {self.num_blocks!r}"
+            )
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise ValueError(
+                f"CacheConfig.gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching: at most `max_num_seqs` running requests; a prefill step processes at
+    most `max_prefill_tokens` prompt tokens (longer prompts are prefilled in chunks)."""
+
+    max_num_seqs: int = 256
+    max_prefill_tokens: int = 2048
+
+    def __post_init__(self) -> None:
+        _positive("SchedulerConfig", max_num_seqs=self.max_num_seqs,
+                  max_prefill_tokens=self.max_prefill_tokens)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs, built once at the top and handed down in pieces.
+
+    `max_model_len=None` means the model's `max_position_embeddings`."""
+
+    model: ModelConfig
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "cpu"
+    dtype: DType = DType.FLOAT32
+    max_model_len: int | None = None
+    use_cuda_graphs: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dtype, DType):
+            raise TypeError(f"EngineConfig.dtype must be a DType, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"EngineConfig.device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.max_model_len is not None:
+            _positive("EngineConfig", max_model_len=self.max_model_len)
+            if self.max_model_len > self.model.max_position_embeddings:
+                raise ValueError(
+                    f"EngineConfig.max_model_len ({self.max_model_len}) must not exceed the model's "
+                    f"max_position_embeddings ({self.model.max_position_embeddings})"
+                )
+
+    @property
+    def model_len(self) -> int:
+        """Largest prompt + generated length a request may reach."""
+        return self.max_model_len or self.model.max_position_embeddings

@@ -1,0 +1,81 @@
+"""The paged KV cache on the device: one tensor per layer, laid out block-major.
+
+Layout (fixed with the team): `kv[layer]: [num_blocks, 2, block_size, num_kv_heads, head_dim]`;
+K is `kv[layer][:, 0]`, V is `kv[layer][:, 1]`. One (layer, block) pair is one contiguous unit of
+2 * block_size * Hkv * D elements (64 KiB in bf16 for block 16, 8 KV heads, head_dim 128): the unit
+later issues move between host and GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class KVCacheStatistics:
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    bytes_total: int
+    bytes_per_block: int   # one (layer, block) unit
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V one token occupies across all layers."""
+    return num_layers * 2 * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class KVCache:
+    def __init__(self, *, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.num_layers = num_layers
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        # kv[l]: [num_blocks, 2, block_size, Hkv, D]
+        self.kv = [torch.zeros((num_blocks, 2, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
+                   for _ in range(num_layers)]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv[0].device
+
+    def k(self, layer: int) -> torch.Tensor:
+        return self.kv[layer][:, 0]   # [num_blocks, block_size, Hkv, D], strided view
+
+    def v(self, layer: int) -> torch.Tensor:
+        return self.kv[layer][:, 1]   # [num_blocks, block_size, Hkv, D], strided view
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store new tokens' K/V. k, v: [T, Hkv, D]; slots: [T] int64 (block * block_size + offset).
+        No host sync: safe inside CUDA-graph capture."""
+        block, offset = slots // self.block_size, slots % self.block_size
+        self.kv[layer][block, 0, offset] = k
+        self.kv[layer][block, 1, offset] = v
+
+    def gather(self, layer: int, block_ids: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's first `num_tokens` K and V. block_ids: [n_blocks] int64 -> ([n, Hkv, D], [n, Hkv, D])."""
+        pages = self.kv[layer][block_ids]            # [n_blocks, 2, block_size, Hkv, D]
+        k = pages[:, 0].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
+        v = pages[:, 1].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
+        return k, v
+
+    def load_tokens(self, layer: int, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write a sequence's first n tokens of K/V (a KV handoff). k, v: [n, Hkv, D]; block_ids: [>= n/bs]."""
+        n = k.shape[0]
+        positions = torch.arange(n, device=self.device)
+        slots = block_ids.to(self.device)[positions // self.block_size] * self.block_size \
+            + positions % self.block_size
+        self.write(layer, k.to(self.device, self.dtype), v.to(self.device, self.dtype), slots)
+
+    def statistics(self) -> KVCacheStatistics:
+        per_block = self.kv[0][0].numel() * self.kv[0].element_size()
+        return KVCacheStatistics(self.num_layers, self.num_blocks, self.block_size,
+                                 per_block * self.num_blocks * self.num_layers, per_block)

@@ -1,0 +1,90 @@
+"""The Triton kernels under TRITON_INTERPRET=1 on CPU tensors, against the reference.
+
+The interpreter must be switched on before Triton is first imported, so the cases run in one child
+process (this file run as a script) and each test checks its case's result. Runs only where there is
+no CUDA device (the gpu tests cover the compiled kernel) and Triton is installed. The interpreter's bf16
+`tl.dot` is wrong (numpy has no bf16), so these cases use fp32 and fp16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# id -> (case kwargs for random_paged_case, config (block_n, warps, stages, splits) or None, tolerance)
+CASES = {
+    "mha-direct": (dict(num_q_heads=4, num_kv_heads=4, head_dim=64, block_size=16), (16, 4, 2, 1), 1e-5),
+    "smollm-g3-tile-spans-4-pages": (dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
+                                     (64, 4, 2, 3), 1e-5),
+    "g5-d128-tile-smaller-than-page": (dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=32),
+                                       (16, 4, 2, 2), 1e-5),
+    "g5-page64-more-splits-than-tiles": (dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=64),
+                                         (32, 4, 2, 7), 1e-5),
+    "mostly-empty-splits": (dict(num_q_heads=8, num_kv_heads=8, head_dim=64, block_size=16),
+                            (32, 4, 2, 64), 1e-5),
+    "fp16-sharp-softmax": (dict(num_q_heads=10, num_kv_heads=2, head_dim=64, dtype="float16", q_scale=8.0),
+                           (32, 4, 2, 2), 1e-2),
+    "default-config-wide-table": (dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64), None, 1e-5),
+}
+LENS = [1, 17, 64, 150]
+
+
+def _run_case(kwargs: dict, config: tuple | None) -> dict:
+    from pulseio_engine.attention import paged_decode_attention_reference
+    from pulseio_engine.attention._launch import DecodeConfig, paged_decode_attention_triton
+    from pulseio_engine.attention.testing import random_paged_case
+
+    kwargs = dict(kwargs, dtype=getattr(torch, kwargs.get("dtype", "float32")))
+    kwargs.setdefault("max_blocks", 160 // kwargs.get("block_size", 16) + 1)
+    case = random_paged_case(context_lens=LENS, **kwargs)
+    expect = paged_decode_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                              case.context_lens, case.scale).float()
+    out = torch.full_like(case.q, float("nan"))
+    got = paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
+                                        case.context_lens, case.scale, out=out,
+                                        config=DecodeConfig(*config) if config else None)
+    return {"same_out": got is out, "max_err": (got.float() - expect).abs().max().item(),
+            "max_ref": expect.abs().max().item()}
+
+
+def _main() -> None:
+    results = {}
+    for name, (kwargs, config, _) in CASES.items():
+        try:
+            results[name] = _run_case(kwargs, config)
+        except Exception as exc:  # reported to the parent test, which fails with it
+            results[name] = {"error": repr(exc)}
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernel")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_kernel_matches_reference(results, name):
+    result = results[name]
+    assert "error" not in result, result.get("error")
+    assert result["same_out"], "the kernel must write into and return the given out tensor"
+    assert result["max_ref"] > 0.1  # the check below is not vacuous
+    assert result["max_err"] <= CASES[name][2] * max(1.0, result["max_ref"]), result
+
+
+if __name__ == "__main__":
+    _main()
