@@ -28,11 +28,14 @@ CASES = {
                                        (16, 4, 2, 2), 1e-5),
     "g5-page64-more-splits-than-tiles": (dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=64),
                                          (32, 4, 2, 7), 1e-5),
-    "mostly-empty-splits": (dict(num_q_heads=8, num_kv_heads=8, head_dim=64, block_size=16),
-                            (32, 4, 2, 64), 1e-5),
+    "mostly-empty-splits": (dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16),
+                            (16, 4, 2, 24), 1e-5),
     "fp16-sharp-softmax": (dict(num_q_heads=10, num_kv_heads=2, head_dim=64, dtype="float16", q_scale=8.0),
                            (32, 4, 2, 2), 1e-2),
     "default-config-wide-table": (dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64), None, 1e-5),
+    # context_lens beyond max_blocks * block_size break the contract; the kernel clamps, never reads past the row
+    "overlong-context-is-clamped": (dict(num_q_heads=4, num_kv_heads=2, head_dim=64, lens=[48, 48], max_blocks=3,
+                                         poison=False, overlong=100), (16, 4, 2, 3), 1e-5),
 }
 LENS = [1, 17, 64, 150]
 
@@ -44,12 +47,13 @@ def _run_case(kwargs: dict, config: tuple | None) -> dict:
 
     kwargs = dict(kwargs, dtype=getattr(torch, kwargs.get("dtype", "float32")))
     kwargs.setdefault("max_blocks", 160 // kwargs.get("block_size", 16) + 1)
-    case = random_paged_case(context_lens=LENS, **kwargs)
+    overlong = kwargs.pop("overlong", 0)
+    case = random_paged_case(context_lens=kwargs.pop("lens", LENS), **kwargs)
     expect = paged_decode_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables,
                                               case.context_lens, case.scale).float()
     out = torch.full_like(case.q, float("nan"))
     got = paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
-                                        case.context_lens, case.scale, out=out,
+                                        case.context_lens + overlong, case.scale, out=out,
                                         config=DecodeConfig(*config) if config else None)
     return {"same_out": got is out, "max_err": (got.float() - expect).abs().max().item(),
             "max_ref": expect.abs().max().item()}
