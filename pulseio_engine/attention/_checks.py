@@ -22,8 +22,13 @@ def check_paged_decode_args(
     out: torch.Tensor | None = None,
 ) -> None:
     """Raise TypeError/ValueError naming the offending value and the rule it breaks."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
-                    ("block_tables", block_tables), ("context_lens", context_lens)):
+    for name, t in (
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("context_lens", context_lens),
+    ):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     _check_dims(q, k_cache, v_cache, block_tables, context_lens)
@@ -76,10 +81,16 @@ def _check_dtypes(q, k_cache, v_cache, block_tables, context_lens) -> None:
 
 
 def _check_devices(q, k_cache, v_cache, block_tables, context_lens) -> None:
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache),
-                    ("block_tables", block_tables), ("context_lens", context_lens)):
+    for name, t in (
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_tables", block_tables),
+        ("context_lens", context_lens),
+    ):
         if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share q's device")
+            raise ValueError(
+                f"{name} is on {t.device} but q is on {q.device}; all inputs must share q's device"
+            )
 
 
 def _check_out(q: torch.Tensor, out: torch.Tensor) -> None:

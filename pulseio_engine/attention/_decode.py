@@ -9,15 +9,15 @@ from ._reference import paged_decode_attention_reference
 
 
 def paged_decode_attention(
-    q: torch.Tensor,             # [B, Hq, D]
-    k_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D], any strides (e.g. kv[:, 0])
-    v_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D], any strides (e.g. kv[:, 1])
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], any strides (e.g. kv[:, 0])
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], any strides (e.g. kv[:, 1])
     block_tables: torch.Tensor,  # [B, max_blocks] int32; entries past a sequence's pages are never read
     context_lens: torch.Tensor,  # [B] int32, >= 1, tokens in cache including the current one
     scale: float,
     *,
     out: torch.Tensor | None = None,  # [B, Hq, D], q.dtype; written in place and returned
-) -> torch.Tensor:                    # [B, Hq, D], q.dtype
+) -> torch.Tensor:  # [B, Hq, D], q.dtype
     """Decode attention of one new token per sequence over its paged KV cache.
 
     On CUDA this is CUDA-graph safe: no host syncs, and the grid depends only on shapes

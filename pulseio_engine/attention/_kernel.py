@@ -26,16 +26,41 @@ import triton.language as tl
 
 @triton.jit
 def _paged_decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, o_ptr, lse_ptr,
-    scale_log2, num_splits, max_context,
-    stride_qb, stride_qh, stride_qd,
-    stride_kb, stride_kt, stride_kh, stride_kd,
-    stride_vb, stride_vt, stride_vh, stride_vd,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    o_ptr,
+    lse_ptr,
+    scale_log2,
+    num_splits,
+    max_context,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vt,
+    stride_vh,
+    stride_vd,
     stride_btb,
-    stride_ob, stride_oh, stride_os, stride_od,
-    stride_lb, stride_lh,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_od,
+    stride_lb,
+    stride_lh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -52,8 +77,11 @@ def _paged_decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=g_mask[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=g_mask[:, None],
+        other=0.0,
+    )  # [GROUP_PAD, HEAD_DIM]
 
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
@@ -66,16 +94,22 @@ def _paged_decode_split_kernel(
         tok_mask = tok < ctx
         page = tl.load(bt_row + tok // PAGE_SIZE, mask=tok_mask, other=0).to(tl.int64)
         slot = tok % PAGE_SIZE
-        k = tl.load(k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
-                    mask=tok_mask[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        k = tl.load(
+            k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
+            mask=tok_mask[:, None],
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_N]
         s = tl.where(tok_mask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
-                    mask=tok_mask[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(
+            v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
+            mask=tok_mask[:, None],
+            other=0.0,
+        )  # [BLOCK_N, HEAD_DIM]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -93,11 +127,20 @@ def _paged_decode_split_kernel(
 
 @triton.jit
 def _reduce_splits_kernel(
-    part_ptr, lse_ptr, out_ptr, num_splits,
-    stride_pb, stride_ph, stride_ps,
-    stride_lb, stride_lh,
-    stride_ob, stride_oh, stride_od,
-    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     head = tl.program_id(0)
     b = tl.program_id(1)
@@ -106,7 +149,10 @@ def _reduce_splits_kernel(
     s_mask = offs_s < num_splits
     lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has work, so the max is finite
-    part = tl.load(part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                   mask=s_mask[:, None], other=0.0)  # [SPLITS_PAD, HEAD_DIM]
+    part = tl.load(
+        part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )  # [SPLITS_PAD, HEAD_DIM]
     o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
     tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d * stride_od, o.to(out_ptr.dtype.element_ty))

@@ -40,8 +40,9 @@ class DecodeConfig:
             raise ValueError(f"num_splits must be in [1, 1024], got {self.num_splits}")
 
 
-def choose_config(*, batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_blocks: int,
-                  num_sms: int) -> DecodeConfig:
+def choose_config(
+    *, batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_blocks: int, num_sms: int
+) -> DecodeConfig:
     """Heuristic tile and split count for one shape (see module docstring)."""
     block_n = 64 if head_dim >= 128 else 128
     max_tiles = -(-max_blocks * page_size // block_n)
@@ -66,28 +67,36 @@ def check_triton_shapes(q: torch.Tensor, k_cache: torch.Tensor) -> None:
     """Rules of the kernel beyond those of the API (see _checks)."""
     head_dim = q.shape[2]
     if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two in [16, 256] for the Triton kernel, got {head_dim}")
+        raise ValueError(
+            f"head_dim must be a power of two in [16, 256] for the Triton kernel, got {head_dim}"
+        )
 
 
 def paged_decode_attention_triton(
-    q: torch.Tensor,             # [B, Hq, D]
-    k_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D]
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     block_tables: torch.Tensor,  # [B, max_blocks] int32
     context_lens: torch.Tensor,  # [B] int32
     scale: float,
     *,
-    out: torch.Tensor | None = None,   # [B, Hq, D], q.dtype
+    out: torch.Tensor | None = None,  # [B, Hq, D], q.dtype
     config: DecodeConfig | None = None,
-) -> torch.Tensor:                     # [B, Hq, D], q.dtype
+) -> torch.Tensor:  # [B, Hq, D], q.dtype
     """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
     check_triton_shapes(q, k_cache)
     batch, hq, head_dim = q.shape
     _, page_size, hkv, _ = k_cache.shape
     max_blocks = block_tables.shape[1]
     if config is None:
-        config = choose_config(batch=batch, num_kv_heads=hkv, head_dim=head_dim, page_size=page_size,
-                               max_blocks=max_blocks, num_sms=_num_sms(q.device))
+        config = choose_config(
+            batch=batch,
+            num_kv_heads=hkv,
+            head_dim=head_dim,
+            page_size=page_size,
+            max_blocks=max_blocks,
+            num_sms=_num_sms(q.device),
+        )
     if out is None:
         out = torch.empty_like(q)
     if batch == 0:
@@ -105,19 +114,44 @@ def paged_decode_attention_triton(
         part_strides = part.stride()
         lse_strides = lse.stride()[:2]
     _kernel._paged_decode_split_kernel[(hkv, splits, batch)](
-        q, k_cache, v_cache, block_tables, context_lens, part, lse,
-        float(scale) * 1.4426950408889634, splits, max_blocks * page_size,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), block_tables.stride(0),
-        *part_strides, *lse_strides,
-        GROUP=group, GROUP_PAD=max(16, _next_pow2(group)), HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-        BLOCK_N=config.block_n, DIRECT=direct,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        part,
+        lse,
+        float(scale) * 1.4426950408889634,
+        splits,
+        max_blocks * page_size,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        block_tables.stride(0),
+        *part_strides,
+        *lse_strides,
+        GROUP=group,
+        GROUP_PAD=max(16, _next_pow2(group)),
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_N=config.block_n,
+        DIRECT=direct,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
     if not direct:
         splits_pad = max(2, _next_pow2(splits))
         _kernel._reduce_splits_kernel[(hq, batch)](
-            part, lse, out, splits, *part.stride()[:3], *lse.stride()[:2], *out.stride(),
-            SPLITS_PAD=splits_pad, HEAD_DIM=head_dim, num_warps=4 if splits_pad * head_dim <= 4096 else 8,
+            part,
+            lse,
+            out,
+            splits,
+            *part.stride()[:3],
+            *lse.stride()[:2],
+            *out.stride(),
+            SPLITS_PAD=splits_pad,
+            HEAD_DIM=head_dim,
+            num_warps=4 if splits_pad * head_dim <= 4096 else 8,
         )
     return out

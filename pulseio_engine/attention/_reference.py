@@ -11,13 +11,13 @@ import torch
 
 
 def paged_decode_attention_reference(
-    q: torch.Tensor,             # [B, Hq, D]
-    k_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,       # [num_blocks, block_size, Hkv, D]
+    q: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     block_tables: torch.Tensor,  # [B, max_blocks] int32
     context_lens: torch.Tensor,  # [B] int32, >= 1, includes the current token
     scale: float,
-) -> torch.Tensor:               # [B, Hq, D], q.dtype
+) -> torch.Tensor:  # [B, Hq, D], q.dtype
     batch, hq, head_dim = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     group = hq // hkv
@@ -28,8 +28,8 @@ def paged_decode_attention_reference(
         pages = block_tables[b, :n_blocks].long()
         k = k_cache[pages].reshape(n_blocks * block_size, hkv, head_dim)[:n].float()  # [n, Hkv, D]
         v = v_cache[pages].reshape(n_blocks * block_size, hkv, head_dim)[:n].float()  # [n, Hkv, D]
-        qb = q[b].float().view(hkv, group, head_dim)                                   # [Hkv, G, D]
-        scores = torch.einsum("hgd,nhd->hgn", qb, k) * scale                            # [Hkv, G, n]
+        qb = q[b].float().view(hkv, group, head_dim)  # [Hkv, G, D]
+        scores = torch.einsum("hgd,nhd->hgn", qb, k) * scale  # [Hkv, G, n]
         probs = torch.softmax(scores, dim=-1)
         out[b] = torch.einsum("hgn,nhd->hgd", probs, v).reshape(hq, head_dim)
     return out.to(q.dtype)

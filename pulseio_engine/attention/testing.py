@@ -17,12 +17,12 @@ POISON_PAGE_ID = 1 << 30  # far out of range: reading it faults on GPU
 
 @dataclass(frozen=True)
 class PagedCase:
-    q: torch.Tensor                # [B, Hq, D]
-    kv: torch.Tensor               # [num_blocks, 2, block_size, Hkv, D]
-    block_tables: torch.Tensor     # [B, max_blocks] int32
-    context_lens: torch.Tensor     # [B] int32
-    dense_k: list[torch.Tensor]    # per sequence [n_b, Hkv, D]
-    dense_v: list[torch.Tensor]    # per sequence [n_b, Hkv, D]
+    q: torch.Tensor  # [B, Hq, D]
+    kv: torch.Tensor  # [num_blocks, 2, block_size, Hkv, D]
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    context_lens: torch.Tensor  # [B] int32
+    dense_k: list[torch.Tensor]  # per sequence [n_b, Hkv, D]
+    dense_v: list[torch.Tensor]  # per sequence [n_b, Hkv, D]
     scale: float
 
     @property
@@ -34,10 +34,21 @@ class PagedCase:
         return self.kv[:, 1]
 
 
-def random_paged_case(*, context_lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
-                      block_size: int = 16, max_blocks: int | None = None, spare_blocks: int = 3,
-                      dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                      q_scale: float = 1.0, poison: bool = True, seed: int = 0) -> PagedCase:
+def random_paged_case(
+    *,
+    context_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int = 16,
+    max_blocks: int | None = None,
+    spare_blocks: int = 3,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    q_scale: float = 1.0,
+    poison: bool = True,
+    seed: int = 0,
+) -> PagedCase:
     """A random batch; `q_scale` > 1 sharpens the softmax. Dense K/V are kept for naive checks."""
     gen = torch.Generator().manual_seed(seed)
     pages_per_seq = [-(-n // block_size) for n in context_lens]
@@ -48,8 +59,8 @@ def random_paged_case(*, context_lens: list[int], num_q_heads: int, num_kv_heads
     tables = torch.full((len(context_lens), max_blocks), POISON_PAGE_ID if poison else 0, dtype=torch.int32)
     physical = torch.randperm(num_blocks, generator=gen)
     dense_k, dense_v, used = [], [], 0
-    for b, (n, pages) in enumerate(zip(context_lens, pages_per_seq)):
-        ids = physical[used:used + pages]
+    for b, (n, pages) in enumerate(zip(context_lens, pages_per_seq, strict=False)):
+        ids = physical[used : used + pages]
         used += pages
         tables[b, :pages] = ids.int()
         if poison and b % 2:
@@ -64,8 +75,9 @@ def random_paged_case(*, context_lens: list[int], num_q_heads: int, num_kv_heads
         dense_v.append(v.to(device))
     q = (torch.randn(len(context_lens), num_q_heads, head_dim, generator=gen) * q_scale).to(dtype)
     lens = torch.tensor(context_lens, dtype=torch.int32)
-    return PagedCase(q.to(device), kv.to(device), tables.to(device), lens.to(device),
-                     dense_k, dense_v, head_dim ** -0.5)
+    return PagedCase(
+        q.to(device), kv.to(device), tables.to(device), lens.to(device), dense_k, dense_v, head_dim**-0.5
+    )
 
 
 def dense_attention(case: PagedCase) -> torch.Tensor:  # [B, Hq, D], float64, on case's device
@@ -73,10 +85,10 @@ def dense_attention(case: PagedCase) -> torch.Tensor:  # [B, Hq, D], float64, on
     batch, hq, head_dim = case.q.shape
     outs = []
     for b in range(batch):
-        k = case.dense_k[b].double()                       # [n, Hkv, D]
+        k = case.dense_k[b].double()  # [n, Hkv, D]
         v = case.dense_v[b].double()
         group = hq // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)              # [n, Hq, D]
+        k = k.repeat_interleave(group, dim=1)  # [n, Hq, D]
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,nhd->hn", case.q[b].double(), k) * case.scale
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v))

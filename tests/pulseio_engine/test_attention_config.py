@@ -9,15 +9,19 @@ pytest.importorskip("triton")
 from pulseio_engine.attention._launch import DecodeConfig, choose_config  # noqa: E402
 
 
-@pytest.mark.parametrize("batch,hkv,head_dim,max_blocks", [
-    (16, 8, 128, 2048),  # Qwen3-14B, 16 x 32K
-    (64, 8, 128, 256),   # Qwen3-14B, 64 x 4K
-    (64, 3, 64, 256),    # SmolLM2, 64 x 4K
-    (1, 8, 128, 8192),   # one long sequence
-])
+@pytest.mark.parametrize(
+    "batch,hkv,head_dim,max_blocks",
+    [
+        (16, 8, 128, 2048),  # Qwen3-14B, 16 x 32K
+        (64, 8, 128, 256),  # Qwen3-14B, 64 x 4K
+        (64, 3, 64, 256),  # SmolLM2, 64 x 4K
+        (1, 8, 128, 8192),  # one long sequence
+    ],
+)
 def test_long_contexts_get_enough_programs_to_fill_the_sms(batch, hkv, head_dim, max_blocks):
-    config = choose_config(batch=batch, num_kv_heads=hkv, head_dim=head_dim, page_size=16,
-                           max_blocks=max_blocks, num_sms=132)
+    config = choose_config(
+        batch=batch, num_kv_heads=hkv, head_dim=head_dim, page_size=16, max_blocks=max_blocks, num_sms=132
+    )
     assert batch * hkv * config.num_splits >= 4 * 132
     tiles = max_blocks * 16 // config.block_n
     assert tiles // config.num_splits >= 4  # each split still streams several tiles
@@ -28,12 +32,18 @@ def test_short_contexts_are_not_split_into_empty_programs():
     assert config.num_splits == 1
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(block_n=24, num_warps=4, num_stages=2, num_splits=1), "block_n must be a power of two >= 16, got 24"),
-    (dict(block_n=64, num_warps=3, num_stages=2, num_splits=1), "num_warps must be one of"),
-    (dict(block_n=64, num_warps=4, num_stages=0, num_splits=1), "num_stages must be >= 1, got 0"),
-    (dict(block_n=64, num_warps=4, num_stages=2, num_splits=0), "num_splits must be in [1, 1024], got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (
+            dict(block_n=24, num_warps=4, num_stages=2, num_splits=1),
+            "block_n must be a power of two >= 16, got 24",
+        ),
+        (dict(block_n=64, num_warps=3, num_stages=2, num_splits=1), "num_warps must be one of"),
+        (dict(block_n=64, num_warps=4, num_stages=0, num_splits=1), "num_stages must be >= 1, got 0"),
+        (dict(block_n=64, num_warps=4, num_stages=2, num_splits=0), "num_splits must be in [1, 1024], got 0"),
+    ],
+)
 def test_config_validates(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         DecodeConfig(**kwargs)

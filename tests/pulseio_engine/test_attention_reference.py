@@ -25,8 +25,15 @@ def _run(case, fn=paged_decode_attention_reference):
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 @pytest.mark.parametrize("hq,hkv,head_dim", SHAPES)
 def test_reference_matches_dense_attention_fp32(hq, hkv, head_dim, block_size):
-    case = random_paged_case(context_lens=LENS, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
-                             block_size=block_size, max_blocks=300 // block_size + 2, seed=hq + block_size)
+    case = random_paged_case(
+        context_lens=LENS,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_dim=head_dim,
+        block_size=block_size,
+        max_blocks=300 // block_size + 2,
+        seed=hq + block_size,
+    )
     out = _run(case)
     assert out.dtype == torch.float32 and out.shape == case.q.shape
     torch.testing.assert_close(out.double(), dense_attention(case), rtol=1e-5, atol=1e-5)
@@ -40,8 +47,9 @@ def test_reference_sharp_softmax_is_stable():
 
 
 def test_reference_bf16_close_to_dense_and_returns_bf16():
-    case = random_paged_case(context_lens=[5, 90], num_q_heads=9, num_kv_heads=3, head_dim=64,
-                             dtype=torch.bfloat16)
+    case = random_paged_case(
+        context_lens=[5, 90], num_q_heads=9, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16
+    )
     out = _run(case)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), dense_attention(case), rtol=2e-2, atol=2e-2)
@@ -57,35 +65,65 @@ def test_length_one_returns_the_single_value_row():
 def test_dispatcher_on_cpu_writes_out_and_matches_reference():
     case = random_paged_case(context_lens=[7, 33, 64], num_q_heads=10, num_kv_heads=2, head_dim=128)
     out = torch.full_like(case.q, float("nan"))
-    ret = paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
-                                 case.scale, out=out)
+    ret = paged_decode_attention(
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale, out=out
+    )
     assert ret is out
     torch.testing.assert_close(out, _run(case))
 
 
 def _args():
     case = random_paged_case(context_lens=[4, 9], num_q_heads=4, num_kv_heads=2, head_dim=64)
-    return dict(q=case.q, k_cache=case.k_cache, v_cache=case.v_cache, block_tables=case.block_tables,
-                context_lens=case.context_lens, scale=case.scale)
+    return dict(
+        q=case.q,
+        k_cache=case.k_cache,
+        v_cache=case.v_cache,
+        block_tables=case.block_tables,
+        context_lens=case.context_lens,
+        scale=case.scale,
+    )
 
 
-@pytest.mark.parametrize("change,error,message", [
-    (lambda a: a.update(q=a["q"][0]), ValueError, "q must be [B, Hq, D] (3 dims), got shape (4, 64)"),
-    (lambda a: a.update(q=a["q"][:, :3]), ValueError,
-     "Hq (3) must be a multiple of Hkv (2) for grouped-query attention"),
-    (lambda a: a.update(v_cache=a["v_cache"][:-1]), ValueError, "v_cache shape"),
-    (lambda a: a.update(block_tables=a["block_tables"].long()), TypeError,
-     "block_tables.dtype must be torch.int32, got torch.int64"),
-    (lambda a: a.update(context_lens=a["context_lens"][:1]), ValueError,
-     "context_lens must be [B=2], got shape (1,)"),
-    (lambda a: a.update(k_cache=a["k_cache"].half(), v_cache=a["v_cache"].half()), TypeError,
-     "k_cache/v_cache dtype (torch.float16/torch.float16) must equal q.dtype (torch.float32)"),
-    (lambda a: a.update(q=a["q"].int()), TypeError, "q.dtype must be one of float16/bfloat16/float32"),
-    (lambda a: a.update(scale="0.1"), TypeError, "scale must be a Python float, got str"),
-    (lambda a: a.update(out=torch.empty(2, 4, 32)), ValueError, "out shape (2, 4, 32) must equal q shape"),
-    (lambda a: a.update(out=torch.empty(2, 4, 64, dtype=torch.float16)), TypeError, "out.dtype"),
-    (lambda a: a.update(q=a["q"][:, :, :32]), ValueError, "head_dim of q (32) must equal head_dim of k_cache"),
-])
+@pytest.mark.parametrize(
+    "change,error,message",
+    [
+        (lambda a: a.update(q=a["q"][0]), ValueError, "q must be [B, Hq, D] (3 dims), got shape (4, 64)"),
+        (
+            lambda a: a.update(q=a["q"][:, :3]),
+            ValueError,
+            "Hq (3) must be a multiple of Hkv (2) for grouped-query attention",
+        ),
+        (lambda a: a.update(v_cache=a["v_cache"][:-1]), ValueError, "v_cache shape"),
+        (
+            lambda a: a.update(block_tables=a["block_tables"].long()),
+            TypeError,
+            "block_tables.dtype must be torch.int32, got torch.int64",
+        ),
+        (
+            lambda a: a.update(context_lens=a["context_lens"][:1]),
+            ValueError,
+            "context_lens must be [B=2], got shape (1,)",
+        ),
+        (
+            lambda a: a.update(k_cache=a["k_cache"].half(), v_cache=a["v_cache"].half()),
+            TypeError,
+            "k_cache/v_cache dtype (torch.float16/torch.float16) must equal q.dtype (torch.float32)",
+        ),
+        (lambda a: a.update(q=a["q"].int()), TypeError, "q.dtype must be one of float16/bfloat16/float32"),
+        (lambda a: a.update(scale="0.1"), TypeError, "scale must be a Python float, got str"),
+        (
+            lambda a: a.update(out=torch.empty(2, 4, 32)),
+            ValueError,
+            "out shape (2, 4, 32) must equal q shape",
+        ),
+        (lambda a: a.update(out=torch.empty(2, 4, 64, dtype=torch.float16)), TypeError, "out.dtype"),
+        (
+            lambda a: a.update(q=a["q"][:, :, :32]),
+            ValueError,
+            "head_dim of q (32) must equal head_dim of k_cache",
+        ),
+    ],
+)
 def test_invalid_arguments_raise_with_the_rule(change, error, message):
     args = _args()
     change(args)

@@ -22,20 +22,50 @@ ROOT = Path(__file__).resolve().parents[2]
 # id -> (case kwargs for random_paged_case, config (block_n, warps, stages, splits) or None, tolerance)
 CASES = {
     "mha-direct": (dict(num_q_heads=4, num_kv_heads=4, head_dim=64, block_size=16), (16, 4, 2, 1), 1e-5),
-    "smollm-g3-tile-spans-4-pages": (dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
-                                     (64, 4, 2, 3), 1e-5),
-    "g5-d128-tile-smaller-than-page": (dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=32),
-                                       (16, 4, 2, 2), 1e-5),
-    "g5-page64-more-splits-than-tiles": (dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=64),
-                                         (32, 4, 2, 7), 1e-5),
-    "mostly-empty-splits": (dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16),
-                            (16, 4, 2, 24), 1e-5),
-    "fp16-sharp-softmax": (dict(num_q_heads=10, num_kv_heads=2, head_dim=64, dtype="float16", q_scale=8.0),
-                           (32, 4, 2, 2), 1e-2),
-    "default-config-wide-table": (dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64), None, 1e-5),
-    # context_lens beyond max_blocks * block_size break the contract; the kernel clamps, never reads past the row
-    "overlong-context-is-clamped": (dict(num_q_heads=4, num_kv_heads=2, head_dim=64, lens=[48, 48], max_blocks=3,
-                                         poison=False, overlong=100), (16, 4, 2, 3), 1e-5),
+    "smollm-g3-tile-spans-4-pages": (
+        dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
+        (64, 4, 2, 3),
+        1e-5,
+    ),
+    "g5-d128-tile-smaller-than-page": (
+        dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=32),
+        (16, 4, 2, 2),
+        1e-5,
+    ),
+    "g5-page64-more-splits-than-tiles": (
+        dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=64),
+        (32, 4, 2, 7),
+        1e-5,
+    ),
+    "mostly-empty-splits": (
+        dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16),
+        (16, 4, 2, 24),
+        1e-5,
+    ),
+    "fp16-sharp-softmax": (
+        dict(num_q_heads=10, num_kv_heads=2, head_dim=64, dtype="float16", q_scale=8.0),
+        (32, 4, 2, 2),
+        1e-2,
+    ),
+    "default-config-wide-table": (
+        dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64),
+        None,
+        1e-5,
+    ),
+    # context_lens > max_blocks * block_size breaks the contract; the kernel clamps, never reads past the row
+    "overlong-context-is-clamped": (
+        dict(
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=64,
+            lens=[48, 48],
+            max_blocks=3,
+            poison=False,
+            overlong=100,
+        ),
+        (16, 4, 2, 3),
+        1e-5,
+    ),
 }
 LENS = [1, 17, 64, 150]
 
@@ -49,14 +79,25 @@ def _run_case(kwargs: dict, config: tuple | None) -> dict:
     kwargs.setdefault("max_blocks", 160 // kwargs.get("block_size", 16) + 1)
     overlong = kwargs.pop("overlong", 0)
     case = random_paged_case(context_lens=kwargs.pop("lens", LENS), **kwargs)
-    expect = paged_decode_attention_reference(case.q, case.k_cache, case.v_cache, case.block_tables,
-                                              case.context_lens, case.scale).float()
+    expect = paged_decode_attention_reference(
+        case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale
+    ).float()
     out = torch.full_like(case.q, float("nan"))
-    got = paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables,
-                                        case.context_lens + overlong, case.scale, out=out,
-                                        config=DecodeConfig(*config) if config else None)
-    return {"same_out": got is out, "max_err": (got.float() - expect).abs().max().item(),
-            "max_ref": expect.abs().max().item()}
+    got = paged_decode_attention_triton(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.block_tables,
+        case.context_lens + overlong,
+        case.scale,
+        out=out,
+        config=DecodeConfig(*config) if config else None,
+    )
+    return {
+        "same_out": got is out,
+        "max_err": (got.float() - expect).abs().max().item(),
+        "max_ref": expect.abs().max().item(),
+    }
 
 
 def _main() -> None:
@@ -74,9 +115,12 @@ def results() -> dict:
     pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernel")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    env = dict(
+        os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    )
+    proc = subprocess.run(
+        [sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
