@@ -1,7 +1,7 @@
 """The layering rules of STYLE.md, enforced by walking every import with `ast`.
 
 - `pulseio/**` never imports `pulseio_engine`.
-- Only `pulseio/_cuda/**` imports `cuda` (cuda-python) or `numba`.
+- Only `pulseio/_cuda/**` imports `cuda` (cuda-python); only it and `pulseio/_native/**` (CPU numba) import `numba`.
 - `pulseio_engine/**` never imports `cuda`, `numba` or `pulseio._cuda`.
 """
 
@@ -40,11 +40,14 @@ def _sources(package: str) -> list[Path]:
 
 @pytest.mark.parametrize("path", _sources("pulseio"), ids=lambda p: str(p.relative_to(ROOT)))
 def test_pulseio_layering(path: Path) -> None:
-    private_cuda = "_cuda" in path.relative_to(ROOT).parts
+    parts = path.relative_to(ROOT).parts
+    private_cuda, private_native = "_cuda" in parts, "_native" in parts
     for name in _imports(path):
         assert _root(name) != "pulseio_engine", f"{path}: pulseio must not import {name}"
         if not private_cuda:
-            assert _root(name) not in {"cuda", "numba"}, f"{path}: only pulseio/_cuda may import {name}"
+            assert _root(name) != "cuda", f"{path}: only pulseio/_cuda may import {name}"
+            if not private_native:
+                assert _root(name) != "numba", f"{path}: only pulseio/_cuda and pulseio/_native may import {name}"
 
 
 @pytest.mark.parametrize("path", _sources("pulseio_engine"), ids=lambda p: str(p.relative_to(ROOT)))

@@ -1,0 +1,174 @@
+"""The three measurements of `pulseio bench`: single-copy peak, scattered transfers, and transfers
+while a bf16 GEMM runs on another stream. Each returns BenchRecords; none prints."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..backend import Backend
+from ..dma import DmaEngine
+from ..plan import Direction, Strategy
+from ..transfer import Transfer
+from .records import BenchRecord
+from .timing import copy_seconds, median_latency_us, reps_for, sustained_seconds, synchronize
+
+_POISON = 0xA5
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    device_name: str
+    git_sha: str
+
+
+def measure_peak(
+    backend: Backend, sizes: list[int], info: RunInfo, tick: Callable[[], None]
+) -> list[BenchRecord]:
+    """One contiguous copy per call, back-to-back, for each size and direction."""
+    largest = max(sizes)
+    host_memory = backend.alloc_host(largest, label="peak buffer")
+    try:
+        host = host_memory.tensor
+        seed = torch.randint(0, 256, (min(largest, 64 << 20),), dtype=torch.uint8)
+        for start in range(0, largest, seed.numel()):
+            host[start : start + seed.numel()].copy_(seed[: largest - start])
+        device = backend.alloc_device(largest, label="peak buffer")
+        records = []
+        for size in sizes:
+            reps = reps_for(size, target_bytes=4 << 30, lo=10, hi=2000)
+            for direction in (Direction.H2D, Direction.D2H):
+                src, dst = (host, device) if direction is Direction.H2D else (device, host)
+                seconds = copy_seconds(
+                    lambda s=src[:size], d=dst[:size]: d.copy_(s, non_blocking=True), backend.device, reps
+                )
+                records.append(_record("peak", "single_copy", direction, size, 1, size / seconds, info))
+                tick()
+        del device
+        return records
+    finally:
+        host_memory.close()
+
+
+def _record(kind: str, strategy: str, direction: Direction, block_bytes: int, num_blocks: int,
+            bytes_per_s: float, info: RunInfo, **extra: object) -> BenchRecord:
+    fields: dict = dict(fraction_of_peak=None, latency_us=None, under_load=False, gemm_slowdown=None, verified=None)
+    fields.update(extra)
+    return BenchRecord(
+        kind=kind, strategy=strategy, direction=direction.value, block_bytes=block_bytes,
+        num_blocks=num_blocks, gbps=bytes_per_s / 1e9, device=info.device_name, git_sha=info.git_sha, **fields,
+    )
+
+
+class IdSets:
+    """Pre-drawn random (host ids, device slots) per repetition: distinct blocks, scattered."""
+
+    def __init__(self, num_host_blocks: int, num_slots: int, count: int, sets: int, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.host = [rng.choice(num_host_blocks, size=count, replace=False) for _ in range(sets)]
+        self.slots = [rng.permutation(num_slots)[:count] for _ in range(sets)]
+
+    def submitter(self, engine: DmaEngine, direction: Direction, strategy: Strategy) -> Callable[[int], Transfer]:
+        sets = len(self.host)
+        if direction is Direction.H2D:
+            return lambda i: engine.recall(
+                self.host[i % sets], self.slots[i % sets], strategy=strategy, stream_ordered=False
+            )
+        return lambda i: engine.offload(
+            self.slots[i % sets], self.host[i % sets], strategy=strategy, stream_ordered=False
+        )
+
+
+def verify_transfer(engine: DmaEngine, ids: IdSets, direction: Direction, strategy: Strategy) -> bool:
+    """Poison the destination, move fresh ids once, compare bit for bit with the source."""
+    host_ids = torch.from_numpy(ids.host[0])
+    slots = torch.from_numpy(ids.slots[0]).to(engine.device.slots.device)
+    if direction is Direction.H2D:
+        engine.device.slots.index_fill_(0, slots, _POISON)
+        synchronize(engine.device.slots.device)
+        engine.recall(ids.host[0], ids.slots[0], strategy=strategy).wait()
+        landed = engine.device.slots.index_select(0, slots).cpu()
+        return bool(torch.equal(landed, engine.host.blocks.index_select(0, host_ids)))
+    engine.host.blocks.index_fill_(0, host_ids, _POISON)
+    engine.offload(ids.slots[0], ids.host[0], strategy=strategy).wait()
+    expected = engine.device.slots.index_select(0, slots).cpu()
+    return bool(torch.equal(engine.host.blocks.index_select(0, host_ids), expected))
+
+
+def measure_transfers(
+    engine: DmaEngine, ids: IdSets, direction: Direction, strategy: Strategy, *, window: int,
+    peak: float, info: RunInfo, label: Strategy | None = None,
+) -> BenchRecord:
+    """Sustained rate (window in flight), isolated latency, and a bit-exact check for one config."""
+    count, block_bytes = len(ids.host[0]), engine.host.block_bytes
+    nbytes = count * block_bytes
+    submit = ids.submitter(engine, direction, strategy)
+    for i in range(2):
+        submit(i).wait()
+    slow = strategy is Strategy.PER_BLOCK
+    reps = reps_for(nbytes, target_bytes=(64 << 20) if slow else (512 << 20), lo=3 if slow else 10, hi=400)
+    seconds = sustained_seconds(submit, reps, window)
+    latency = median_latency_us(submit, 3 if slow else 15)
+    verified = verify_transfer(engine, ids, direction, strategy)
+    rate = nbytes / seconds
+    return _record(
+        "recall", (label or strategy).value, direction, block_bytes, count, rate, info,
+        fraction_of_peak=rate / 1e9 / peak if peak else None, latency_us=latency, verified=verified,
+    )
+
+
+def measure_under_load(
+    engine: DmaEngine, ids: IdSets, strategy: Strategy, *, window: int, peak: float, info: RunInfo,
+    gemm_size: int = 8192, gemm_iters: int = 80,
+) -> BenchRecord:
+    """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates."""
+    device = engine.device.slots.device
+    a = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
+    c = torch.empty_like(a)
+    stream = torch.cuda.Stream(device)
+
+    def enqueue_gemms() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            start.record()
+            for _ in range(gemm_iters):
+                torch.mm(a, b, out=c)
+            end.record()
+        return start, end
+
+    def gemm_alone_ms() -> float:
+        start, end = enqueue_gemms()
+        end.synchronize()
+        return start.elapsed_time(end) / gemm_iters
+
+    alone = (gemm_alone_ms() + gemm_alone_ms()) / 2
+    submit = ids.submitter(engine, Direction.H2D, strategy)
+    start, end = enqueue_gemms()
+    in_flight: list[Transfer] = []
+    moved, i = 0, 0
+    t0 = time.perf_counter()
+    while not end.query():
+        if len(in_flight) >= window:
+            in_flight.pop(0).wait()
+        in_flight.append(submit(i))
+        moved += ids.host[0].size * engine.host.block_bytes
+        i += 1
+    for t in in_flight:
+        t.wait()
+    seconds = time.perf_counter() - t0
+    loaded = start.elapsed_time(end) / gemm_iters
+    rate = moved / seconds
+    return _record(
+        "recall", strategy.value, Direction.H2D, engine.host.block_bytes, ids.host[0].size, rate, info,
+        fraction_of_peak=rate / 1e9 / peak if peak else None, under_load=True,
+        gemm_slowdown=loaded / alone - 1.0,
+    )
+
+
+def with_peak_fraction(record: BenchRecord, peak: float) -> BenchRecord:
+    return replace(record, fraction_of_peak=record.gbps / peak if peak else None)

@@ -1,0 +1,90 @@
+"""What `pulseio bench` shows: a table on the terminal, a JSON file, a plot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from .records import BenchRecord
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
+    lines = [f"device: {meta['device']}   git: {meta['git_sha']}   date: {meta['date']}"]
+    peaks = meta.get("peak_gbps", {})
+    lines.append("single-copy peak: " + ", ".join(f"{d.upper()} {g:.1f} GB/s" for d, g in peaks.items()))
+    recall = [r for r in records if r.kind == "recall" and not r.under_load]
+    strategies = list(dict.fromkeys(r.strategy for r in recall))
+    counts = sorted({r.num_blocks for r in recall})
+    for direction in ("h2d", "d2h"):
+        for block_bytes in sorted({r.block_bytes for r in recall}):
+            rows = [r for r in recall if r.direction == direction and r.block_bytes == block_bytes]
+            if not rows:
+                continue
+            lines.append("")
+            lines.append(f"{direction.upper()} {_size(block_bytes)} blocks: GB/s (fraction of peak)")
+            lines.append(f"{'blocks':>8} " + " ".join(f"{s:>18}" for s in strategies))
+            for count in counts:
+                cells = []
+                for s in strategies:
+                    r = next((x for x in rows if x.num_blocks == count and x.strategy == s), None)
+                    cells.append(f"{r.gbps:8.2f} ({r.fraction_of_peak:4.2f}){'' if r.verified else '!'}"
+                                 if r else f"{'-':>18}")
+                lines.append(f"{count:>8} " + " ".join(f"{c:>18}" for c in cells))
+    loaded = [r for r in records if r.under_load]
+    if loaded:
+        r0 = loaded[0]
+        lines.append("")
+        lines.append(f"H2D {r0.num_blocks} x {_size(r0.block_bytes)} while a bf16 GEMM runs on another stream:")
+        for r in loaded:
+            lines.append(
+                f"  {r.strategy:>12}: {r.gbps:6.2f} GB/s ({r.fraction_of_peak:4.2f} of peak), "
+                f"GEMM slowed {100 * r.gemm_slowdown:+.1f}%"
+            )
+    if any(r.verified is False for r in records):
+        lines.append("")
+        lines.append("! = data check FAILED: recalled bytes differ from what was written")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, meta: dict, records: Sequence[BenchRecord]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "records": [r.to_dict() for r in records]}, indent=1))
+
+
+def write_plot(path: Path, meta: dict, records: Sequence[BenchRecord]) -> None:
+    """Bandwidth against block count per strategy, one panel per (direction, block size), peak as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recall = [r for r in records if r.kind == "recall" and not r.under_load]
+    panels = sorted({(r.direction, r.block_bytes) for r in recall})
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True)
+    for ax, (direction, block_bytes) in zip(axes[0], panels):
+        rows = [r for r in recall if r.direction == direction and r.block_bytes == block_bytes]
+        for strategy in dict.fromkeys(r.strategy for r in rows):
+            pts = sorted((r.num_blocks, r.gbps) for r in rows if r.strategy == strategy)
+            ax.plot(*zip(*pts), marker="o", label=strategy, linestyle="--" if strategy == "auto" else "-")
+        peak = meta.get("peak_gbps", {}).get(direction)
+        if peak:
+            ax.axhline(peak, color="black", linewidth=1, linestyle=":", label=f"single-copy peak {peak:.1f}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{direction.upper()}, {_size(block_bytes)} blocks")
+        ax.set_xlabel("blocks per transfer")
+        ax.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("GB/s")
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"pulseio bench — {meta['device']} ({meta['git_sha']}, {meta['date'][:10]})", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

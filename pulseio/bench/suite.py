@@ -1,0 +1,147 @@
+"""run_bench: every measurement of `pulseio bench` in one process, with a progress bar."""
+
+from __future__ import annotations
+
+import logging
+import platform
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..config import AutoPolicy, DmaConfig
+from ..devices import open_backend
+from ..dma import DmaEngine
+from ..memory import DevicePool, HostPool
+from ..plan import Direction, Strategy
+from .measure import IdSets, RunInfo, measure_peak, measure_transfers, measure_under_load, with_peak_fraction
+from .records import BenchRecord, run_metadata
+
+log = logging.getLogger(__name__)
+
+_STRATEGIES = (Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED)
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `pulseio bench` measures. Sizes in bytes; None picks a default for the device."""
+
+    device: str = "auto"
+    block_sizes: tuple[int, ...] = (8 << 10, 64 << 10)
+    counts: tuple[int, ...] = (64, 256, 512, 2048, 4096)
+    strategies: tuple[Strategy, ...] = _STRATEGIES
+    directions: tuple[Direction, ...] = (Direction.H2D, Direction.D2H)
+    peak_max_bytes: int | None = None
+    host_pool_bytes: int | None = None
+    window: int = 8
+    under_load: bool = True
+    load_count: int = 4096
+    load_block_bytes: int = 8 << 10
+    id_sets: int = 16
+    progress: bool = True
+    dma: DmaConfig = field(default_factory=DmaConfig)
+
+    def __post_init__(self) -> None:
+        if not self.block_sizes or not self.counts:
+            raise ValueError("block_sizes and counts must not be empty")
+        if any(s % 16 or s < 16 for s in self.block_sizes):
+            raise ValueError(f"block sizes must be positive multiples of 16 bytes, got {self.block_sizes}")
+        if self.window < 1:
+            raise ValueError(f"window must be >= 1, got {self.window}")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _progress(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="pulseio bench", unit="step", disable=not enabled, leave=False)
+
+
+def run_bench(options: BenchOptions) -> tuple[dict, list[BenchRecord]]:
+    """Run every measurement; returns (run metadata, records)."""
+    backend = open_backend(options.device)
+    on_gpu = backend.device.type == "cuda"
+    meta = run_metadata(_device_name(backend.device))
+    info = RunInfo(meta["device"], meta["git_sha"])
+    peak_max = options.peak_max_bytes or ((1 << 30) if on_gpu else (256 << 20))
+    sizes = [4096 << (2 * k) for k in range(16) if (4096 << (2 * k)) <= peak_max]
+    configs = len(options.block_sizes) * len(options.counts) * len(options.directions)
+    total = 2 * len(sizes) + configs * (len(options.strategies) + 1)
+    under_load = options.under_load and on_gpu
+    total += len(options.strategies) if under_load else 0
+    with _progress(total, options.progress) as bar:
+        records = measure_peak(backend, sizes, info, bar.update)
+        peaks = {d: max(r.gbps for r in records if r.direction == d) for d in ("h2d", "d2h")}
+        meta["peak_gbps"] = peaks
+        records = [with_peak_fraction(r, peaks[r.direction]) for r in records]
+        for block_bytes in options.block_sizes:
+            records += _measure_block_size(backend, block_bytes, options, peaks, info, bar.update)
+        if under_load:
+            records += _measure_load(backend, options, peaks, info, records, bar.update)
+    return meta, records
+
+
+def _pools(backend, block_bytes: int, options: BenchOptions) -> tuple[HostPool, DevicePool]:
+    pool_bytes = options.host_pool_bytes or ((2 << 30) if backend.device.type == "cuda" else (256 << 20))
+    num_blocks = max(pool_bytes // block_bytes, 2 * max(options.counts))
+    host = HostPool(backend, num_blocks, block_bytes)
+    device = DevicePool(backend, 2 * max(options.counts), block_bytes)
+    seed = torch.randint(0, 256, (min(num_blocks, 4096), block_bytes), dtype=torch.uint8)
+    for start in range(0, num_blocks, seed.shape[0]):
+        host.blocks[start : start + seed.shape[0]].copy_(seed[: num_blocks - start])
+    # distinct content per block: the first 8 bytes carry the block id
+    host.blocks[:, :8].copy_(torch.arange(num_blocks, dtype=torch.int64).view(torch.uint8).view(num_blocks, 8))
+    device.slots.copy_(host.blocks[: device.num_slots].to(device.slots.device))
+    return host, device
+
+
+def _measure_block_size(backend, block_bytes, options, peaks, info, tick) -> list[BenchRecord]:
+    host, device = _pools(backend, block_bytes, options)
+    records: list[BenchRecord] = []
+    try:
+        for count in options.counts:
+            ids = IdSets(host.num_blocks, device.num_slots, count, options.id_sets, seed=count)
+            config = replace(options.dma, merge_blocks=count)  # one transfer, one issue: no merging
+            with DmaEngine(host, device, config) as engine:
+                for direction in options.directions:
+                    for strategy in options.strategies:
+                        if strategy in engine.available:
+                            records.append(measure_transfers(
+                                engine, ids, direction, strategy, window=options.window,
+                                peak=peaks[direction.value], info=info,
+                            ))
+                        tick()
+            policy = AutoPolicy.from_records(r.to_dict() for r in records)
+            with DmaEngine(host, device, replace(config, auto=policy)) as engine:
+                for direction in options.directions:
+                    chosen = policy.choose(direction, block_bytes, count)
+                    records.append(measure_transfers(
+                        engine, ids, direction, chosen, window=options.window,
+                        peak=peaks[direction.value], info=info, label=Strategy.AUTO,
+                    ))
+                    tick()
+    finally:
+        host.close()
+    return records
+
+
+def _measure_load(backend, options, peaks, info, records, tick) -> list[BenchRecord]:
+    host, device = _pools(backend, options.load_block_bytes, options)
+    out = []
+    try:
+        ids = IdSets(host.num_blocks, device.num_slots, options.load_count, options.id_sets, seed=99)
+        config = replace(options.dma, merge_blocks=options.load_count)
+        with DmaEngine(host, device, config) as engine:
+            for strategy in options.strategies:
+                if strategy in engine.available:
+                    out.append(measure_under_load(
+                        engine, ids, strategy, window=options.window, peak=peaks["h2d"], info=info
+                    ))
+                tick()
+    finally:
+        host.close()
+    return out
