@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from .config import DmaConfig
 from .plan import Direction, Strategy
 
 
@@ -29,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--peak-max-bytes", type=int, default=None, help="largest single copy (default 1 GiB on GPU)")
     bench.add_argument("--host-pool-bytes", type=int, default=None, help="host pool size (default 2 GiB on GPU)")
     bench.add_argument("--window", type=int, default=8, help="transfers in flight while measuring rates")
+    bench.add_argument("--zero-copy-ctas", type=int, default=None, help="CTA budget of the copy kernel")
+    bench.add_argument("--staging-mib", type=int, default=None, help="size of each pinned staging buffer")
     bench.add_argument("--no-load", action="store_true", help="skip the run under a concurrent GEMM")
     bench.add_argument("--json", type=Path, default=None, help="write every record to this JSON file")
     bench.add_argument("--plot", type=Path, default=None, help="write a bandwidth plot (PNG) here")
@@ -46,10 +50,15 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pulseio bench: {exc}", file=sys.stderr)
         return 2
+    dma = DmaConfig()
+    if args.zero_copy_ctas:
+        dma = replace(dma, zero_copy_ctas=args.zero_copy_ctas)
+    if args.staging_mib:
+        dma = replace(dma, staging_bytes=args.staging_mib << 20)
     options = BenchOptions(
         device=args.device, block_sizes=args.block_sizes, counts=args.counts, strategies=strategies,
         directions=directions, peak_max_bytes=args.peak_max_bytes, host_pool_bytes=args.host_pool_bytes,
-        window=args.window, under_load=not args.no_load, progress=not args.no_progress,
+        window=args.window, under_load=not args.no_load, progress=not args.no_progress, dma=dma,
     )
     meta, records = run_bench(options)
     print(format_table(meta, records))
