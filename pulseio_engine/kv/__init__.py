@@ -1,0 +1,1 @@
+"""Paged KV: host-side block bookkeeping (no torch) and the device cache."""

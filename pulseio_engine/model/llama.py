@@ -1,0 +1,114 @@
+"""The Llama / Qwen3 decoder, as per-layer steps over a `BatchState`.
+
+    state = model.begin(...)                 # embed
+    for layer in range(num_layers):
+        model.layer_step(state, layer)       # may pause here and run another batch's layers
+    logits = model.end(state)                # final norm + lm_head
+
+The model owns no per-batch state: each batch carries its hidden states, positions, slots,
+attention metadata, KV cache and next layer, so two batches interleave layer by layer freely.
+Qwen3 differs from Llama only by the per-head RMSNorm on q and k before RoPE.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import paged_decode_attention
+from ..config import ModelConfig
+from ..kv.cache import KVCache
+from .batch_state import BatchState, DecodeAttention, PrefillAttention
+from .layers import Rotary, rms_norm, swiglu
+from .params import LayerWeights, ModelWeights
+
+
+class CausalLM:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_len: int) -> None:
+        weights.check(config)
+        self.config = config
+        self.weights = weights
+        self.rotary = Rotary(config, max_len, weights.embed.dtype, weights.embed.device)
+        self.scale = config.head_dim ** -0.5
+
+    @property
+    def device(self) -> torch.device:
+        return self.weights.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weights.embed.dtype
+
+    def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+              attention: DecodeAttention | PrefillAttention, kv: KVCache,
+              logit_rows: torch.Tensor | None = None) -> BatchState:
+        """input_ids, positions, slots: [T] int64 on the model's device."""
+        hidden = F.embedding(input_ids, self.weights.embed)    # [T, H]
+        return BatchState(hidden, positions, slots, attention, kv, logit_rows)
+
+    def layer_step(self, state: BatchState, layer_idx: int) -> None:
+        """Run decoder layer `layer_idx` on the batch, in place; layers must run in order."""
+        if layer_idx != state.next_layer:
+            raise ValueError(f"batch is at layer {state.next_layer}, cannot run layer {layer_idx}")
+        w = self.weights.layers[layer_idx]
+        x = state.hidden
+        x = x + self._attention(state, layer_idx, w, rms_norm(x, w.input_norm, self.config.rms_norm_eps))
+        h = rms_norm(x, w.post_norm, self.config.rms_norm_eps)
+        state.hidden = x + F.linear(swiglu(F.linear(h, w.gate_up)), w.down)
+        state.next_layer += 1
+
+    def end(self, state: BatchState) -> torch.Tensor:
+        """-> logits [S, V] fp32 for `state.logit_rows` (all rows when None)."""
+        if state.next_layer != self.config.num_layers:
+            raise ValueError(f"batch is at layer {state.next_layer} of {self.config.num_layers}; "
+                             "run every layer before end()")
+        x = state.hidden if state.logit_rows is None else state.hidden[state.logit_rows]
+        x = rms_norm(x, self.weights.norm, self.config.rms_norm_eps)
+        return F.linear(x, self.weights.lm_head).float()
+
+    def forward(self, state: BatchState) -> torch.Tensor:
+        """Run the remaining layers and return logits [S, V] fp32."""
+        for layer in range(state.next_layer, self.config.num_layers):
+            self.layer_step(state, layer)
+        return self.end(state)
+
+    def _attention(self, state: BatchState, layer: int, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        """h: [T, H] -> attention output projected back, [T, H]."""
+        cfg = self.config
+        t = h.shape[0]
+        q, k, v = F.linear(h, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(t, cfg.num_heads, cfg.head_dim)       # [T, Hq, D]
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)    # [T, Hkv, D]
+        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
+        q, k = self.rotary.apply(q, k, state.positions)
+        state.kv.write(layer, k, v, state.slots)
+        if isinstance(state.attention, DecodeAttention):
+            meta = state.attention
+            out = paged_decode_attention(q, state.kv.k(layer), state.kv.v(layer), meta.block_tables,
+                                         meta.context_lens, self.scale)
+        else:
+            out = self._prefill_attention(q, state.kv, layer, state.attention)
+        return F.linear(out.reshape(t, cfg.q_size), w.o)
+
+    def _prefill_attention(self, q: torch.Tensor, kv: KVCache, layer: int,
+                           meta: PrefillAttention) -> torch.Tensor:
+        """q: [T, Hq, D] -> [T, Hq, D]: each span attends causally to its sequence's cached KV."""
+        group = self.config.num_heads // self.config.num_kv_heads
+        out = torch.empty_like(q)
+        for span in meta.spans:
+            ctx = span.pos_start + span.length
+            k, v = kv.gather(layer, span.block_ids, ctx)                    # [ctx, Hkv, D]
+            k = k.repeat_interleave(group, dim=1).transpose(0, 1)           # [Hq, ctx, D]
+            v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+            qs = q[span.row_start:span.row_start + span.length].transpose(0, 1)   # [Hq, n, D]
+            if span.pos_start == 0:
+                o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=self.scale)
+            else:
+                rows = torch.arange(span.length, device=q.device)[:, None] + span.pos_start
+                mask = torch.arange(ctx, device=q.device)[None, :] <= rows     # [n, ctx]
+                o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=self.scale)
+            out[span.row_start:span.row_start + span.length] = o.transpose(0, 1)
+        return out
