@@ -1,0 +1,178 @@
+"""Decode benchmark against the memory roofline measured in the same process.
+
+A decode step must read every weight once and every cached K/V of the batch once, so its floor
+is `bytes_read / copy_bandwidth`, where the bandwidth is that of a large device-to-device `copy_`
+(bytes read + written over time). Weight bytes count the embedding as the B rows gathered and
+every other matrix in full; KV bytes count exactly the tokens attended (not whole blocks).
+
+Workload: random-weight presets (N(0, 0.02^2), created on the device), KV written in place as
+N(0, 1) values (`RandomKV`), random prompt tokens; the timed loop feeds each step's greedy tokens
+back on the device (no host sync), one CUDA graph replay per step.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from enum import Enum
+
+import torch
+from tqdm import tqdm
+
+from .config import CacheConfig, SchedulerConfig
+from .engine import Engine
+from .kv.block_table import blocks_for
+from .kv.cache import kv_bytes_per_token
+from .kv.handoff import RandomKV
+from .request import SamplingParams
+
+
+class BenchMode(Enum):
+    VANILLA = "vanilla"     # all KV on the GPU, full attention
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    model: str
+    mode: str
+    device: str
+    dtype: str
+    batch_size: int
+    context_len: int
+    steps: int
+    cuda_graphs: bool
+    step_ms: float              # sustained: first step start to last step end, over steps
+    step_ms_median: float       # median of per-step times
+    tokens_per_s: float
+    weight_bytes: int           # read per step
+    kv_bytes: int               # read per step (mean context over the timed steps)
+    bytes_per_step: int
+    copy_bandwidth_gbps: float  # GB/s, read + written, device-to-device copy in this process
+    roofline_ms: float
+    roofline_ratio: float       # step_ms / roofline_ms (1.0 = at the roofline)
+    finite_logits: bool
+    workload: str = __doc__.split("Workload: ")[1].strip().replace("\n", " ")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        return (f"{self.model} {self.mode} B={self.batch_size} ctx={self.context_len}: "
+                f"{self.step_ms:.3f} ms/step ({self.tokens_per_s:,.0f} tok/s), "
+                f"{self.bytes_per_step / 1e9:.2f} GB/step, roofline {self.roofline_ms:.3f} ms at "
+                f"{self.copy_bandwidth_gbps:,.0f} GB/s -> {self.roofline_ratio:.3f}x")
+
+
+def measure_copy_bandwidth_sync(device: torch.device, nbytes: int = 2 << 30, iters: int = 10) -> float:
+    """Bytes per second (read + written) of a `nbytes` device-to-device copy, best of `iters`."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        timer = _Timer(device)
+        dst.copy_(src)
+        times.append(timer.stop())
+    seconds = [t() for t in times]
+    del src, dst
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return 2 * nbytes / min(seconds)
+
+
+def run_bench(model: str, *, mode: BenchMode = BenchMode.VANILLA, batch_size: int, context_len: int,
+              steps: int, warmup: int = 5, device: str | None = None, use_cuda_graphs: bool = True,
+              progress: bool = True, seed: int = 0) -> BenchResult:
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    bandwidth = measure_copy_bandwidth_sync(dev, (2 << 30) if dev.type == "cuda" else (256 << 20))
+    max_len = context_len + warmup + steps + 3
+    engine = Engine.from_model(
+        model, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, max_model_len=max_len,
+        cache=CacheConfig(num_blocks=1 + batch_size * blocks_for(max_len, CacheConfig().block_size)),
+        scheduler=SchedulerConfig(max_num_seqs=batch_size),
+    )
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(batch_size):
+        prompt = torch.randint(0, engine.config.model.vocab_size, (context_len + 1,), generator=gen).tolist()
+        engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
+                           kv=RandomKV(context_len, seed=seed + i))
+    engine.step()   # admits all, writes their KV, captures the graph, runs the first decode step
+    graphs = engine.runner.graphs
+    bucket = graphs.bucket_for(batch_size)
+    for _ in range(warmup):
+        graphs.advance_nowait(bucket)
+        graphs.run_nowait(bucket)
+    timers = []
+    for i in tqdm(range(steps), disable=not progress, desc=f"decode B={batch_size} ctx={context_len}",
+                  unit="step"):
+        graphs.advance_nowait(bucket)
+        timers.append(_Timer(dev))
+        graphs.run_nowait(bucket)
+        timers[-1].stop()
+        if i % 10 == 9:
+            timers[-1].wait()   # keep the bar honest: the host runs at most 10 steps ahead
+    per_step = sorted(t() for t in timers)
+    sustained = timers[0].seconds_until(timers[-1]) / steps
+    finite = bool(torch.isfinite(graphs.logits[:batch_size]).all())
+    mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
+    return _result(engine, model, mode, device, batch_size, context_len, steps, use_cuda_graphs, sustained,
+                   per_step[len(per_step) // 2], mean_ctx, bandwidth, finite)
+
+
+def decode_bytes_per_step(engine: Engine, batch_size: int, mean_context: float) -> tuple[int, int]:
+    """(weight bytes, KV bytes) one decode step reads."""
+    cfg, w = engine.config.model, engine.model.weights
+    item = w.embed.element_size()
+    weights = w.parameter_bytes()
+    if not cfg.tie_word_embeddings:   # the embedding table is gathered, not read whole
+        weights += batch_size * cfg.hidden_size * item - w.embed.numel() * item
+    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, engine.kv.dtype)
+    return weights, int(batch_size * mean_context * per_token)
+
+
+def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int, ctx: int, steps: int,
+            graphs: bool, step_s: float, median_s: float, mean_ctx: float, bandwidth: float,
+            finite: bool) -> BenchResult:
+    weight_bytes, kv_bytes = decode_bytes_per_step(engine, batch, mean_ctx)
+    total = weight_bytes + kv_bytes
+    roofline_s = total / bandwidth
+    name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    return BenchResult(model, mode.value, name, str(engine.kv.dtype).removeprefix("torch."), batch, ctx, steps,
+                       graphs and device.startswith("cuda"), step_s * 1e3, median_s * 1e3, batch / step_s,
+                       weight_bytes, kv_bytes, total, bandwidth / 1e9, roofline_s * 1e3, step_s / roofline_s,
+                       finite)
+
+
+class _Timer:
+    """Times stream work with CUDA events on GPU, wall clock on CPU. Call the instance for seconds."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        if self._cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = self._t1 = time.perf_counter()
+
+    def stop(self) -> _Timer:
+        if self._cuda:
+            self._end.record()
+        else:
+            self._t1 = time.perf_counter()
+        return self
+
+    def wait(self) -> None:
+        if self._cuda:
+            self._end.synchronize()
+
+    def seconds_until(self, later: _Timer) -> float:
+        """From this timer's start to `later`'s end."""
+        if self._cuda:
+            later._end.synchronize()
+            return self._start.elapsed_time(later._end) / 1e3
+        return later._t1 - self._t0
+
+    def __call__(self) -> float:
+        return self.seconds_until(self)

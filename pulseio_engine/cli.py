@@ -1,0 +1,113 @@
+"""`pulseio-engine`: generate text, benchmark decode, fetch the SmolLM2 test model.
+
+    pulseio-engine generate --model tiny --prompt "Hello" --max-new-tokens 16
+    pulseio-engine generate --model smollm2 --prompt "The capital of France is"
+    pulseio-engine bench --model qwen3-14b --mode vanilla --batch-size 64 --context-len 4096 --steps 100
+    pulseio-engine fetch-smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .bench import BenchMode, run_bench
+from .config import DType
+from .engine import Engine
+from .errors import EngineError
+from .fetch import fetch_smollm2
+from .request import SamplingParams
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (EngineError, ImportError) as exc:
+        print(f"pulseio-engine: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _generate(args: argparse.Namespace) -> int:
+    model = str(fetch_smollm2()) if args.model == "smollm2" else args.model
+    engine = Engine.from_model(model, device=args.device, dtype=DType(args.dtype) if args.dtype else None,
+                               seed=args.seed)
+    if args.prompt_ids is not None:
+        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+    elif engine.tokenizer is None:
+        raise EngineError(f"{model} has no tokenizer files; pass --prompt-ids instead of --prompt")
+    else:
+        prompt = engine.tokenizer.encode(args.prompt)
+    sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              ignore_eos=args.ignore_eos)
+    out = engine.generate([prompt], sampling)[0]
+    text = engine.tokenizer.decode(list(out.output_ids)) if engine.tokenizer else None
+    if args.json:
+        print(json.dumps({"model": model, "prompt_ids": prompt, "output_ids": list(out.output_ids),
+                          "text": text, "finish_reason": out.finish_reason.value}))
+    else:
+        print(text if text is not None else " ".join(map(str, out.output_ids)))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    result = run_bench(args.model, mode=BenchMode(args.mode), batch_size=args.batch_size,
+                       context_len=args.context_len, steps=args.steps, warmup=args.warmup, device=args.device,
+                       use_cuda_graphs=not args.no_cuda_graphs, progress=not args.no_progress)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    for key in ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
+                "roofline_ms", "roofline_ratio"):
+        print(f"{key:>20}: {getattr(result, key):,.4g}" if isinstance(getattr(result, key), float)
+              else f"{key:>20}: {getattr(result, key):,}")
+    print(result.summary())
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    print(fetch_smollm2(Path(args.cache) if args.cache else None))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pulseio-engine", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt")
+    g.add_argument("--model", required=True, help="preset (tiny, qwen3-8b, ...), checkpoint dir, .gguf, or smollm2")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
+    src.add_argument("--prompt-ids", help="prompt token ids, comma or space separated")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    g.add_argument("--dtype", choices=[d.value for d in DType], default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--json", action="store_true", help="print ids and text as JSON")
+    g.set_defaults(func=_generate)
+
+    b = sub.add_parser("bench", help="decode step time vs the memory roofline")
+    b.add_argument("--model", default="qwen3-14b")
+    b.add_argument("--mode", choices=[m.value for m in BenchMode], default=BenchMode.VANILLA.value)
+    b.add_argument("--batch-size", type=int, default=64)
+    b.add_argument("--context-len", type=int, default=4096)
+    b.add_argument("--steps", type=int, default=100)
+    b.add_argument("--warmup", type=int, default=5)
+    b.add_argument("--device", default=None)
+    b.add_argument("--no-cuda-graphs", action="store_true")
+    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    b.set_defaults(func=_bench)
+
+    f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF) into the cache")
+    f.add_argument("--cache", help="cache directory (default $PULSEIO_CACHE or ~/.cache/pulseio)")
+    f.set_defaults(func=_fetch)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""ModelRunner: the one class that turns scheduled sequences into device work.
+
+It owns every device tensor of the engine (weights through the model, the KV cache, the decode
+graphs' static buffers) and is the only place host lists become device tensors. Prefill runs
+eagerly (one sync to read the sampled tokens); decode runs a captured CUDA graph on GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import numpy as np
+import torch
+
+from .kv.block_table import blocks_for
+from .kv.cache import KVCache
+from .kv.handoff import KVSource
+from .model.batch_state import BatchState, DecodeAttention, PrefillAttention, PrefillSpan
+from .model.llama import CausalLM
+from .decode_graph import DecodeGraphs
+from .request import Sequence
+from .sampler import sample_tokens
+from .scheduler import PrefillChunk
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv: KVCache, *, max_batch: int, max_model_len: int,
+                 use_cuda_graphs: bool, seed: int = 0) -> None:
+        self.model = model
+        self.kv = kv
+        self.max_blocks_per_seq = blocks_for(max_model_len, kv.block_size)
+        self.graphs = DecodeGraphs(model, kv, max_batch=max_batch, max_blocks_per_seq=self.max_blocks_per_seq,
+                                   use_graphs=use_cuda_graphs)
+        self.generator = torch.Generator(device=model.device).manual_seed(seed)
+        pin = model.device.type == "cuda"
+        bmax = self.graphs.buckets[-1]
+        # host staging for decode inputs; pinned so the uploads are asynchronous
+        self._host_ids = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
+        self._host_pos = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
+        self._host_tables = torch.zeros((bmax, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # ---- handoff -------------------------------------------------------------------------------
+
+    def load_kv(self, seq: Sequence, source: KVSource) -> None:
+        """Write KV computed elsewhere into the sequence's blocks."""
+        source.write_into(self.kv, self._block_ids(seq, len(seq.block_table)))
+
+    # ---- prefill --------------------------------------------------------------------------------
+
+    def prepare_prefill(self, chunks: Seq[PrefillChunk]) -> BatchState:
+        """A batch state for prompt chunks; logits rows are the last token of sampling chunks."""
+        bs = self.kv.block_size
+        ids, positions, slots, spans, rows = [], [], [], [], []
+        row = 0
+        for chunk in chunks:
+            seq, stop = chunk.seq, chunk.start + chunk.length
+            table = np.asarray(seq.block_table.block_ids, dtype=np.int64)
+            pos = np.arange(chunk.start, stop, dtype=np.int64)
+            ids.append(np.asarray(seq.token_ids[chunk.start:stop], dtype=np.int64))
+            positions.append(pos)
+            slots.append(table[pos // bs] * bs + pos % bs)
+            spans.append(PrefillSpan(row, chunk.length, chunk.start, self._block_ids(seq, blocks_for(stop, bs))))
+            row += chunk.length
+            if chunk.samples:
+                rows.append(row - 1)
+        to_dev = self._to_device
+        return self.model.begin(to_dev(np.concatenate(ids)), to_dev(np.concatenate(positions)),
+                                to_dev(np.concatenate(slots)), PrefillAttention(tuple(spans)), self.kv,
+                                logit_rows=to_dev(np.asarray(rows, dtype=np.int64)))
+
+    def prefill_sync(self, chunks: Seq[PrefillChunk]) -> list[int]:
+        """Run prompt chunks; returns one sampled token per chunk that reaches its sequence's end."""
+        state = self.prepare_prefill(chunks)
+        logits = self.model.forward(state)                       # [S, V]
+        temps = [c.seq.sampling.temperature for c in chunks if c.samples]
+        return sample_tokens(logits, temps, self.generator).tolist()
+
+    # ---- decode ---------------------------------------------------------------------------------
+
+    def prepare_decode(self, seqs: Seq[Sequence]) -> BatchState:
+        """An eager (unpadded, graph-free) decode batch state: one token per sequence."""
+        bs = self.kv.block_size
+        pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
+        tables = self._table_array(seqs, self.max_blocks_per_seq)
+        slots = tables[np.arange(len(seqs)), pos // bs].astype(np.int64) * bs + pos % bs
+        attention = DecodeAttention(self._to_device(tables), self._to_device((pos + 1).astype(np.int32)))
+        ids = np.asarray([s.token_ids[-1] for s in seqs], dtype=np.int64)
+        return self.model.begin(self._to_device(ids), self._to_device(pos), self._to_device(slots),
+                                attention, self.kv)
+
+    def decode_sync(self, seqs: Seq[Sequence]) -> list[int]:
+        """One decode step for every sequence (each has exactly one uncomputed token)."""
+        batch = len(seqs)
+        bucket = self.upload_decode(seqs)
+        self.graphs.run_nowait(bucket)
+        temps = [s.sampling.temperature for s in seqs]
+        if any(t > 0 for t in temps):
+            return sample_tokens(self.graphs.logits[:batch], temps, self.generator).tolist()
+        return self.graphs.next_tokens[:batch].tolist()
+
+    def upload_decode(self, seqs: Seq[Sequence]) -> int:
+        """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""
+        batch = len(seqs)
+        bucket = self.graphs.bucket_for(batch)
+        self.graphs.ensure_captured(bucket)
+        self._host_ids.numpy()[:bucket] = 0
+        self._host_ids.numpy()[:batch] = [s.token_ids[-1] for s in seqs]
+        self._host_pos.numpy()[:bucket] = 0
+        self._host_pos.numpy()[:batch] = [s.num_computed for s in seqs]
+        self._host_tables.numpy()[:bucket] = self._table_array(seqs, self.max_blocks_per_seq, rows=bucket)
+        g = self.graphs
+        g.input_ids[:bucket].copy_(self._host_ids[:bucket], non_blocking=True)
+        g.positions[:bucket].copy_(self._host_pos[:bucket], non_blocking=True)
+        g.block_tables[:bucket].copy_(self._host_tables[:bucket], non_blocking=True)
+        return bucket
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _table_array(self, seqs: Seq[Sequence], width: int, rows: int | None = None) -> np.ndarray:
+        """[rows, width] int32 block tables, padded with block 0."""
+        tables = np.zeros((rows or len(seqs), width), dtype=np.int32)
+        for i, seq in enumerate(seqs):
+            ids = seq.block_table.block_ids
+            tables[i, :len(ids)] = ids
+        return tables
+
+    def _block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:
+        return self._to_device(np.asarray(seq.block_table.block_ids[:n_blocks], dtype=np.int64))
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
