@@ -48,6 +48,8 @@ def _paged_decode_split_kernel(
     stride_vh,
     stride_vd,
     stride_btb,
+    stride_btn,
+    stride_lens,
     stride_ob,
     stride_oh,
     stride_os,
@@ -66,7 +68,7 @@ def _paged_decode_split_kernel(
     split = tl.program_id(1)
     b = tl.program_id(2)
 
-    ctx = tl.minimum(tl.load(lens_ptr + b), max_context)  # never read past the block-table row
+    ctx = tl.minimum(tl.load(lens_ptr + b * stride_lens), max_context)  # never read past the block-table row
     n_tiles = tl.cdiv(ctx, BLOCK_N)
     tiles_per_split = tl.cdiv(n_tiles, num_splits)
     tile_lo = split * tiles_per_split
@@ -92,7 +94,7 @@ def _paged_decode_split_kernel(
     for tile in range(tile_lo, tile_hi):
         tok = tile * BLOCK_N + offs_n
         tok_mask = tok < ctx
-        page = tl.load(bt_row + tok // PAGE_SIZE, mask=tok_mask, other=0).to(tl.int64)
+        page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btn, mask=tok_mask, other=0).to(tl.int64)
         slot = tok % PAGE_SIZE
         k = tl.load(
             k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,

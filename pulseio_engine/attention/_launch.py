@@ -14,6 +14,9 @@ import torch
 
 from . import _kernel
 
+_TILE_BYTES = 16384  # bytes of one K (or V) tile per loop iteration: 64 tokens at D=128 in bf16
+_NUM_WARPS = 4
+_NUM_STAGES = 3
 _DEFAULT_NUM_SMS = 132  # H200 / H100 SXM; used when the tensors are not on a CUDA device (interpreter)
 _PROGRAMS_PER_SM = 8  # enough programs that the last wave is a small fraction of the run
 _MIN_TILES_PER_SPLIT = 4  # below this the per-program prologue/epilogue stops being amortised
@@ -41,15 +44,22 @@ class DecodeConfig:
 
 
 def choose_config(
-    *, batch: int, num_kv_heads: int, head_dim: int, page_size: int, max_blocks: int, num_sms: int
+    *,
+    batch: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    max_blocks: int,
+    num_sms: int,
+    element_size: int = 2,
 ) -> DecodeConfig:
     """Heuristic tile and split count for one shape (see module docstring)."""
-    block_n = 64 if head_dim >= 128 else 128
+    block_n = max(16, _TILE_BYTES // (head_dim * element_size))
     max_tiles = -(-max_blocks * page_size // block_n)
     want = -(-_PROGRAMS_PER_SM * num_sms // (batch * num_kv_heads))
     cap = max(1, max_tiles // _MIN_TILES_PER_SPLIT)
     splits = max(1, min(want, cap, _MAX_SPLITS))
-    return DecodeConfig(block_n=block_n, num_warps=4, num_stages=3, num_splits=splits)
+    return DecodeConfig(block_n=block_n, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, num_splits=splits)
 
 
 @functools.lru_cache(maxsize=16)
@@ -96,6 +106,7 @@ def paged_decode_attention_triton(
             page_size=page_size,
             max_blocks=max_blocks,
             num_sms=_num_sms(q.device),
+            element_size=q.element_size(),
         )
     if out is None:
         out = torch.empty_like(q)
@@ -127,7 +138,8 @@ def paged_decode_attention_triton(
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
-        block_tables.stride(0),
+        *block_tables.stride(),
+        context_lens.stride(0),
         *part_strides,
         *lse_strides,
         GROUP=group,

@@ -108,9 +108,11 @@ def test_explicit_configs_match_reference(block_n, num_warps, num_stages, num_sp
     _assert_close(_run(case, config), _reference(case))
 
 
-def test_contiguous_caches_and_strided_q_and_out():
+def test_contiguous_caches_and_strided_q_out_tables_lens():
     case = _case("llama3-8b", [5, 300, 1500], max_blocks=100)
     b, hq, d = case.q.shape
+    tables = torch.stack([case.block_tables, torch.full_like(case.block_tables, -5)], dim=2)[:, :, 0]
+    lens = torch.stack([case.context_lens, torch.full_like(case.context_lens, 10**6)], dim=1)[:, 0]
     qkv = torch.randn(b, hq * d + 1024, dtype=case.q.dtype, device="cuda")  # q as a slice of a qkv output
     q = qkv[:, : hq * d].view(b, hq, d)
     q.copy_(case.q)
@@ -119,8 +121,8 @@ def test_contiguous_caches_and_strided_q_and_out():
         q,
         case.k_cache.contiguous(),
         case.v_cache.contiguous(),
-        case.block_tables,
-        case.context_lens,
+        tables,
+        lens,
         case.scale,
         out=out,
     )

@@ -47,6 +47,11 @@ CASES = {
         (32, 4, 2, 2),
         1e-2,
     ),
+    "strided-block-table-and-lengths": (
+        dict(num_q_heads=9, num_kv_heads=3, head_dim=64, strided_meta=True),
+        (32, 4, 2, 2),
+        1e-5,
+    ),
     "default-config-wide-table": (
         dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64),
         None,
@@ -78,7 +83,12 @@ def _run_case(kwargs: dict, config: tuple | None) -> dict:
     kwargs = dict(kwargs, dtype=getattr(torch, kwargs.get("dtype", "float32")))
     kwargs.setdefault("max_blocks", 160 // kwargs.get("block_size", 16) + 1)
     overlong = kwargs.pop("overlong", 0)
+    strided_meta = kwargs.pop("strided_meta", False)
     case = random_paged_case(context_lens=kwargs.pop("lens", LENS), **kwargs)
+    tables, lens = case.block_tables, case.context_lens + overlong
+    if strided_meta:  # block table and lengths as column views of wider buffers
+        tables = torch.stack([tables, torch.full_like(tables, -5)], dim=2)[:, :, 0]
+        lens = torch.stack([lens, torch.full_like(lens, 10**6)], dim=1)[:, 0]
     expect = paged_decode_attention_reference(
         case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale
     ).float()
@@ -87,8 +97,8 @@ def _run_case(kwargs: dict, config: tuple | None) -> dict:
         case.q,
         case.k_cache,
         case.v_cache,
-        case.block_tables,
-        case.context_lens + overlong,
+        tables,
+        lens,
         case.scale,
         out=out,
         config=DecodeConfig(*config) if config else None,
