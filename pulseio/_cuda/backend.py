@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,9 +49,10 @@ class CudaBackend:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.init()
         driver.init()
+        self.context = driver.primary_context(self.device.index)
 
     def alloc_host(self, nbytes: int, *, label: str) -> PinnedBuffer:
-        return PinnedBuffer(nbytes, label=label)
+        return PinnedBuffer(nbytes, context=self.context, label=label)
 
     def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor:
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -69,8 +71,9 @@ class _BufferRing:
     """Pinned (and optionally device-twin) buffers handed out by a free queue; the worker blocks,
     GIL released, when all are in flight, and the completion thread gives them back."""
 
-    def __init__(self, count: int, nbytes: int, device: torch.device | None, label: str) -> None:
-        self.pinned = [PinnedBuffer(nbytes, label=label) for _ in range(count)]
+    def __init__(self, backend: CudaBackend, count: int, nbytes: int, on_device: bool, label: str) -> None:
+        self.pinned = [backend.alloc_host(nbytes, label=label) for _ in range(count)]
+        device = backend.device if on_device else None
         self.device = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(count)] if device else []
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(count):
@@ -92,6 +95,8 @@ class CudaRoutes:
 
     def __init__(self, backend: CudaBackend, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._device = backend.device
+        self._context = backend.context
+        self._thread_ready = threading.local()  # the worker thread binds the device once
         self._host = host
         self._pool = device
         self._bb = host.block_bytes
@@ -101,10 +106,10 @@ class CudaRoutes:
         self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
         self._capacity = max(1, config.staging_bytes // self._bb)
         self._staging = _BufferRing(
-            config.staging_buffers, self._capacity * (self._bb + _ID), self._device, "staging"
+            backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging"
         )
         self._id_capacity = config.merge_blocks
-        self._ids = _BufferRing(2 * config.staging_buffers, 2 * self._id_capacity * _ID, None, "id ring")
+        self._ids = _BufferRing(backend, 2 * config.staging_buffers, 2 * self._id_capacity * _ID, False, "id ring")
         self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
         self._batch = {
             Direction.H2D: driver.MemcpyBatch(host_to_device=True, device_ordinal=self._device.index),
@@ -121,7 +126,10 @@ class CudaRoutes:
         return event
 
     def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
-        torch.cuda.set_device(self._device)
+        if not getattr(self._thread_ready, "ready", False):
+            torch.cuda.set_device(self._device)
+            driver.set_current(self._context)
+            self._thread_ready.ready = True
         for event in after:
             self.stream.wait_event(event)
         plan = merge_plans(list(plans))

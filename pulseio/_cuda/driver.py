@@ -37,6 +37,17 @@ def init() -> None:
     check("cuInit", cu.cuInit(0))
 
 
+def primary_context(ordinal: int) -> Any:
+    """The device's primary context (the one torch and numba use), retained once by the caller."""
+    device = check("cuDeviceGet", cu.cuDeviceGet(ordinal))
+    return check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(device))
+
+
+def set_current(context: Any) -> None:
+    """Driver calls act on the calling thread's current context; pulseio's own threads have none."""
+    check("cuCtxSetCurrent", cu.cuCtxSetCurrent(context))
+
+
 def host_register(ptr: int, nbytes: int) -> int:
     """Pin and device-map `nbytes` at `ptr`; returns the device pointer (equal to `ptr` under UVA)."""
     check("cuMemHostRegister", cu.cuMemHostRegister(ptr, nbytes, _HOST_REGISTER_FLAGS))

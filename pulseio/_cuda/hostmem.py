@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -28,8 +29,11 @@ _PROGRESS_BYTES = 2 << 30
 class PinnedBuffer:
     """`nbytes` of pinned host memory as `tensor` ([nbytes] uint8, CPU); `device_ptr` is its UVA address."""
 
-    def __init__(self, nbytes: int, *, chunk_bytes: int = 1 << 30, threads: int = 4, label: str = "") -> None:
+    def __init__(
+        self, nbytes: int, *, context: Any, chunk_bytes: int = 1 << 30, threads: int = 4, label: str = ""
+    ) -> None:
         self.nbytes = nbytes
+        self._context = context
         raw = torch.empty(nbytes + _ALIGN, dtype=torch.uint8)
         offset = (-raw.data_ptr()) % _ALIGN
         self.tensor = raw[offset : offset + nbytes]
@@ -47,6 +51,7 @@ class PinnedBuffer:
             bar = tqdm(total=self.nbytes >> 20, unit="MiB", desc=f"pinning {label}".strip(), leave=False)
 
         def pin(start: int) -> None:
+            driver.set_current(self._context)
             size = min(chunk_bytes, self.nbytes - start)
             ptr = self.host_ptr + start
             device_ptr = driver.host_register(ptr, size)
@@ -73,5 +78,7 @@ class PinnedBuffer:
 
     def close(self) -> None:
         """Unpin. The tensor stays valid as plain memory until it is garbage-collected."""
+        if self._chunks:
+            driver.set_current(self._context)
         while self._chunks:
             driver.host_unregister(self._chunks.pop())

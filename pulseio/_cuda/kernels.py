@@ -12,9 +12,9 @@ microsecond, so memory-level parallelism, not instruction count, sets the rate.
 
 from __future__ import annotations
 
-from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-
 from numba import cuda  # noqa: E402
+
+from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 
 THREADS_PER_CTA = 256
 _UNROLL = 4

@@ -1,0 +1,219 @@
+"""The GPU side of the doorbell: the publish device function and kernel, and the stream value ops.
+
+`publish_device(ring, counter, ids, slots, n, tag)` is called by every thread of ONE thread block
+(a selection kernel's last block, or the one-block `publish_kernel` launched right after the
+selection on the same stream). Thread 0 takes the next seq from `counter` (device memory, so the
+kernel gets no host-passed value and can be captured in a CUDA graph), marks the slot busy, and
+after a barrier the block writes the payload; then fence (system scope), barrier, thread 0
+writes count/tag/%globaltimer, fences, and stores seq. The protocol is in `pulseio/doorbell.py`.
+
+Completion on the device: the runtime keeps a completion word in device memory. A consumer stream
+enqueues `cuStreamWaitValue64(word >= seq)` when it is built, before the copy is even issued; the
+runtime's signal stream waits on the copy's event and `cuStreamWriteValue64`s the watermark.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from typing import Any
+
+from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
+
+from cuda.bindings import driver as cu  # noqa: E402
+from numba import config as numba_config  # noqa: E402
+from numba import cuda, int64, types  # noqa: E402
+
+from .._native.layout import COUNT, HEADER_WORDS, SEQ, STAMP, STATUS, STATUS_BAD_COUNT, STATUS_OK, TAG  # noqa: E402
+from . import driver  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+PUBLISH_THREADS = 256
+PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)"
+_GEQ = int(cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+_WRITE_DEFAULT = int(cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
+RELEASE_ALL = 1 << 62  # written at close: releases every stream still waiting on the word
+
+if numba_config.ENABLE_CUDASIM:  # pragma: no cover - the simulator runs device code as Python
+
+    def globaltimer():
+        return time.time_ns()
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _globaltimer(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), []), "mov.u64 $0, %globaltimer;", "=l",
+                               side_effect=True)
+            return builder.call(asm, [])
+
+        return types.int64(), codegen
+
+    @cuda.jit(device=True)
+    def globaltimer():
+        """The GPU's nanosecond %globaltimer (resolution about 1 us on recent GPUs)."""
+        return _globaltimer()
+
+
+@cuda.jit(device=True)
+def publish_device(ring, counter, ids, slots, n, tag):  # pragma: no cover - runs on the GPU / simulator
+    """ring: [capacity, slot_words] int64 (host-mapped); counter: [1] int64 device; ids, slots: [>= n]
+    int64. Call from every thread of exactly one block, once per request. Returns the seq."""
+    shared = cuda.shared.array(1, int64)
+    t = cuda.threadIdx.x
+    row = 0
+    if t == 0:
+        seq = cuda.atomic.add(counter, 0, 1) + 1
+        shared[0] = seq
+        row = (seq - 1) % ring.shape[0]
+        ring[row, SEQ] = -seq  # busy: a reader must not take the old payload for this seq
+        cuda.threadfence_system()
+    cuda.syncthreads()
+    seq = shared[0]
+    row = (seq - 1) % ring.shape[0]
+    max_blocks = (ring.shape[1] - HEADER_WORDS) // 2
+    m = n if 0 <= n <= max_blocks else 0
+    i = t
+    while i < m:
+        ring[row, HEADER_WORDS + i] = ids[i]
+        ring[row, HEADER_WORDS + max_blocks + i] = slots[i]
+        i += cuda.blockDim.x
+    cuda.threadfence_system()
+    cuda.syncthreads()
+    if t == 0:
+        ring[row, COUNT] = n
+        ring[row, TAG] = tag
+        ring[row, STATUS] = STATUS_OK if m == n else STATUS_BAD_COUNT
+        ring[row, STAMP] = globaltimer()
+        cuda.threadfence_system()
+        ring[row, SEQ] = seq
+        cuda.threadfence_system()
+    return seq
+
+
+def _publish_kernel(ring, counter, ids, slots, count, count_static, tag):  # pragma: no cover
+    n = count_static if count_static >= 0 else count[0]
+    if cuda.blockIdx.x == 0:
+        publish_device(ring, counter, ids, slots, n, tag)
+
+
+publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
+
+
+def _array_args(ptr: int, *shape: int) -> tuple[int, ...]:
+    """A C-contiguous int64 array as numba lays it out in a kernel's parameters."""
+    nitems = 1
+    for d in shape:
+        nitems *= d
+    strides, step = [], 8
+    for d in reversed(shape):
+        strides.insert(0, step)
+        step *= d
+    return (0, 0, nitems, 8, ptr, *shape, *strides)
+
+
+class PublishLauncher:
+    """Launches the publish kernel with pre-packed arguments through cuda.core (numba's launch
+    path costs tens of microseconds; this one a few)."""
+
+    def __init__(self, ring_ptr: int, capacity: int, slot_words: int, counter_ptr: int) -> None:
+        from cuda.core import LaunchConfig
+
+        dispatcher = cuda.jit(PUBLISH_SIGNATURE)(_publish_kernel)
+        (compiled,) = dispatcher.overloads.values()
+        self._kernel = compiled._codelibrary.get_cufunc().kernel
+        self._config = LaunchConfig(grid=1, block=PUBLISH_THREADS)
+        self._fixed = (*_array_args(ring_ptr, capacity, slot_words), *_array_args(counter_ptr, 1))
+        self._streams: dict[int, Any] = {}
+
+    def __call__(self, stream_handle: int, ids_ptr: int, slots_ptr: int, length: int, count_ptr: int,
+                 count_static: int, tag: int) -> None:
+        from cuda.core import Stream, launch
+
+        stream = self._streams.get(stream_handle)
+        if stream is None:
+            stream = self._streams[stream_handle] = Stream.from_handle(stream_handle)
+        launch(stream, self._config, self._kernel, *self._fixed, *_array_args(ids_ptr, length),
+               *_array_args(slots_ptr, length), *_array_args(count_ptr, 1), ctypes.c_int64(count_static),
+               ctypes.c_int64(tag))
+
+
+def stream_mem_ops_supported(device_ordinal: int) -> bool:
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
+    dev = driver.check("cuDeviceGet", cu.cuDeviceGet(device_ordinal))
+    return bool(driver.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, dev)))
+
+
+def wait_value(stream_handle: int, address: int, value: int) -> None:
+    """Enqueue on the stream: wait until the int64 at `address` is >= value (cyclic compare). No host wait."""
+    driver.check("cuStreamWaitValue64", cu.cuStreamWaitValue64(
+        cu.CUstream(stream_handle), cu.CUdeviceptr(address), cu.cuuint64_t(value), _GEQ))
+
+
+def write_value(stream_handle: int, address: int, value: int) -> None:
+    """Enqueue on the stream: store value at `address` once earlier work on it is done (memory barrier)."""
+    driver.check("cuStreamWriteValue64", cu.cuStreamWriteValue64(
+        cu.CUstream(stream_handle), cu.CUdeviceptr(address), cu.cuuint64_t(value), _WRITE_DEFAULT))
+
+
+class DevicePublisher:
+    """The CUDA backend's side of a Runtime's doorbell: launches publishes, owns the device counter,
+    the completion word and the signal stream. Every call here only enqueues work."""
+
+    def __init__(self, device: Any, ring_ptr: int, capacity: int, slot_words: int) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
+        self.word = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: completion watermark
+        self.signal_stream = torch.cuda.Stream(device)
+        self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr())
+        self.stream_ops = stream_mem_ops_supported(device.index)
+        if not self.stream_ops:
+            log.warning("%s does not support 64-bit stream memory operations "
+                        "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 0): Completion.device_wait "
+                        "falls back to waiting on the host until the copy is issued", device)
+        self._last: Any = None  # the stream of the previous publish
+
+    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
+        """Enqueue the publish of ids[:count] / slots[:count] on `stream` (torch stream or None: current)."""
+        stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
+        if self._last is not None and self._last != stream:
+            # seqs come from the device counter in execution order: keep publishes in launch order
+            event = self._torch.cuda.Event()
+            event.record(self._last)
+            stream.wait_event(event)
+        self._last = stream
+        if isinstance(count, int):
+            count_ptr, count_static = self.counter.data_ptr(), count
+        else:
+            count_ptr, count_static = count.data_ptr(), -1
+        length = min(ids.numel(), slots.numel())
+        self.launch(stream.cuda_stream, ids.data_ptr(), slots.data_ptr(), length, count_ptr, count_static, tag)
+
+    def wait(self, stream: Any, seq: int) -> None:
+        stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
+        wait_value(stream.cuda_stream, self.word.data_ptr(), seq)
+
+    def signal(self, events: list[Any], watermark: int) -> None:
+        """After the copies behind `events` (None: nothing to wait for), publish the new watermark."""
+        for event in events:
+            if event is not None:
+                self.signal_stream.wait_event(event)
+        write_value(self.signal_stream.cuda_stream, self.word.data_ptr(), watermark)
+
+    def release_all(self) -> None:
+        write_value(self.signal_stream.cuda_stream, self.word.data_ptr(), RELEASE_ALL)
+
+    def drain_sync(self) -> None:
+        """Wait until the device has run everything enqueued so far (close only)."""
+        self._torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        pass
