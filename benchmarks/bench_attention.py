@@ -119,9 +119,7 @@ def build_inputs(shape: Shape, seed: int = 0):
         lens = torch.full((shape.batch,), shape.context, device=DEVICE)
     pages_per_seq = -(-shape.context // PAGE)
     num_blocks = shape.batch * pages_per_seq + 8
-    kv = torch.randn(
-        num_blocks, 2, PAGE, shape.hkv, shape.head_dim, generator=gen, device=DEVICE, dtype=DTYPE
-    )
+    kv = torch.randn(num_blocks, 2, PAGE, shape.hkv, shape.head_dim, generator=gen, device=DEVICE, dtype=DTYPE)
     physical = torch.randperm(num_blocks, generator=gen, device=DEVICE)[: shape.batch * pages_per_seq]
     tables = torch.full((shape.batch, shape.max_blocks), -1, dtype=torch.int32, device=DEVICE)
     tables[:, :pages_per_seq] = physical.view(shape.batch, pages_per_seq).int()
@@ -133,19 +131,19 @@ def kv_bytes(shape: Shape, lens: torch.Tensor) -> int:
     return int(lens.sum().item()) * shape.hkv * shape.head_dim * 2 * 2  # K and V, bf16
 
 
-def candidate_configs(
-    shape: Shape, heuristic: DecodeConfig, num_sms: int, best_tile=None
-) -> list[DecodeConfig]:
+def candidate_configs(shape: Shape, heuristic: DecodeConfig, num_sms: int, best_tile=None) -> list[DecodeConfig]:
     if best_tile is None:  # phase 1: tiles at the heuristic split count, most promising first
-        block_ns = (64, 128, 32) if shape.head_dim >= 128 else (128, 64, 256)
-        tiles = [(bn, w, st) for st in (2, 3) for w in (4, 8) for bn in block_ns]
-        tiles += [(heuristic.block_n, heuristic.num_warps, st) for st in (1, 4)]
-        return [DecodeConfig(bn, w, st, heuristic.num_splits) for bn, w, st in tiles]
-    bn, w, st = best_tile  # phase 2: split counts for the best tile
+        block_ns = (64, 32, 128) if shape.head_dim >= 128 else (128, 64, 256)
+        tiles = [(bn, w, st, False) for st in (2, 3) for w in (4, 8) for bn in block_ns]
+        tiles += [(heuristic.block_n, w, 1, False) for w in (4, 8)]  # no pipelining, occupancy only
+        small, mid, large = sorted(block_ns)  # register prefetch; the sets that do not spill (sm_90)
+        tiles += [(small, 4, 1, True), (mid, 8, 1, True), (small, 8, 1, True), (large, 8, 1, True)]
+        return [DecodeConfig(bn, w, st, heuristic.num_splits, pf) for bn, w, st, pf in tiles]
+    bn, w, st, pf = best_tile  # phase 2: split counts for the best tile
     max_tiles = -(-shape.max_blocks * PAGE // bn)
     splits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if s <= max_tiles]
     splits = [s for s in splits if shape.batch * shape.hkv * s <= 64 * num_sms]
-    return [DecodeConfig(bn, w, st, s) for s in splits]
+    return [DecodeConfig(bn, w, st, s, pf) for s in splits]
 
 
 def rel_err(got: torch.Tensor, expect: torch.Tensor) -> float:
@@ -175,9 +173,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
             log(f"  SKIPPED (time budget) {tag} {config}")
             return None
         out = torch.full_like(q, float("nan"))
-        fn = lambda: paged_decode_attention_triton(
-            q, k_cache, v_cache, tables, lens, scale, out=out, config=config
-        )
+        fn = lambda: paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, scale, out=out, config=config)
         try:
             t0 = time.perf_counter()
             fn()
@@ -202,7 +198,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
         )
         log(
             f"  {tag:9s} bn={config.block_n:3d} w={config.num_warps} st={config.num_stages} "
-            f"splits={config.num_splits:3d} programs={row['programs']:6d}  {us:9.1f} us  "
+            f"pf={int(config.prefetch)} splits={config.num_splits:3d} programs={row['programs']:6d}  {us:9.1f} us  "
             f"{row['gbps']:7.0f} GB/s  {100 * row['frac_copy']:5.1f}% copy  err={err:.1e}"
             f"  first={first_s:.1f}s{'' if row['ok'] else '  BAD'}"
         )
@@ -214,9 +210,9 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
         f"ctx={'<=' if shape.ragged else ''}{shape.context} max_blocks={shape.max_blocks} "
         f"KV={nbytes / 1e9:.3f} GB"
     )
-    run(heuristic, "heuristic")
-    eager = time_eager_us(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, scale))
-    log(f"  eager dispatcher (no graph, Python + 2 launches included): {eager:.1f} us")
+    if run(heuristic, "heuristic") is not None:
+        eager = time_eager_us(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, scale))
+        log(f"  eager dispatcher (no graph, Python + launches included): {eager:.1f} us")
     if shape.sweep == "full":
         for config in candidate_configs(shape, heuristic, num_sms):
             if config != heuristic:
@@ -224,9 +220,9 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
     ok = [r for r in rows if r["ok"]]
     best = min(ok, key=lambda r: r["us"]) if ok else None
     tile = (
-        (best["block_n"], best["num_warps"], best["num_stages"])
+        (best["block_n"], best["num_warps"], best["num_stages"], best["prefetch"])
         if best
-        else (heuristic.block_n, heuristic.num_warps, heuristic.num_stages)
+        else (heuristic.block_n, heuristic.num_warps, heuristic.num_stages, heuristic.prefetch)
     )
     if shape.sweep in ("full", "splits"):
         for config in candidate_configs(shape, heuristic, num_sms, best_tile=tile):
@@ -238,7 +234,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
 def _cell(r: dict | None) -> str:
     if r is None:
         return f"{'-':22s} {'-':>8s} {'-':>6s} {'-':>6s}"
-    cfg = f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp"
+    cfg = f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp{'/pf' if r['prefetch'] else ''}"
     return f"{cfg:22s} {r['us']:8.1f} {r['gbps']:6.0f} {100 * r['frac_copy']:5.1f}%"
 
 
@@ -273,14 +269,12 @@ def summary(rows: list[dict], shapes: list[Shape]) -> str:
         best = min(ok, key=lambda r: r["us"]) if ok else None
         bad = sum(not r["ok"] for r in mine)
         lines.append(f"{shape.name:28s} | {_cell(heur)} | {_cell(best)} | {bad}")
-    lines.append("cfg = block_n / num_warps / num_stages / num_splits")
+    lines.append("cfg = block_n / num_warps / num_stages / num_splits [/pf = register prefetch variant]")
     return "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=80.0, help="stop starting new configs after this")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench_attention.jsonl")
     parser.add_argument("--shapes", default="", help="comma-separated substrings of shape names to run")
@@ -305,14 +299,14 @@ def main() -> int:
         f"triton {triton.__version__}"
     )
     copy_gbps, read_gbps = measure_copy_gbps()
-    log(
-        f"D2D copy_ 1 GiB: {copy_gbps:.0f} GB/s (read + write); "
-        f"torch.sum bf16 read-only: {read_gbps:.0f} GB/s"
-    )
+    log(f"D2D copy_ 1 GiB: {copy_gbps:.0f} GB/s (read + write); torch.sum bf16 read-only: {read_gbps:.0f} GB/s")
     wanted = [s for s in args.shapes.split(",") if s]
     shapes = [s for s in SHAPES if not wanted or any(w in s.name for w in wanted)]
     rows: list[dict] = []
     for shape in shapes:
+        if time.monotonic() > deadline:
+            log(f"== {shape.name}: SKIPPED (time budget)")
+            continue
         try:
             rows += bench_shape(shape, copy_gbps, deadline, log)
             torch.cuda.empty_cache()  # the shape's tensors died with bench_shape's frame

@@ -44,13 +44,9 @@ def _check_dims(q, k_cache, v_cache, block_tables, context_lens) -> None:
     if q.dim() != 3:
         raise ValueError(f"q must be [B, Hq, D] (3 dims), got shape {tuple(q.shape)}")
     if k_cache.dim() != 4:
-        raise ValueError(
-            f"k_cache must be [num_blocks, block_size, Hkv, D] (4 dims), got shape {tuple(k_cache.shape)}"
-        )
+        raise ValueError(f"k_cache must be [num_blocks, block_size, Hkv, D] (4 dims), got shape {tuple(k_cache.shape)}")
     if v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}"
-        )
+        raise ValueError(f"v_cache shape {tuple(v_cache.shape)} must equal k_cache shape {tuple(k_cache.shape)}")
     batch, hq, head_dim = q.shape
     _, block_size, hkv, kv_dim = k_cache.shape
     if kv_dim != head_dim:
@@ -60,9 +56,7 @@ def _check_dims(q, k_cache, v_cache, block_tables, context_lens) -> None:
     if block_size < 1:
         raise ValueError(f"block_size (k_cache.shape[1]) must be >= 1, got {block_size}")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.shape[1] < 1:
-        raise ValueError(
-            f"block_tables must be [B={batch}, max_blocks>=1], got shape {tuple(block_tables.shape)}"
-        )
+        raise ValueError(f"block_tables must be [B={batch}, max_blocks>=1], got shape {tuple(block_tables.shape)}")
     if context_lens.dim() != 1 or context_lens.shape[0] != batch:
         raise ValueError(f"context_lens must be [B={batch}], got shape {tuple(context_lens.shape)}")
 
@@ -71,9 +65,7 @@ def _check_dtypes(q, k_cache, v_cache, block_tables, context_lens) -> None:
     if q.dtype not in FLOAT_DTYPES:
         raise TypeError(f"q.dtype must be one of float16/bfloat16/float32, got {q.dtype}")
     if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise TypeError(
-            f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q.dtype ({q.dtype})"
-        )
+        raise TypeError(f"k_cache/v_cache dtype ({k_cache.dtype}/{v_cache.dtype}) must equal q.dtype ({q.dtype})")
     if block_tables.dtype != INDEX_DTYPE:
         raise TypeError(f"block_tables.dtype must be torch.int32, got {block_tables.dtype}")
     if context_lens.dtype != INDEX_DTYPE:
@@ -88,9 +80,7 @@ def _check_devices(q, k_cache, v_cache, block_tables, context_lens) -> None:
         ("context_lens", context_lens),
     ):
         if t.device != q.device:
-            raise ValueError(
-                f"{name} is on {t.device} but q is on {q.device}; all inputs must share q's device"
-            )
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}; all inputs must share q's device")
 
 
 def _check_out(q: torch.Tensor, out: torch.Tensor) -> None:

@@ -25,6 +25,43 @@ import triton.language as tl
 
 
 @triton.jit
+def _load_tile(
+    k_head, v_head, bt_row, tile, limit, offs_n, offs_d, stride_btn,
+    stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """K and V of tokens [tile * BLOCK_N, +BLOCK_N) through the block table; tokens >= limit masked."""
+    tok = tile * BLOCK_N + offs_n
+    tok_mask = tok < limit
+    page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btn, mask=tok_mask, other=0).to(tl.int64)
+    slot = tok % PAGE_SIZE
+    k = tl.load(
+        k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
+        mask=tok_mask[:, None],
+        other=0.0,
+    )  # [BLOCK_N, HEAD_DIM]
+    v = tl.load(
+        v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
+        mask=tok_mask[:, None],
+        other=0.0,
+    )  # [BLOCK_N, HEAD_DIM]
+    return k, v, tok_mask
+
+
+@triton.jit
+def _attend_tile(q, k, v, tok_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION: tl.constexpr):
+    """One online-softmax step (base 2) of the q group over one tile."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_N]
+    s = tl.where(tok_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_decode_split_kernel(
     q_ptr,
     k_ptr,
@@ -63,6 +100,7 @@ def _paged_decode_split_kernel(
     BLOCK_N: tl.constexpr,
     DIRECT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -91,29 +129,26 @@ def _paged_decode_split_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     k_head = k_ptr + kv_head * stride_kh
     v_head = v_ptr + kv_head * stride_vh
-    for tile in range(tile_lo, tile_hi):
-        tok = tile * BLOCK_N + offs_n
-        tok_mask = tok < ctx
-        page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btn, mask=tok_mask, other=0).to(tl.int64)
-        slot = tok % PAGE_SIZE
-        k = tl.load(
-            k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
-            mask=tok_mask[:, None],
-            other=0.0,
-        )  # [BLOCK_N, HEAD_DIM]
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [GROUP_PAD, BLOCK_N]
-        s = tl.where(tok_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(
-            v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
-            mask=tok_mask[:, None],
-            other=0.0,
-        )  # [BLOCK_N, HEAD_DIM]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    limit = tl.minimum(ctx, tile_hi * BLOCK_N)  # tokens of this split end here
+    if PREFETCH:  # registers hold tile i+1 while tile i is computed; used with num_stages=1
+        k, v, tok_mask = _load_tile(
+            k_head, v_head, bt_row, tile_lo, limit, offs_n, offs_d, stride_btn,
+            stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE, BLOCK_N,
+        )  # fmt: skip
+        for tile in range(tile_lo, tile_hi):
+            k_next, v_next, mask_next = _load_tile(
+                k_head, v_head, bt_row, tile + 1, limit, offs_n, offs_d, stride_btn,
+                stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE, BLOCK_N,
+            )  # fmt: skip
+            m_i, l_i, acc = _attend_tile(q, k, v, tok_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION)
+            k, v, tok_mask = k_next, v_next, mask_next
+    else:  # Triton's software pipeliner (num_stages) overlaps the loads
+        for tile in range(tile_lo, tile_hi):
+            k, v, tok_mask = _load_tile(
+                k_head, v_head, bt_row, tile, limit, offs_n, offs_d, stride_btn,
+                stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE, BLOCK_N,
+            )  # fmt: skip
+            m_i, l_i, acc = _attend_tile(q, k, v, tok_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION)
 
     has_work = l_i > 0.0  # false only for splits past the end of a short context
     l_safe = tl.where(has_work, l_i, 1.0)

@@ -18,7 +18,7 @@ _TILE_BYTES = 16384  # bytes of one K (or V) tile per loop iteration: 64 tokens 
 _NUM_WARPS = 4
 _NUM_STAGES = 3
 _DEFAULT_NUM_SMS = 132  # H200 / H100 SXM; used when the tensors are not on a CUDA device (interpreter)
-_PROGRAMS_PER_SM = 8  # enough programs that the last wave is a small fraction of the run
+_PROGRAMS_PER_SM = 16  # several CTAs fit per SM: many equal programs keep the last wave's idle share small
 _MIN_TILES_PER_SPLIT = 4  # below this the per-program prologue/epilogue stops being amortised
 _MAX_SPLITS = 128
 
@@ -31,6 +31,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     num_splits: int
+    prefetch: bool = False  # explicit register prefetch of the next tile instead of Triton's pipeliner
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -59,7 +60,8 @@ def choose_config(
     want = -(-_PROGRAMS_PER_SM * num_sms // (batch * num_kv_heads))
     cap = max(1, max_tiles // _MIN_TILES_PER_SPLIT)
     splits = max(1, min(want, cap, _MAX_SPLITS))
-    return DecodeConfig(block_n=block_n, num_warps=_NUM_WARPS, num_stages=_NUM_STAGES, num_splits=splits)
+    num_warps = _NUM_WARPS if element_size <= 2 else 8  # fp32 dots run on FMAs: spread their registers
+    return DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=_NUM_STAGES, num_splits=splits)
 
 
 @functools.lru_cache(maxsize=16)
@@ -77,9 +79,7 @@ def check_triton_shapes(q: torch.Tensor, k_cache: torch.Tensor) -> None:
     """Rules of the kernel beyond those of the API (see _checks)."""
     head_dim = q.shape[2]
     if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(
-            f"head_dim must be a power of two in [16, 256] for the Triton kernel, got {head_dim}"
-        )
+        raise ValueError(f"head_dim must be a power of two in [16, 256] for the Triton kernel, got {head_dim}")
 
 
 def paged_decode_attention_triton(
@@ -149,6 +149,7 @@ def paged_decode_attention_triton(
         BLOCK_N=config.block_n,
         DIRECT=direct,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PREFETCH=config.prefetch,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

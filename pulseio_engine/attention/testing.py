@@ -75,9 +75,7 @@ def random_paged_case(
         dense_v.append(v.to(device))
     q = (torch.randn(len(context_lens), num_q_heads, head_dim, generator=gen) * q_scale).to(dtype)
     lens = torch.tensor(context_lens, dtype=torch.int32)
-    return PagedCase(
-        q.to(device), kv.to(device), tables.to(device), lens.to(device), dense_k, dense_v, head_dim**-0.5
-    )
+    return PagedCase(q.to(device), kv.to(device), tables.to(device), lens.to(device), dense_k, dense_v, head_dim**-0.5)
 
 
 def dense_attention(case: PagedCase) -> torch.Tensor:  # [B, Hq, D], float64, on case's device

@@ -19,7 +19,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# id -> (case kwargs for random_paged_case, config (block_n, warps, stages, splits) or None, tolerance)
+# id -> (random_paged_case kwargs, DecodeConfig fields (block_n, warps, stages, splits[, prefetch]) or None, tol)
 CASES = {
     "mha-direct": (dict(num_q_heads=4, num_kv_heads=4, head_dim=64, block_size=16), (16, 4, 2, 1), 1e-5),
     "smollm-g3-tile-spans-4-pages": (
@@ -35,6 +35,11 @@ CASES = {
     "g5-page64-more-splits-than-tiles": (
         dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=64),
         (32, 4, 2, 7),
+        1e-5,
+    ),
+    "register-prefetch-variant": (
+        dict(num_q_heads=10, num_kv_heads=2, head_dim=64, block_size=16),
+        (32, 4, 1, 3, True),
         1e-5,
     ),
     "mostly-empty-splits": (
