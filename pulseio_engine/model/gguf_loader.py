@@ -102,6 +102,6 @@ def load_gguf(path: Path, *, dtype: torch.dtype, device: torch.device | str) -> 
             w = _unpermute(w, config.num_heads)
         elif config.architecture is Architecture.LLAMA and name.endswith("k_proj.weight"):
             w = _unpermute(w, config.num_kv_heads)
-        return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        return torch.from_numpy(np.array(w, dtype=np.float32))   # a writable copy, off the mmap
 
     return config, ModelWeights.from_hf_names(config, get, dtype=dtype, device=device)

