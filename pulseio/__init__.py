@@ -25,3 +25,15 @@ from .transfer import Transfer as Transfer
 from .transfer import TransferState as TransferState
 
 __version__ = "0.1.0"
+from .doorbell import Doorbell as Doorbell
+from .doorbell import DoorbellStatistics as DoorbellStatistics
+from .doorbell import RingLayout as RingLayout
+from .doorbell import Rung as Rung
+from .interrupts import Completion as Completion
+from .interrupts import InterruptPump as InterruptPump
+from .poller import LatencySummary as LatencySummary
+from .runtime import Runtime as Runtime
+from .runtime import RuntimeConfig as RuntimeConfig
+from .runtime import RuntimeStatistics as RuntimeStatistics
+from .runtime import open_runtime as open_runtime
+from .runtime import run_async as run_async

@@ -1,0 +1,290 @@
+"""Doorbell: a ring of request slots in host memory that a GPU kernel (or a CPU thread) writes and
+one poller reads, with no CUDA call and no lock between them.
+
+Some facts about host-mapped memory, and the protocol they lead to
+-------------------------------------------------------------------
+* On the CUDA backend the ring is plain cacheable pinned memory, registered with the driver and
+  device-mapped: a kernel stores to it through its UVA address, the stores cross PCIe as posted
+  writes and land in the CPU's coherent memory, where a polling core sees them (write-combined
+  memory would be cheaper to write but uncached to read: wrong for something the CPU spins on).
+* The GPU may make its stores visible to the CPU in any order. `threadfence_system()` orders a
+  thread's earlier stores before its later ones *as seen by the CPU*; a block barrier then makes
+  every thread's payload part of what thread 0 orders before its final store.
+* So a producer (kernel or CPU thread) publishes request `seq` in slot `(seq - 1) % capacity` by:
+  store -seq into the slot's seq word (busy); fence; store count, tag, timestamp, ids, destination
+  slots; fence; store seq. The reader loads seq (acquire), reads the payload, fences, and loads
+  seq again: equal means the payload it copied is that request's (a seqlock).
+* Sequence numbers are monotone and never reset: 1, 2, 3, ... from a counter the producer
+  increments atomically (on the GPU a device-memory word, so the publish kernel takes no
+  host-passed value and can be captured in a CUDA graph). A slot's seq word tells the reader
+  which request it holds: less than expected means not yet published; equal, ready; greater, the
+  producer wrapped around the ring past the reader ("lapped") and the expected request is lost.
+* Capacity rule: at most `capacity` requests may be published and not yet read. `Runtime` keeps
+  it by admission (it counts the publishes it launches and refuses one that could lap, raising
+  WouldBlock), so in a runtime a lap never happens; a raw producer that breaks the rule gets each
+  overwritten request reported as lost (READ_LOST / READ_TORN), never a silent mix of payloads.
+* Only one thread reads a Doorbell. Any number may publish.
+* The reader never holds the GIL while it waits: it spins a bounded number of iterations inside
+  a numba `nogil` function (atomic loads, which the compiler cannot hoist out of the loop), then
+  sleeps with exponential backoff, and takes every request published since its last look in one
+  call.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._native.layout import (
+    OUT_COLUMNS,
+    OUT_COUNT,
+    OUT_OFFSET,
+    OUT_SEQ,
+    OUT_STAMP,
+    OUT_STATE,
+    OUT_STATUS,
+    OUT_TAG,
+    READ_LOST,
+    READ_OK,
+    STATUS_BAD_COUNT,
+    slot_words,
+)
+from .backend import HostMemory
+from .errors import ClosedError, WouldBlock
+
+_HEADER_BYTES = 128  # word 0: the CPU producers' counter; the rest reserved (own cache line)
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """capacity slots, each holding up to max_blocks (block id, destination slot) pairs."""
+
+    capacity: int
+    max_blocks: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capacity, int) or self.capacity < 2:
+            raise ValueError(f"a doorbell ring needs capacity >= 2 slots, got {self.capacity!r}")
+        if not isinstance(self.max_blocks, int) or self.max_blocks < 1:
+            raise ValueError(f"a doorbell slot needs max_blocks >= 1, got {self.max_blocks!r}")
+
+    @property
+    def slot_words(self) -> int:
+        return slot_words(self.max_blocks)
+
+    @property
+    def nbytes(self) -> int:
+        return _HEADER_BYTES + self.capacity * self.slot_words * 8
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One request read from the ring. host_ids, device_slots: [count] int64 numpy (copies)."""
+
+    seq: int
+    tag: int
+    host_ids: np.ndarray
+    device_slots: np.ndarray
+    published_ns: int  # the producer's timestamp (%globaltimer on the GPU)
+    seen_ns: int  # time.perf_counter_ns() when the reader copied it
+    error: str | None  # why the request cannot be served (lost to a lap, bad count); None if fine
+
+
+@dataclass(frozen=True)
+class DoorbellStatistics:
+    capacity: int
+    next_seq: int  # the next seq the reader expects
+    delivered: int  # requests read intact
+    lost: int  # requests overwritten (lapped) before or while being read
+    wakeups: int  # waits that ended with requests to read
+    spurious_wakeups: int  # waits that ended (timeout) with none
+    batches: int  # reads that returned requests; delivered / batches is the mean batch size
+
+
+def _padded(ids: np.ndarray, n: int) -> np.ndarray:
+    out = np.full(n, -1, dtype=np.int64)
+    out[: min(n, ids.size)] = ids[:n]
+    return out
+
+
+class Doorbell:
+    """The request ring over `memory` (host memory of `layout.nbytes` bytes, device-mapped on CUDA)."""
+
+    def __init__(self, memory: HostMemory, layout: RingLayout, *, spin_iterations: int = 20_000,
+                 sleep_s: tuple[float, float] = (20e-6, 1e-3)) -> None:
+        from ._native import ring  # numba compiles lazily; importing it touches no device
+
+        ring.warm_up()
+        self._ring = ring
+        self.layout = layout
+        self._memory: HostMemory | None = memory
+        words = memory.tensor[: layout.nbytes].numpy().view(np.int64)
+        words[:] = 0
+        self.header = words[: _HEADER_BYTES // 8]  # [16] int64, host
+        self.words = words[_HEADER_BYTES // 8 :]  # [capacity * slot_words] int64, host
+        self.base = self.words.ctypes.data
+        self.device_ptr = memory.device_ptr + _HEADER_BYTES  # slot 0 as the GPU addresses it
+        self._spin = spin_iterations if ring.NATIVE else 1
+        self._sleep = sleep_s
+        self._next = 1
+        self._out = np.zeros((layout.capacity, OUT_COLUMNS), dtype=np.int64)
+        self._ids = np.zeros(layout.capacity * layout.max_blocks, dtype=np.int64)
+        self._slots = np.zeros_like(self._ids)
+        self._counts = dict(delivered=0, lost=0, wakeups=0, spurious=0, batches=0)
+        self._read_lock = threading.Lock()  # documents (and enforces) the single reader
+
+    # -- producing (the CPU stand-in for the publish kernel) ---------------------------------
+
+    def publish(self, host_ids: np.ndarray, device_slots: np.ndarray, *, tag: int = 0,
+                count: int | None = None, stamp_ns: int | None = None) -> int:
+        """Claim the next seq from the ring's counter and publish a request; returns its seq.
+
+        host_ids, device_slots: [>= count] int64, host. Thread-safe, GIL released while writing.
+        """
+        seq = int(self._ring.claim(self.header.ctypes.data))
+        self.publish_at(seq, host_ids, device_slots, tag=tag, count=count, stamp_ns=stamp_ns)
+        return seq
+
+    def publish_at(self, seq: int, host_ids: np.ndarray, device_slots: np.ndarray, *, tag: int = 0,
+                   count: int | None = None, stamp_ns: int | None = None) -> None:
+        """Publish request `seq` (its number chosen by the caller: testing, or a GPU-mirroring producer)."""
+        self._check_open()
+        ids = np.ascontiguousarray(host_ids, dtype=np.int64)
+        slots = np.ascontiguousarray(device_slots, dtype=np.int64)
+        n = int(ids.size if count is None else count)
+        if 0 <= n <= self.layout.max_blocks and (n > ids.size or n > slots.size):
+            ids, slots = _padded(ids, n), _padded(slots, n)  # -1: what a kernel reading past the end gets wrong
+        stamp = time.perf_counter_ns() if stamp_ns is None else stamp_ns
+        self._ring.write_slot(self.base, self.words, self.layout.capacity, self.layout.slot_words,
+                              self.layout.max_blocks, seq, ids, slots, n, int(tag), stamp)
+
+    # -- reading (one thread) ------------------------------------------------------------------
+
+    def poll_nowait(self) -> list[Rung]:
+        """Every request published since the last read, in seq order. Raises WouldBlock if none."""
+        rungs = self._read()
+        if not rungs:
+            raise WouldBlock(f"no request published at seq {self._next} yet")
+        return rungs
+
+    def wait_rung(self, timeout: float | None = None) -> list[Rung]:
+        """Wait until a request is published, then read them all; [] on timeout.
+
+        Spins `spin_iterations` atomic loads with the GIL released, then sleeps with backoff.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        sleep = self._sleep[0]
+        while True:
+            self._check_open()
+            if self._ring.spin(self.base, self.layout.capacity, self.layout.slot_words, self._next, self._spin):
+                rungs = self._read()
+                if rungs:
+                    self._counts["wakeups"] += 1
+                    return rungs
+            if deadline is not None and time.monotonic() >= deadline:
+                self._counts["spurious"] += 1
+                return []
+            time.sleep(sleep)
+            sleep = min(2 * sleep, self._sleep[1])
+
+    def _read(self) -> list[Rung]:
+        with self._read_lock:
+            self._check_open()
+            k = int(self._ring.read(self.base, self.words, self.layout.capacity, self.layout.slot_words,
+                                    self.layout.max_blocks, self._next, self._out, self._ids, self._slots))
+            if k == 0:
+                return []
+            seen = time.perf_counter_ns()
+            rungs = [self._rung(row, seen) for row in self._out[:k].tolist()]
+            self._next += k
+            lost = int(np.count_nonzero(self._out[:k, OUT_STATE] != READ_OK))
+            self._counts["lost"] += lost
+            self._counts["delivered"] += k - lost
+            self._counts["batches"] += 1
+            return rungs
+
+    def _rung(self, row: list[int], seen_ns: int) -> Rung:
+        seq, state, n, at = row[OUT_SEQ], row[OUT_STATE], row[OUT_COUNT], row[OUT_OFFSET]
+        error = None
+        if state != READ_OK:
+            how = "before" if state == READ_LOST else "while"
+            error = (f"doorbell request seq={seq} was overwritten {how} the poller read it: more than "
+                     f"capacity={self.layout.capacity} requests were published ahead of the reader; "
+                     "keep fewer in flight or make the ring larger")
+            n = 0
+        elif row[OUT_STATUS] == STATUS_BAD_COUNT:
+            error = (f"doorbell request seq={seq} tag={row[OUT_TAG]} asked for {n} blocks; a request "
+                     f"holds 0..{self.layout.max_blocks} (max_blocks_per_request)")
+            n = 0
+        return Rung(seq=seq, tag=row[OUT_TAG] if state == READ_OK else -1,
+                    host_ids=self._ids[at : at + n].copy(), device_slots=self._slots[at : at + n].copy(),
+                    published_ns=row[OUT_STAMP], seen_ns=seen_ns, error=error)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def next_seq(self) -> int:
+        return self._next
+
+    def statistics(self) -> DoorbellStatistics:
+        c = self._counts
+        return DoorbellStatistics(capacity=self.layout.capacity, next_seq=self._next, delivered=c["delivered"],
+                                  lost=c["lost"], wakeups=c["wakeups"], spurious_wakeups=c["spurious"],
+                                  batches=c["batches"])
+
+    def _check_open(self) -> None:
+        if self._memory is None:
+            raise ClosedError("this Doorbell is closed")
+
+    def close(self) -> None:
+        """Release the ring memory. Only once no producer can still write it (the Runtime ensures that)."""
+        with self._read_lock:
+            if self._memory is not None:
+                self._memory.close()
+                self._memory = None
+
+
+class HostProducer:
+    """The CPU backend's stand-in for the publish kernel: a thread that runs posted publishes in post
+    order (as a stream runs kernels), each claiming its seq from the ring's counter."""
+
+    def __init__(self, doorbell: Doorbell) -> None:
+        self._doorbell = doorbell
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="pulseio-host-producer", daemon=True)
+        self._thread.start()
+        self.watermark = 0  # what the device completion word would hold
+
+    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any = None) -> None:
+        """ids, slots: [>= count] integer ids, host (torch CPU tensor or numpy); count: int or [1] array."""
+        self._queue.put((ids, slots, count, tag))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            ids, slots, count, tag = item
+            n = count if isinstance(count, int) else int(np.asarray(count).reshape(-1)[0])
+            self._doorbell.publish(np.asarray(ids), np.asarray(slots), tag=tag, count=n)
+
+    def signal(self, events: list[Any], watermark: int) -> None:
+        self.watermark = watermark
+
+    def release_all(self) -> None:
+        pass
+
+    def drain_sync(self) -> None:
+        """Wait until every posted publish has run."""
+        done = threading.Event()
+        self._queue.put(done)
+        done.wait()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
