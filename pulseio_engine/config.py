@@ -137,7 +137,8 @@ class SchedulerConfig:
 class EngineConfig:
     """Everything the engine needs, built once at the top and handed down in pieces.
 
-    `max_model_len=None` means the model's `max_position_embeddings`."""
+    `max_model_len=None` means the model's `max_position_embeddings`. `compile_decode=None` means
+    torch.compile the decode path's elementwise work on CUDA and not on CPU."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -146,6 +147,7 @@ class EngineConfig:
     dtype: DType = DType.FLOAT32
     max_model_len: int | None = None
     use_cuda_graphs: bool = True
+    compile_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dtype, DType):
@@ -159,6 +161,10 @@ class EngineConfig:
                     f"EngineConfig.max_model_len ({self.max_model_len}) must not exceed the model's "
                     f"max_position_embeddings ({self.model.max_position_embeddings})"
                 )
+
+    @property
+    def compile(self) -> bool:
+        return self.device.startswith("cuda") if self.compile_decode is None else self.compile_decode
 
     @property
     def model_len(self) -> int:

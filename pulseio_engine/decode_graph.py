@@ -13,6 +13,8 @@ eagerly first (on padding rows only), which also compiles the attention kernel.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .kv.block_table import PAD_BLOCK
@@ -46,6 +48,7 @@ class DecodeGraphs:
         self.logits = torch.zeros(bmax, vocab, dtype=torch.float32, device=dev)           # [Bmax, V]
         self.next_tokens = torch.zeros(bmax, dtype=torch.int64, device=dev)               # [Bmax]
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._ready: set[int] = set()
         self._pool = None
 
     def bucket_for(self, batch: int) -> int:
@@ -55,21 +58,43 @@ class DecodeGraphs:
         raise ValueError(f"decode batch of {batch} exceeds the largest bucket {self.buckets[-1]}")
 
     def ensure_captured(self, bucket: int) -> None:
-        """Capture the bucket's graph if needed. Clobbers the static inputs: call before filling them."""
-        if not self.use_graphs or bucket in self._graphs:
+        """Warm up (and on CUDA capture) the bucket's step once. Clobbers the static inputs: call
+        before filling them."""
+        if bucket in self._ready:
             return
         self._pad(0, bucket)
+        if not self.use_graphs:
+            self.warm_up(bucket)
+            self._ready.add(bucket)
+            return
         side = torch.cuda.Stream(self.model.device)
         side.wait_stream(torch.cuda.current_stream(self.model.device))
         with torch.cuda.stream(side):
-            for _ in range(2):
-                self._body(bucket)
+            self.warm_up(bucket)
+            self._body(bucket)
         torch.cuda.current_stream(self.model.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             self._body(bucket)
         self._pool = graph.pool() if self._pool is None else self._pool
         self._graphs[bucket] = graph
+        self._ready.add(bucket)
+
+    def warm_up(self, bucket: int) -> None:
+        """Run the step once eagerly on padding rows: compiles kernels (Triton, torch.compile).
+
+        If torch.compile's toolchain fails here, decode falls back to eager halves and the model
+        keeps the error (`model.compile_error`, reported by the benchmark): a slower engine that
+        says why beats no engine on a machine whose compiler setup we cannot see."""
+        if not self.model.compiled:
+            self._body(bucket)
+            return
+        try:
+            self._body(bucket)
+        except Exception as exc:  # noqa: BLE001 - compiler failures have no common base class
+            self.model.disable_compile(f"{type(exc).__name__}: {exc}"[:2000])
+            warnings.warn(f"torch.compile of the decode path failed; running it eagerly: {exc}", stacklevel=2)
+            self._body(bucket)
 
     def run_nowait(self, bucket: int) -> None:
         """One decode step over the first `bucket` rows of the static inputs; never syncs."""

@@ -49,7 +49,7 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         dtype = TORCH_DTYPES[config.dtype]
-        self.model = CausalLM(config.model, weights, max_len=config.model_len)
+        self.model = CausalLM(config.model, weights, max_len=config.model_len, compile_decode=config.compile)
         num_blocks = config.cache.num_blocks or _default_num_blocks(config, dtype)
         m = config.model
         self.kv = KVCache(num_layers=m.num_layers, num_blocks=num_blocks, block_size=config.cache.block_size,
@@ -65,14 +65,15 @@ class Engine:
     @classmethod
     def from_model(cls, model: str, *, device: str | None = None, dtype: DType | None = None,
                    cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
-                   max_model_len: int | None = None, use_cuda_graphs: bool = True, seed: int = 0) -> Engine:
+                   max_model_len: int | None = None, use_cuda_graphs: bool = True,
+                   compile_decode: bool | None = None, seed: int = 0) -> Engine:
         """`model`: preset name, checkpoint directory or .gguf file. Defaults: CUDA + bf16 when a GPU
         is present, else CPU + fp32."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or (DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32)
         ckpt = load_checkpoint(model, dtype=TORCH_DTYPES[dtype], device=device, seed=seed)
         config = EngineConfig(ckpt.config, cache or CacheConfig(), scheduler or SchedulerConfig(), device, dtype,
-                              max_model_len, use_cuda_graphs)
+                              max_model_len, use_cuda_graphs, compile_decode)
         return cls(config, ckpt.weights, tokenizer=ckpt.tokenizer, seed=seed)
 
     def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams | None = None, *,

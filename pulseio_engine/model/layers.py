@@ -1,5 +1,10 @@
 """Compute building blocks shared by Llama and Qwen3 (torch only), numerically as Hugging Face does:
-RMSNorm in fp32 then cast, rotary embeddings with the rotate_half convention, SwiGLU."""
+RMSNorm in fp32 then cast, rotary embeddings with the rotate_half convention, SwiGLU.
+
+A decoder layer is `pre_attention` -> KV write + attention -> `post_attention`. The two halves are
+pure functions of tensors (no module state), so the decode path can hand them to `torch.compile`,
+which fuses their ~40 small elementwise kernels per layer into a few; at batch 64 those kernels
+would otherwise cost about a fifth of a memory-bound decode step."""
 
 from __future__ import annotations
 
@@ -24,6 +29,36 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def pre_attention(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  input_norm: torch.Tensor, qkv: torch.Tensor, q_norm: torch.Tensor | None,
+                  k_norm: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int,
+                  head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: [T, H] -> q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D]."""
+    t = x.shape[0]
+    q, k, v = F.linear(rms_norm(x, input_norm, eps), qkv).split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q = q.view(t, num_heads, head_dim)
+    k = k.view(t, num_kv_heads, head_dim)
+    if q_norm is not None:
+        q = rms_norm(q, q_norm, eps)
+        k = rms_norm(k, k_norm, eps)
+    q, k = apply_rotary(q, k, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+    return q, k, v.view(t, num_kv_heads, head_dim)
+
+
+def post_attention(x: torch.Tensor, attn: torch.Tensor, o: torch.Tensor, post_norm: torch.Tensor,
+                   gate_up: torch.Tensor, down: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [T, H] residual; attn: [T, Hq, D] -> the layer's output [T, H]."""
+    x = x + F.linear(attn.flatten(1), o)
+    return x + F.linear(swiglu(F.linear(rms_norm(x, post_norm, eps), gate_up)), down)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, Hq, D], k: [T, Hkv, D], cos/sin: [T, 1, D] -> rotated (q, k)."""
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
     """[head_dim / 2] fp32 inverse frequencies; Llama 3 scaling as in HF `_compute_llama3_parameters`."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
@@ -41,7 +76,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 class Rotary:
-    """cos/sin tables for positions [0, max_len), computed in fp32 and stored in the model dtype."""
+    """cos/sin tables [max_len, D] for positions [0, max_len), computed in fp32, stored in the model dtype."""
 
     def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -50,12 +85,6 @@ class Rotary:
         self.cos = emb.cos().to(device=device, dtype=dtype)
         self.sin = emb.sin().to(device=device, dtype=dtype)
         self.max_len = max_len
-
-    def apply(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D], positions: [T] int64 -> rotated (q, k)."""
-        cos = self.cos[positions].unsqueeze(1)   # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

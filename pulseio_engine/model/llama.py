@@ -12,6 +12,8 @@ Qwen3 differs from Llama only by the per-head RMSNorm on q and k before RoPE.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -19,17 +21,24 @@ from ..attention import paged_decode_attention
 from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
-from .layers import Rotary, rms_norm, swiglu
-from .params import LayerWeights, ModelWeights
+from .layers import Rotary, post_attention, pre_attention, rms_norm
+from .params import ModelWeights
 
 
 class CausalLM:
-    def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_len: int) -> None:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_len: int,
+                 compile_decode: bool = False) -> None:
+        """`compile_decode`: run decode batches' pre/post-attention halves through `torch.compile`."""
         weights.check(config)
         self.config = config
         self.weights = weights
         self.rotary = Rotary(config, max_len, weights.embed.dtype, weights.embed.device)
         self.scale = config.head_dim ** -0.5
+        self.compile_error: str | None = None
+        self._decode_halves: tuple[Callable, Callable] = (pre_attention, post_attention)
+        if compile_decode:
+            self._decode_halves = (torch.compile(pre_attention, fullgraph=True),
+                                   torch.compile(post_attention, fullgraph=True))
 
     @property
     def device(self) -> torch.device:
@@ -38,6 +47,15 @@ class CausalLM:
     @property
     def dtype(self) -> torch.dtype:
         return self.weights.embed.dtype
+
+    @property
+    def compiled(self) -> bool:
+        return self._decode_halves[0] is not pre_attention
+
+    def disable_compile(self, reason: str) -> None:
+        """Fall back to eager decode halves (e.g. the compiler toolchain failed); keeps the reason."""
+        self._decode_halves = (pre_attention, post_attention)
+        self.compile_error = reason
 
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
               attention: DecodeAttention | PrefillAttention, kv: KVCache,
@@ -50,11 +68,19 @@ class CausalLM:
         """Run decoder layer `layer_idx` on the batch, in place; layers must run in order."""
         if layer_idx != state.next_layer:
             raise ValueError(f"batch is at layer {state.next_layer}, cannot run layer {layer_idx}")
-        w = self.weights.layers[layer_idx]
-        x = state.hidden
-        x = x + self._attention(state, layer_idx, w, rms_norm(x, w.input_norm, self.config.rms_norm_eps))
-        h = rms_norm(x, w.post_norm, self.config.rms_norm_eps)
-        state.hidden = x + F.linear(swiglu(F.linear(h, w.gate_up)), w.down)
+        cfg, w = self.config, self.weights.layers[layer_idx]
+        decode = isinstance(state.attention, DecodeAttention)
+        pre, post = self._decode_halves if decode else (pre_attention, post_attention)
+        q, k, v = pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
+                      w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        state.kv.write(layer_idx, k, v, state.slots)
+        if decode:
+            meta = state.attention
+            attn = paged_decode_attention(q, state.kv.k(layer_idx), state.kv.v(layer_idx), meta.block_tables,
+                                          meta.context_lens, self.scale)
+        else:
+            attn = self._prefill_attention(q, state.kv, layer_idx, state.attention)
+        state.hidden = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps)
         state.next_layer += 1
 
     def end(self, state: BatchState) -> torch.Tensor:
@@ -71,27 +97,6 @@ class CausalLM:
         for layer in range(state.next_layer, self.config.num_layers):
             self.layer_step(state, layer)
         return self.end(state)
-
-    def _attention(self, state: BatchState, layer: int, w: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        """h: [T, H] -> attention output projected back, [T, H]."""
-        cfg = self.config
-        t = h.shape[0]
-        q, k, v = F.linear(h, w.qkv).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(t, cfg.num_heads, cfg.head_dim)       # [T, Hq, D]
-        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)    # [T, Hkv, D]
-        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
-            k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
-        q, k = self.rotary.apply(q, k, state.positions)
-        state.kv.write(layer, k, v, state.slots)
-        if isinstance(state.attention, DecodeAttention):
-            meta = state.attention
-            out = paged_decode_attention(q, state.kv.k(layer), state.kv.v(layer), meta.block_tables,
-                                         meta.context_lens, self.scale)
-        else:
-            out = self._prefill_attention(q, state.kv, layer, state.attention)
-        return F.linear(out.reshape(t, cfg.q_size), w.o)
 
     def _prefill_attention(self, q: torch.Tensor, kv: KVCache, layer: int,
                            meta: PrefillAttention) -> torch.Tensor:
