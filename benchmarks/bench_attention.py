@@ -134,7 +134,9 @@ def kv_bytes(shape: Shape, lens: torch.Tensor) -> int:
 def candidate_configs(shape: Shape, heuristic: DecodeConfig, num_sms: int, best_tile=None) -> list[DecodeConfig]:
     if best_tile is None:  # phase 1: tiles at the heuristic split count, most promising first
         block_ns = (64, 32, 128) if shape.head_dim >= 128 else (128, 64, 256)
-        tiles = [(bn, w, st, False) for st in (2, 3) for w in (4, 8) for bn in block_ns]
+        ring_bytes = lambda bn, st: 2 * bn * shape.head_dim * 2 * max(1, st - 1)  # K+V cp.async ring
+        tiles = [(bn, w, st, False) for st in (3, 4, 2) for w in (4, 8) for bn in block_ns]
+        tiles = [t for t in tiles if ring_bytes(t[0], t[2]) <= 150 * 1024]
         tiles += [(heuristic.block_n, w, 1, False) for w in (4, 8)]  # no pipelining, occupancy only
         small, mid, large = sorted(block_ns)  # register prefetch; the sets that do not spill (sm_90)
         tiles += [(small, 4, 1, True), (mid, 8, 1, True), (small, 8, 1, True), (large, 8, 1, True)]

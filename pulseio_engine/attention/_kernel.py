@@ -14,6 +14,10 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
   Page ids are loaded only for t < context_len, so unused block-table entries are never read.
 - Each split writes its output normalised, plus its log-sum-exp (base 2); `_reduce_splits_kernel`
   merges the splits. With one split the first kernel writes the final output itself (DIRECT).
+- Latency hiding: page ids are loaded one tile ahead in registers so that Triton's software pipeliner
+  (num_stages) keeps num_stages - 1 K/V tiles in flight through a cp.async ring; PREFETCH=True is an
+  alternative for num_stages=1 that holds the next tile in registers instead. Which wins is measured by
+  benchmarks/bench_attention.py; on sm_90 the K/V loads compile to 16-byte vector loads either way.
 - The program id order puts the KV head fastest, so the Hkv programs of one (sequence, split) run
   together and read neighbouring bytes of the same pages.
 """
@@ -25,27 +29,25 @@ import triton.language as tl
 
 
 @triton.jit
-def _load_tile(
-    k_head, v_head, bt_row, tile, limit, offs_n, offs_d, stride_btn,
-    stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+def _page_ids(bt_row, tok, limit, stride_btn, PAGE_SIZE: tl.constexpr):
+    """Physical page of each token; entries for tokens >= limit are never read."""
+    return tl.load(bt_row + (tok // PAGE_SIZE) * stride_btn, mask=tok < limit, other=0)
+
+
+@triton.jit
+def _load_kv(
+    k_head, v_head, page, tok, limit, offs_d,
+    stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE: tl.constexpr,
 ):  # fmt: skip
-    """K and V of tokens [tile * BLOCK_N, +BLOCK_N) through the block table; tokens >= limit masked."""
-    tok = tile * BLOCK_N + offs_n
-    tok_mask = tok < limit
-    page = tl.load(bt_row + (tok // PAGE_SIZE) * stride_btn, mask=tok_mask, other=0).to(tl.int64)
+    """K and V rows of tokens `tok` ([BLOCK_N]) living at `page`; tokens >= limit read as zeros."""
+    page = page.to(tl.int64)
     slot = tok % PAGE_SIZE
-    k = tl.load(
-        k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
-        mask=tok_mask[:, None],
-        other=0.0,
-    )  # [BLOCK_N, HEAD_DIM]
-    v = tl.load(
-        v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
-        mask=tok_mask[:, None],
-        other=0.0,
-    )  # [BLOCK_N, HEAD_DIM]
-    return k, v, tok_mask
+    mask = (tok < limit)[:, None]
+    k = tl.load(k_head + (page * stride_kb + slot * stride_kt)[:, None] + offs_d[None, :] * stride_kd,
+                mask=mask, other=0.0)  # fmt: skip
+    v = tl.load(v_head + (page * stride_vb + slot * stride_vt)[:, None] + offs_d[None, :] * stride_vd,
+                mask=mask, other=0.0)  # fmt: skip
+    return k, v  # [BLOCK_N, HEAD_DIM] each
 
 
 @triton.jit
@@ -130,25 +132,31 @@ def _paged_decode_split_kernel(
     k_head = k_ptr + kv_head * stride_kh
     v_head = v_ptr + kv_head * stride_vh
     limit = tl.minimum(ctx, tile_hi * BLOCK_N)  # tokens of this split end here
+    tok = tile_lo * BLOCK_N + offs_n
     if PREFETCH:  # registers hold tile i+1 while tile i is computed; used with num_stages=1
-        k, v, tok_mask = _load_tile(
-            k_head, v_head, bt_row, tile_lo, limit, offs_n, offs_d, stride_btn,
-            stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE, BLOCK_N,
-        )  # fmt: skip
-        for tile in range(tile_lo, tile_hi):
-            k_next, v_next, mask_next = _load_tile(
-                k_head, v_head, bt_row, tile + 1, limit, offs_n, offs_d, stride_btn,
-                stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE, BLOCK_N,
-            )  # fmt: skip
-            m_i, l_i, acc = _attend_tile(q, k, v, tok_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION)
-            k, v, tok_mask = k_next, v_next, mask_next
-    else:  # Triton's software pipeliner (num_stages) overlaps the loads
-        for tile in range(tile_lo, tile_hi):
-            k, v, tok_mask = _load_tile(
-                k_head, v_head, bt_row, tile, limit, offs_n, offs_d, stride_btn,
-                stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE, BLOCK_N,
-            )  # fmt: skip
-            m_i, l_i, acc = _attend_tile(q, k, v, tok_mask, m_i, l_i, acc, scale_log2, DOT_PRECISION)
+        page = _page_ids(bt_row, tok, limit, stride_btn, PAGE_SIZE)
+        k, v = _load_kv(k_head, v_head, page, tok, limit, offs_d,
+                        stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE)  # fmt: skip
+        for _ in range(tile_lo, tile_hi):
+            tok_next = tok + BLOCK_N
+            page_next = _page_ids(bt_row, tok_next, limit, stride_btn, PAGE_SIZE)
+            k_next, v_next = _load_kv(k_head, v_head, page_next, tok_next, limit, offs_d,
+                                      stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd,
+                                      PAGE_SIZE)  # fmt: skip
+            m_i, l_i, acc = _attend_tile(q, k, v, tok < limit, m_i, l_i, acc, scale_log2, DOT_PRECISION)
+            k, v, tok = k_next, v_next, tok_next
+    else:
+        # Page ids are loaded one tile ahead into registers, so the K/V addresses of a tile do not
+        # depend on a load issued in the same iteration; only then does Triton's pipeliner keep
+        # num_stages - 1 K/V tiles in flight (cp.async ring in shared memory) instead of one.
+        page_next = _page_ids(bt_row, tok, limit, stride_btn, PAGE_SIZE)
+        for _ in range(tile_lo, tile_hi):
+            page = page_next
+            page_next = _page_ids(bt_row, tok + BLOCK_N, limit, stride_btn, PAGE_SIZE)
+            k, v = _load_kv(k_head, v_head, page, tok, limit, offs_d,
+                            stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE)  # fmt: skip
+            m_i, l_i, acc = _attend_tile(q, k, v, tok < limit, m_i, l_i, acc, scale_log2, DOT_PRECISION)
+            tok += BLOCK_N
 
     has_work = l_i > 0.0  # false only for splits past the end of a short context
     l_safe = tl.where(has_work, l_i, 1.0)
