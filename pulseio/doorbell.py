@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ._native.layout import (
+    HEADER_WORDS,
     OUT_COLUMNS,
     OUT_COUNT,
     OUT_OFFSET,
@@ -76,6 +77,12 @@ class RingLayout:
     @property
     def slot_words(self) -> int:
         return slot_words(self.max_blocks)
+
+    @property
+    def blocks_per_slot(self) -> int:
+        """What a slot really holds: max_blocks rounded up to fill the slot's 128-byte lines (the
+        publish kernel derives it from the row width, so reader and writers agree on it)."""
+        return (self.slot_words - HEADER_WORDS) // 2
 
     @property
     def nbytes(self) -> int:
@@ -133,7 +140,7 @@ class Doorbell:
         self._sleep = sleep_s
         self._next = 1
         self._out = np.zeros((layout.capacity, OUT_COLUMNS), dtype=np.int64)
-        self._ids = np.zeros(layout.capacity * layout.max_blocks, dtype=np.int64)
+        self._ids = np.zeros(layout.capacity * layout.blocks_per_slot, dtype=np.int64)
         self._slots = np.zeros_like(self._ids)
         self._counts = dict(delivered=0, lost=0, wakeups=0, spurious=0, batches=0)
         self._read_lock = threading.Lock()  # documents (and enforces) the single reader
@@ -157,11 +164,11 @@ class Doorbell:
         ids = np.ascontiguousarray(host_ids, dtype=np.int64)
         slots = np.ascontiguousarray(device_slots, dtype=np.int64)
         n = int(ids.size if count is None else count)
-        if 0 <= n <= self.layout.max_blocks and (n > ids.size or n > slots.size):
+        if 0 <= n <= self.layout.blocks_per_slot and (n > ids.size or n > slots.size):
             ids, slots = _padded(ids, n), _padded(slots, n)  # -1: what a kernel reading past the end gets wrong
         stamp = time.perf_counter_ns() if stamp_ns is None else stamp_ns
         self._ring.write_slot(self.base, self.words, self.layout.capacity, self.layout.slot_words,
-                              self.layout.max_blocks, seq, ids, slots, n, int(tag), stamp)
+                              self.layout.blocks_per_slot, seq, ids, slots, n, int(tag), stamp)
 
     # -- reading (one thread) ------------------------------------------------------------------
 
@@ -196,7 +203,7 @@ class Doorbell:
         with self._read_lock:
             self._check_open()
             k = int(self._ring.read(self.base, self.words, self.layout.capacity, self.layout.slot_words,
-                                    self.layout.max_blocks, self._next, self._out, self._ids, self._slots))
+                                    self.layout.blocks_per_slot, self._next, self._out, self._ids, self._slots))
             if k == 0:
                 return []
             seen = time.perf_counter_ns()
@@ -219,7 +226,7 @@ class Doorbell:
             n = 0
         elif row[OUT_STATUS] == STATUS_BAD_COUNT:
             error = (f"doorbell request seq={seq} tag={row[OUT_TAG]} asked for {n} blocks; a request "
-                     f"holds 0..{self.layout.max_blocks} (max_blocks_per_request)")
+                     f"holds 0..{self.layout.blocks_per_slot} (max_blocks_per_request)")
             n = 0
         return Rung(seq=seq, tag=row[OUT_TAG] if state == READ_OK else -1,
                     host_ids=self._ids[at : at + n].copy(), device_slots=self._slots[at : at + n].copy(),

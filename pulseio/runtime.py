@@ -167,10 +167,17 @@ class Runtime:
     def post_recall(self, block_ids: Any, device_slots: Any, *, count: Any = None, tag: int = 0,
                     stream: Any = None, strategy: Strategy | None = None, timeout: float | None = None
                     ) -> Completion:
-        """`post_recall_nowait`, waiting first (for the poller, GIL released) while the ring is full."""
-        self.wait_ring_space(1, timeout=timeout)
-        return self.post_recall_nowait(block_ids, device_slots, count=count, tag=tag, stream=stream,
-                                       strategy=strategy)
+        """`post_recall_nowait`, waiting (for the poller, GIL released) while the ring is full; raises
+        WouldBlock after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.post_recall_nowait(block_ids, device_slots, count=count, tag=tag, stream=stream,
+                                               strategy=strategy)
+            except WouldBlock:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
+                time.sleep(20e-6)
 
     def expect_published(self, n: int = 1, *, strategy: Strategy | None = None) -> list[Completion]:
         """Completions for the next n requests that a kernel of yours publishes itself (calling

@@ -1,0 +1,156 @@
+"""Runtime on the CPU backend: the same ring, poller, workers, errors, shutdown and asyncio paths as on a GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import pulseio
+from pulseio import ClosedError, RuntimeConfig, Strategy, TransferError, WouldBlock
+from pulseio.testing import DelayedBackend
+
+SMALL = RuntimeConfig(device="cpu", host_blocks=256, device_slots=64, block_bytes=64, ring_slots=8,
+                      max_blocks_per_request=16, spin_iterations=2000)
+
+
+def _runtime(**changes: object) -> pulseio.Runtime:
+    rt = pulseio.open_runtime(dataclasses.replace(SMALL, **changes))
+    rt.host_pool.blocks[:] = torch.arange(256, dtype=torch.uint8)[:, None]  # block b is all b
+    return rt
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("ring_slots", 1, r"^RuntimeConfig.ring_slots must be an int >= 2, got 1$"),
+    ("io_workers", 0, r"^RuntimeConfig.io_workers must be an int >= 1, got 0$"),
+    ("block_bytes", 40, r"^RuntimeConfig.block_bytes must be a multiple of 16, got 40$"),
+    ("strategy", "auto", r"^RuntimeConfig.strategy must be a pulseio.Strategy, got 'auto'$"),
+    ("poll_sleep_s", (1e-3, 1e-4), r"^RuntimeConfig.poll_sleep_s must be \(first, longest\)"),
+    ("close_timeout_s", 0, r"^RuntimeConfig.close_timeout_s must be > 0, got 0$"),
+])
+def test_config_rules(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(SMALL, **{field: value})
+
+
+def test_post_recall_lands_the_blocks_and_reports_statistics() -> None:
+    with _runtime() as rt:
+        done = rt.post_recall(np.array([5, 7, 9]), np.array([0, 1, 2]), tag=11)
+        assert done.wait(timeout=10) and done.tag == 11 and done.seq == 1
+        assert rt.device_pool.slots[:3, 0].tolist() == [5, 7, 9]
+        done.device_wait()  # host backend: returns once landed
+        stats = rt.statistics()
+    assert (stats.submitted, stats.completed, stats.failed, stats.in_flight) == (1, 1, 0, 0)
+    assert stats.bytes_moved == 3 * 64 and stats.poll_wakeups >= 1
+    assert stats.post_to_landed.count == 1 and stats.post_to_landed.p50_us > 0
+
+
+@pytest.mark.parametrize("strategy", [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED])
+def test_every_strategy_serves_posted_recalls(strategy: Strategy) -> None:
+    with _runtime(strategy=strategy) as rt:
+        done = rt.post_recall(np.array([3, 4, 200]), np.array([10, 11, 12]), count=2)
+        assert done.wait(timeout=10) and done.num_blocks == 2
+        assert rt.device_pool.slots[10:13, 0].tolist()[:2] == [3, 4]
+
+
+def test_errors_travel_to_their_own_waiter_and_the_runtime_keeps_serving() -> None:
+    with _runtime() as rt:
+        bad_id = rt.post_recall(np.array([1, 999]), np.array([0, 1]), tag=21)
+        dup = rt.post_recall(np.array([1, 2]), np.array([4, 4]), tag=22)
+        bad_count = rt.post_recall(np.arange(4), np.arange(4), count=torch.tensor([99]), tag=23)
+        good = rt.post_recall(np.array([8]), np.array([9]), tag=24)
+        with pytest.raises(TransferError, match=r"^doorbell request seq=1 tag=21: host_ids\[1\] = 999 is out of range"):
+            bad_id.wait(timeout=10)
+        with pytest.raises(TransferError, match=r"^doorbell request seq=2 tag=22: device_slots must not repeat"):
+            dup.wait(timeout=10)
+        with pytest.raises(TransferError, match=r"^doorbell request seq=3 tag=23 asked for 99 blocks"):
+            bad_count.wait(timeout=10)
+        assert good.wait(timeout=10) and rt.device_pool.slots[9, 0] == 8
+        assert rt.statistics().failed == 3
+
+
+def test_post_rules_raise_on_the_submitting_thread() -> None:
+    with _runtime() as rt:
+        with pytest.raises(pulseio.InvalidRequestError, match=r"^count=5 must be within 0..2"):
+            rt.post_recall(np.arange(2), np.arange(2), count=5)
+        with pytest.raises(TypeError, match=r"^tag must be an int"):
+            rt.post_recall(np.arange(2), np.arange(2), tag="x")  # type: ignore[arg-type]
+
+
+def test_full_ring_raises_would_block_and_close_fails_the_unpublished() -> None:
+    rt = _runtime(close_timeout_s=0.05)
+    expected = rt.expect_published(8)  # nobody publishes them: the ring is full
+    with pytest.raises(WouldBlock, match=r"^8 requests are posted and not yet read by the poller"):
+        rt.post_recall_nowait(np.arange(1), np.arange(1))
+    with pytest.raises(WouldBlock):
+        rt.post_recall(np.arange(1), np.arange(1), timeout=0.01)
+    rt.doorbell.publish(np.array([3]), np.array([5]), tag=77)  # a kernel of ours publishes seq 1
+    assert expected[0].wait(timeout=10) and expected[0].tag == 77
+    rt.wait_ring_space(1, timeout=10)  # the poller read seq 1: room for one more
+    rt.close()
+    with pytest.raises(ClosedError):
+        expected[1].wait(timeout=1)
+
+
+def test_close_fails_requests_never_published() -> None:
+    rt = _runtime(close_timeout_s=0.05)
+    (never,) = rt.expect_published(1)
+    rt.close()
+    with pytest.raises(ClosedError, match="closed before this request was published"):
+        never.wait(timeout=1)
+    with pytest.raises(ClosedError, match=r"^this Runtime is closed$"):
+        rt.post_recall(np.arange(1), np.arange(1))
+    rt.close()  # idempotent
+
+
+def test_timeout_leaves_the_request_running() -> None:
+    backend = DelayedBackend(max_delay_s=0.2, seed=1)
+    backend.delay = lambda: 0.2  # type: ignore[method-assign]
+    cfg = dataclasses.replace(SMALL, block_bytes=64)
+    with pulseio.open_runtime(cfg, backend=backend) as rt:
+        rt.host_pool.blocks[:] = 3
+        done = rt.post_recall(np.array([1]), np.array([2]))
+        assert done.wait(timeout=0.01) is False and not done.done()
+        assert done.wait(timeout=10) and rt.device_pool.slots[2, 0] == 3
+
+
+def test_direct_recall_shares_the_completion_path() -> None:
+    with _runtime() as rt:
+        done = rt.recall([10, 11], [0, 1], tag="direct")
+        assert done.wait(timeout=10) and rt.device_pool.slots[:2, 0].tolist() == [10, 11]
+        assert done.seq == 0 and rt.statistics().completed == 1
+
+
+def test_await_in_asyncio_and_uvloop() -> None:
+    async def main(rt: pulseio.Runtime) -> list[int]:
+        loop_name = type(asyncio.get_running_loop()).__module__
+        posted = [rt.post_recall(np.array([i]), np.array([i]), tag=i) for i in range(6)]
+        bad = rt.post_recall(np.array([10_000]), np.array([7]), tag=99)
+        results = await asyncio.gather(*posted)
+        with pytest.raises(TransferError, match="tag=99"):
+            await bad
+        assert all(r.done() for r in results)
+        return [loop_name, *(int(rt.device_pool.slots[i, 0]) for i in range(6))]
+
+    with _runtime() as rt:
+        names = pulseio.run_async(main(rt))
+        assert names[0].startswith("uvloop") and names[1:] == list(range(6))
+        assert asyncio.run(main(rt))[1:] == list(range(6))
+        assert rt.statistics().loop_wakeups >= 2
+
+
+def test_async_with_and_cancelled_await_keeps_the_request() -> None:
+    async def main() -> None:
+        backend = DelayedBackend(max_delay_s=0.1)
+        backend.delay = lambda: 0.1  # type: ignore[method-assign]
+        async with pulseio.open_runtime(SMALL, backend=backend) as rt:
+            done = rt.post_recall(np.array([1]), np.array([2]))
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(done, timeout=0.01)
+            assert not done.done()
+            assert (await done) is done
+
+    asyncio.run(main())

@@ -1,0 +1,42 @@
+"""The GPU publish kernel under numba's CUDA simulator (a subprocess: the simulator must be chosen
+before numba.cuda is imported); the CPU reader must decode exactly what the kernel wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    from pulseio.testing import ManualDoorbell
+    from pulseio._cuda.doorbell_kernels import publish_kernel, stream_mem_ops_supported
+
+    bell = ManualDoorbell(capacity=4, max_blocks=64)
+    ring = bell.words.reshape(bell.layout.capacity, bell.layout.slot_words)  # the kernel's [capacity, slot_words] view
+    counter = np.zeros(1, dtype=np.int64)
+    ids = np.arange(100, 140, dtype=np.int64)
+    slots = np.arange(40, dtype=np.int64)[::-1].copy()
+    count = np.array([37], dtype=np.int64)
+    publish_kernel[1, 32](ring, counter, ids, slots, count, -1, 7)   # count decided "on the device"
+    publish_kernel[1, 32](ring, counter, ids, slots, count, 3, 8)    # count passed by the host
+    publish_kernel[1, 32](ring, counter, ids, slots, count, 69, 9)   # more than a slot holds (64 rounded up to 68)
+    first, second, third = bell.poll_nowait()
+    assert (first.seq, first.tag, first.error) == (1, 7, None), first
+    assert first.host_ids.tolist() == list(range(100, 137)) and first.device_slots.tolist() == list(range(39, 2, -1))
+    assert (second.seq, second.tag, second.host_ids.tolist()) == (2, 8, [100, 101, 102])
+    assert third.error is not None and "asked for 69 blocks" in third.error
+    assert bell.layout.blocks_per_slot == 68
+    assert first.published_ns > 0 and counter[0] == 3
+    print("SIM-OK")
+""")
+
+
+def test_publish_kernel_under_the_simulator() -> None:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "SIM-OK" in result.stdout, result.stdout + result.stderr
