@@ -40,11 +40,16 @@ class RouteSet(Protocol):
     def record_after(self) -> Any:
         """On the submitting thread: a token for 'work already enqueued on the current stream'."""
 
-    def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
-        """On the worker thread: enqueue (or, on the host backend, do) the copies of `plans`."""
+    def issue(
+        self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
+        emit: Callable[[Pending], None],
+    ) -> None:
+        """On the worker thread: enqueue (or, on the host backend, do) the copies of `plans`.
 
-    def device_event(self, pending: Sequence[Pending]) -> Any:
-        """The event a consumer stream waits on for these pendings (None on the host backend)."""
+        Each piece left running is handed to `emit` as soon as it is enqueued, so the completion
+        thread can recycle its staging buffer while later pieces of the same transfer still wait
+        for one. The last emitted event is the one a consumer stream waits on.
+        """
 
     def synchronize(self, event: Any) -> None:
         """On the completion thread: wait, GIL released, until `event` has completed."""

@@ -37,6 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, default=None, help="write every record to this JSON file")
     bench.add_argument("--plot", type=Path, default=None, help="write a bandwidth plot (PNG) here")
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument("--verbose", action="store_true", help="print each record as it is measured")
     return parser
 
 
@@ -58,7 +59,7 @@ def _bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         device=args.device, block_sizes=args.block_sizes, counts=args.counts, strategies=strategies,
         directions=directions, peak_max_bytes=args.peak_max_bytes, host_pool_bytes=args.host_pool_bytes,
-        window=args.window, under_load=not args.no_load, progress=not args.no_progress, dma=dma,
+        window=args.window, under_load=not args.no_load, progress=not args.no_progress, verbose=args.verbose, dma=dma,
     )
     meta, records = run_bench(options)
     print(format_table(meta, records))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +47,15 @@ class _Queued:
     transfer: Transfer
     plan: TransferPlan
     after: Any
+
+
+@dataclass
+class _Issue:
+    """One worker issue (one or more merged transfers) on its way through the completion thread."""
+
+    batch: list[_Queued]
+    device_event: Any = None
+    error: BaseException | None = None
 
 
 _STOP = object()
@@ -183,21 +191,26 @@ class DmaEngine:
 
     def _issue(self, batch: list[_Queued]) -> None:
         strategy = batch[0].transfer.strategy
+        issue = _Issue(batch)
+
+        def emit(pending: Pending) -> None:
+            issue.device_event = pending.event
+            self._completions.put((issue, pending))
+
         try:
-            pending = self._routes.issue(
-                strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None]
+            self._routes.issue(
+                strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None], emit
             )
-            event = self._routes.device_event(pending)
         except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
             log.debug("issue of %d transfers failed", len(batch), exc_info=True)
-            self._completions.put((batch, exc))
-            return
-        for q in batch:
-            q.transfer._set_issued(event)
-        with self._lock:
-            self._counts["issues"] += 1
-            self._by_strategy[strategy.value] = self._by_strategy.get(strategy.value, 0) + len(batch)
-        self._completions.put((batch, pending))
+            issue.error = exc
+        else:
+            for q in batch:
+                q.transfer._set_issued(issue.device_event)
+            with self._lock:
+                self._counts["issues"] += 1
+                self._by_strategy[strategy.value] = self._by_strategy.get(strategy.value, 0) + len(batch)
+        self._completions.put((issue, None))  # after every piece: resolve the batch
 
     # -- the completion thread -------------------------------------------------------------
 
@@ -206,20 +219,16 @@ class DmaEngine:
             item = self._completions.get()
             if item is _STOP:
                 return
-            batch, pending = item
-            error = pending if isinstance(pending, BaseException) else self._finish(pending)
-            self._resolve(batch, error)
-
-    def _finish(self, pending: Sequence[Pending]) -> BaseException | None:
-        error: BaseException | None = None
-        for p in pending:
+            issue, pending = item
+            if pending is None:
+                self._resolve(issue.batch, issue.error)
+                continue
             try:
-                self._routes.synchronize(p.event)
-                if p.then is not None:
-                    p.then()
-            except Exception as exc:  # keep releasing the remaining staging buffers
-                error = error or exc
-        return error
+                self._routes.synchronize(pending.event)
+                if pending.then is not None:
+                    pending.then()
+            except Exception as exc:  # keep going: later pieces still release their buffers
+                issue.error = issue.error or exc
 
     def _resolve(self, batch: list[_Queued], error: BaseException | None) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ staging pieces, coalesced runs), so the whole transfer path is exercised in CI a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -53,7 +53,10 @@ class _HostRoutes:
     def record_after(self) -> Any:
         return None
 
-    def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
+    def issue(
+        self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
+        emit: Callable[[Pending], None],
+    ) -> None:
         plan = merge_plans(list(plans))
         src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)
         src_ids, dst_ids = (
@@ -78,10 +81,6 @@ class _HostRoutes:
             dst.index_copy_(0, torch.from_numpy(dst_ids), src.index_select(0, torch.from_numpy(src_ids)))
         else:
             raise ValueError(f"unknown strategy {strategy!r}")
-        return []
-
-    def device_event(self, pending: Sequence[Pending]) -> Any:
-        return None
 
     def synchronize(self, event: Any) -> None:
         pass

@@ -125,7 +125,10 @@ class CudaRoutes:
         event.record(torch.cuda.current_stream(self._device))
         return event
 
-    def issue(self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
+    def issue(
+        self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
+        emit: Callable[[Pending], None],
+    ) -> None:
         if not getattr(self._thread_ready, "ready", False):
             torch.cuda.set_device(self._device)
             driver.set_current(self._context)
@@ -135,19 +138,17 @@ class CudaRoutes:
         plan = merge_plans(list(plans))
         with torch.cuda.stream(self.stream):
             if strategy is Strategy.GATHER_DMA:
-                return self._gather_dma(plan)
-            if strategy is Strategy.ZERO_COPY:
-                return self._zero_copy(plan)
-            if strategy is Strategy.BATCHED:
+                self._gather_dma(plan, emit)
+            elif strategy is Strategy.ZERO_COPY:
+                self._zero_copy(plan, emit)
+            elif strategy is Strategy.BATCHED:
                 self._batched(plan)
+                emit(Pending(self._record()))
             elif strategy is Strategy.PER_BLOCK:
                 self._per_block(plan)
+                emit(Pending(self._record()))
             else:
                 raise ValueError(f"unknown strategy {strategy!r}")
-            return [Pending(self._record())]
-
-    def device_event(self, pending: Sequence[Pending]) -> Any:
-        return pending[-1].event  # the copy stream is in order: the last event covers all
 
     def synchronize(self, event: Any) -> None:
         event.synchronize()
@@ -182,8 +183,7 @@ class CudaRoutes:
         dsts, srcs = (slot_ptrs, host_ptrs) if plan.direction is Direction.H2D else (host_ptrs, slot_ptrs)
         self._batch[plan.direction](dsts, srcs, sizes, self.stream.cuda_stream)
 
-    def _zero_copy(self, plan: TransferPlan) -> list[Pending]:
-        pending = []
+    def _zero_copy(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         for host_ids, slots in pieces(plan, self._id_capacity):
             m = len(host_ids)
             index = self._ids.acquire()
@@ -198,12 +198,12 @@ class CudaRoutes:
             else:
                 args = (self._pool_array, slot_ids_ptr, self._host_array, host_ids_ptr)
             self._copy_blocks(self.stream.cuda_stream, *args, m)
-            pending.append(Pending(self._record(), self._ids.releaser(index)))
-        return pending
+            emit(Pending(self._record(), self._ids.releaser(index)))
 
-    def _gather_dma(self, plan: TransferPlan) -> list[Pending]:
+    def _gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece
-        return [piece_fn(host_ids, slots) for host_ids, slots in pieces(plan, self._capacity)]
+        for host_ids, slots in pieces(plan, self._capacity):
+            emit(piece_fn(host_ids, slots))
 
     def _recall_piece(self, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
         m, bb = len(host_ids), self._bb

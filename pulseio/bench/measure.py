@@ -27,7 +27,7 @@ class RunInfo:
 
 
 def measure_peak(
-    backend: Backend, sizes: list[int], info: RunInfo, tick: Callable[[], None]
+    backend: Backend, sizes: list[int], info: RunInfo, tick: Callable[[BenchRecord], None]
 ) -> list[BenchRecord]:
     """One contiguous copy per call, back-to-back, for each size and direction."""
     largest = max(sizes)
@@ -47,7 +47,7 @@ def measure_peak(
                     lambda s=src[:size], d=dst[:size]: d.copy_(s, non_blocking=True), backend.device, reps
                 )
                 records.append(_record("peak", "single_copy", direction, size, 1, size / seconds, info))
-                tick()
+                tick(records[-1])
         del device
         return records
     finally:

@@ -38,6 +38,7 @@ class BenchOptions:
     load_block_bytes: int = 8 << 10
     id_sets: int = 16
     progress: bool = True
+    verbose: bool = False  # print each record as it is measured
     dma: DmaConfig = field(default_factory=DmaConfig)
 
     def __post_init__(self) -> None:
@@ -55,10 +56,30 @@ def _device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _progress(total: int, enabled: bool):
-    from tqdm import tqdm
+class _Progress:
+    """tqdm bar, plus one printed line per record when verbose (for logs of unattended runs)."""
 
-    return tqdm(total=total, desc="pulseio bench", unit="step", disable=not enabled, leave=False)
+    def __init__(self, total: int, options: BenchOptions) -> None:
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self._bar = tqdm(total=total, desc="pulseio bench", unit="step", disable=not options.progress, leave=False)
+        self._verbose = options.verbose
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+    def update(self, record: BenchRecord | None = None) -> None:
+        self._bar.update()
+        if self._verbose and record is not None:
+            r = record
+            self._tqdm.write(
+                f"{r.kind} {r.strategy} {r.direction} {r.block_bytes}B x{r.num_blocks} load={r.under_load}: "
+                f"{r.gbps:.2f} GB/s lat={r.latency_us} slow={r.gemm_slowdown} ok={r.verified}"
+            )
 
 
 def run_bench(options: BenchOptions) -> tuple[dict, list[BenchRecord]]:
@@ -73,7 +94,7 @@ def run_bench(options: BenchOptions) -> tuple[dict, list[BenchRecord]]:
     total = 2 * len(sizes) + configs * (len(options.strategies) + 1)
     under_load = options.under_load and on_gpu
     total += len(options.strategies) if under_load else 0
-    with _progress(total, options.progress) as bar:
+    with _Progress(total, options) as bar:
         records = measure_peak(backend, sizes, info, bar.update)
         peaks = {d: max(r.gbps for r in records if r.direction == d) for d in ("h2d", "d2h")}
         meta["peak_gbps"] = peaks
@@ -114,7 +135,7 @@ def _measure_block_size(backend, block_bytes, options, peaks, info, tick) -> lis
                                 engine, ids, direction, strategy, window=options.window,
                                 peak=peaks[direction.value], info=info,
                             ))
-                        tick()
+                            tick(records[-1])
             policy = AutoPolicy.from_records(r.to_dict() for r in records)
             with DmaEngine(host, device, replace(config, auto=policy)) as engine:
                 for direction in options.directions:
@@ -123,7 +144,7 @@ def _measure_block_size(backend, block_bytes, options, peaks, info, tick) -> lis
                         engine, ids, direction, chosen, window=options.window,
                         peak=peaks[direction.value], info=info, label=Strategy.AUTO,
                     ))
-                    tick()
+                    tick(records[-1])
     finally:
         host.close()
     return records
@@ -141,7 +162,7 @@ def _measure_load(backend, options, peaks, info, records, tick) -> list[BenchRec
                     out.append(measure_under_load(
                         engine, ids, strategy, window=options.window, peak=peaks["h2d"], info=info
                     ))
-                tick()
+                    tick(out[-1])
     finally:
         host.close()
     return out

@@ -27,7 +27,7 @@ def _pools(backend, block_bytes: int, num_blocks: int = 4096, num_slots: int = 1
     return host, device
 
 
-@pytest.mark.parametrize("block_bytes", [8 << 10, 64 << 10, 4096 + 8])
+@pytest.mark.parametrize("block_bytes", [8 << 10, 64 << 10, 4096 + 16])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_recall_and_offload_are_bit_exact(backend, strategy: Strategy, block_bytes: int) -> None:
     host, device = _pools(backend, block_bytes)
