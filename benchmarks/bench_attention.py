@@ -235,9 +235,9 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
 
 def _cell(r: dict | None) -> str:
     if r is None:
-        return f"{'-':22s} {'-':>8s} {'-':>6s} {'-':>6s}"
+        return f"{'-':25s} {'-':>8s} {'-':>6s} {'-':>6s} {'-':>6s}"
     cfg = f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp{'/pf' if r['prefetch'] else ''}"
-    return f"{cfg:22s} {r['us']:8.1f} {r['gbps']:6.0f} {100 * r['frac_copy']:5.1f}%"
+    return f"{cfg:25s} {r['us']:8.1f} {r['gbps']:6.0f} {100 * r['frac_copy']:5.1f}% {r['programs']:6d}"
 
 
 def kernel_stats(log) -> None:
@@ -261,8 +261,8 @@ def summary(rows: list[dict], shapes: list[Shape]) -> str:
     lines = [
         "",
         "SUMMARY (graph-replayed, bf16, KV GB/s; %copy = fraction of measured D2D copy bandwidth)",
-        f"{'shape':28s} | {'heuristic cfg':22s} {'us':>8s} {'GB/s':>6s} {'%copy':>6s} | "
-        f"{'best cfg':22s} {'us':>8s} {'GB/s':>6s} {'%copy':>6s} | bad",
+        f"{'shape':28s} | {'heuristic cfg':25s} {'us':>8s} {'GB/s':>6s} {'%copy':>6s} {'progs':>6s} | "
+        f"{'best cfg':25s} {'us':>8s} {'GB/s':>6s} {'%copy':>6s} {'progs':>6s} | bad",
     ]
     for shape in shapes:
         mine = [r for r in rows if r["shape"] == shape.name]

@@ -3,11 +3,17 @@
 `choose_config` picks the tile (BLOCK_N tokens, warps, pipeline stages) and the split count from
 shapes only: B, Hkv, head_dim, page size, `max_blocks` and the SM count. Never from `context_lens`
 values, so a captured CUDA graph stays valid for any lengths up to max_blocks * block_size.
+
+Split count: with equal-length sequences every program does equal work, so the run is a whole number
+of "waves" of resident programs and a last, partly filled wave idles SMs. We estimate how many programs
+fit on an SM (shared-memory ring and registers), ask for at least _MIN_WAVES waves (so a wrong estimate
+costs little), and among up to twice that many splits take the one whose last wave is fullest.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +24,9 @@ _TILE_BYTES = 16384  # bytes of one K (or V) tile per loop iteration: 64 tokens 
 _NUM_WARPS = 4
 _NUM_STAGES = 3
 _DEFAULT_NUM_SMS = 132  # H200 / H100 SXM; used when the tensors are not on a CUDA device (interpreter)
-_PROGRAMS_PER_SM = 16  # several CTAs fit per SM: many equal programs keep the last wave's idle share small
+_MIN_WAVES = 4
+_SMEM_PER_SM = 228 * 1024  # sm_90
+_REGS_PER_THREAD_EST = 128  # what the sm_90 builds of the default tiles use, give or take
 _MIN_TILES_PER_SPLIT = 4  # below this the per-program prologue/epilogue stops being amortised
 _MAX_SPLITS = 128
 
@@ -56,12 +64,32 @@ def choose_config(
 ) -> DecodeConfig:
     """Heuristic tile and split count for one shape (see module docstring)."""
     block_n = max(16, _TILE_BYTES // (head_dim * element_size))
-    max_tiles = -(-max_blocks * page_size // block_n)
-    want = -(-_PROGRAMS_PER_SM * num_sms // (batch * num_kv_heads))
-    cap = max(1, max_tiles // _MIN_TILES_PER_SPLIT)
-    splits = max(1, min(want, cap, _MAX_SPLITS))
     num_warps = _NUM_WARPS if element_size <= 2 else 8  # fp32 dots run on FMAs: spread their registers
+    per_sm = _resident_programs_per_sm(block_n, head_dim, element_size, num_warps, _NUM_STAGES)
+    max_tiles = -(-max_blocks * page_size // block_n)
+    cap = max(1, min(_MAX_SPLITS, max_tiles // _MIN_TILES_PER_SPLIT))
+    splits = _choose_splits(batch * num_kv_heads, per_sm * num_sms, cap)
     return DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=_NUM_STAGES, num_splits=splits)
+
+
+def _resident_programs_per_sm(block_n: int, head_dim: int, element_size: int, num_warps: int,
+                              num_stages: int) -> int:  # fmt: skip
+    ring = 2 * block_n * head_dim * element_size * max(1, num_stages - 1)  # K and V buffers in flight
+    by_smem = _SMEM_PER_SM // (ring + 8 * 1024)
+    by_regs = 65536 // (num_warps * 32 * _REGS_PER_THREAD_EST)
+    return max(1, min(by_smem, by_regs))
+
+
+def _choose_splits(programs_per_split: int, slots: int, cap: int) -> int:
+    """Splits giving >= _MIN_WAVES waves of `slots` resident programs, last wave as full as possible."""
+    lo = min(cap, max(1, -(-_MIN_WAVES * slots // programs_per_split)))
+    hi = min(cap, 2 * lo)
+
+    def fullness(splits: int) -> float:
+        waves = programs_per_split * splits / slots
+        return waves / math.ceil(waves) - 1e-3 * splits  # ties go to fewer splits
+
+    return max(range(lo, hi + 1), key=fullness)
 
 
 @functools.lru_cache(maxsize=16)
