@@ -47,3 +47,15 @@ def test_short_contexts_are_not_split_into_empty_programs():
 def test_config_validates(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         DecodeConfig(**kwargs)
+
+
+def test_kernel_rejects_head_dims_it_cannot_tile():
+    import torch
+
+    from pulseio_engine.attention._launch import paged_decode_attention_triton
+
+    q = torch.zeros(1, 2, 48)
+    kv = torch.zeros(4, 16, 2, 48)
+    tables, lens = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^head_dim must be a power of two in \[16, 256\] .* got 48$"):
+        paged_decode_attention_triton(q, kv, kv, tables, lens, 0.1)
