@@ -51,6 +51,9 @@ class BenchResult:
     roofline_ms: float
     roofline_ratio: float       # step_ms / roofline_ms (1.0 = at the roofline)
     finite_logits: bool
+    compiled: bool              # decode halves ran through torch.compile
+    compile_error: str | None   # why not, if torch.compile was asked for and failed
+    torch_version: str
     workload: str = __doc__.split("Workload: ")[1].strip().replace("\n", " ")
 
     def to_dict(self) -> dict:
@@ -82,13 +85,14 @@ def measure_copy_bandwidth_sync(device: torch.device, nbytes: int = 2 << 30, ite
 
 def run_bench(model: str, *, mode: BenchMode = BenchMode.VANILLA, batch_size: int, context_len: int,
               steps: int, warmup: int = 5, device: str | None = None, use_cuda_graphs: bool = True,
-              progress: bool = True, seed: int = 0) -> BenchResult:
+              compile_decode: bool | None = None, progress: bool = True, seed: int = 0) -> BenchResult:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     bandwidth = measure_copy_bandwidth_sync(dev, (2 << 30) if dev.type == "cuda" else (256 << 20))
     max_len = context_len + warmup + steps + 3
     engine = Engine.from_model(
-        model, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, max_model_len=max_len,
+        model, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, compile_decode=compile_decode,
+        max_model_len=max_len,
         cache=CacheConfig(num_blocks=1 + batch_size * blocks_for(max_len, CacheConfig().block_size)),
         scheduler=SchedulerConfig(max_num_seqs=batch_size),
     )
@@ -141,7 +145,7 @@ def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int
     return BenchResult(model, mode.value, name, str(engine.kv.dtype).removeprefix("torch."), batch, ctx, steps,
                        graphs and device.startswith("cuda"), step_s * 1e3, median_s * 1e3, batch / step_s,
                        weight_bytes, kv_bytes, total, bandwidth / 1e9, roofline_s * 1e3, step_s / roofline_s,
-                       finite)
+                       finite, engine.model.compiled, engine.model.compile_error, torch.__version__)
 
 
 class _Timer:

@@ -55,16 +55,22 @@ def _generate(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     result = run_bench(args.model, mode=BenchMode(args.mode), batch_size=args.batch_size,
                        context_len=args.context_len, steps=args.steps, warmup=args.warmup, device=args.device,
-                       use_cuda_graphs=not args.no_cuda_graphs, progress=not args.no_progress)
+                       use_cuda_graphs=not args.no_cuda_graphs, compile_decode=False if args.no_compile else None,
+                       progress=not args.no_progress)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     for key in ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
-                "roofline_ms", "roofline_ratio"):
-        print(f"{key:>20}: {getattr(result, key):,.4g}" if isinstance(getattr(result, key), float)
-              else f"{key:>20}: {getattr(result, key):,}")
+                "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled", "compile_error"):
+        print(f"{key:>20}: {_fmt(getattr(result, key))}")
     print(result.summary())
     return 0
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    return f"{value:,.4g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _fetch(args: argparse.Namespace) -> int:
@@ -99,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int, default=5)
     b.add_argument("--device", default=None)
     b.add_argument("--no-cuda-graphs", action="store_true")
+    b.add_argument("--no-compile", action="store_true", help="run the decode step's elementwise ops eagerly")
     b.add_argument("--no-progress", action="store_true")
     b.add_argument("--json", metavar="PATH", help="write the result as JSON")
     b.set_defaults(func=_bench)

@@ -53,12 +53,20 @@ class KVCache:
     def v(self, layer: int) -> torch.Tensor:
         return self.kv[layer][:, 1]   # [num_blocks, block_size, Hkv, D], strided view
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """Store new tokens' K/V. k, v: [T, Hkv, D]; slots: [T] int64 (block * block_size + offset).
-        No host sync: safe inside CUDA-graph capture."""
+    def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Flat K and V row indices of cache slots, for `write`. slots: [T] int64
+        (block * block_size + offset) -> ([T], [T]) int64 rows of `kv[l].view(-1, Hkv, D)`.
+        Computed once per batch step, used by every layer."""
         block, offset = slots // self.block_size, slots % self.block_size
-        self.kv[layer][block, 0, offset] = k
-        self.kv[layer][block, 1, offset] = v
+        k_rows = block * (2 * self.block_size) + offset
+        return k_rows, k_rows + self.block_size
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Store new tokens' K/V at `rows` (from `rows(slots)`). k, v: [T, Hkv, D].
+        No host sync: safe inside CUDA-graph capture."""
+        flat = self.kv[layer].view(-1, self.num_kv_heads, self.head_dim)   # [num_blocks * 2 * bs, Hkv, D]
+        flat.index_copy_(0, rows[0], k)
+        flat.index_copy_(0, rows[1], v)
 
     def gather(self, layer: int, block_ids: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's first `num_tokens` K and V. block_ids: [n_blocks] int64 -> ([n, Hkv, D], [n, Hkv, D])."""
@@ -73,7 +81,7 @@ class KVCache:
         positions = torch.arange(n, device=self.device)
         slots = block_ids.to(self.device)[positions // self.block_size] * self.block_size \
             + positions % self.block_size
-        self.write(layer, k.to(self.device, self.dtype), v.to(self.device, self.dtype), slots)
+        self.write(layer, k.to(self.device, self.dtype), v.to(self.device, self.dtype), self.rows(slots))
 
     def statistics(self) -> KVCacheStatistics:
         per_block = self.kv[0][0].numel() * self.kv[0].element_size()

@@ -37,7 +37,7 @@ class PrefillAttention:
 class BatchState:
     hidden: torch.Tensor         # [T, H], model dtype
     positions: torch.Tensor      # [T] int64
-    slots: torch.Tensor          # [T] int64: where each token's K/V goes (block * block_size + offset)
+    kv_rows: tuple[torch.Tensor, torch.Tensor]   # ([T], [T]) int64: where each token's K and V go
     attention: DecodeAttention | PrefillAttention
     kv: KVCache
     logit_rows: torch.Tensor | None = None   # [S] int64: rows whose logits are wanted; None = all

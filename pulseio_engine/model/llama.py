@@ -60,9 +60,9 @@ class CausalLM:
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
               attention: DecodeAttention | PrefillAttention, kv: KVCache,
               logit_rows: torch.Tensor | None = None) -> BatchState:
-        """input_ids, positions, slots: [T] int64 on the model's device."""
+        """input_ids, positions, slots: [T] int64 on the model's device; slot = block * block_size + offset."""
         hidden = F.embedding(input_ids, self.weights.embed)    # [T, H]
-        return BatchState(hidden, positions, slots, attention, kv, logit_rows)
+        return BatchState(hidden, positions, kv.rows(slots), attention, kv, logit_rows)
 
     def layer_step(self, state: BatchState, layer_idx: int) -> None:
         """Run decoder layer `layer_idx` on the batch, in place; layers must run in order."""
@@ -73,7 +73,7 @@ class CausalLM:
         pre, post = self._decode_halves if decode else (pre_attention, post_attention)
         q, k, v = pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
                       w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        state.kv.write(layer_idx, k, v, state.slots)
+        state.kv.write(layer_idx, k, v, state.kv_rows)
         if decode:
             meta = state.attention
             attn = paged_decode_attention(q, state.kv.k(layer_idx), state.kv.v(layer_idx), meta.block_tables,

@@ -54,7 +54,7 @@ def test_random_kv_fills_only_the_requests_blocks() -> None:
     engine.step()
     seq = engine.scheduler.running[0]
     assert len(seq.block_table) == 3
-    for block in range(8):
+    for block in range(1, 8):   # block 0 is the padding block, scratch for warm-ups and padded rows
         touched = bool(engine.kv.kv[0][block].abs().sum() > 0)
         assert touched == (block in seq.block_table.block_ids), block
 
