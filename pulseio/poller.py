@@ -12,7 +12,6 @@ that cannot be served (bad ids, bad count, lost to a lap) fails its own Completi
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass

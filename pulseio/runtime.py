@@ -132,7 +132,8 @@ class Runtime:
             return HostProducer(self.doorbell)
         from ._cuda.doorbell_kernels import DevicePublisher
 
-        return DevicePublisher(self.backend.device, self.doorbell.device_ptr, layout.capacity, layout.slot_words)
+        return DevicePublisher(self.backend.device, getattr(self.backend, "context", None), self.doorbell.device_ptr,
+                               layout.capacity, layout.slot_words)
 
     def _plan(self, host_ids: Any, device_slots: Any) -> Any:
         return make_plan(Direction.H2D, host_ids, device_slots, num_host_blocks=self.host_pool.num_blocks,

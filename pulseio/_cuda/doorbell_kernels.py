@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import time
 from typing import Any
-
-from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 
 from cuda.bindings import driver as cu  # noqa: E402
 from numba import config as numba_config  # noqa: E402
 from numba import cuda, int64, types  # noqa: E402
 
 from .._native.layout import COUNT, HEADER_WORDS, SEQ, STAMP, STATUS, STATUS_BAD_COUNT, STATUS_OK, TAG  # noqa: E402
-from . import driver  # noqa: E402
+from . import (
+    _numba_compat,  # noqa: F401  (must precede numba.cuda)
+    driver,  # noqa: E402
+)
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,11 @@ class PublishLauncher:
                ctypes.c_int64(tag))
 
 
+def _capturing(stream_handle: int) -> bool:
+    status = driver.check("cuStreamIsCapturing", cu.cuStreamIsCapturing(cu.CUstream(stream_handle)))
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 def stream_mem_ops_supported(device_ordinal: int) -> bool:
     attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
     dev = driver.check("cuDeviceGet", cu.cuDeviceGet(device_ordinal))
@@ -165,11 +172,13 @@ class DevicePublisher:
     """The CUDA backend's side of a Runtime's doorbell: launches publishes, owns the device counter,
     the completion word and the signal stream. Every call here only enqueues work."""
 
-    def __init__(self, device: Any, ring_ptr: int, capacity: int, slot_words: int) -> None:
+    def __init__(self, device: Any, context: Any, ring_ptr: int, capacity: int, slot_words: int) -> None:
         import torch
 
         self._torch = torch
         self.device = device
+        self._context = context
+        self._thread_ready = threading.local()  # driver calls come from the poller and the I/O workers too
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
         self.word = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: completion watermark
         self.signal_stream = torch.cuda.Stream(device)
@@ -184,8 +193,9 @@ class DevicePublisher:
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
         """Enqueue the publish of ids[:count] / slots[:count] on `stream` (torch stream or None: current)."""
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
-        if self._last is not None and self._last != stream:
+        if self._last is not None and self._last != stream and not _capturing(stream.cuda_stream):
             # seqs come from the device counter in execution order: keep publishes in launch order
+            # (a graph being captured is ordered by the stream it is replayed on instead)
             event = self._torch.cuda.Event()
             event.record(self._last)
             stream.wait_event(event)
@@ -198,17 +208,27 @@ class DevicePublisher:
         self.launch(stream.cuda_stream, ids.data_ptr(), slots.data_ptr(), length, count_ptr, count_static, tag)
 
     def wait(self, stream: Any, seq: int) -> None:
+        self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
         wait_value(stream.cuda_stream, self.word.data_ptr(), seq)
 
+    def _bind_thread(self) -> None:
+        if not getattr(self._thread_ready, "ready", False):
+            self._torch.cuda.set_device(self.device)
+            if self._context is not None:
+                driver.set_current(self._context)
+            self._thread_ready.ready = True
+
     def signal(self, events: list[Any], watermark: int) -> None:
         """After the copies behind `events` (None: nothing to wait for), publish the new watermark."""
+        self._bind_thread()
         for event in events:
             if event is not None:
                 self.signal_stream.wait_event(event)
         write_value(self.signal_stream.cuda_stream, self.word.data_ptr(), watermark)
 
     def release_all(self) -> None:
+        self._bind_thread()
         write_value(self.signal_stream.cuda_stream, self.word.data_ptr(), RELEASE_ALL)
 
     def drain_sync(self) -> None:

@@ -5,18 +5,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from .._native.layout import SEQ
-from ..backend import Pending
 from ..config import DmaConfig
 from ..doorbell import Doorbell, RingLayout
 from ..host_backend import HostBackend
 from ..memory import DevicePool, HostPool
-from ..plan import Strategy, TransferPlan
 
 
 class ManualDoorbell(Doorbell):
@@ -59,9 +56,9 @@ class DelayedBackend(HostBackend):
         routes = super().open_routes(host, device, config)
         issue = routes.issue
 
-        def delayed_issue(strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any]) -> list[Pending]:
+        def delayed_issue(*args: Any, **kwargs: Any) -> Any:
             time.sleep(self.delay())
-            return issue(strategy, plans, after)
+            return issue(*args, **kwargs)
 
         routes.issue = delayed_issue
         return routes

@@ -1,0 +1,282 @@
+"""Doorbell runtime on a GPU: publish->seen and publish->landed latency, doorbell vs direct bandwidth,
+and the time the submitting thread is blocked per step, doorbell path vs the sync path.
+
+    PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick]
+
+How each figure is taken:
+* publish->seen: the publish kernel stamps %globaltimer into the slot; the poller stamps
+  perf_counter_ns when it reads it. The two clocks are aligned by a ping-pong (NTP-style): a kernel
+  spins on a pinned flag the host sets at h0, stamps g, acks; the host sees the ack at h1; offset =
+  g - (h0 + h1) / 2 over the rounds of smallest round trip (error <= half that round trip, printed).
+* publish->landed: both ends on the GPU clock. Each step enqueues a ~0.5 ms GPU sleep, then the
+  publish, the consumer stream's wait on the completion word, and a kernel stamping %globaltimer, so
+  everything is enqueued before the publish runs; landed - published is what a consumer sees.
+* bandwidth: bytes / wall time of `steps` back-to-back recalls of 2048 x 8 KiB (ids on the GPU via
+  the ring, vs ids already on the host straight to the I/O worker), same runtime, same strategy.
+* blocked: per decode-like step (a GEMM as the "layer", scores, top-k, recall, consume), the time the
+  submitting thread spends inside the recall calls: post_recall + device_wait (doorbell) vs
+  ids.cpu() + recall + device_wait (sync path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pulseio  # noqa: E402
+from pulseio import RuntimeConfig, Strategy  # noqa: E402
+
+BLOCK = 8 << 10
+STRATEGIES = [Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.AUTO]
+
+
+def pct(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {"n": 0}
+    return {"n": int(a.size), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)),
+            "mean": float(a.mean()), "min": float(a.min()), "max": float(a.max())}
+
+
+def gpu_kernels():
+    """numba kernels of the bench: the clock ping-pong and the landed stamp."""
+    from numba import cuda
+
+    from pulseio._cuda import _numba_compat  # noqa: F401
+    from pulseio._cuda.doorbell_kernels import globaltimer
+
+    @cuda.jit
+    def probe(flag, ack, out, rounds, timeout_ns):
+        if cuda.threadIdx.x != 0:
+            return
+        for k in range(rounds):
+            start = globaltimer()
+            while cuda.ldcv(flag, 0) < k + 1:
+                if globaltimer() - start > timeout_ns:
+                    out[k] = -1
+                    return
+            out[k] = globaltimer()
+            cuda.threadfence_system()
+            ack[0] = k + 1
+            cuda.threadfence_system()
+
+    @cuda.jit("void(int64[::1], int64)")
+    def stamp(out, i):
+        out[i] = globaltimer()
+
+    return cuda, probe, stamp
+
+
+class _Cai:
+    """A pinned host int64 buffer shown to numba as device memory (UVA address)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+        self.__cuda_array_interface__ = {"shape": (tensor.numel(),), "typestr": "<i8",
+                                         "data": (tensor.data_ptr(), False), "version": 3, "strides": None}
+
+
+def calibrate_clock(rounds: int = 200) -> dict:
+    cuda, probe, _ = gpu_kernels()
+    bufs = torch.zeros(3, rounds + 8, dtype=torch.int64).pin_memory()
+    flag, ack, out = bufs[0], bufs[1], bufs[2]
+    probe[1, 32](_Cai(flag), _Cai(ack), _Cai(out), rounds, 2_000_000_000)
+    flag_np, ack_np = flag.numpy(), ack.numpy()
+    h0s, h1s = [], []
+    for k in range(rounds):
+        time.sleep(20e-6)
+        h0 = time.perf_counter_ns()
+        flag_np[0] = k + 1
+        deadline = h0 + 2_000_000_000
+        while ack_np[0] < k + 1:
+            if time.perf_counter_ns() > deadline:
+                raise RuntimeError(f"clock probe: no ack for round {k}")
+        h1s.append(time.perf_counter_ns())
+        h0s.append(h0)
+    cuda.synchronize()
+    g = out.numpy()[:rounds].astype(np.float64)
+    h0, h1 = np.asarray(h0s, dtype=np.float64), np.asarray(h1s, dtype=np.float64)
+    rtt = h1 - h0
+    best = np.argsort(rtt)[: max(5, rounds // 5)]
+    offsets = g[best] - (h0[best] + h1[best]) / 2
+    return {"offset_ns": float(np.median(offsets)), "rtt_min_us": float(rtt.min() / 1e3),
+            "rtt_p50_us": float(np.median(rtt) / 1e3), "offset_spread_us": float(np.ptp(offsets) / 1e3)}
+
+
+def open_rt(strategy: Strategy = Strategy.AUTO, host_blocks: int = 16384) -> pulseio.Runtime:
+    cfg = RuntimeConfig(device="cuda", host_blocks=host_blocks, device_slots=4096, block_bytes=BLOCK, ring_slots=128,
+                        max_blocks_per_request=2048, strategy=strategy, spin_iterations=5_000_000,
+                        poll_sleep_s=(10e-6, 200e-6))
+    rt = pulseio.open_runtime(cfg)
+    rt.host_pool.blocks.copy_(torch.randint(0, 256, rt.host_pool.blocks.shape, dtype=torch.uint8))
+    return rt
+
+
+def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> dict:
+    _, _, stamp = gpu_kernels()
+    from numba import cuda
+
+    stream = torch.cuda.Stream()
+    nstream = cuda.external_stream(stream.cuda_stream)
+    stamps = torch.zeros(iters, dtype=torch.int64, device="cuda")
+    ids_all = torch.stack([torch.randperm(rt.host_pool.num_blocks, device="cuda")[:k] for _ in range(iters)])
+    slots = torch.arange(k, device="cuda")
+    torch.cuda.synchronize()
+    posted = []
+    for i in range(-5, iters):
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms: all of the step is enqueued before the publish runs
+        done = rt.post_recall(ids_all[max(i, 0)], slots, stream=stream, tag=i)
+        done.device_wait(stream)
+        if i >= 0:
+            stamp[1, 1, nstream](stamps, i)
+        done.wait(timeout=10)
+        stream.synchronize()
+        if i >= 0:
+            posted.append(done)
+    landed = stamps.cpu().numpy()
+    return {
+        "publish_to_seen_us": pct([(d.seen_ns - (d.published_ns - offset_ns)) / 1e3 for d in posted]),
+        "publish_to_landed_us": pct([(landed[i] - d.published_ns) / 1e3 for i, d in enumerate(posted)]),
+        "post_to_seen_host_us": pct([(d.seen_ns - d.posted_ns) / 1e3 for d in posted]),
+        "post_to_landed_host_us": pct([(d.landed_ns - d.posted_ns) / 1e3 for d in posted]),
+    }
+
+
+def bandwidth(rt: pulseio.Runtime, strategy: Strategy, steps: int, k: int = 2048) -> dict:
+    ids_dev = torch.stack([torch.randperm(rt.host_pool.num_blocks, device="cuda")[:k] for _ in range(steps)])
+    ids_host = ids_dev.cpu().numpy()
+    slots_dev = torch.arange(k, device="cuda")
+    slots_host = slots_dev.cpu().numpy()
+    out = {}
+    for path in ("direct", "doorbell", "direct", "doorbell"):  # interleaved, second round reported
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        if path == "doorbell":
+            done = [rt.post_recall(ids_dev[i], slots_dev, strategy=strategy, tag=i) for i in range(steps)]
+        else:
+            done = [rt.recall(ids_host[i], slots_host, strategy=strategy, stream_ordered=False) for i in range(steps)]
+        for d in done:
+            d.wait(timeout=60)
+        seconds = time.perf_counter() - start
+        out[path] = {"gbps": steps * k * BLOCK / seconds / 1e9, "seconds": seconds}
+    out["doorbell_over_direct"] = out["doorbell"]["gbps"] / out["direct"]["gbps"]
+    return out
+
+
+def blocked(rt: pulseio.Runtime, steps: int, k: int) -> dict:
+    stream = torch.cuda.Stream()
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    digests = torch.randn(rt.host_pool.num_blocks, 128, device="cuda")
+    slots_dev = torch.arange(k, device="cuda")
+    slots_host = slots_dev.cpu().numpy()
+    out = {}
+    for path in ("sync", "doorbell", "sync", "doorbell"):
+        torch.cuda.synchronize()
+        inside, done = [], []
+        start = time.perf_counter()
+        for i in range(steps):
+            with torch.cuda.stream(stream):
+                h = a @ a  # the "layer" the GPU is busy with when the selection is made
+                scores = digests @ h[0, :128].float()
+                ids = torch.topk(scores, k).indices  # [k] int64, cuda
+                t0 = time.perf_counter()
+                if path == "doorbell":
+                    d = rt.post_recall(ids, slots_dev, stream=stream, tag=i)
+                else:
+                    d = rt.recall(ids.cpu().numpy(), slots_host)  # .cpu() waits for the GEMM and top-k
+                d.device_wait(stream)
+                inside.append((time.perf_counter() - t0) * 1e6)
+                rt.device_pool.slots.index_select(0, slots_dev).sum()  # consume
+                done.append(d)
+        enqueue_s = time.perf_counter() - start
+        stream.synchronize()
+        for d in done:
+            d.wait(timeout=60)
+        total_s = time.perf_counter() - start
+        out[path] = {"blocked_us": pct(inside), "enqueue_ms_per_step": enqueue_s / steps * 1e3,
+                     "wall_ms_per_step": total_s / steps * 1e3}
+    return out
+
+
+def section(results: dict, name: str, fn, *args) -> None:
+    print(f"--- {name}", flush=True)
+    t = time.perf_counter()
+    try:
+        results[name] = fn(*args)
+        print(json.dumps(results[name], indent=1)[:3000], flush=True)
+    except Exception:
+        results[name] = {"error": traceback.format_exc()}
+        print(results[name]["error"], flush=True)
+    print(f"    ({time.perf_counter() - t:.1f} s)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="bench_doorbell.json")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    n_lat, n_bw, n_blk = (60, 10, 20) if args.quick else (400, 40, 100)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    results: dict = {"meta": {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(),
+                              "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
+                              "block_bytes": BLOCK, "quick": args.quick}}
+    section(results, "clock", calibrate_clock)
+    offset = results["clock"].get("offset_ns", float("nan"))
+    for strategy in STRATEGIES:
+        rt = open_rt(strategy)
+        try:
+            results["meta"]["stream_mem_ops"] = bool(rt._publisher.stream_ops)
+            section(results, f"latency_64x8KiB_{strategy.value}", latency, rt, offset, n_lat)
+            section(results, f"bandwidth_2048x8KiB_{strategy.value}", bandwidth, rt, strategy, n_bw)
+            if strategy is Strategy.AUTO:
+                for k in (64, 1024):
+                    section(results, f"blocked_per_step_k{k}", blocked, rt, n_blk, k)
+            results[f"runtime_stats_{strategy.value}"] = repr(rt.statistics())
+        finally:
+            rt.close()
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print_summary(results)
+
+
+def print_summary(r: dict) -> None:
+    nan = float("nan")
+    meta, c = r["meta"], r.get("clock", {})
+    print("\n=== summary (bench_doorbell) ===")
+    print(f"device {meta['device']}  sha {meta['git_sha'][:10]}  stream mem ops {meta.get('stream_mem_ops')}")
+    print(f"clock offset error <= {c.get('rtt_min_us', nan) / 2:.2f} us (min round trip {c.get('rtt_min_us')} us)")
+    for s in STRATEGIES:
+        lat = r.get(f"latency_64x8KiB_{s.value}", {})
+        bw = r.get(f"bandwidth_2048x8KiB_{s.value}", {})
+        seen, land = lat.get("publish_to_seen_us", {}), lat.get("publish_to_landed_us", {})
+        door, direct = bw.get("doorbell", {}).get("gbps", nan), bw.get("direct", {}).get("gbps", nan)
+        print(f"{s.value:>10}: publish->seen p50 {seen.get('p50', nan):7.1f} p99 {seen.get('p99', nan):7.1f} us"
+              f" | publish->landed(64x8K) p50 {land.get('p50', nan):7.1f} p99 {land.get('p99', nan):7.1f} us"
+              f" | 2048x8K doorbell {door:5.1f} GB/s direct {direct:5.1f} GB/s"
+              f" ratio {bw.get('doorbell_over_direct', nan):.3f}"
+              + ("  ERROR" if "error" in lat or "error" in bw else ""))
+    for k in (64, 1024):
+        b = r.get(f"blocked_per_step_k{k}", {})
+        if "error" in b or not b:
+            print(f"blocked k={k}: ERROR/missing")
+            continue
+        for path in ("doorbell", "sync"):
+            x = b[path]
+            us = x["blocked_us"]
+            print(f"blocked k={k:4d} {path:>8}: p50 {us['p50']:8.1f} us p99 {us['p99']:8.1f} us;"
+                  f" enqueue {x['enqueue_ms_per_step']:.3f} ms/step, wall {x['wall_ms_per_step']:.3f} ms/step")
+
+
+if __name__ == "__main__":
+    main()

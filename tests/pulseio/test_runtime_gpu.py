@@ -1,0 +1,131 @@
+"""The runtime on a real GPU: GPU-chosen ids reach the poller through the ring, the consumer stream
+waits on the device (cuStreamWaitValue64), and the submitting thread never syncs."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import pulseio
+from pulseio import RuntimeConfig, Strategy, TransferError
+
+pytestmark = pytest.mark.gpu
+
+BLOCK = 8 << 10
+CFG = RuntimeConfig(device="cuda", host_blocks=4096, device_slots=1024, block_bytes=BLOCK, ring_slots=64,
+                    max_blocks_per_request=1024)
+
+
+@pytest.fixture(scope="module")
+def rt():
+    runtime = pulseio.open_runtime(CFG)
+    runtime.host_pool.blocks.copy_(torch.randint(0, 256, runtime.host_pool.blocks.shape, dtype=torch.uint8))
+    yield runtime
+    runtime.close()
+
+
+def _consume(rt: pulseio.Runtime, done: pulseio.Completion, slots: torch.Tensor, stream: torch.cuda.Stream):
+    """On `stream`: wait for the recall on the device, then copy the slots out (what a model would read)."""
+    done.device_wait(stream)
+    with torch.cuda.stream(stream):
+        return rt.device_pool.slots.index_select(0, slots)
+
+
+@pytest.mark.parametrize("strategy", [Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.PER_BLOCK])
+def test_gpu_chosen_ids_land_bit_exact(rt: pulseio.Runtime, strategy: Strategy) -> None:
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        ids = torch.randperm(CFG.host_blocks, device="cuda")[:300]  # [300] int64, cuda: "selected" blocks
+        slots = torch.randperm(CFG.device_slots, device="cuda")[:300]
+        rt.device_pool.slots.index_fill_(0, slots, 0xA5)
+    done = rt.post_recall(ids, slots, stream=stream, strategy=strategy, tag=5)
+    out = _consume(rt, done, slots, stream)
+    stream.synchronize()
+    assert done.wait(timeout=10) and done.num_blocks == 300
+    expected = rt.host_pool.blocks[ids.cpu()]
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_device_count_and_invalid_id_fail_only_their_request(rt: pulseio.Runtime) -> None:
+    ids = torch.tensor([1, 2, CFG.host_blocks + 7, 3], device="cuda")
+    slots = torch.arange(4, device="cuda")
+    count = torch.tensor([2], device="cuda")  # decided on the GPU: only the first two ids
+    short = rt.post_recall(ids, slots, count=count, tag=1)
+    bad = rt.post_recall(ids, slots, tag=2)
+    after = rt.post_recall(ids[:2], slots[2:4], tag=3)
+    assert short.wait(timeout=10) and short.num_blocks == 2
+    with pytest.raises(TransferError, match=r"^doorbell request seq=\d+ tag=2: host_ids\[2\] = 4103 is out of range"):
+        bad.wait(timeout=10)
+    assert after.wait(timeout=10)
+    torch.cuda.synchronize()
+    assert torch.equal(rt.device_pool.slots[2:4].cpu(), rt.host_pool.blocks[1:3])
+
+
+def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: pulseio.Runtime) -> None:
+    stream = torch.cuda.Stream()
+    steps, k = 16, 64
+    slots = [torch.arange(i * k, (i + 1) * k, device="cuda") for i in range(steps)]
+    scores = torch.rand(steps, CFG.host_blocks, device="cuda")
+    torch.cuda.synchronize()
+    outs, posted = [], []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(200_000_000)  # ~100 ms of GPU time: any host sync below would wait it out
+            start = time.perf_counter()
+            for i in range(steps):
+                ids = torch.topk(scores[i], k).indices  # [k] int64, cuda: the selection kernel
+                done = rt.post_recall(ids, slots[i], stream=stream, tag=i)
+                done.device_wait(stream)  # enqueued long before the copy is issued
+                outs.append((ids, rt.device_pool.slots.index_select(0, slots[i])))
+                posted.append(done)
+            loop_s = time.perf_counter() - start
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert not any(d.done() for d in posted[:1]), "the GPU was still sleeping: nothing could have landed"
+    assert loop_s < 0.05, f"the submitting loop took {loop_s * 1e3:.1f} ms: something waited for the GPU"
+    assert all(d.wait(timeout=30) for d in posted)
+    stream.synchronize()
+    for ids, out in outs:
+        assert torch.equal(out.cpu(), rt.host_pool.blocks[ids.cpu()])
+
+
+def test_publish_captured_in_a_cuda_graph(rt: pulseio.Runtime) -> None:
+    stream = torch.cuda.Stream()
+    ids = torch.tensor([11, 12, 13], device="cuda")
+    slots = torch.tensor([900, 901, 902], device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        first = rt.post_recall(ids, slots, stream=stream, tag=0)  # the ticket of the first replay
+    completions = [first]
+    for replay in range(3):
+        if replay:
+            completions += rt.expect_published(1)
+        with torch.cuda.stream(stream):
+            if replay:
+                ids.add_(1)  # the captured kernel reads the ids buffer afresh on every replay
+            graph.replay()
+        stream.synchronize()
+        assert completions[-1].wait(timeout=10)
+        assert torch.equal(rt.device_pool.slots[900:903].cpu(), rt.host_pool.blocks[ids.cpu()])
+
+
+def test_statistics_and_close_release_everything() -> None:
+    with pulseio.open_runtime(dataclasses.replace(CFG, close_timeout_s=0.5)) as rt:
+        ids = torch.arange(8, device="cuda")
+        done = [rt.post_recall(ids, ids, tag=i) for i in range(10)]
+        assert all(d.wait(timeout=10) for d in done)
+        stats = rt.statistics()
+        assert (stats.completed, stats.failed, stats.lost) == (10, 0, 0)
+        assert stats.post_to_seen.count == 10 and np.isfinite(stats.post_to_landed.p50_us)
+        (never,) = rt.expect_published(1)
+        waiter = torch.cuda.Stream()
+        never.device_wait(waiter)  # would hang the stream forever without the close-time release
+    waiter.synchronize()
+    with pytest.raises(pulseio.ClosedError):
+        never.wait(timeout=1)
