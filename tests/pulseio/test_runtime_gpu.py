@@ -100,7 +100,7 @@ def test_publish_captured_in_a_cuda_graph(rt: pulseio.Runtime) -> None:
     slots = torch.tensor([900, 901, 902], device="cuda")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         first = rt.post_recall(ids, slots, stream=stream, tag=0)  # the ticket of the first replay
     completions = [first]
     for replay in range(3):
