@@ -36,6 +36,7 @@ class RouteSet(Protocol):
     """The strategies one backend offers over one (host pool, device pool) pair."""
 
     available: frozenset[Strategy]
+    inline: frozenset[Strategy]  # strategies cheap enough to issue on the submitting thread
 
     def record_after(self) -> Any:
         """On the submitting thread: a token for 'work already enqueued on the current stream'."""

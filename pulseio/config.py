@@ -58,6 +58,8 @@ class DmaConfig:
         it never occupies more SMs than this, so model kernels keep the rest.
     max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
     merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
+    inline_issue: a transfer whose route is only a kernel launch or one driver call (zero-copy,
+        batched) is issued on the submitting thread when nothing is queued ahead of it.
     auto: the policy behind Strategy.AUTO.
     """
 
@@ -66,6 +68,7 @@ class DmaConfig:
     zero_copy_ctas: int = 64
     max_inflight: int = 4096
     merge_blocks: int = 8192
+    inline_issue: bool = True
     auto: AutoPolicy = field(default_factory=AutoPolicy)
 
     def __post_init__(self) -> None:

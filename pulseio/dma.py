@@ -78,6 +78,8 @@ class DmaEngine:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._issue_lock = threading.Lock()  # one issuer at a time keeps the copy stream in submit order
+        self._queued = 0  # submitted to the worker, not yet issued
         self._closed = False
         self._seq = 0
         self._counts = {"submitted": 0, "completed": 0, "failed": 0, "bytes": 0, "issues": 0}
@@ -155,7 +157,21 @@ class DmaEngine:
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
                 num_blocks=plan.num_blocks, nbytes=plan.nbytes,
             )
-            self._queue.put(_Queued(transfer, plan, after))
+            item = _Queued(transfer, plan, after)
+            # Issue on this thread when the route is only a launch and nothing is queued ahead:
+            # one thread hop less per transfer. Never waits: if the worker is issuing, queue.
+            inline = (
+                self.config.inline_issue and strategy in self._routes.inline and self._queued == 0
+                and self._issue_lock.acquire(blocking=False)
+            )
+            if not inline:
+                self._queued += 1
+                self._queue.put(item)
+        if inline:
+            try:
+                self._issue([item])
+            finally:
+                self._issue_lock.release()
         return transfer
 
     # -- the worker ------------------------------------------------------------------------
@@ -169,7 +185,10 @@ class DmaEngine:
                 self._completions.put(_STOP)
                 return
             batch, carry = self._drain(first)
-            self._issue(batch)
+            with self._issue_lock:
+                self._issue(batch)
+            with self._lock:
+                self._queued -= len(batch)
 
     def _drain(self, first: _Queued) -> tuple[list[_Queued], Any]:
         """Merge queued transfers of the same route behind `first`, up to merge_blocks blocks."""

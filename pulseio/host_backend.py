@@ -43,6 +43,7 @@ class HostBackend:
 
 class _HostRoutes:
     available = frozenset({Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED})
+    inline: frozenset[Strategy] = frozenset()  # every host route does the copying itself
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._host = host.blocks  # [num_blocks, block_bytes] uint8

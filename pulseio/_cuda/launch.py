@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from functools import cached_property
 
 from cuda.core import LaunchConfig, Stream, launch
 
@@ -26,6 +27,7 @@ class BlockArray:
     rows: int
     block_bytes: int
 
+    @cached_property
     def kernel_args(self) -> tuple[int, ...]:
         words = self.block_bytes // _WORD
         return (0, 0, self.rows * words, _WORD, self.ptr, self.rows, words, words * _WORD, _WORD)
@@ -67,9 +69,9 @@ class CopyBlocksLauncher:
             stream,
             config,
             self._kernel,
-            *src.kernel_args(),
+            *src.kernel_args,
             *_id_args(src_ids_ptr, n),
-            *dst.kernel_args(),
+            *dst.kernel_args,
             *_id_args(dst_ids_ptr, n),
             ctypes.c_int64(n),
         )
