@@ -27,7 +27,7 @@ from .model.params import ModelWeights
 from .model.tokenizer import Tokenizer
 from .request import RequestOutput, SamplingParams, Sequence
 from .runner import ModelRunner
-from .scheduler import Scheduler, ScheduledStep
+from .scheduler import ScheduledStep, Scheduler
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 

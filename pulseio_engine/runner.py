@@ -12,12 +12,12 @@ from collections.abc import Sequence as Seq
 import numpy as np
 import torch
 
+from .decode_graph import DecodeGraphs
 from .kv.block_table import blocks_for
 from .kv.cache import KVCache
 from .kv.handoff import KVSource
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention, PrefillSpan
 from .model.llama import CausalLM
-from .decode_graph import DecodeGraphs
 from .request import Sequence
 from .sampler import sample_tokens
 from .scheduler import PrefillChunk

