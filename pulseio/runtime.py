@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Coroutine
@@ -346,7 +347,17 @@ def _settle(future: asyncio.Future[Any], completion: Completion) -> None:
 
 def open_runtime(config: RuntimeConfig | None = None, *, backend: Backend | None = None) -> Runtime:
     """Build a Runtime: use it as `with open_runtime(cfg) as rt:` or `async with open_runtime(cfg) as rt:`."""
-    return Runtime(config, backend=backend)
+    runtime = Runtime(config, backend=backend)
+    if runtime.host_pool.backend.device.type == "cuda" and os.environ.get("CUDA_MODULE_LOADING") != "EAGER":
+        # Seen on the H200 (2026-11-29): a consumer stream waiting on the completion word, then a
+        # kernel launched for the first time, hung every launch in the process -- under lazy module
+        # loading a first launch waits for the device, and the device waits for our copy.
+        log.warning(
+            "CUDA_MODULE_LOADING=%s: with device-side waits (Completion.device_wait) a kernel launched for "
+            "the first time can deadlock under lazy loading; set CUDA_MODULE_LOADING=EAGER before CUDA starts",
+            os.environ.get("CUDA_MODULE_LOADING", "<unset, torch sets LAZY>"),
+        )
+    return runtime
 
 
 def run_async(main: Coroutine[Any, Any, Any]) -> Any:

@@ -126,6 +126,11 @@ class CudaRoutes:
         }
         self._host_array = BlockArray(host.device_ptr, host.num_blocks, self._bb)
         self._pool_array = BlockArray(device.device_ptr, device.num_slots, self._bb)
+        # Load the kernel now: under CUDA lazy loading its first launch waits for the device to go
+        # idle, which deadlocks if a consumer stream is already waiting for this very copy.
+        arange = self._arange.data_ptr()
+        self._copy_blocks(self.stream.cuda_stream, self._pool_array, arange, self._pool_array, arange, 0)
+        self.stream.synchronize()
 
     # -- RouteSet ------------------------------------------------------------------------------
 

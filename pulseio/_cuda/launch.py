@@ -58,7 +58,7 @@ class CopyBlocksLauncher:
         n: int,
     ) -> None:
         """Copy n blocks: src row src_ids[b] -> dst row dst_ids[b]; ids are [n] int64 at device-visible addresses."""
-        ctas = min(n, self._max_ctas)
+        ctas = max(1, min(n, self._max_ctas))
         config = self._configs.get(ctas)
         if config is None:
             config = self._configs[ctas] = LaunchConfig(grid=ctas, block=THREADS_PER_CTA)
