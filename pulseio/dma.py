@@ -62,7 +62,11 @@ _STOP = object()
 
 
 class DmaEngine:
-    """Moves blocks between a HostPool and a DevicePool of the same backend."""
+    """Moves blocks between a HostPool and a DevicePool of the same backend.
+
+    Bad input raises on `submit`'s thread and queues nothing. A failure while copying (a CUDA error)
+    fails the transfers of that one issue -- merged transfers share it -- and the engine goes on.
+    """
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig | None = None) -> None:
         if host.backend is not device.backend:

@@ -1,0 +1,165 @@
+"""DmaEngine on the host backend: every strategy both ways, bit for bit; errors lose nothing."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import pulseio
+from pulseio import AutoPolicy, Direction, DmaConfig, Strategy, TransferState
+
+STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED]
+POISON = 0xA5
+
+
+@pytest.fixture
+def pools():
+    backend = pulseio.HostBackend()
+    host = pulseio.HostPool(backend, 512, 256)
+    device = pulseio.DevicePool(backend, 128, 256)
+    host.blocks.copy_(torch.randint(0, 256, host.blocks.shape, dtype=torch.uint8))
+    device.slots.copy_(torch.randint(0, 256, device.slots.shape, dtype=torch.uint8))
+    return host, device
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_recall_then_offload_round_trips_bit_exact(pools, strategy: Strategy) -> None:
+    host, device = pools
+    rng = np.random.default_rng(1)
+    with pulseio.DmaEngine(host, device, DmaConfig(staging_bytes=10 * 256)) as engine:  # 10-block pieces
+        for count in (1, 37, 128):
+            ids = rng.choice(host.num_blocks, count, replace=False)
+            slots = rng.choice(device.num_slots, count, replace=False)
+            untouched = np.setdiff1d(np.arange(device.num_slots), slots)
+            before = device.slots[untouched].clone()
+            device.slots[slots] = POISON
+            t = engine.recall(ids, slots, strategy=strategy, tag=("recall", count))
+            assert t.wait(timeout=10)
+            assert t.state is TransferState.DONE and t.strategy is strategy and t.nbytes == count * 256
+            assert torch.equal(device.slots[slots], host.blocks[ids])
+            assert torch.equal(device.slots[untouched], before)
+
+            back = rng.choice(host.num_blocks, count, replace=False)
+            host.blocks[back] = POISON
+            assert engine.offload(slots, back, strategy=strategy).wait(timeout=10)
+            assert torch.equal(host.blocks[back], device.slots[slots])
+
+
+def test_a_rejected_request_leaves_every_destination_untouched(pools) -> None:
+    host, device = pools
+    before = device.slots.clone()
+    with pulseio.DmaEngine(host, device) as engine:
+        with pytest.raises(pulseio.InvalidRequestError, match="out of range"):
+            engine.recall([1, 2, 9999], [0, 1, 2])
+        with pytest.raises(pulseio.InvalidRequestError, match="repeat a destination"):
+            engine.recall([1, 2, 3], [0, 1, 1])
+        assert engine.statistics().submitted == 0
+    assert torch.equal(device.slots, before)
+
+
+def test_pools_must_match(pools) -> None:
+    host, _ = pools
+    other = pulseio.DevicePool(host.backend, 8, 512)
+    with pytest.raises(pulseio.InvalidRequestError, match=r"host blocks \(256 B\) and device slots \(512 B\)"):
+        pulseio.DmaEngine(host, other)
+
+
+def test_queued_transfers_merge_and_statistics_add_up(pools) -> None:
+    host, device = pools
+    gate = threading.Event()
+    with pulseio.DmaEngine(host, device, DmaConfig(merge_blocks=64)) as engine:
+        blocker = engine.recall([0], [0], strategy=Strategy.GATHER_DMA)
+        blocker.add_issued_callback(lambda _: gate.wait(5))  # hold the worker so the next ones queue up
+        small = [engine.recall([8 * i + j for j in range(8)], [8 * i + j for j in range(8)],
+                               strategy=Strategy.GATHER_DMA) for i in range(1, 9)]
+        gate.set()
+        for t in small:
+            assert t.wait(timeout=10)
+        stats = engine.statistics()
+        assert stats.submitted == stats.completed == 9 and stats.failed == 0 and stats.in_flight == 0
+        assert stats.bytes_moved == 65 * 256
+        assert stats.issues < 9, "queued transfers of one route should have been merged"
+    assert torch.equal(device.slots[8:72], host.blocks[8:72])
+
+
+def test_callbacks_run_once_and_late_callbacks_run_at_once(pools) -> None:
+    host, device = pools
+    seen: list[int] = []
+    with pulseio.DmaEngine(host, device) as engine:
+        t = engine.recall([5], [5])
+        t.add_done_callback(lambda tr: seen.append(tr.seq))
+        t.wait(timeout=10)
+        t.add_done_callback(lambda tr: seen.append(-tr.seq))
+    assert seen == [t.seq, -t.seq]
+    assert t.latency_s is not None and t.latency_s >= 0
+
+
+def test_would_block_past_max_inflight_and_closed_after_close(pools) -> None:
+    host, device = pools
+    gate = threading.Event()
+    engine = pulseio.DmaEngine(host, device, DmaConfig(max_inflight=2))
+    first = engine.recall([0], [0])
+    first.add_issued_callback(lambda _: gate.wait(5))
+    engine.recall([1], [1])
+    with pytest.raises(pulseio.WouldBlock, match=r"2 transfers in flight, the limit is DmaConfig.max_inflight=2"):
+        engine.recall([2], [2])
+    gate.set()
+    engine.close()
+    assert first.done()
+    with pytest.raises(pulseio.ClosedError):
+        engine.recall([3], [3])
+
+
+def test_a_failing_route_fails_only_its_transfers(pools, monkeypatch) -> None:
+    host, device = pools
+    with pulseio.DmaEngine(host, device) as engine:
+        real_issue = engine._routes.issue
+
+        def flaky(strategy, plans, after, emit):
+            if any(1 in p.host_ids for p in plans):
+                raise RuntimeError("copy engine on fire")
+            return real_issue(strategy, plans, after, emit)
+
+        monkeypatch.setattr(engine._routes, "issue", flaky)
+        bad = engine.recall([1], [1], tag="bad")
+        with pytest.raises(pulseio.TransferError, match=r"tag='bad' failed: copy engine on fire"):
+            bad.wait(timeout=10)
+        assert bad.state is TransferState.FAILED
+        good = engine.recall([2], [2], tag="good")  # the engine keeps serving
+        assert good.wait(timeout=10) and torch.equal(device.slots[2], host.blocks[2])
+        assert engine.statistics().failed == 1
+
+
+def test_auto_policy_picks_the_measured_best() -> None:
+    def rec(strategy, count, gbps, kind="recall"):
+        return {"kind": kind, "strategy": strategy, "direction": "h2d", "block_bytes": 8192,
+                "num_blocks": count, "gbps": gbps}
+
+    records = [rec("zero_copy", 64, 5.0), rec("gather_dma", 64, 1.0), rec("zero_copy", 4096, 40.0),
+               rec("gather_dma", 4096, 50.0), rec("single_copy", 1, 9.0, kind="peak")]
+    policy = AutoPolicy.from_records(records)
+    assert policy.choose(Direction.H2D, 8192, 50) is Strategy.ZERO_COPY
+    assert policy.choose(Direction.H2D, 8192, 3000) is Strategy.GATHER_DMA
+    assert policy.choose(Direction.H2D, 65536, 3000) is Strategy.GATHER_DMA  # nearest measured block size
+    assert policy.choose(Direction.D2H, 8192, 10) is Strategy.ZERO_COPY  # no D2H points: the fallback
+
+
+def test_config_and_pool_errors_state_the_rule() -> None:
+    with pytest.raises(ValueError, match=r"staging_buffers must be >= 2 so gather and DMA overlap, got 1"):
+        DmaConfig(staging_buffers=1)
+    with pytest.raises(ValueError, match=r"DmaConfig.zero_copy_ctas must be a positive int, got 0"):
+        DmaConfig(zero_copy_ctas=0)
+    with pytest.raises(pulseio.InvalidRequestError, match=r"block_bytes must be a positive multiple of 16, got 100"):
+        pulseio.HostPool(pulseio.HostBackend(), 4, 100)
+    with pytest.raises(pulseio.PoolTooSmallError, match=r"needs .* GiB, the machine has .* GiB available"):
+        pulseio.HostPool(pulseio.HostBackend(), 1 << 40, 1 << 20)
+
+
+def test_pool_views_check_the_block_shape() -> None:
+    pool = pulseio.HostPool(pulseio.HostBackend(), 4, 64)
+    assert pool.view(torch.bfloat16, 2, 16).shape == (4, 2, 16)
+    with pytest.raises(pulseio.InvalidRequestError, match=r"takes 128 bytes, blocks here have 64"):
+        pool.view(torch.float32, 32)

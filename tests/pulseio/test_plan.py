@@ -1,0 +1,77 @@
+"""TransferPlan validation (the rule, the value, nothing queued) and coalescing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pulseio import Direction, InvalidRequestError, PoolTooSmallError
+from pulseio.plan import make_plan, merge_plans, pieces
+
+
+def _plan(host, slots, direction=Direction.H2D, *, blocks=100, num_slots=50):
+    return make_plan(direction, host, slots, num_host_blocks=blocks, num_device_slots=num_slots, block_bytes=64)
+
+
+def test_ids_become_int64_arrays_from_lists_numpy_and_torch() -> None:
+    for host in ([3, 1, 2], np.array([3, 1, 2], dtype=np.int16), torch.tensor([3, 1, 2], dtype=torch.int32)):
+        plan = _plan(host, [0, 1, 2])
+        assert plan.host_ids.dtype == np.int64
+        assert plan.host_ids.tolist() == [3, 1, 2]
+        assert plan.nbytes == 3 * 64
+
+
+def test_out_of_range_id_names_position_value_and_pool() -> None:
+    rule = r"^host_ids\[1\] = 100 is out of range: the host pool has ids 0\.\.99$"
+    with pytest.raises(InvalidRequestError, match=rule):
+        _plan([5, 100], [0, 1])
+    rule = r"device_slots\[0\] = -1 is out of range.*\(2 ids out of range in all\)"
+    with pytest.raises(InvalidRequestError, match=rule):
+        _plan([5, 6], [-1, 50])
+
+
+def test_duplicate_destination_is_refused_with_both_positions() -> None:
+    with pytest.raises(InvalidRequestError, match=r"device_slots\[1\] and device_slots\[3\] are both 7"):
+        _plan([1, 2, 3, 4], [0, 7, 8, 7])
+    # offload: the host blocks are the destination, device slots may repeat
+    with pytest.raises(InvalidRequestError, match=r"host_ids\[0\] and host_ids\[2\] are both 9"):
+        _plan([9, 2, 9], [0, 1, 2], Direction.D2H)
+    assert _plan([9, 2, 8], [0, 0, 2], Direction.D2H).num_blocks == 3
+    assert _plan([4, 4], [0, 1]).num_blocks == 2  # recalling one block into two slots is fine
+
+
+def test_mismatched_lengths_dtypes_devices_and_shapes() -> None:
+    with pytest.raises(InvalidRequestError, match=r"same length, got 2 and 3"):
+        _plan([1, 2], [1, 2, 3])
+    with pytest.raises(TypeError, match=r"host_ids must have an integer dtype, got float32"):
+        _plan(np.array([1.0, 2.0], dtype=np.float32), [1, 2])
+    with pytest.raises(TypeError, match=r"integer dtype, got bool"):
+        _plan(np.array([True]), [1])
+    with pytest.raises(InvalidRequestError, match=r"one-dimensional, got shape \(1, 2\)"):
+        _plan([[1, 2]], [1, 2])
+    with pytest.raises(InvalidRequestError, match=r"device_slots must be on the host, got a tensor on meta"):
+        _plan([1], torch.zeros(1, dtype=torch.int64, device="meta"))
+
+
+def test_recall_larger_than_the_device_pool_is_refused() -> None:
+    rule = r"a recall of 60 blocks needs as many device slots, the device pool has 50"
+    with pytest.raises(PoolTooSmallError, match=rule):
+        _plan(np.arange(60), np.arange(60))
+
+
+def test_runs_coalesce_pairs_consecutive_on_both_sides() -> None:
+    plan = _plan([10, 11, 12, 40, 20, 21], [0, 1, 2, 9, 5, 7])
+    host, slot, length = plan.runs
+    got = sorted(zip(host.tolist(), slot.tolist(), length.tolist()))
+    assert got == [(10, 0, 3), (20, 5, 1), (21, 7, 1), (40, 9, 1)]
+    assert int(length.sum()) == plan.num_blocks
+
+
+def test_merge_and_pieces_keep_every_pair_once() -> None:
+    a, b = _plan([1, 2, 3], [0, 1, 2]), _plan([7, 8], [3, 4])
+    merged = merge_plans([a, b])
+    assert merged.host_ids.tolist() == [1, 2, 3, 7, 8]
+    parts = pieces(merged, 2)
+    assert [len(h) for h, _ in parts] == [2, 2, 1]
+    assert np.concatenate([s for _, s in parts]).tolist() == [0, 1, 2, 3, 4]
