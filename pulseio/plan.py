@@ -1,7 +1,7 @@
-"""TransferPlan: validated (host block, device slot) pairs of one transfer; pure numpy, no torch.
+"""TransferPlan: validated (host block, device slot) pairs of one transfer; numpy, no torch.
 
-Validation is vectorised (no Python loop per block) and happens on the submitting thread, before
-anything is queued: a bad request raises and leaves nothing behind.
+Validation is one compiled pass (`_native.validate`, numpy where numba is missing) on the
+submitting thread, before anything is queued: a bad request raises and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._native import validate as _native
 from .errors import InvalidRequestError, PoolTooSmallError
 
 
@@ -124,10 +125,15 @@ def make_plan(
         raise PoolTooSmallError(
             f"a recall of {slots.size} blocks needs as many device slots, the device pool has {num_device_slots}"
         )
+    unique_host = direction is Direction.D2H  # the destination side must not repeat
+    if _native.NATIVE:
+        code, _ = _native.check_ids(host, slots, num_host_blocks, num_device_slots, unique_host)
+        if code == _native.OK:
+            return TransferPlan(direction, host, slots, block_bytes)
+    # numpy checks: the whole validation without numba, and the exact message when numba found a fault
     _check_range(host, num_host_blocks, name="host_ids", pool="the host pool")
     _check_range(slots, num_device_slots, name="device_slots", pool="the device pool")
-    _check_unique(slots if direction is Direction.H2D else host,
-                  name="device_slots" if direction is Direction.H2D else "host_ids")
+    _check_unique(host if unique_host else slots, name="host_ids" if unique_host else "device_slots")
     return TransferPlan(direction, host, slots, block_bytes)
 
 

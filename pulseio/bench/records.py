@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from dataclasses import asdict, dataclass
@@ -31,6 +32,9 @@ class BenchRecord:
 
 
 def git_sha() -> str:
+    """The checkout's commit; PULSEIO_GIT_SHA wins (device copies of a tree carry no .git)."""
+    if os.environ.get("PULSEIO_GIT_SHA"):
+        return os.environ["PULSEIO_GIT_SHA"]
     try:
         root = Path(__file__).resolve().parents[2]
         out = subprocess.run(

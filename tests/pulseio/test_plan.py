@@ -75,3 +75,25 @@ def test_merge_and_pieces_keep_every_pair_once() -> None:
     parts = pieces(merged, 2)
     assert [len(h) for h, _ in parts] == [2, 2, 1]
     assert np.concatenate([s for _, s in parts]).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_compiled_validation_agrees_with_a_plain_reference() -> None:
+    from pulseio._native import validate
+
+    if not validate.NATIVE:
+        import pytest as _pytest
+
+        _pytest.skip("numba is not installed: plan.py validates with numpy only")
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n = int(rng.integers(1, 40))
+        host = rng.integers(-2, 34, n)
+        slots = rng.integers(-2, 22, n)
+        unique_host = bool(trial % 2)
+        dst = host if unique_host else slots
+        in_range = (host >= 0).all() and (host < 32).all() and (slots >= 0).all() and (slots < 20).all()
+        expected_ok = in_range and len(set(dst.tolist())) == n
+        code, pos = validate.check_ids(host, slots, 32, 20, unique_host)
+        assert (code == validate.OK) == expected_ok, (host, slots, unique_host)
+        if code == validate.REPEAT:
+            assert dst[pos] in dst[:pos]
