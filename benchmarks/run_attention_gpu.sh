@@ -11,17 +11,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 : > "$OUT/steps.txt"
 
-step() {  # step NAME TIMEOUT_S COMMAND... ; output to $OUT/NAME.log, status to steps.txt
-  local name=$1 limit=$2 start rc
-  shift 2
-  start=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  rc=$?
-  printf '%-8s rc=%-4s %4ss  (%s)\n' "$name" "$rc" "$(( $(date +%s) - start ))" \
-    "$([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "TIMED OUT after ${limit}s" || echo "$OUT/$name.log")" \
-    >> "$OUT/steps.txt"
-  return 0
-}
+source benchmarks/_steps.sh
 
 step env 20 bash -c 'nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv;
   python -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__,

@@ -13,17 +13,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TOKENIZERS_PARALLELISM=false
 : > "$OUT/steps.txt"
 
-step() {  # step NAME TIMEOUT_S COMMAND... ; output to $OUT/NAME.log, status to steps.txt
-  local name=$1 limit=$2 start rc
-  shift 2
-  start=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  rc=$?
-  printf '%-8s rc=%-4s %4ss  (%s)\n' "$name" "$rc" "$(( $(date +%s) - start ))" \
-    "$([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "TIMED OUT after ${limit}s" || echo "$OUT/$name.log")" \
-    >> "$OUT/steps.txt"
-  return 0
-}
+source benchmarks/_steps.sh
 
 step env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm,clocks.max.mem --format=csv;
   python -c "import sys, torch, triton, transformers; print(sys.version.split()[0], \"torch\", torch.__version__,

@@ -10,19 +10,11 @@ cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/runtime_gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# device waits + a kernel first launched under lazy module loading deadlocked on the H200
+export CUDA_MODULE_LOADING=EAGER
 : > "$OUT/steps.txt"
 
-step() {  # step NAME TIMEOUT_S COMMAND... ; output to $OUT/NAME.log, status to steps.txt
-  local name=$1 limit=$2 start rc
-  shift 2
-  start=$(date +%s)
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  rc=$?
-  printf '%-11s rc=%-4s %4ss  (%s)\n' "$name" "$rc" "$(( $(date +%s) - start ))" \
-    "$([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "TIMED OUT after ${limit}s" || echo "$OUT/$name.log")" \
-    >> "$OUT/steps.txt"
-  return 0
-}
+source benchmarks/_steps.sh
 
 step env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm --format=csv; nproc;
   git rev-parse HEAD; python -c "import sys, torch, numpy, numba; import numba.cuda; import cuda.bindings;
