@@ -21,10 +21,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+from ._once import FinishOnce
 from .errors import PulseInternalError
 
 
-class Completion:
+class Completion(FinishOnce):
     """One recall request: data landed (`done()` and no exception) or failed, never both.
 
     `wait(timeout)` returning False changes nothing: the copy may still be running, and every
@@ -33,6 +34,7 @@ class Completion:
 
     def __init__(self, *, seq: int, tag: int | None, device_waiter: Callable[[Completion, Any], None],
                  awaiter: Callable[[Completion], Any]) -> None:
+        super().__init__()
         self.seq = seq
         self.tag = tag  # the request tag (from the caller, or from the payload once read)
         self.posted_ns = time.perf_counter_ns()  # when the request was posted (or expected)
@@ -44,30 +46,10 @@ class Completion:
         self.transfer: Any = None  # the pulseio.Transfer carrying it, once submitted
         self._device_waiter = device_waiter
         self._awaiter = awaiter
-        self._exception: BaseException | None = None
-        self._lock = threading.Lock()
-        self._finished = threading.Event()
-        self._callbacks: list[Callable[[Completion], None]] = []
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._exception else "done")
         return f"<Completion seq={self.seq} tag={self.tag!r} {self.num_blocks} blocks {state}>"
-
-    def done(self) -> bool:
-        """True once the data has landed or the request failed. Never waits."""
-        return self._finished.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait (GIL released) until done; False on timeout. Raises the request's error if it failed."""
-        if not self._finished.wait(timeout):
-            return False
-        if self._exception is not None:
-            raise self._exception
-        return True
-
-    def exception(self) -> BaseException | None:
-        """The failure, or None; meaningful once done()."""
-        return self._exception
 
     def device_wait(self, stream: Any = None) -> None:
         """Make a CUDA stream (default: current) wait until this request's data has landed. Never waits
@@ -77,14 +59,6 @@ class Completion:
         if self._exception is not None:
             raise self._exception
         self._device_waiter(self, stream)
-
-    def add_done_callback(self, fn: Callable[[Completion], None]) -> None:
-        """Call fn(self) once done, on the pulseio thread that finishes it (now, if already done)."""
-        with self._lock:
-            if not self._finished.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self)
 
     def __await__(self) -> Generator[Any, None, Completion]:
         """Await until done; returns self or raises the request's error. Cancelling the await leaves
@@ -96,12 +70,8 @@ class Completion:
 
     def _finish(self, exception: BaseException | None) -> None:
         with self._lock:
-            if self._finished.is_set():
-                raise PulseInternalError(f"{self!r} finished twice")
-            self._exception = exception
             self.landed_ns = time.perf_counter_ns()
-            self._finished.set()
-            callbacks, self._callbacks = self._callbacks, []
+            callbacks = self._finish_locked(exception)
         for fn in callbacks:
             fn(self)
 

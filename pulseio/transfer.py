@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ._once import FinishOnce
 from .errors import PulseInternalError, TransferError
 from .plan import Direction, Strategy
 
@@ -32,12 +33,13 @@ _NEXT = {
 }
 
 
-class Transfer:
+class Transfer(FinishOnce):
     """One transfer. Created by `DmaEngine.submit`; resolved by pulseio's threads."""
 
     def __init__(
         self, *, seq: int, tag: Any, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int
     ) -> None:
+        super().__init__()
         self.seq = seq
         self.tag = tag
         self.direction = direction
@@ -48,11 +50,7 @@ class Transfer:
         self.finished_at: float | None = None
         self.device_event: Any = None  # torch.cuda.Event once ISSUED on a GPU backend
         self._state = TransferState.QUEUED
-        self._exception: BaseException | None = None
-        self._lock = threading.Lock()
         self._issued = threading.Event()
-        self._finished = threading.Event()
-        self._callbacks: list[Callable[[Transfer], None]] = []
         self._issued_callbacks: list[Callable[[Transfer], None]] = []
 
     def __repr__(self) -> str:
@@ -65,37 +63,10 @@ class Transfer:
     def state(self) -> TransferState:
         return self._state
 
-    def done(self) -> bool:
-        """True once the data has landed (or the transfer failed). Never waits."""
-        return self._finished.is_set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait, GIL released, until done; False on timeout. Raises TransferError if the transfer failed.
-
-        A timeout changes nothing: the copy may still be running and its buffers stay reserved.
-        """
-        if not self._finished.wait(timeout):
-            return False
-        if self._exception is not None:
-            raise self._exception
-        return True
-
-    def exception(self) -> BaseException | None:
-        """The failure, or None; only meaningful once done()."""
-        return self._exception
-
     @property
     def latency_s(self) -> float | None:
         """Seconds from submit to landed, once done."""
         return None if self.finished_at is None else self.finished_at - self.submitted_at
-
-    def add_done_callback(self, fn: Callable[[Transfer], None]) -> None:
-        """Call fn(self) once done, from the pulseio thread that finishes it (now, if already done)."""
-        with self._lock:
-            if not self._finished.is_set():
-                self._callbacks.append(fn)
-                return
-        fn(self)
 
     def add_issued_callback(self, fn: Callable[[Transfer], None]) -> None:
         """Call fn(self) once its copies are enqueued (`device_event` set) or it failed, from the pulseio
@@ -149,11 +120,9 @@ class Transfer:
     def _finish(self, state: TransferState, exception: BaseException | None) -> None:
         with self._lock:
             self._move(state)
-            self._exception = exception
             self.finished_at = time.perf_counter()
-            callbacks, self._callbacks = self._callbacks, []
             issued_callbacks, self._issued_callbacks = self._issued_callbacks, []
             self._issued.set()
-            self._finished.set()
+            callbacks = self._finish_locked(exception)
         for fn in issued_callbacks + callbacks:
             fn(self)
