@@ -8,12 +8,11 @@ can wait on `device_event` without the host waiting for the GPU.
 from __future__ import annotations
 
 import enum
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ._once import FinishOnce
+from ._once import FinishOnce, Latch
 from .errors import PulseInternalError, TransferError
 from .plan import Direction, Strategy
 
@@ -50,7 +49,7 @@ class Transfer(FinishOnce):
         self.finished_at: float | None = None
         self.device_event: Any = None  # torch.cuda.Event once ISSUED on a GPU backend
         self._state = TransferState.QUEUED
-        self._issued = threading.Event()
+        self._issued = Latch()
         self._issued_callbacks: list[Callable[[Transfer], None]] = []
 
     def __repr__(self) -> str:
