@@ -1,0 +1,45 @@
+"""Latch and FinishOnce: every waiter wakes, timeouts change nothing, finishing twice is a bug."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pulseio import PulseInternalError
+from pulseio._once import FinishOnce, Latch
+
+
+def test_latch_wakes_every_waiter_and_times_out_unset() -> None:
+    latch = Latch()
+    assert not latch.is_set() and latch.wait(timeout=0.01) is False
+    woke: list[int] = []
+    threads = [threading.Thread(target=lambda i=i: woke.append(i) if latch.wait(5) else None) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    assert woke == []
+    latch.set()
+    latch.set()  # idempotent
+    for t in threads:
+        t.join(5)
+    assert sorted(woke) == list(range(6))
+    assert latch.wait(timeout=0) and latch.wait()
+
+
+def test_finish_once_runs_callbacks_once_and_refuses_a_second_finish() -> None:
+    handle = FinishOnce()
+    calls: list[object] = []
+    handle.add_done_callback(calls.append)
+    assert handle.wait(timeout=0.01) is False and not handle.done()
+    error = ValueError("boom")
+    with handle._lock:
+        callbacks = handle._finish_locked(error)
+    for fn in callbacks:
+        fn(handle)
+    assert calls == [handle] and handle.done() and handle.exception() is error
+    with pytest.raises(ValueError, match="boom"):
+        handle.wait()
+    with pytest.raises(PulseInternalError, match="finished twice"), handle._lock:
+        handle._finish_locked(None)
