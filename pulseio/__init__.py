@@ -3,9 +3,14 @@
 from .backend import Backend as Backend
 from .config import AutoPolicy as AutoPolicy
 from .config import DmaConfig as DmaConfig
+from .config import RuntimeConfig as RuntimeConfig
 from .devices import open_backend as open_backend
 from .dma import DmaEngine as DmaEngine
 from .dma import DmaStatistics as DmaStatistics
+from .doorbell import Doorbell as Doorbell
+from .doorbell import DoorbellStatistics as DoorbellStatistics
+from .doorbell import RingLayout as RingLayout
+from .doorbell import Rung as Rung
 from .errors import ClosedError as ClosedError
 from .errors import CudaError as CudaError
 from .errors import DeviceUnavailableError as DeviceUnavailableError
@@ -16,24 +21,19 @@ from .errors import PulseInternalError as PulseInternalError
 from .errors import TransferError as TransferError
 from .errors import WouldBlock as WouldBlock
 from .host_backend import HostBackend as HostBackend
+from .interrupts import Completion as Completion
+from .interrupts import InterruptPump as InterruptPump
+from .interrupts import run_async as run_async
 from .memory import DevicePool as DevicePool
 from .memory import HostPool as HostPool
 from .plan import Direction as Direction
 from .plan import Strategy as Strategy
 from .plan import TransferPlan as TransferPlan
+from .poller import LatencySummary as LatencySummary
+from .runtime import Runtime as Runtime
+from .runtime import RuntimeStatistics as RuntimeStatistics
+from .runtime import open_runtime as open_runtime
 from .transfer import Transfer as Transfer
 from .transfer import TransferState as TransferState
 
 __version__ = "0.1.0"
-from .doorbell import Doorbell as Doorbell
-from .doorbell import DoorbellStatistics as DoorbellStatistics
-from .doorbell import RingLayout as RingLayout
-from .doorbell import Rung as Rung
-from .interrupts import Completion as Completion
-from .interrupts import InterruptPump as InterruptPump
-from .poller import LatencySummary as LatencySummary
-from .runtime import Runtime as Runtime
-from .runtime import RuntimeConfig as RuntimeConfig
-from .runtime import RuntimeStatistics as RuntimeStatistics
-from .runtime import open_runtime as open_runtime
-from .runtime import run_async as run_async

@@ -80,3 +80,42 @@ class DmaConfig:
             raise ValueError(
                 f"DmaConfig.staging_buffers must be >= 2 so gather and DMA overlap, got {self.staging_buffers!r}"
             )
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """What a Runtime builds. ring_slots bounds the requests posted and not yet read by the poller;
+    max_blocks_per_request the blocks of one request; spin_iterations the poller's GIL-free spin
+    before it sleeps (poll_sleep_s: first and longest sleep of its backoff)."""
+
+    device: str = "auto"
+    host_blocks: int = 4096
+    device_slots: int = 1024
+    block_bytes: int = 8192
+    ring_slots: int = 64
+    max_blocks_per_request: int = 2048
+    io_workers: int = 1
+    strategy: Strategy = Strategy.AUTO
+    dma: DmaConfig = field(default_factory=DmaConfig)
+    spin_iterations: int = 20_000
+    poll_sleep_s: tuple[float, float] = (20e-6, 1e-3)
+    close_timeout_s: float = 10.0
+    latency_samples: int = 4096
+
+    def __post_init__(self) -> None:
+        minimum = dict(host_blocks=1, device_slots=1, block_bytes=16, ring_slots=2, max_blocks_per_request=1,
+                       io_workers=1, spin_iterations=1, latency_samples=1)
+        for name, low in minimum.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"RuntimeConfig.{name} must be an int >= {low}, got {value!r}")
+        if self.block_bytes % 16:
+            raise ValueError(f"RuntimeConfig.block_bytes must be a multiple of 16, got {self.block_bytes}")
+        if not isinstance(self.strategy, Strategy):
+            raise ValueError(f"RuntimeConfig.strategy must be a pulseio.Strategy, got {self.strategy!r}")
+        low, high = self.poll_sleep_s
+        if not 0 < low <= high:
+            raise ValueError(f"RuntimeConfig.poll_sleep_s must be (first, longest) with 0 < first <= longest, "
+                             f"got {self.poll_sleep_s!r}")
+        if not self.close_timeout_s > 0:
+            raise ValueError(f"RuntimeConfig.close_timeout_s must be > 0, got {self.close_timeout_s!r}")

@@ -15,9 +15,10 @@ A `Completion` is the handle of one recall request. It finishes exactly once, on
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,3 +140,20 @@ class InterruptPump:
     def statistics(self) -> PumpStatistics:
         with self._lock:
             return PumpStatistics(delivered=self._delivered, loop_wakeups=self._wakeups)
+
+
+def run_async(main: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine to completion on a new event loop: uvloop's when installed, else asyncio's."""
+    try:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main)
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()

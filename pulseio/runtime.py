@@ -21,12 +21,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .backend import Backend
-from .config import DmaConfig
+from .config import RuntimeConfig
 from .devices import open_backend
 from .dma import DmaEngine, DmaStatistics
 from .doorbell import Doorbell, DoorbellStatistics, HostProducer, RingLayout
@@ -37,45 +36,6 @@ from .plan import Direction, Strategy, make_plan
 from .poller import LatencySummary, Poller
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    """What a Runtime builds. ring_slots bounds the requests posted and not yet read by the poller;
-    max_blocks_per_request the blocks of one request; spin_iterations the poller's GIL-free spin
-    before it sleeps (poll_sleep_s: first and longest sleep of its backoff)."""
-
-    device: str = "auto"
-    host_blocks: int = 4096
-    device_slots: int = 1024
-    block_bytes: int = 8192
-    ring_slots: int = 64
-    max_blocks_per_request: int = 2048
-    io_workers: int = 1
-    strategy: Strategy = Strategy.AUTO
-    dma: DmaConfig = field(default_factory=DmaConfig)
-    spin_iterations: int = 20_000
-    poll_sleep_s: tuple[float, float] = (20e-6, 1e-3)
-    close_timeout_s: float = 10.0
-    latency_samples: int = 4096
-
-    def __post_init__(self) -> None:
-        minimum = dict(host_blocks=1, device_slots=1, block_bytes=16, ring_slots=2, max_blocks_per_request=1,
-                       io_workers=1, spin_iterations=1, latency_samples=1)
-        for name, low in minimum.items():
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"RuntimeConfig.{name} must be an int >= {low}, got {value!r}")
-        if self.block_bytes % 16:
-            raise ValueError(f"RuntimeConfig.block_bytes must be a multiple of 16, got {self.block_bytes}")
-        if not isinstance(self.strategy, Strategy):
-            raise ValueError(f"RuntimeConfig.strategy must be a pulseio.Strategy, got {self.strategy!r}")
-        low, high = self.poll_sleep_s
-        if not 0 < low <= high:
-            raise ValueError(f"RuntimeConfig.poll_sleep_s must be (first, longest) with 0 < first <= longest, "
-                             f"got {self.poll_sleep_s!r}")
-        if not self.close_timeout_s > 0:
-            raise ValueError(f"RuntimeConfig.close_timeout_s must be > 0, got {self.close_timeout_s!r}")
 
 
 @dataclass(frozen=True)
@@ -358,20 +318,3 @@ def open_runtime(config: RuntimeConfig | None = None, *, backend: Backend | None
             os.environ.get("CUDA_MODULE_LOADING", "<unset, torch sets LAZY>"),
         )
     return runtime
-
-
-def run_async(main: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine to completion on a new event loop: uvloop's when installed, else asyncio's."""
-    try:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    except ImportError:
-        loop = asyncio.new_event_loop()
-    try:
-        asyncio.set_event_loop(loop)
-        return loop.run_until_complete(main)
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        asyncio.set_event_loop(None)
-        loop.close()
