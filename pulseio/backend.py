@@ -59,6 +59,8 @@ class RouteSet(Protocol):
 
 
 class Backend(Protocol):
+    """What a backend provides: host and device allocations and the routes that move blocks."""
+
     name: str
     device: torch.device  # where DevicePool slots live
 

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class DmaStatistics:
+    """Counters of a DmaEngine since it opened (a snapshot)."""
+
     submitted: int
     completed: int
     failed: int

@@ -104,6 +104,8 @@ class Rung:
 
 @dataclass(frozen=True)
 class DoorbellStatistics:
+    """Counters of a Doorbell ring since it opened (a snapshot)."""
+
     capacity: int
     next_seq: int  # the next seq the reader expects
     delivered: int  # requests read intact

@@ -18,6 +18,8 @@ from .errors import InvalidRequestError, PoolTooSmallError
 
 
 class Direction(enum.Enum):
+    """Which way a transfer goes: H2D recalls host blocks to device slots, D2H offloads back."""
+
     H2D = "h2d"  # recall: host pool -> device pool
     D2H = "d2h"  # offload: device pool -> host pool
 

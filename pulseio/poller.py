@@ -35,6 +35,8 @@ class Signal(Protocol):
 
 @dataclass(frozen=True)
 class LatencySummary:
+    """Percentiles of a latency sample, in microseconds."""
+
     count: int
     p50_us: float
     p99_us: float

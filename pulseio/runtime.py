@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RuntimeStatistics:
+    """Counters and latencies of a Runtime since it opened (a snapshot)."""
+
     submitted: int  # requests posted, expected, or recalled directly
     completed: int
     failed: int

@@ -18,6 +18,8 @@ from .plan import Direction, Strategy
 
 
 class TransferState(enum.Enum):
+    """Where a transfer is: QUEUED -> ISSUED -> DONE, or FAILED."""
+
     QUEUED = "queued"
     ISSUED = "issued"
     DONE = "done"

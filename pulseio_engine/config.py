@@ -11,11 +11,15 @@ from enum import Enum
 
 
 class Architecture(Enum):
+    """Model families the engine runs."""
+
     LLAMA = "llama"    # Llama 2/3, SmolLM2
     QWEN3 = "qwen3"    # Llama + per-head RMSNorm on q and k
 
 
 class DType(Enum):
+    """Weight and activation dtypes the engine accepts."""
+
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"

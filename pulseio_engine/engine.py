@@ -34,6 +34,8 @@ TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DT
 
 @dataclass(frozen=True)
 class EngineStatistics:
+    """Counters of an Engine (a snapshot)."""
+
     num_waiting: int
     num_running: int
     num_free_blocks: int
@@ -44,6 +46,8 @@ class EngineStatistics:
 
 
 class Engine:
+    """Continuous-batching decode engine over one model and one paged KV cache."""
+
     def __init__(self, config: EngineConfig, weights: ModelWeights, *, tokenizer: Tokenizer | None = None,
                  seed: int = 0) -> None:
         self.config = config

@@ -19,6 +19,8 @@ class Status(Enum):
 
 
 class FinishReason(Enum):
+    """Why a request stopped generating."""
+
     LENGTH = "length"        # max_new_tokens reached
     EOS = "eos"              # an end-of-sequence token was sampled
 
@@ -48,6 +50,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class RequestOutput:
+    """What a finished (or stepped) request returns: ids, text and why it stopped."""
+
     request_id: int
     prompt_ids: tuple[int, ...]
     output_ids: tuple[int, ...]
