@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -86,11 +87,22 @@ class _BufferRing:
         for i in range(count):
             self._free.put(i)
 
-    def acquire(self) -> int:
-        return self._free.get()
-
     def releaser(self, index: int) -> Callable[[], None]:
         return lambda: self._free.put(index)
+
+    @contextmanager
+    def lease(self, emit: Callable[[Pending], None], record: Callable[[], Any]) -> Iterator[int]:
+        """A free buffer's index. If the body raises, copies it already enqueued may still touch the
+        buffer: it goes back only once the stream has passed them (or never, if even that fails)."""
+        index = self._free.get()
+        try:
+            yield index
+        except BaseException:
+            try:
+                emit(Pending(record(), self.releaser(index)))
+            except Exception:
+                log.error("a pinned buffer was not recycled after a failed issue; the ring has one less")
+            raise
 
     def close(self) -> None:
         for buffer in self.pinned:
@@ -119,6 +131,7 @@ class CudaRoutes:
         )
         self._id_capacity = config.merge_blocks
         self._ids = _BufferRing(backend, 2 * config.staging_buffers, 2 * self._id_capacity * _ID, False, "id ring")
+        self._id_views = [b.tensor.numpy().view(np.int64) for b in self._ids.pinned]
         self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
         self._batch = {
             Direction.H2D: driver.MemcpyBatch(host_to_device=True, device_ordinal=self._device.index),
@@ -200,29 +213,29 @@ class CudaRoutes:
 
     def _zero_copy(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         for host_ids, slots in pieces(plan, self._id_capacity):
-            m = len(host_ids)
-            index = self._ids.acquire()
-            ids = self._ids.pinned[index]
-            ids_np = ids.tensor.numpy().view(np.int64)
-            ids_np[:m] = host_ids
-            ids_np[self._id_capacity : self._id_capacity + m] = slots
-            host_ids_ptr = ids.device_ptr
-            slot_ids_ptr = ids.device_ptr + self._id_capacity * _ID
-            if plan.direction is Direction.H2D:
-                args = (self._host_array, host_ids_ptr, self._pool_array, slot_ids_ptr)
-            else:
-                args = (self._pool_array, slot_ids_ptr, self._host_array, host_ids_ptr)
-            self._copy_blocks(self.stream.cuda_stream, *args, m)
-            emit(Pending(self._record(), self._ids.releaser(index)))
+            with self._ids.lease(emit, self._record) as index:
+                m = len(host_ids)
+                ids = self._ids.pinned[index]
+                ids_np = self._id_views[index]
+                ids_np[:m] = host_ids
+                ids_np[self._id_capacity : self._id_capacity + m] = slots
+                host_ids_ptr = ids.device_ptr
+                slot_ids_ptr = ids.device_ptr + self._id_capacity * _ID
+                if plan.direction is Direction.H2D:
+                    args = (self._host_array, host_ids_ptr, self._pool_array, slot_ids_ptr)
+                else:
+                    args = (self._pool_array, slot_ids_ptr, self._host_array, host_ids_ptr)
+                self._copy_blocks(self.stream.cuda_stream, *args, m)
+                emit(Pending(self._record(), self._ids.releaser(index)))
 
     def _gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece
         for host_ids, slots in pieces(plan, self._capacity):
-            emit(piece_fn(host_ids, slots))
+            with self._staging.lease(emit, self._record) as index:
+                emit(piece_fn(index, host_ids, slots))
 
-    def _recall_piece(self, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
+    def _recall_piece(self, index: int, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
         m, bb = len(host_ids), self._bb
-        index = self._staging.acquire()
         pinned, dev = self._staging.pinned[index], self._staging.device[index]
         nbytes = m * bb + m * _ID
         torch.index_select(
@@ -236,9 +249,8 @@ class CudaRoutes:
         )
         return Pending(self._record(), self._staging.releaser(index))
 
-    def _offload_piece(self, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
+    def _offload_piece(self, index: int, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
         m, bb = len(host_ids), self._bb
-        index = self._staging.acquire()
         pinned, dev = self._staging.pinned[index], self._staging.device[index]
         ids_at = self._capacity * bb
         pinned.tensor[ids_at : ids_at + m * _ID].view(torch.int64).copy_(torch.from_numpy(slots))

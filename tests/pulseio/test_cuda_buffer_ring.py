@@ -1,0 +1,40 @@
+"""The CUDA routes' buffer ring, on its own: a failed issue gives its buffer back only behind the stream."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+pytest.importorskip("cuda.bindings")
+pytest.importorskip("numba")
+
+from pulseio._cuda.backend import _BufferRing  # noqa: E402
+
+
+def _ring(count: int) -> _BufferRing:
+    ring = _BufferRing.__new__(_BufferRing)  # no pinned memory needed to test the bookkeeping
+    ring._free = queue.SimpleQueue()
+    for i in range(count):
+        ring._free.put(i)
+    return ring
+
+
+def test_a_failed_issue_returns_its_buffer_after_the_recorded_point() -> None:
+    ring, emitted = _ring(1), []
+    with pytest.raises(RuntimeError, match="launch failed"), ring.lease(emitted.append, lambda: "event-7") as index:
+        assert index == 0
+        raise RuntimeError("launch failed")
+    assert ring._free.empty(), "the buffer must not be free before the stream passes the failure point"
+    (pending,) = emitted
+    assert pending.event == "event-7"
+    pending.then()
+    assert ring._free.get_nowait() == 0
+
+
+def test_a_successful_lease_leaves_recycling_to_the_route() -> None:
+    ring, emitted = _ring(2), []
+    with ring.lease(emitted.append, lambda: "unused") as index:
+        emitted.append(("route", index))
+    assert emitted == [("route", 0)]
+    assert ring._free.get_nowait() == 1
