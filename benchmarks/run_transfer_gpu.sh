@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The transfer core on one GPU: its gpu tests, then `pulseio bench` (JSON + plot) and a CTA sweep
-# of the zero-copy kernel. Run from the repo root; raw output goes under $OUT.
+# of the zero-copy kernel, then the per-stage diagnostics. Run from the repo root; raw output goes under
+# $OUT. The device copy of the tree has no .git: pass PULSEIO_GIT_SHA=<commit> so records carry it.
 set -u
 OUT=${OUT:-benchmarks/results/latest}
 mkdir -p "$OUT"
@@ -14,3 +15,5 @@ for ctas in 132; do
   timeout -s ABRT 45 python3 -X faulthandler -m pulseio.cli bench --no-progress --no-load --strategies zero_copy --directions h2d \
     --block-sizes 8192 --counts 64,512,4096 --peak-max-bytes 268435456 --zero-copy-ctas $ctas 2>&1 | grep -A6 "H2D 8 KiB"
 done 2>&1 | tee "$OUT/bench_ctas.txt"
+timeout -s ABRT 90 python3 -X faulthandler benchmarks/diag_transfer.py --json "$OUT/diag_transfer.json" 2>&1 \
+  | grep -v "pinning" | tee "$OUT/diag_transfer.txt"
