@@ -67,7 +67,7 @@ def write_plot(path: Path, meta: dict, records: Sequence[BenchRecord]) -> None:
     import matplotlib.pyplot as plt
 
     recall = [r for r in records if r.kind == "recall" and not r.under_load]
-    panels = sorted({(r.direction, r.block_bytes) for r in recall})
+    panels = sorted({(r.direction, r.block_bytes) for r in recall}, key=lambda p: (p[0] != "h2d", p[1]))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True)
     for ax, (direction, block_bytes) in zip(axes[0], panels):
         rows = [r for r in recall if r.direction == direction and r.block_bytes == block_bytes]
@@ -82,7 +82,7 @@ def write_plot(path: Path, meta: dict, records: Sequence[BenchRecord]) -> None:
         ax.set_xlabel("blocks per transfer")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("GB/s")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(f"pulseio bench — {meta['device']} ({meta['git_sha']}, {meta['date'][:10]})", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
