@@ -91,6 +91,21 @@ def main() -> None:
                     out[f"zc_{count}_inline{int(inline)}_sw{interval}_gbps"] = count * bb / sec / 1e9
                     out[f"zc_{count}_inline{int(inline)}_sw{interval}_lat_us"] = median_latency_us(submit, 50)
     sys.setswitchinterval(0.005)
+    for count in (64, 4096):  # where the host time of a gather_dma recall goes, stage by stage
+        with pulseio.DmaEngine(host, device, DmaConfig(merge_blocks=count)) as engine:
+            idl = [rng.choice(host.num_blocks, count, replace=False) for _ in range(8)]
+            sl = [rng.permutation(device.num_slots)[:count] for _ in range(8)]
+            for i in range(5):
+                engine.recall(idl[i % 8], sl[i % 8], strategy=Strategy.GATHER_DMA, stream_ordered=False).wait()
+            engine._routes.stage_seconds.clear()
+            from pulseio.bench.timing import sustained_seconds
+            reps = 100
+            sec = sustained_seconds(lambda i: engine.recall(idl[i % 8], sl[i % 8], strategy=Strategy.GATHER_DMA,
+                                                            stream_ordered=False), reps, 8)
+            out[f"gd_{count}_per_transfer_us"] = sec * 1e6
+            for stage, total in engine._routes.stage_seconds.items():
+                if stage != "pieces":
+                    out[f"gd_{count}_{stage}_us"] = total / reps * 1e6
     for key, value in out.items():
         print(f"{key:>40}: {value:10.2f}")
     if args.json:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -125,6 +127,8 @@ class CudaRoutes:
         # high priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
+        # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
+        self.stage_seconds: Counter[str] = Counter()
         self._capacity = max(1, config.staging_bytes // self._bb)
         self._staging = _BufferRing(
             backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging"
@@ -231,23 +235,34 @@ class CudaRoutes:
     def _gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece
         for host_ids, slots in pieces(plan, self._capacity):
+            start = time.perf_counter()
             with self._staging.lease(emit, self._record) as index:
+                self.stage_seconds["wait_staging"] += time.perf_counter() - start
                 emit(piece_fn(index, host_ids, slots))
 
     def _recall_piece(self, index: int, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
         m, bb = len(host_ids), self._bb
         pinned, dev = self._staging.pinned[index], self._staging.device[index]
         nbytes = m * bb + m * _ID
+        stages, t0 = self.stage_seconds, time.perf_counter()
         torch.index_select(
             _words(self._host.blocks), 0, torch.from_numpy(host_ids), out=_words(pinned.tensor[: m * bb].view(m, bb))
         )
         pinned.tensor[m * bb : nbytes].view(torch.int64).copy_(torch.from_numpy(slots))
+        t1 = time.perf_counter()
         dev[:nbytes].copy_(pinned.tensor[:nbytes], non_blocking=True)
+        t2 = time.perf_counter()
         staged = BlockArray(dev.data_ptr(), m, bb)
         self._copy_blocks(
             self.stream.cuda_stream, staged, self._arange.data_ptr(), self._pool_array, dev.data_ptr() + m * bb, m
         )
-        return Pending(self._record(), self._staging.releaser(index))
+        pending = Pending(self._record(), self._staging.releaser(index))
+        t3 = time.perf_counter()
+        stages["gather"] += t1 - t0
+        stages["dma_enqueue"] += t2 - t1
+        stages["scatter_launch_record"] += t3 - t2
+        stages["pieces"] += 1
+        return pending
 
     def _offload_piece(self, index: int, host_ids: np.ndarray, slots: np.ndarray) -> Pending:
         m, bb = len(host_ids), self._bb
