@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
@@ -53,11 +53,3 @@ def copy_seconds(copy: Callable[[], None], device: torch.device, reps: int) -> f
         copy()
     synchronize(device)
     return (time.perf_counter() - start) / reps
-
-
-def fraction(value: float, peak: float) -> float:
-    return value / peak if peak > 0 else float("nan")
-
-
-def best(values: Sequence[float]) -> float:
-    return max(values) if values else 0.0
