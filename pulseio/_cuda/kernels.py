@@ -12,6 +12,8 @@ microsecond, so memory-level parallelism, not instruction count, sets the rate.
 
 from __future__ import annotations
 
+import functools
+
 from numba import cuda  # noqa: E402
 
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
@@ -47,6 +49,8 @@ def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on t
         b += cuda.gridDim.x
 
 
+@functools.cache
 def compile_copy_blocks():
-    """The kernel compiled for COPY_BLOCKS_SIGNATURE (lazily: compiling needs a GPU or the simulator)."""
+    """The kernel compiled for COPY_BLOCKS_SIGNATURE, once per process (lazily: compiling needs a GPU
+    or the simulator); every DmaEngine's routes share it instead of compiling their own."""
     return cuda.jit(COPY_BLOCKS_SIGNATURE)(_copy_blocks)
