@@ -20,7 +20,7 @@ step env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,memory.used,clocks
   git rev-parse HEAD; python -c "import sys, torch, numpy, numba; import numba.cuda; import cuda.bindings;
   print(sys.version.split()[0], \"torch\", torch.__version__, \"numpy\", numpy.__version__, \"numba\", numba.__version__,
   \"cuda.bindings\", cuda.bindings.__version__, torch.cuda.get_device_name(0))"'
-step pytest_gpu 90 python -m pytest -v -rfE -p no:cacheprovider --durations=8 --junitxml="$OUT/pytest_gpu.xml" \
+step pytest_gpu 90 python -m pytest -v -rfE -p no:cacheprovider -o faulthandler_timeout=60 --durations=8 --junitxml="$OUT/pytest_gpu.xml" \
   tests/pulseio/test_runtime_gpu.py
 step example 40 python examples/02_doorbell_recall.py
 step bench 150 python benchmarks/bench_doorbell.py --out "$OUT/bench_doorbell.json"
