@@ -17,9 +17,7 @@ export CUDA_MODULE_LOADING=EAGER
 source benchmarks/_steps.sh
 
 step env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.max.sm --format=csv; nproc;
-  git rev-parse HEAD; python -c "import sys, torch, numpy, numba; import numba.cuda; import cuda.bindings;
-  print(sys.version.split()[0], \"torch\", torch.__version__, \"numpy\", numpy.__version__, \"numba\", numba.__version__,
-  \"cuda.bindings\", cuda.bindings.__version__, torch.cuda.get_device_name(0))"'
+  echo "git sha ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; date -u; python -c "import sys, torch, numpy, numba, numba.cuda, cuda.bindings; print(sys.version.split()[0], \"torch\", torch.__version__, \"numpy\", numpy.__version__, \"numba\", numba.__version__, \"cuda.bindings\", cuda.bindings.__version__, torch.cuda.get_device_name(0))"'
 step pytest_gpu 90 python -m pytest -v -rfE -p no:cacheprovider -o faulthandler_timeout=60 --durations=8 --junitxml="$OUT/pytest_gpu.xml" \
   tests/pulseio/test_runtime_gpu.py
 step example 40 python examples/02_doorbell_recall.py
