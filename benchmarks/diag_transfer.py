@@ -1,12 +1,12 @@
-"""Where a transfer's time goes on this machine: CPU gather rate (main vs worker thread), one DMA,
-the copy kernel's launch cost and GPU time, and the engine's per-transfer rate with inline issue
-on/off and a shorter GIL switch interval. Prints one line per figure; `--json` keeps them."""
+"""Where a transfer's time goes on this machine: CPU gather rate (main vs worker thread, and the
+variants that might close the gap), one DMA, the copy kernel's launch cost and its GPU-only rate per
+CTA budget, and the engine's per-transfer rate and latency. Prints one line per figure; `--json`
+keeps them."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 
@@ -51,8 +51,38 @@ def main() -> None:
         th.start()
         th.join()
         out[f"gather_worker_{count}_gbps"] = res[0]
+        res.clear()
+
+        def worker_with_threads(res=res, dst=dst, ids=ids, count=count) -> None:
+            torch.set_num_threads(torch.get_num_threads())  # this thread's own OpenMP setting
+            res.append(_rate(count * bb, lambda: torch.index_select(words, 0, ids, out=dst)))
+
+        th = threading.Thread(target=worker_with_threads)
+        th.start()
+        th.join()
+        out[f"gather_worker_setthreads_{count}_gbps"] = res[0]
         out[f"dma_{count}_gbps"] = _rate(count * bb, lambda: dev[: count * bb].copy_(
             staging.tensor[: count * bb], non_blocking=True), reps=200)
+    from pulseio._cuda.launch import BlockArray, CopyBlocksLauncher
+
+    src = BlockArray(host.device_ptr, host.num_blocks, bb)
+    dst_pool = BlockArray(device.device_ptr, device.num_slots, bb)
+    stream = torch.cuda.Stream()
+    for ctas in (64, 132, 264, 528):  # the copy kernel alone, back to back: GPU-bound rate per CTA budget
+        launcher = CopyBlocksLauncher(max_ctas=ctas)
+        for count in (64, 512, 4096):
+            src_ids = torch.from_numpy(rng.choice(host.num_blocks, count, replace=False)).cuda()
+            dst_ids = torch.randperm(device.num_slots, device="cuda")[:count]
+            reps = 50
+            for _ in range(3):
+                launcher(stream.cuda_stream, src, src_ids.data_ptr(), dst_pool, dst_ids.data_ptr(), count)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(reps):
+                launcher(stream.cuda_stream, src, src_ids.data_ptr(), dst_pool, dst_ids.data_ptr(), count)
+            end.record(stream)
+            end.synchronize()
+            out[f"kernel_ctas{ctas}_{count}_gbps"] = count * bb * reps / (start.elapsed_time(end) / 1e3) / 1e9
     with pulseio.DmaEngine(host, device, DmaConfig(merge_blocks=64)) as engine:
         launch = engine._routes._copy_blocks
         routes = engine._routes
@@ -74,23 +104,23 @@ def main() -> None:
             pulseio.plan.make_plan(pulseio.Direction.H2D, ids_np[i % 8], slots_np[i % 8], num_host_blocks=host.num_blocks,
                                    num_device_slots=device.num_slots, block_bytes=bb)
         out["make_plan_512_us"] = (time.perf_counter() - t0) * 1e3
-    for count in (64, 512):
-        for inline in (False, True):
-            for interval in (0.005, 0.0001):
-                sys.setswitchinterval(interval)
-                cfg = DmaConfig(merge_blocks=count, inline_issue=inline)
-                with pulseio.DmaEngine(host, device, cfg) as engine:
-                    idl = [rng.choice(host.num_blocks, count, replace=False) for _ in range(8)]
-                    sl = [rng.permutation(device.num_slots)[:count] for _ in range(8)]
-                    submit = lambda i: engine.recall(idl[i % 8], sl[i % 8], strategy=Strategy.ZERO_COPY,
-                                                     stream_ordered=False)
-                    from pulseio.bench.timing import median_latency_us, sustained_seconds
-                    for i in range(20):
-                        submit(i).wait()
-                    sec = sustained_seconds(submit, 400, 8)
-                    out[f"zc_{count}_inline{int(inline)}_sw{interval}_gbps"] = count * bb / sec / 1e9
-                    out[f"zc_{count}_inline{int(inline)}_sw{interval}_lat_us"] = median_latency_us(submit, 50)
-    sys.setswitchinterval(0.005)
+    from pulseio.bench.timing import median_latency_us, sustained_seconds
+
+    for ctas in (64, 132):
+        for count in (64, 512, 4096):
+            with pulseio.DmaEngine(host, device, DmaConfig(merge_blocks=count, zero_copy_ctas=ctas)) as engine:
+                idl = [rng.choice(host.num_blocks, count, replace=False) for _ in range(8)]
+                sl = [rng.permutation(device.num_slots)[:count] for _ in range(8)]
+
+                def submit(i: int, engine=engine, idl=idl, sl=sl) -> pulseio.Transfer:
+                    return engine.recall(idl[i % 8], sl[i % 8], strategy=Strategy.ZERO_COPY, stream_ordered=False)
+
+                for i in range(20):
+                    submit(i).wait()
+                for window in (8, 32):
+                    sec = sustained_seconds(submit, max(100, min(2000, (256 << 20) // (count * bb))), window)
+                    out[f"zc_ctas{ctas}_{count}_w{window}_gbps"] = count * bb / sec / 1e9
+                out[f"zc_ctas{ctas}_{count}_lat_us"] = median_latency_us(submit, 50)
     for count in (64, 4096):  # where the host time of a gather_dma recall goes, stage by stage
         with pulseio.DmaEngine(host, device, DmaConfig(merge_blocks=count)) as engine:
             idl = [rng.choice(host.num_blocks, count, replace=False) for _ in range(8)]

@@ -57,18 +57,23 @@ class FinishOnce:
 
         A timeout changes nothing: the copy may still be running and its buffers stay reserved.
         """
+        if not self._finished.is_set():
+            self._help_finish(timeout)
         if not self._finished.wait(timeout):
             return False
         if self._exception is not None:
             raise self._exception
         return True
 
+    def _help_finish(self, timeout: float | None) -> None:
+        """Before a wait: a handle whose work the waiting thread can finish itself does it here."""
+
     def exception(self) -> BaseException | None:
         """The failure, or None; meaningful once done()."""
         return self._exception
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        """Call fn(self) once finished, on the pulseio thread that finishes it (now, if already done)."""
+        """Call fn(self) once finished, on the thread that finishes it (now, if already done)."""
         with self._lock:
             if not self._finished.is_set():
                 self._callbacks.append(fn)

@@ -47,13 +47,16 @@ class RouteSet(Protocol):
     ) -> None:
         """On the worker thread: enqueue (or, on the host backend, do) the copies of `plans`.
 
-        Each piece left running is handed to `emit` as soon as it is enqueued, so the completion
-        thread can recycle its staging buffer while later pieces of the same transfer still wait
-        for one. The last emitted event is the one a consumer stream waits on.
+        Each piece left running is handed to `emit` as soon as it is enqueued, so its staging
+        buffer can be recycled while later pieces of the same transfer still wait for one. The
+        last emitted event is the one a consumer stream waits on.
         """
 
     def synchronize(self, event: Any) -> None:
-        """On the completion thread: wait, GIL released, until `event` has completed."""
+        """Wait, GIL released, until `event` has completed."""
+
+    def query(self, event: Any) -> bool:
+        """Whether `event` has completed. Never waits."""
 
     def close(self) -> None: ...
 
@@ -68,4 +71,8 @@ class Backend(Protocol):
 
     def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor: ...
 
-    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> RouteSet: ...
+    def open_routes(
+        self, host: HostPool, device: DevicePool, config: DmaConfig, reclaim: Callable[[], bool]
+    ) -> RouteSet:
+        """reclaim(): finish the oldest piece in flight, giving its buffers back (blocks); False when
+        nothing is in flight. Routes call it when every staging buffer is taken."""

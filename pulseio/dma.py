@@ -1,10 +1,10 @@
 """DmaEngine: the one place a TransferPlan becomes copies and kernels. `submit` never waits.
 
-Three threads touch a transfer. The submitting thread validates it (raising at once on bad
-input) and queues it. The worker thread drains the queue, merges queued transfers of one route
-into one issue (many small recalls, one DMA), and enqueues their device work. The completion
-thread waits, GIL released, on each issue's event in order -- the copy stream is in order, so a
-FIFO suffices -- runs any host-side finishing work, and resolves the transfers.
+The submitting thread validates a transfer (raising at once on bad input) and, when its route is
+only a launch and nothing is queued ahead, issues it right there; otherwise the worker thread
+drains the queue, merges queued transfers of one route into one issue (many small recalls, one
+DMA), and enqueues their device work. What an issue leaves running goes to `InFlight`, which the
+thread that needs a transfer finished works through itself (see `pulseio.inflight`).
 
 Which route wins (the bench measures it on each machine): the copy engine moves large
 contiguous buffers at the link's limit without using SMs, but pays ~2 us per copy, so for
@@ -21,9 +21,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .backend import Pending
 from .config import DmaConfig
 from .errors import ClosedError, InvalidRequestError, WouldBlock
+from .inflight import InFlight, Issue
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, make_plan
 from .transfer import Transfer
@@ -51,15 +51,6 @@ class _Queued:
     after: Any
 
 
-@dataclass
-class _Issue:
-    """One worker issue (one or more merged transfers) on its way through the completion thread."""
-
-    batch: list[_Queued]
-    device_event: Any = None
-    error: BaseException | None = None
-
-
 _STOP = object()
 
 
@@ -80,9 +71,9 @@ class DmaEngine:
         self.host = host
         self.device = device
         self.config = config or DmaConfig()
-        self._routes = host.backend.open_routes(host, device, self.config)
+        self._inflight = InFlight(self._synchronize, self._query, self._resolve)
+        self._routes = host.backend.open_routes(host, device, self.config, self._inflight.reclaim)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._completions: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._issue_lock = threading.Lock()  # one issuer at a time keeps the copy stream in submit order
         self._queued = 0  # submitted to the worker, not yet issued
@@ -91,9 +82,7 @@ class DmaEngine:
         self._counts = {"submitted": 0, "completed": 0, "failed": 0, "bytes": 0, "issues": 0}
         self._by_strategy: dict[str, int] = {}
         self._worker = threading.Thread(target=self._work, name="pulseio-dma-worker", daemon=True)
-        self._completer = threading.Thread(target=self._complete, name="pulseio-dma-completion", daemon=True)
         self._worker.start()
-        self._completer.start()
 
     @property
     def available(self) -> frozenset[Strategy]:
@@ -148,10 +137,12 @@ class DmaEngine:
                 f"available: {sorted(s.value for s in self._routes.available)}"
             )
         after = self._routes.record_after() if stream_ordered else None
+        if self._in_flight() >= self.config.max_inflight:  # nobody waited lately: finish what has landed
+            self._inflight.poll()
         with self._lock:
             if self._closed:
                 raise ClosedError("this DmaEngine is closed")
-            in_flight = self._counts["submitted"] - self._counts["completed"] - self._counts["failed"]
+            in_flight = self._in_flight()
             if in_flight >= self.config.max_inflight:
                 raise WouldBlock(
                     f"{in_flight} transfers in flight, the limit is DmaConfig.max_inflight={self.config.max_inflight}; "
@@ -161,7 +152,7 @@ class DmaEngine:
             self._counts["submitted"] += 1
             transfer = Transfer(
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
-                num_blocks=plan.num_blocks, nbytes=plan.nbytes,
+                num_blocks=plan.num_blocks, nbytes=plan.nbytes, inflight=self._inflight,
             )
             item = _Queued(transfer, plan, after)
             # Issue on this thread when the route is only a launch and nothing is queued ahead:
@@ -180,6 +171,10 @@ class DmaEngine:
                 self._issue_lock.release()
         return transfer
 
+    def _in_flight(self) -> int:
+        c = self._counts
+        return c["submitted"] - c["completed"] - c["failed"]
+
     # -- the worker ------------------------------------------------------------------------
 
     def _work(self) -> None:
@@ -188,7 +183,6 @@ class DmaEngine:
             first = carry if carry is not None else self._queue.get()
             carry = None
             if first is _STOP:
-                self._completions.put(_STOP)
                 return
             batch, carry = self._drain(first)
             with self._issue_lock:
@@ -216,15 +210,11 @@ class DmaEngine:
 
     def _issue(self, batch: list[_Queued]) -> None:
         strategy = batch[0].transfer.strategy
-        issue = _Issue(batch)
-
-        def emit(pending: Pending) -> None:
-            issue.device_event = pending.event
-            self._completions.put((issue, pending))
-
+        issue = Issue(batch)
         try:
             self._routes.issue(
-                strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None], emit
+                strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None],
+                lambda pending: self._inflight.piece(issue, pending),
             )
         except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
             log.debug("issue of %d transfers failed", len(batch), exc_info=True)
@@ -235,27 +225,18 @@ class DmaEngine:
             with self._lock:
                 self._counts["issues"] += 1
                 self._by_strategy[strategy.value] = self._by_strategy.get(strategy.value, 0) + len(batch)
-        self._completions.put((issue, None))  # after every piece: resolve the batch
+        self._inflight.marker(issue)  # after every piece: resolve the batch
 
-    # -- the completion thread -------------------------------------------------------------
+    # -- finishing (on whichever thread works through InFlight) ----------------------------
 
-    def _complete(self) -> None:
-        while True:
-            item = self._completions.get()
-            if item is _STOP:
-                return
-            issue, pending = item
-            if pending is None:
-                self._resolve(issue.batch, issue.error)
-                continue
-            try:
-                self._routes.synchronize(pending.event)
-                if pending.then is not None:
-                    pending.then()
-            except Exception as exc:  # keep going: later pieces still release their buffers
-                issue.error = issue.error or exc
+    def _synchronize(self, event: Any) -> None:
+        self._routes.synchronize(event)
 
-    def _resolve(self, batch: list[_Queued], error: BaseException | None) -> None:
+    def _query(self, event: Any) -> bool:
+        return self._routes.query(event)
+
+    def _resolve(self, issue: Issue) -> None:
+        batch, error = issue.batch, issue.error
         with self._lock:
             if error is None:
                 self._counts["completed"] += len(batch)
@@ -271,6 +252,7 @@ class DmaEngine:
     # -- lifecycle -------------------------------------------------------------------------
 
     def statistics(self) -> DmaStatistics:
+        self._inflight.poll()
         with self._lock:
             c = self._counts
             return DmaStatistics(
@@ -287,7 +269,7 @@ class DmaEngine:
             self._closed = True
         self._queue.put(_STOP)
         self._worker.join()
-        self._completer.join()
+        self._inflight.stop()
         self._routes.close()
 
     def __enter__(self) -> DmaEngine:

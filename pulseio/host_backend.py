@@ -37,7 +37,9 @@ class HostBackend:
     def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> _HostRoutes:
+    def open_routes(
+        self, host: HostPool, device: DevicePool, config: DmaConfig, reclaim: Callable[[], bool]
+    ) -> _HostRoutes:
         return _HostRoutes(host, device, config)
 
 
@@ -85,6 +87,9 @@ class _HostRoutes:
 
     def synchronize(self, event: Any) -> None:
         pass
+
+    def query(self, event: Any) -> bool:
+        return True
 
     def close(self) -> None:
         pass

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._once import FinishOnce, Latch
 from .errors import PulseInternalError, TransferError
+from .inflight import InFlight
 from .plan import Direction, Strategy
 
 
@@ -38,9 +39,11 @@ class Transfer(FinishOnce):
     """One transfer. Created by `DmaEngine.submit`; resolved by pulseio's threads."""
 
     def __init__(
-        self, *, seq: int, tag: Any, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int
+        self, *, seq: int, tag: Any, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int,
+        inflight: InFlight | None = None,
     ) -> None:
         super().__init__()
+        self._inflight = inflight
         self.seq = seq
         self.tag = tag
         self.direction = direction
@@ -68,6 +71,27 @@ class Transfer(FinishOnce):
     def latency_s(self) -> float | None:
         """Seconds from submit to landed, once done."""
         return None if self.finished_at is None else self.finished_at - self.submitted_at
+
+    def done(self) -> bool:
+        """True once finished (landed or failed). Never waits; finishes what has already landed."""
+        if not self._finished.is_set() and self._inflight is not None:
+            self._inflight.poll()
+        return self._finished.is_set()
+
+    def add_done_callback(self, fn: Callable[[Transfer], None]) -> None:
+        """Call fn(self) once finished (now, if already done), on the thread that finishes it: pulseio's
+        completion thread, or a thread that waits for a later transfer of the same engine."""
+        super().add_done_callback(fn)
+        if not self._finished.is_set() and self._inflight is not None:
+            self._inflight.watch(self)
+
+    def _help_finish(self, timeout: float | None) -> None:
+        if self._inflight is None:
+            return
+        if timeout is None:
+            self._inflight.finish(self)  # on this thread: no hand-off to wait for
+        else:
+            self._inflight.watch(self)
 
     def add_issued_callback(self, fn: Callable[[Transfer], None]) -> None:
         """Call fn(self) once its copies are enqueued (`device_event` set) or it failed, from the pulseio

@@ -24,7 +24,7 @@ import torch
 
 from ..backend import Pending
 from ..config import DmaConfig
-from ..errors import DeviceUnavailableError, PoolTooSmallError
+from ..errors import DeviceUnavailableError, PoolTooSmallError, PulseInternalError
 from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
 from . import driver
@@ -33,6 +33,8 @@ from .launch import BlockArray, CopyBlocksLauncher
 
 log = logging.getLogger(__name__)
 _ID = 8  # bytes per id (int64)
+_ID_BUFFERS = 16  # zero-copy id buffers: one per transfer in flight before an issuer must reclaim
+_LOST_BUFFER_S = 30.0
 
 
 def _words(rows: torch.Tensor) -> torch.Tensor:
@@ -73,15 +75,22 @@ class CudaBackend:
             )
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> CudaRoutes:
-        return CudaRoutes(self, host, device, config)
+    def open_routes(
+        self, host: HostPool, device: DevicePool, config: DmaConfig, reclaim: Callable[[], bool]
+    ) -> CudaRoutes:
+        return CudaRoutes(self, host, device, config, reclaim)
 
 
 class _BufferRing:
-    """Pinned (and optionally device-twin) buffers handed out by a free queue; the worker blocks,
-    GIL released, when all are in flight, and the completion thread gives them back."""
+    """Pinned (and optionally device-twin) buffers handed out by a free queue. Each goes back when
+    the piece that used it has finished; an issuer that finds none free finishes the oldest piece
+    in flight itself (`reclaim`), so a ring never waits on another thread to make progress."""
 
-    def __init__(self, backend: CudaBackend, count: int, nbytes: int, on_device: bool, label: str) -> None:
+    def __init__(
+        self, backend: CudaBackend, count: int, nbytes: int, on_device: bool, label: str,
+        reclaim: Callable[[], bool],
+    ) -> None:
+        self._reclaim = reclaim
         self.pinned = [backend.alloc_host(nbytes, label=label) for _ in range(count)]
         device = backend.device if on_device else None
         self.device = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(count)] if device else []
@@ -96,7 +105,7 @@ class _BufferRing:
     def lease(self, emit: Callable[[Pending], None], record: Callable[[], Any]) -> Iterator[int]:
         """A free buffer's index. If the body raises, copies it already enqueued may still touch the
         buffer: it goes back only once the stream has passed them (or never, if even that fails)."""
-        index = self._free.get()
+        index = self._take()
         try:
             yield index
         except BaseException:
@@ -105,6 +114,20 @@ class _BufferRing:
             except Exception:
                 log.error("a pinned buffer was not recycled after a failed issue; the ring has one less")
             raise
+
+    def _take(self) -> int:
+        while True:
+            try:
+                return self._free.get_nowait()
+            except queue.Empty:
+                if self._reclaim():
+                    continue
+            try:  # nothing left in flight to finish: a piece being finished on another thread frees one
+                return self._free.get(timeout=_LOST_BUFFER_S)
+            except queue.Empty:
+                raise PulseInternalError(
+                    f"no buffer of this ring came back in {_LOST_BUFFER_S} s with nothing in flight"
+                ) from None
 
     def close(self) -> None:
         for buffer in self.pinned:
@@ -115,7 +138,10 @@ class CudaRoutes:
     available = frozenset({Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED})
     inline = frozenset({Strategy.ZERO_COPY, Strategy.BATCHED})  # issuing is a launch, no bulk CPU work
 
-    def __init__(self, backend: CudaBackend, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
+    def __init__(
+        self, backend: CudaBackend, host: HostPool, device: DevicePool, config: DmaConfig,
+        reclaim: Callable[[], bool],
+    ) -> None:
         self._device = backend.device
         self._context = backend.context
         self._thread_ready = threading.local()  # the worker thread binds the device once
@@ -126,15 +152,16 @@ class CudaRoutes:
             raise PoolTooSmallError(f"the CUDA routes move blocks as 8-byte words; block_bytes={self._bb}")
         # high priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
         self.stream = torch.cuda.Stream(self._device, priority=-1)
+        self._bind_thread()  # the launcher resolves its kernel in the current context
         self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
         # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
         self.stage_seconds: Counter[str] = Counter()
         self._capacity = max(1, config.staging_bytes // self._bb)
         self._staging = _BufferRing(
-            backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging"
+            backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging", reclaim
         )
         self._id_capacity = config.merge_blocks
-        self._ids = _BufferRing(backend, 2 * config.staging_buffers, 2 * self._id_capacity * _ID, False, "id ring")
+        self._ids = _BufferRing(backend, _ID_BUFFERS, 2 * self._id_capacity * _ID, False, "id ring", reclaim)
         self._id_views = [b.tensor.numpy().view(np.int64) for b in self._ids.pinned]
         self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
         self._batch = {
@@ -160,10 +187,7 @@ class CudaRoutes:
         self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
         emit: Callable[[Pending], None],
     ) -> None:
-        if not getattr(self._thread_ready, "ready", False):
-            torch.cuda.set_device(self._device)
-            driver.set_current(self._context)
-            self._thread_ready.ready = True
+        self._bind_thread()
         for event in after:
             self.stream.wait_event(event)
         plan = merge_plans(list(plans))
@@ -184,6 +208,16 @@ class CudaRoutes:
 
     def synchronize(self, event: Any) -> None:
         event.synchronize()
+
+    def _bind_thread(self) -> None:
+        """Make our device and context current on the calling thread (once per thread)."""
+        if not getattr(self._thread_ready, "ready", False):
+            torch.cuda.set_device(self._device)
+            driver.set_current(self._context)
+            self._thread_ready.ready = True
+
+    def query(self, event: Any) -> bool:
+        return event.query()
 
     def close(self) -> None:
         self.stream.synchronize()

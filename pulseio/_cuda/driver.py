@@ -84,15 +84,25 @@ _BatchFn = ctypes.CFUNCTYPE(
 )
 
 
+def proc_address(name: str, version: int = 13000) -> int:
+    """The driver's entry point for `name`, to call through ctypes."""
+    pfn = check("cuGetProcAddress", cu.cuGetProcAddress(name.encode(), version, 0))
+    pfn = pfn[0] if isinstance(pfn, tuple) else pfn
+    if not int(pfn):
+        raise CudaError(f"cuGetProcAddress({name})", 0, "CUDA_ERROR_NOT_FOUND")
+    return int(pfn)
+
+
+def kernel_function(kernel: Any) -> int:
+    """The CUfunction of a library kernel (CUkernel) in the current context, as an address."""
+    return int(check("cuKernelGetFunction", cu.cuKernelGetFunction(kernel)))
+
+
 class MemcpyBatch:
     """`cuMemcpyBatchAsync` (CUDA 13 ABI) with stream-ordered source access, one attribute set for all."""
 
     def __init__(self, *, host_to_device: bool, device_ordinal: int) -> None:
-        pfn = check("cuGetProcAddress", cu.cuGetProcAddress(b"cuMemcpyBatchAsync", 13000, 0))
-        pfn = pfn[0] if isinstance(pfn, tuple) else pfn
-        if not int(pfn):
-            raise CudaError("cuGetProcAddress(cuMemcpyBatchAsync)", 0, "CUDA_ERROR_NOT_FOUND")
-        self._fn = _BatchFn(int(pfn))
+        self._fn = _BatchFn(proc_address("cuMemcpyBatchAsync"))
         host = _MemLocation(_MEM_LOCATION_TYPE_HOST, 0)
         device = _MemLocation(_MEM_LOCATION_TYPE_DEVICE, device_ordinal)
         src, dst = (host, device) if host_to_device else (device, host)

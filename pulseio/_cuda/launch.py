@@ -1,9 +1,11 @@
-"""Launch the numba `copy_blocks` kernel with pre-packed arguments through cuda.core.
+"""Launch the numba `copy_blocks` kernel with pre-packed arguments, straight through cuLaunchKernel.
 
 numba's own launch path types every argument and parses `__cuda_array_interface__` on each call
-(tens of microseconds); a 64-block recall has a budget of about 20. Here the compiled kernel's
-cuda.core handle is launched directly, with each array passed the way numba lays it out in the
-kernel's parameter list: meminfo, parent, nitems, itemsize, data, shape..., strides....
+(tens of microseconds), and cuda.core's `launch` still costs about 8 us on the H200 host; a 64-block
+recall has a budget of about 20. Here the argument block is one ctypes array written in place and
+cuLaunchKernel is called through ctypes (GIL released for the call). Each array argument is laid
+out the way numba lays it out in the kernel's parameter list: meminfo, parent, nitems, itemsize,
+data, shape..., strides....
 """
 
 from __future__ import annotations
@@ -12,11 +14,22 @@ import ctypes
 from dataclasses import dataclass
 from functools import cached_property
 
-from cuda.core import LaunchConfig, Stream, launch
+from cuda.bindings import driver as cu
 
+from . import driver
 from .kernels import THREADS_PER_CTA, compile_copy_blocks
 
 _WORD = 8
+_LaunchFn = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.c_void_p,  # CUfunction
+    ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,  # grid
+    ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,  # block
+    ctypes.c_uint,  # shared memory bytes
+    ctypes.c_void_p,  # CUstream
+    ctypes.c_void_p,  # void **kernelParams
+    ctypes.c_void_p,  # void **extra
+)
 
 
 @dataclass(frozen=True)
@@ -37,16 +50,24 @@ def _id_args(ptr: int, n: int) -> tuple[int, ...]:
     return (0, 0, n, 8, ptr, n, 8)
 
 
+_NUM_ARGS = 9 + 7 + 9 + 7 + 1  # src, src_ids, dst, dst_ids, n
+
+
 class CopyBlocksLauncher:
-    """Launches copy_blocks on a stream with a fixed CTA budget."""
+    """Launches copy_blocks on a stream with a fixed CTA budget. Not thread-safe: one per issuer
+    (the routes' issue lock serialises issues)."""
 
     def __init__(self, *, max_ctas: int) -> None:
         dispatcher = compile_copy_blocks()
         (compiled,) = dispatcher.overloads.values()
-        self._kernel = compiled._codelibrary.get_cufunc().kernel
+        kernel = compiled._codelibrary.get_cufunc().handle  # a CUkernel (library-based loading)
+        self._function = driver.kernel_function(kernel)
+        self._launch = _LaunchFn(driver.proc_address("cuLaunchKernel", 4000))
         self._max_ctas = max_ctas
-        self._configs: dict[int, LaunchConfig] = {}
-        self._streams: dict[int, Stream] = {}
+        self._values = (ctypes.c_int64 * _NUM_ARGS)()
+        base = ctypes.addressof(self._values)
+        self._params = (ctypes.c_void_p * _NUM_ARGS)(*(base + _WORD * i for i in range(_NUM_ARGS)))
+        self._params_ptr = ctypes.addressof(self._params)
 
     def __call__(
         self,
@@ -58,20 +79,10 @@ class CopyBlocksLauncher:
         n: int,
     ) -> None:
         """Copy n blocks: src row src_ids[b] -> dst row dst_ids[b]; ids are [n] int64 at device-visible addresses."""
-        ctas = max(1, min(n, self._max_ctas))
-        config = self._configs.get(ctas)
-        if config is None:
-            config = self._configs[ctas] = LaunchConfig(grid=ctas, block=THREADS_PER_CTA)
-        stream = self._streams.get(stream_handle)
-        if stream is None:
-            stream = self._streams[stream_handle] = Stream.from_handle(stream_handle)
-        launch(
-            stream,
-            config,
-            self._kernel,
-            *src.kernel_args,
-            *_id_args(src_ids_ptr, n),
-            *dst.kernel_args,
-            *_id_args(dst_ids_ptr, n),
-            ctypes.c_int64(n),
+        self._values[:] = (*src.kernel_args, *_id_args(src_ids_ptr, n), *dst.kernel_args, *_id_args(dst_ids_ptr, n), n)
+        status = self._launch(
+            self._function, max(1, min(n, self._max_ctas)), 1, 1, THREADS_PER_CTA, 1, 1, 0,
+            stream_handle, self._params_ptr, None,
         )
+        if status:
+            driver.check("cuLaunchKernel(copy_blocks)", (cu.CUresult(status),))

@@ -39,11 +39,11 @@ def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
                                  if r else f"{'-':>18}")
                 lines.append(f"{count:>8} " + " ".join(f"{c:>18}" for c in cells))
     loaded = [r for r in records if r.under_load]
-    if loaded:
-        r0 = loaded[0]
+    for block_bytes in sorted({r.block_bytes for r in loaded}):
+        rows = [r for r in loaded if r.block_bytes == block_bytes]
         lines.append("")
-        lines.append(f"H2D {r0.num_blocks} x {_size(r0.block_bytes)} while a bf16 GEMM runs on another stream:")
-        for r in loaded:
+        lines.append(f"H2D {rows[0].num_blocks} x {_size(block_bytes)} while a bf16 GEMM runs on another stream:")
+        for r in rows:
             lines.append(
                 f"  {r.strategy:>12}: {r.gbps:6.2f} GB/s ({r.fraction_of_peak:4.2f} of peak), "
                 f"GEMM slowed {100 * r.gemm_slowdown:+.1f}%"

@@ -34,8 +34,7 @@ class BenchOptions:
     host_pool_bytes: int | None = None
     window: int = 8
     under_load: bool = True
-    load_count: int = 4096
-    load_block_bytes: int = 8 << 10
+    load_count: int = 4096  # blocks per recall in the GEMM run (one run per block size)
     id_sets: int = 16
     progress: bool = True
     verbose: bool = False  # print each record as it is measured
@@ -93,7 +92,7 @@ def run_bench(options: BenchOptions) -> tuple[dict, list[BenchRecord]]:
     configs = len(options.block_sizes) * len(options.counts) * len(options.directions)
     total = 2 * len(sizes) + configs * (len(options.strategies) + 1)
     under_load = options.under_load and on_gpu
-    total += len(options.strategies) if under_load else 0
+    total += len(options.strategies) * len(options.block_sizes) if under_load else 0
     with _Progress(total, options) as bar:
         records = measure_peak(backend, sizes, info, bar.update)
         peaks = {d: max(r.gbps for r in records if r.direction == d) for d in ("h2d", "d2h")}
@@ -102,7 +101,7 @@ def run_bench(options: BenchOptions) -> tuple[dict, list[BenchRecord]]:
         for block_bytes in options.block_sizes:
             records += _measure_block_size(backend, block_bytes, options, peaks, info, bar.update)
         if under_load:
-            records += _measure_load(backend, options, peaks, info, records, bar.update)
+            records += _measure_load(backend, options, peaks, info, bar.update)
     return meta, records
 
 
@@ -150,19 +149,20 @@ def _measure_block_size(backend, block_bytes, options, peaks, info, tick) -> lis
     return records
 
 
-def _measure_load(backend, options, peaks, info, records, tick) -> list[BenchRecord]:
-    host, device = _pools(backend, options.load_block_bytes, options)
+def _measure_load(backend, options, peaks, info, tick) -> list[BenchRecord]:
     out = []
-    try:
-        ids = IdSets(host.num_blocks, device.num_slots, options.load_count, options.id_sets, seed=99)
-        config = replace(options.dma, merge_blocks=options.load_count)
-        with DmaEngine(host, device, config) as engine:
-            for strategy in options.strategies:
-                if strategy in engine.available:
-                    out.append(measure_under_load(
-                        engine, ids, strategy, window=options.window, peak=peaks["h2d"], info=info
-                    ))
-                    tick(out[-1])
-    finally:
-        host.close()
+    for block_bytes in options.block_sizes:
+        host, device = _pools(backend, block_bytes, replace(options, counts=(*options.counts, options.load_count)))
+        try:
+            ids = IdSets(host.num_blocks, device.num_slots, options.load_count, options.id_sets, seed=99)
+            config = replace(options.dma, merge_blocks=options.load_count)
+            with DmaEngine(host, device, config) as engine:
+                for strategy in options.strategies:
+                    if strategy in engine.available:
+                        out.append(measure_under_load(
+                            engine, ids, strategy, window=options.window, peak=peaks["h2d"], info=info
+                        ))
+                        tick(out[-1])
+        finally:
+            host.close()
     return out

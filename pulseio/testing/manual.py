@@ -52,8 +52,8 @@ class DelayedBackend(HostBackend):
         with self._rng_lock:
             return self._rng.uniform(0, self.max_delay_s)
 
-    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig) -> Any:
-        routes = super().open_routes(host, device, config)
+    def open_routes(self, host: HostPool, device: DevicePool, config: DmaConfig, reclaim: Any) -> Any:
+        routes = super().open_routes(host, device, config, reclaim)
         issue = routes.issue
 
         def delayed_issue(*args: Any, **kwargs: Any) -> Any:

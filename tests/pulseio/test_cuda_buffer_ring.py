@@ -15,6 +15,7 @@ from pulseio._cuda.backend import _BufferRing  # noqa: E402
 def _ring(count: int) -> _BufferRing:
     ring = _BufferRing.__new__(_BufferRing)  # no pinned memory needed to test the bookkeeping
     ring._free = queue.SimpleQueue()
+    ring._reclaim = lambda: False
     for i in range(count):
         ring._free.put(i)
     return ring
@@ -38,3 +39,18 @@ def test_a_successful_lease_leaves_recycling_to_the_route() -> None:
         emitted.append(("route", index))
     assert emitted == [("route", 0)]
     assert ring._free.get_nowait() == 1
+
+
+def test_a_starved_lease_finishes_the_oldest_piece_itself() -> None:
+    ring, reclaimed = _ring(1), []
+    held = ring._free.get_nowait()  # the one buffer is in flight
+
+    def reclaim() -> bool:  # what InFlight.reclaim does: finish the oldest piece, which frees its buffer
+        reclaimed.append(held)
+        ring._free.put(held)
+        return True
+
+    ring._reclaim = reclaim
+    with ring.lease(lambda pending: None, lambda: None) as index:
+        assert index == held
+    assert reclaimed == [held]
