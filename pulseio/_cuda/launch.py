@@ -68,6 +68,7 @@ class CopyBlocksLauncher:
         base = ctypes.addressof(self._values)
         self._params = (ctypes.c_void_p * _NUM_ARGS)(*(base + _WORD * i for i in range(_NUM_ARGS)))
         self._params_ptr = ctypes.addressof(self._params)
+        self._arrays: tuple[BlockArray, BlockArray] | None = None  # (src, dst) the block holds now
 
     def __call__(
         self,
@@ -79,7 +80,14 @@ class CopyBlocksLauncher:
         n: int,
     ) -> None:
         """Copy n blocks: src row src_ids[b] -> dst row dst_ids[b]; ids are [n] int64 at device-visible addresses."""
-        self._values[:] = (*src.kernel_args, *_id_args(src_ids_ptr, n), *dst.kernel_args, *_id_args(dst_ids_ptr, n), n)
+        values = self._values
+        if self._arrays is not None and self._arrays[0] is src and self._arrays[1] is dst:
+            # same pools as last time (every zero-copy recall): only the ids and the count change
+            values[11] = values[14] = values[27] = values[30] = values[32] = n
+            values[13], values[29] = src_ids_ptr, dst_ids_ptr
+        else:
+            values[:] = (*src.kernel_args, *_id_args(src_ids_ptr, n), *dst.kernel_args, *_id_args(dst_ids_ptr, n), n)
+            self._arrays = (src, dst)
         status = self._launch(
             self._function, max(1, min(n, self._max_ctas)), 1, 1, THREADS_PER_CTA, 1, 1, 0,
             stream_handle, self._params_ptr, None,
