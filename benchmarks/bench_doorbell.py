@@ -24,7 +24,6 @@ import argparse
 import datetime
 import json
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -36,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulseio  # noqa: E402
 from pulseio import RuntimeConfig, Strategy  # noqa: E402
+from pulseio.bench.records import git_sha  # noqa: E402
 
 BLOCK = 8 << 10
 STRATEGIES = [Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.AUTO]
@@ -228,7 +228,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     n_lat, n_bw, n_blk = (60, 10, 20) if args.quick else (400, 40, 100)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    sha = git_sha()
     results: dict = {"meta": {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(),
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
                               "block_bytes": BLOCK, "quick": args.quick}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from dataclasses import replace
@@ -61,6 +62,10 @@ def _bench(args: argparse.Namespace) -> int:
         directions=directions, peak_max_bytes=args.peak_max_bytes, host_pool_bytes=args.host_pool_bytes,
         window=args.window, under_load=not args.no_load, progress=not args.no_progress, verbose=args.verbose, dma=dma,
     )
+    # Everything alive now (torch's modules: ~1M objects) is exempt from collection, so a full
+    # collection cannot pause one measurement for tens of milliseconds.
+    gc.collect()
+    gc.freeze()
     meta, records = run_bench(options)
     print(format_table(meta, records))
     if args.json:

@@ -55,8 +55,8 @@ class DmaConfig:
         split into pieces that pipeline (CPU gather of piece i+1 overlaps the DMA of piece i).
     staging_buffers: how many staging buffers rotate (>= 2 for that overlap).
     zero_copy_ctas: CTA budget of the copy kernel (ZERO_COPY route and the scatter/gather kernels):
-        it never occupies more SMs than this, so model kernels keep the rest. None: one CTA per SM
-        (on the H200, 4096 x 8 KiB ran at 0.90 of peak with 132 and 0.87 with 64).
+        it never occupies more SMs than this, so model kernels keep the rest. 64 CTAs already keep
+        PCIe busy on the H200; one per SM made a concurrent GEMM twice as slow there.
     max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
     merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
     inline_issue: a transfer whose route is only a kernel launch or one driver call (zero-copy,
@@ -66,7 +66,7 @@ class DmaConfig:
 
     staging_bytes: int = 64 << 20
     staging_buffers: int = 3
-    zero_copy_ctas: int | None = None
+    zero_copy_ctas: int = 64
     max_inflight: int = 4096
     merge_blocks: int = 8192
     inline_issue: bool = True
@@ -75,8 +75,6 @@ class DmaConfig:
     def __post_init__(self) -> None:
         for name in ("staging_bytes", "zero_copy_ctas", "max_inflight", "merge_blocks"):
             value = getattr(self, name)
-            if name == "zero_copy_ctas" and value is None:
-                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"DmaConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.staging_buffers, int) or self.staging_buffers < 2:

@@ -166,8 +166,7 @@ class CudaRoutes:
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         self._stream_handle = self.stream.cuda_stream
         self._bind_thread()  # the launcher resolves its kernel in the current context
-        ctas = config.zero_copy_ctas or torch.cuda.get_device_properties(self._device).multi_processor_count
-        self._copy_blocks = CopyBlocksLauncher(max_ctas=ctas)
+        self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
         # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
         self.stage_seconds: Counter[str] = Counter()
         self._capacity = max(1, config.staging_bytes // self._bb)

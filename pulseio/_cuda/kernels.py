@@ -7,7 +7,9 @@ into one). CTAs stride over blocks, so the grid size is the route's CTA budget: 
 takes more SMs than it was given, whatever `n` is.
 
 Each thread keeps `_UNROLL` loads in flight before storing: over PCIe a load takes about a
-microsecond, so memory-level parallelism, not instruction count, sets the rate.
+microsecond, so memory-level parallelism, not instruction count, sets the rate. For the same reason
+a CTA fetches its next block's ids before copying the current block: on the zero-copy route the ids
+live in pinned host memory, and a dependent id load per block would add a PCIe round trip to each.
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on t
     stride = cuda.blockDim.x * _UNROLL
     full = words - words % stride
     b = cuda.blockIdx.x
+    s = src_ids[b] if b < n else 0
+    d = dst_ids[b] if b < n else 0
     while b < n:
-        s = src_ids[b]
-        d = dst_ids[b]
+        following = b + cuda.gridDim.x
+        s_next = src_ids[following] if following < n else 0
+        d_next = dst_ids[following] if following < n else 0
         w = cuda.threadIdx.x
         while w < full:
             v0 = src[s, w]
@@ -46,7 +51,7 @@ def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on t
         while w < words:
             dst[d, w] = src[s, w]
             w += cuda.blockDim.x
-        b += cuda.gridDim.x
+        b, s, d = following, s_next, d_next
 
 
 @functools.cache

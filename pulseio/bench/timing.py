@@ -17,17 +17,31 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def sustained_seconds(submit: Callable[[int], Transfer], reps: int, window: int) -> float:
-    """Wall seconds per transfer over `reps` back-to-back transfers, at most `window` in flight."""
+def sustained_seconds(submit: Callable[[int], Transfer], reps: int, window: int, chunks: int = 5) -> float:
+    """Wall seconds per transfer over `reps` back-to-back transfers, at most `window` in flight.
+
+    The median over `chunks` consecutive stretches of the run: one pause of the process (a garbage
+    collection, a page fault) lands in one stretch and does not decide the figure.
+    """
+    per_chunk = max(1, reps // max(1, chunks))
     in_flight: deque[Transfer] = deque()
-    start = time.perf_counter()
+    marks = [time.perf_counter()]
+    finished = 0
+
+    def retire() -> None:
+        nonlocal finished
+        in_flight.popleft().wait()
+        finished += 1
+        if finished % per_chunk == 0:
+            marks.append(time.perf_counter())
+
     for i in range(reps):
         if len(in_flight) >= window:
-            in_flight.popleft().wait()
+            retire()
         in_flight.append(submit(i))
     while in_flight:
-        in_flight.popleft().wait()
-    return (time.perf_counter() - start) / reps
+        retire()
+    return statistics.median(b - a for a, b in zip(marks, marks[1:])) / per_chunk
 
 
 def median_latency_us(submit: Callable[[int], Transfer], reps: int) -> float:
