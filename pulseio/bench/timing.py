@@ -17,31 +17,29 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def sustained_seconds(submit: Callable[[int], Transfer], reps: int, window: int, chunks: int = 5) -> float:
-    """Wall seconds per transfer over `reps` back-to-back transfers, at most `window` in flight.
+def sustained_seconds(submit: Callable[[int], Transfer], reps: int, window: int, runs: int = 3) -> float:
+    """Wall seconds per transfer of back-to-back transfers, at most `window` in flight.
 
-    The median over `chunks` consecutive stretches of the run: one pause of the process (a garbage
-    collection, a page fault) lands in one stretch and does not decide the figure.
+    Long enough measurements are split into `runs` independent runs (each fills and drains the
+    window) and the median is returned: one pause of the process (a garbage collection, a page
+    fault) then spoils one run, not the figure.
     """
-    per_chunk = max(1, reps // max(1, chunks))
+    if reps < runs * 4 * window:
+        runs = 1
+    per_run = reps // runs
+    return statistics.median(_one_run(submit, per_run, window, start=k * per_run) for k in range(runs))
+
+
+def _one_run(submit: Callable[[int], Transfer], reps: int, window: int, start: int) -> float:
     in_flight: deque[Transfer] = deque()
-    marks = [time.perf_counter()]
-    finished = 0
-
-    def retire() -> None:
-        nonlocal finished
-        in_flight.popleft().wait()
-        finished += 1
-        if finished % per_chunk == 0:
-            marks.append(time.perf_counter())
-
-    for i in range(reps):
+    t0 = time.perf_counter()
+    for i in range(start, start + reps):
         if len(in_flight) >= window:
-            retire()
+            in_flight.popleft().wait()
         in_flight.append(submit(i))
     while in_flight:
-        retire()
-    return statistics.median(b - a for a, b in zip(marks, marks[1:])) / per_chunk
+        in_flight.popleft().wait()
+    return (time.perf_counter() - t0) / reps
 
 
 def median_latency_us(submit: Callable[[int], Transfer], reps: int) -> float:
