@@ -18,6 +18,7 @@ from .records import BenchRecord
 from .timing import copy_seconds, median_latency_us, reps_for, sustained_seconds, synchronize
 
 _POISON = 0xA5
+_WARMUP_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,12 @@ def measure_transfers(
     count, block_bytes = len(ids.host[0]), engine.host.block_bytes
     nbytes = count * block_bytes
     submit = ids.submitter(engine, direction, strategy)
-    for i in range(2):
+    # Warm up for a while, not a count: on the H200 VM the first tens of milliseconds after an
+    # engine pinned its buffers sometimes ran at a third of the rate.
+    warm_until, i = time.perf_counter() + _WARMUP_S, 0
+    while i < 2 or time.perf_counter() < warm_until:
         submit(i).wait()
+        i += 1
     slow = strategy is Strategy.PER_BLOCK
     reps = reps_for(nbytes, target_bytes=(64 << 20) if slow else (512 << 20), lo=3 if slow else 10, hi=400)
     seconds = sustained_seconds(submit, reps, window)
