@@ -125,14 +125,15 @@ class InFlight:
     def _drive_watched(self) -> None:
         while True:
             with self._watch:
-                self._watched = {t for t in self._watched if not t._finished.is_set()}
                 while not self._watched and not self._stopping:
                     self._watch.wait()
-                    self._watched = {t for t in self._watched if not t._finished.is_set()}
                 if self._stopping and not self._watched:
                     return
-            if not self.step(block=True):
-                with self._watch:  # watched but not issued yet: the issuer's marker wakes us
+            if self.step(block=True):
+                continue
+            with self._watch:  # nothing in flight: forget what finished, then sleep until a marker or a watch
+                self._watched = {t for t in self._watched if not t._finished.is_set()}
+                if self._watched:  # watched but not issued yet: the issuer's marker wakes us
                     self._watch.wait(1e-3)
 
     # -- lifecycle -------------------------------------------------------------------------------
