@@ -38,7 +38,8 @@ from pulseio import RuntimeConfig, Strategy  # noqa: E402
 from pulseio.bench.records import git_sha  # noqa: E402
 
 BLOCK = 8 << 10
-STRATEGIES = [Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.AUTO]
+STRATEGIES = [Strategy.RESIDENT, Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.AUTO]
+BLOCKED_STRATEGIES = (Strategy.RESIDENT, Strategy.AUTO)
 
 
 def pct(values: list[float]) -> dict[str, float]:
@@ -54,22 +55,21 @@ def gpu_kernels():
     from numba import cuda
 
     from pulseio._cuda import _numba_compat  # noqa: F401
-    from pulseio._cuda.doorbell_kernels import globaltimer
+    from pulseio._cuda.sysmem import globaltimer, load_acquire_sys, store_release_sys
 
     @cuda.jit
-    def probe(flag, ack, out, rounds, timeout_ns):
+    def probe(flag_addr, ack_addr, out, rounds, timeout_ns):
         if cuda.threadIdx.x != 0:
             return
         for k in range(rounds):
             start = globaltimer()
-            while cuda.ldcv(flag, 0) < k + 1:
+            while load_acquire_sys(flag_addr) < k + 1:
                 if globaltimer() - start > timeout_ns:
                     out[k] = -1
                     return
             out[k] = globaltimer()
             cuda.threadfence_system()
-            ack[0] = k + 1
-            cuda.threadfence_system()
+            store_release_sys(ack_addr, k + 1)
 
     @cuda.jit("void(int64[::1], int64)")
     def stamp(out, i):
@@ -91,7 +91,7 @@ def calibrate_clock(rounds: int = 200) -> dict:
     cuda, probe, _ = gpu_kernels()
     bufs = torch.zeros(3, rounds + 8, dtype=torch.int64).pin_memory()
     flag, ack, out = bufs[0], bufs[1], bufs[2]
-    probe[1, 32](_Cai(flag), _Cai(ack), _Cai(out), rounds, 2_000_000_000)
+    probe[1, 32](flag.data_ptr(), ack.data_ptr(), _Cai(out), rounds, 2_000_000_000)
     flag_np, ack_np = flag.numpy(), ack.numpy()
     h0s, h1s = [], []
     for k in range(rounds):
@@ -240,9 +240,9 @@ def main() -> None:
             results["meta"]["stream_mem_ops"] = bool(rt._publisher.stream_ops)
             section(results, f"latency_64x8KiB_{strategy.value}", latency, rt, offset, n_lat)
             section(results, f"bandwidth_2048x8KiB_{strategy.value}", bandwidth, rt, strategy, n_bw)
-            if strategy is Strategy.AUTO:
+            if strategy in BLOCKED_STRATEGIES:
                 for k in (64, 1024):
-                    section(results, f"blocked_per_step_k{k}", blocked, rt, n_blk, k)
+                    section(results, f"blocked_per_step_k{k}_{strategy.value}", blocked, rt, n_blk, k)
             results[f"runtime_stats_{strategy.value}"] = repr(rt.statistics())
         finally:
             rt.close()
@@ -266,16 +266,17 @@ def print_summary(r: dict) -> None:
               f" | 2048x8K doorbell {door:5.1f} GB/s direct {direct:5.1f} GB/s"
               f" ratio {bw.get('doorbell_over_direct', nan):.3f}"
               + ("  ERROR" if "error" in lat or "error" in bw else ""))
-    for k in (64, 1024):
-        b = r.get(f"blocked_per_step_k{k}", {})
-        if "error" in b or not b:
-            print(f"blocked k={k}: ERROR/missing")
-            continue
-        for path in ("doorbell", "sync"):
-            x = b[path]
-            us = x["blocked_us"]
-            print(f"blocked k={k:4d} {path:>8}: p50 {us['p50']:8.1f} us p99 {us['p99']:8.1f} us;"
-                  f" enqueue {x['enqueue_ms_per_step']:.3f} ms/step, wall {x['wall_ms_per_step']:.3f} ms/step")
+    for s in BLOCKED_STRATEGIES:
+        for k in (64, 1024):
+            b = r.get(f"blocked_per_step_k{k}_{s.value}", {})
+            if "error" in b or not b:
+                print(f"blocked k={k} {s.value}: ERROR/missing")
+                continue
+            for path in ("doorbell", "sync"):
+                x = b[path]
+                us = x["blocked_us"]
+                print(f"blocked {s.value:>8} k={k:4d} {path:>8}: p50 {us['p50']:8.1f} us p99 {us['p99']:8.1f} us;"
+                      f" enqueue {x['enqueue_ms_per_step']:.3f} ms/step, wall {x['wall_ms_per_step']:.3f} ms/step")
 
 
 if __name__ == "__main__":

@@ -54,9 +54,11 @@ class DmaConfig:
     staging_bytes: size of each pinned staging buffer of the GATHER_DMA route; a larger transfer is
         split into pieces that pipeline (CPU gather of piece i+1 overlaps the DMA of piece i).
     staging_buffers: how many staging buffers rotate (>= 2 for that overlap).
-    zero_copy_ctas: CTA budget of the copy kernel (ZERO_COPY route and the scatter/gather kernels):
+    zero_copy_ctas: CTA budget of the copy kernels (ZERO_COPY, RESIDENT, the scatter/gather kernels):
         it never occupies more SMs than this, so model kernels keep the rest. 64 CTAs already keep
         PCIe busy on the H200; one per SM made a concurrent GEMM twice as slow there.
+    resident_idle_us: the RESIDENT route's kernel exits after this long without a task, giving its
+        SMs back; the next transfer relaunches it (one launch, not one per transfer).
     max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
     merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
     inline_issue: a transfer whose route is only a kernel launch or one driver call (zero-copy,
@@ -67,13 +69,14 @@ class DmaConfig:
     staging_bytes: int = 64 << 20
     staging_buffers: int = 3
     zero_copy_ctas: int = 64
+    resident_idle_us: int = 200
     max_inflight: int = 4096
     merge_blocks: int = 8192
     inline_issue: bool = True
     auto: AutoPolicy = field(default_factory=AutoPolicy)
 
     def __post_init__(self) -> None:
-        for name in ("staging_bytes", "zero_copy_ctas", "max_inflight", "merge_blocks"):
+        for name in ("staging_bytes", "zero_copy_ctas", "resident_idle_us", "max_inflight", "merge_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"DmaConfig.{name} must be a positive int, got {value!r}")

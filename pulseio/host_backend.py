@@ -44,7 +44,9 @@ class HostBackend:
 
 
 class _HostRoutes:
-    available = frozenset({Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED})
+    available = frozenset(
+        {Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED}
+    )
     inline: frozenset[Strategy] = frozenset()  # every host route does the copying itself
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
@@ -80,7 +82,7 @@ class _HostRoutes:
                 staged = self._staging[: len(s_ids)]
                 torch.index_select(src, 0, torch.from_numpy(s_ids), out=staged)
                 dst.index_copy_(0, torch.from_numpy(d_ids), staged)
-        elif strategy is Strategy.ZERO_COPY:
+        elif strategy in (Strategy.ZERO_COPY, Strategy.RESIDENT):  # a GPU kernel's work: one index copy
             dst.index_copy_(0, torch.from_numpy(dst_ids), src.index_select(0, torch.from_numpy(src_ids)))
         else:
             raise ValueError(f"unknown strategy {strategy!r}")

@@ -30,6 +30,7 @@ class Strategy(enum.Enum):
     PER_BLOCK = "per_block"  # one copy per block: the baseline
     GATHER_DMA = "gather_dma"  # CPU gather into pinned staging, one DMA, GPU scatter kernel
     ZERO_COPY = "zero_copy"  # GPU kernel reads/writes pinned host memory through UVA
+    RESIDENT = "resident"  # zero-copy kernel that stays on the GPU, fed through a pinned task ring
     BATCHED = "batched"  # cuMemcpyBatchAsync over coalesced runs
     AUTO = "auto"
 

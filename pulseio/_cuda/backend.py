@@ -29,6 +29,8 @@ from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
 from . import driver
 from .hostmem import PinnedBuffer
 from .launch import BlockArray, CopyBlocksLauncher
+from .resident import ResidentCopier
+from .resident_kernel import D2H, H2D, MAX_TASK_BLOCKS
 
 log = logging.getLogger(__name__)
 _ID = 8  # bytes per id (int64)
@@ -147,8 +149,11 @@ class _Lease:
 
 
 class CudaRoutes:
-    available = frozenset({Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED})
-    inline = frozenset({Strategy.ZERO_COPY, Strategy.BATCHED})  # issuing is a launch, no bulk CPU work
+    available = frozenset(
+        {Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED}
+    )
+    # issuing is a launch, a driver call or a post: no bulk CPU work
+    inline = frozenset({Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED})
 
     def __init__(
         self, backend: CudaBackend, host: HostPool, device: DevicePool, config: DmaConfig,
@@ -188,6 +193,10 @@ class CudaRoutes:
         arange = self._arange.data_ptr()
         self._copy_blocks(self.stream.cuda_stream, self._pool_array, arange, self._pool_array, arange, 0)
         self.stream.synchronize()
+        self._resident = ResidentCopier(
+            backend, self._host_array, self._pool_array, ctas=config.zero_copy_ctas, slots=_ID_BUFFERS,
+            cap=min(config.merge_blocks, MAX_TASK_BLOCKS), idle_us=config.resident_idle_us,
+        )
 
     # -- RouteSet ------------------------------------------------------------------------------
 
@@ -204,7 +213,9 @@ class CudaRoutes:
         for event in after:
             self.stream.wait_event(event)
         plan = plans[0] if len(plans) == 1 else merge_plans(list(plans))
-        if strategy is Strategy.ZERO_COPY:
+        if strategy is Strategy.RESIDENT:
+            self._resident_post(plan, self._stream_handle if after else None, emit)
+        elif strategy is Strategy.ZERO_COPY:
             self._zero_copy(plan, emit)
         elif strategy is Strategy.BATCHED:
             self._batched(plan)
@@ -234,6 +245,7 @@ class CudaRoutes:
 
     def close(self) -> None:
         self.stream.synchronize()
+        self._resident.close()
         self._staging.close()
         self._ids.close()
 
@@ -280,6 +292,14 @@ class CudaRoutes:
                     self._copy_blocks(self._stream_handle, self._pool_array, slot_ids_ptr, self._host_array,
                                       host_ids_ptr, m)
                 emit(Pending(self._record(), self._ids.releaser(index)))
+
+    def _resident_post(self, plan: TransferPlan, ordered_on: int | None, emit: Callable[[Pending], None]) -> None:
+        """ordered_on: the copy stream, already waiting on the callers' streams (stream-ordered transfers)."""
+        direction = H2D if plan.direction is Direction.H2D else D2H
+        cap = self._resident.cap
+        parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= cap else pieces(plan, cap)
+        for host_ids, slots in parts:
+            emit(Pending(self._resident.post(direction, host_ids, slots, ordered_on)))
 
     def _gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece

@@ -14,53 +14,28 @@ runtime's signal stream waits on the copy's event and `cuStreamWriteValue64`s th
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import logging
 import threading
-import time
 from typing import Any
 
 from cuda.bindings import driver as cu  # noqa: E402
-from numba import config as numba_config  # noqa: E402
-from numba import cuda, int64, types  # noqa: E402
+from numba import cuda, int64  # noqa: E402
 
 from .._native.layout import COUNT, HEADER_WORDS, SEQ, STAMP, STATUS, STATUS_BAD_COUNT, STATUS_OK, TAG  # noqa: E402
 from . import (
     _numba_compat,  # noqa: F401  (must precede numba.cuda)
     driver,  # noqa: E402
 )
+from .driver import wait_value, write_value
+from .launch import PackedKernel, array_args
+from .sysmem import globaltimer
 
 log = logging.getLogger(__name__)
 
 PUBLISH_THREADS = 256
 PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)"
-_GEQ = int(cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-_WRITE_DEFAULT = int(cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
 RELEASE_ALL = 1 << 62  # written at close: releases every stream still waiting on the word
-
-if numba_config.ENABLE_CUDASIM:  # pragma: no cover - the simulator runs device code as Python
-
-    def globaltimer():
-        return time.time_ns()
-
-else:
-    from llvmlite import ir
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _globaltimer(typingctx):
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), []), "mov.u64 $0, %globaltimer;", "=l",
-                               side_effect=True)
-            return builder.call(asm, [])
-
-        return types.int64(), codegen
-
-    @cuda.jit(device=True)
-    def globaltimer():
-        """The GPU's nanosecond %globaltimer (resolution about 1 us on recent GPUs)."""
-        return _globaltimer()
-
 
 @cuda.jit(device=True)
 def publish_device(ring, counter, ids, slots, n, tag):  # pragma: no cover - runs on the GPU / simulator
@@ -107,42 +82,27 @@ def _publish_kernel(ring, counter, ids, slots, count, count_static, tag):  # pra
 publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
 
 
-def _array_args(ptr: int, *shape: int) -> tuple[int, ...]:
-    """A C-contiguous int64 array as numba lays it out in a kernel's parameters."""
-    nitems = 1
-    for d in shape:
-        nitems *= d
-    strides, step = [], 8
-    for d in reversed(shape):
-        strides.insert(0, step)
-        step *= d
-    return (0, 0, nitems, 8, ptr, *shape, *strides)
+@functools.cache
+def _compile_publish():
+    return cuda.jit(PUBLISH_SIGNATURE)(_publish_kernel)
 
 
 class PublishLauncher:
-    """Launches the publish kernel with pre-packed arguments through cuda.core (numba's launch
-    path costs tens of microseconds; this one a few)."""
+    """Launches the publish kernel with a pre-packed argument block (numba's launch path costs tens
+    of microseconds). Not thread-safe: the Runtime posts under its lock."""
 
     def __init__(self, ring_ptr: int, capacity: int, slot_words: int, counter_ptr: int) -> None:
-        from cuda.core import LaunchConfig
-
-        dispatcher = cuda.jit(PUBLISH_SIGNATURE)(_publish_kernel)
-        (compiled,) = dispatcher.overloads.values()
-        self._kernel = compiled._codelibrary.get_cufunc().kernel
-        self._config = LaunchConfig(grid=1, block=PUBLISH_THREADS)
-        self._fixed = (*_array_args(ring_ptr, capacity, slot_words), *_array_args(counter_ptr, 1))
-        self._streams: dict[int, Any] = {}
+        self._kernel = PackedKernel(_compile_publish(), 39)
+        fixed = (*array_args(ring_ptr, (capacity, slot_words)), *array_args(counter_ptr, (1,)))
+        self._kernel.values[: len(fixed)] = fixed
+        self._at = len(fixed)
 
     def __call__(self, stream_handle: int, ids_ptr: int, slots_ptr: int, length: int, count_ptr: int,
                  count_static: int, tag: int) -> None:
-        from cuda.core import Stream, launch
-
-        stream = self._streams.get(stream_handle)
-        if stream is None:
-            stream = self._streams[stream_handle] = Stream.from_handle(stream_handle)
-        launch(stream, self._config, self._kernel, *self._fixed, *_array_args(ids_ptr, length),
-               *_array_args(slots_ptr, length), *_array_args(count_ptr, 1), ctypes.c_int64(count_static),
-               ctypes.c_int64(tag))
+        at = self._at
+        self._kernel.values[at:] = (*array_args(ids_ptr, (length,)), *array_args(slots_ptr, (length,)),
+                                    *array_args(count_ptr, (1,)), count_static, tag)
+        self._kernel.launch(stream_handle, 1, PUBLISH_THREADS)
 
 
 def _capturing(stream_handle: int) -> bool:
@@ -154,18 +114,6 @@ def stream_mem_ops_supported(device_ordinal: int) -> bool:
     attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
     dev = driver.check("cuDeviceGet", cu.cuDeviceGet(device_ordinal))
     return bool(driver.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, dev)))
-
-
-def wait_value(stream_handle: int, address: int, value: int) -> None:
-    """Enqueue on the stream: wait until the int64 at `address` is >= value (cyclic compare). No host wait."""
-    driver.check("cuStreamWaitValue64", cu.cuStreamWaitValue64(
-        cu.CUstream(stream_handle), cu.CUdeviceptr(address), cu.cuuint64_t(value), _GEQ))
-
-
-def write_value(stream_handle: int, address: int, value: int) -> None:
-    """Enqueue on the stream: store value at `address` once earlier work on it is done (memory barrier)."""
-    driver.check("cuStreamWriteValue64", cu.cuStreamWriteValue64(
-        cu.CUstream(stream_handle), cu.CUdeviceptr(address), cu.cuuint64_t(value), _WRITE_DEFAULT))
 
 
 class DevicePublisher:
@@ -192,6 +140,7 @@ class DevicePublisher:
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
         """Enqueue the publish of ids[:count] / slots[:count] on `stream` (torch stream or None: current)."""
+        self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
         if self._last is not None and self._last != stream and not _capturing(stream.cuda_stream):
             # seqs come from the device counter in execution order: keep publishes in launch order

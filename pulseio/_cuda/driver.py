@@ -9,6 +9,7 @@ which would be a Python loop per block on the hot path.
 from __future__ import annotations
 
 import ctypes
+import functools
 from typing import Any
 
 import numpy as np
@@ -124,3 +125,28 @@ class MemcpyBatch:
         )
         if status != 0:
             check("cuMemcpyBatchAsync", (cu.CUresult(status),))
+
+
+_GEQ = int(cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+_WRITE_DEFAULT = int(cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
+_StreamValueFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint)
+
+
+@functools.cache
+def _stream_value_op(name: str) -> Any:
+    return _StreamValueFn(proc_address(name))
+
+
+def wait_value(stream_handle: int, address: int, value: int) -> None:
+    """Enqueue on the stream: wait until the int64 at `address` is >= value (cyclic compare). No host wait.
+    Called through ctypes: the cuda-python wrapper builds an object per argument (~1 us each)."""
+    status = _stream_value_op("cuStreamWaitValue64")(stream_handle, address, value, _GEQ)
+    if status:
+        check("cuStreamWaitValue64", (cu.CUresult(status),))
+
+
+def write_value(stream_handle: int, address: int, value: int) -> None:
+    """Enqueue on the stream: store value at `address` once earlier work on it is done (memory barrier)."""
+    status = _stream_value_op("cuStreamWriteValue64")(stream_handle, address, value, _WRITE_DEFAULT)
+    if status:
+        check("cuStreamWriteValue64", (cu.CUresult(status),))

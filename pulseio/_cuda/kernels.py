@@ -26,10 +26,29 @@ _UNROLL = 4
 COPY_BLOCKS_SIGNATURE = "void(uint64[:, ::1], int64[::1], uint64[:, ::1], int64[::1], int64)"
 
 
-def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on the GPU / simulator
+@cuda.jit(device=True)
+def copy_row(src, s, dst, d):  # pragma: no cover - runs on the GPU / simulator
+    """Every thread of the CTA: row s of src -> row d of dst, _UNROLL loads in flight per thread."""
     words = src.shape[1]
     stride = cuda.blockDim.x * _UNROLL
     full = words - words % stride
+    w = cuda.threadIdx.x
+    while w < full:
+        v0 = src[s, w]
+        v1 = src[s, w + cuda.blockDim.x]
+        v2 = src[s, w + 2 * cuda.blockDim.x]
+        v3 = src[s, w + 3 * cuda.blockDim.x]
+        dst[d, w] = v0
+        dst[d, w + cuda.blockDim.x] = v1
+        dst[d, w + 2 * cuda.blockDim.x] = v2
+        dst[d, w + 3 * cuda.blockDim.x] = v3
+        w += stride
+    while w < words:
+        dst[d, w] = src[s, w]
+        w += cuda.blockDim.x
+
+
+def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on the GPU / simulator
     b = cuda.blockIdx.x
     s = src_ids[b] if b < n else 0
     d = dst_ids[b] if b < n else 0
@@ -37,20 +56,7 @@ def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on t
         following = b + cuda.gridDim.x
         s_next = src_ids[following] if following < n else 0
         d_next = dst_ids[following] if following < n else 0
-        w = cuda.threadIdx.x
-        while w < full:
-            v0 = src[s, w]
-            v1 = src[s, w + cuda.blockDim.x]
-            v2 = src[s, w + 2 * cuda.blockDim.x]
-            v3 = src[s, w + 3 * cuda.blockDim.x]
-            dst[d, w] = v0
-            dst[d, w + cuda.blockDim.x] = v1
-            dst[d, w + 2 * cuda.blockDim.x] = v2
-            dst[d, w + 3 * cuda.blockDim.x] = v3
-            w += stride
-        while w < words:
-            dst[d, w] = src[s, w]
-            w += cuda.blockDim.x
+        copy_row(src, s, dst, d)
         b, s, d = following, s_next, d_next
 
 

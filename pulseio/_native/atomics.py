@@ -1,8 +1,9 @@
-"""64-bit atomic loads, stores and fetch-add at raw addresses, for the doorbell protocol.
+"""64-bit atomic loads, stores and fetch-add at raw addresses, for the doorbell and the
+resident copier's host side.
 
 With numba they are `@intrinsic`s emitting LLVM `load atomic acquire`, `store atomic release`,
-`atomicrmw add seq_cst` and `fence acquire`, so a spin loop re-reads memory on every iteration
-(a plain load could be hoisted out of the loop) and the payload reads cannot move before the
+`atomicrmw add seq_cst` and `fence acquire` / `release` / `seq_cst`, so a spin loop re-reads memory
+on every iteration (a plain load could be hoisted out of the loop) and the payload reads cannot move before the
 sequence-number read. Without numba: ctypes equivalents (CPython's GIL orders them; x86 is TSO).
 """
 
@@ -65,6 +66,17 @@ if NATIVE:
 
         return types.void(), codegen
 
+    @intrinsic
+    def fence_seq_cst(typingctx):
+        """A full fence (mfence on x86): orders an earlier store before a later load, which
+        acquire/release do not (store-buffer forwarding)."""
+
+        def codegen(context, builder, sig, args):
+            builder.fence("seq_cst")
+            return context.get_dummy_value()
+
+        return types.void(), codegen
+
 else:  # pragma: no cover - exercised where numba is absent
     _lock = threading.Lock()
 
@@ -85,4 +97,7 @@ else:  # pragma: no cover - exercised where numba is absent
         pass
 
     def fence_release() -> None:
+        pass
+
+    def fence_seq_cst() -> None:
         pass

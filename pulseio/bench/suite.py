@@ -18,7 +18,7 @@ from .records import BenchRecord, run_metadata
 
 log = logging.getLogger(__name__)
 
-_STRATEGIES = (Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED)
+_STRATEGIES = (Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def test_bench_on_cpu_writes_verified_records_and_a_plot(tmp_path: Path, capsys)
     data = json.loads(out.read_text())
     records = data["records"]
     recall = [r for r in records if r["kind"] == "recall"]
-    assert {r["strategy"] for r in recall} == {"per_block", "gather_dma", "zero_copy", "batched", "auto"}
+    assert {r["strategy"] for r in recall} == {"per_block", "gather_dma", "zero_copy", "resident", "batched", "auto"}
     assert {(r["direction"], r["num_blocks"]) for r in recall} == {(d, n) for d in ("h2d", "d2h") for n in (8, 32)}
     assert all(r["verified"] is True for r in recall), "a strategy moved wrong bytes"
     assert all(r["gbps"] > 0 and 0 < r["fraction_of_peak"] for r in recall)

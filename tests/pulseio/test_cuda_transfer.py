@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,7 @@ from pulseio import DmaConfig, Strategy
 
 pytestmark = pytest.mark.gpu
 
-STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED]
+STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED]
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +93,14 @@ def test_offload_waits_for_work_on_the_current_stream(backend) -> None:
         host.close()
 
 
-def test_device_wait_orders_the_consumer_stream(backend) -> None:
+@pytest.mark.parametrize("strategy", [Strategy.GATHER_DMA, Strategy.RESIDENT])
+def test_device_wait_orders_the_consumer_stream(backend, strategy: Strategy) -> None:
     host, device = _pools(backend, 8 << 10)
     try:
         with pulseio.DmaEngine(host, device) as engine:
             ids, slots = np.arange(100, 164), np.arange(64)
             device.slots[:64].fill_(0)
-            t = engine.recall(ids, slots, strategy=Strategy.GATHER_DMA)
+            t = engine.recall(ids, slots, strategy=strategy)
             t.device_wait()
             total = device.slots[:64].to(torch.int64).sum()  # runs on the consumer stream after the wait
             assert int(total) == int(host.blocks[100:164].to(torch.int64).sum())
@@ -109,3 +112,32 @@ def test_device_pool_larger_than_the_gpu_is_refused(backend) -> None:
     free, _ = torch.cuda.mem_get_info()
     with pytest.raises(pulseio.PoolTooSmallError, match=r"needs .* GiB of GPU memory, .* GiB free"):
         pulseio.DevicePool(backend, (free // (1 << 20)) + 1024, 1 << 20)
+
+
+def test_resident_kernel_stops_when_idle_and_restarts_on_the_next_post(backend) -> None:
+    """Bursts apart by more than resident_idle_us each relaunch the kernel; 40 tasks in flight at once
+    (more than its 16 ring slots) wait for slots; every byte lands, and a consumer stream sees it."""
+    host, device = _pools(backend, 8 << 10)
+    rng = np.random.default_rng(11)
+    try:
+        with pulseio.DmaEngine(host, device, DmaConfig(resident_idle_us=50)) as engine:
+            copier = engine._routes._resident
+            launches = copier.launches
+            for _ in range(3):
+                time.sleep(0.01)  # > idle: the kernel has exited
+                ids = rng.choice(host.num_blocks, 64, replace=False)
+                engine.recall(ids, np.arange(64), strategy=Strategy.RESIDENT, stream_ordered=False).wait(timeout=30)
+                assert torch.equal(device.slots[:64].cpu(), host.blocks[torch.from_numpy(ids)])
+            assert copier.launches >= launches + 3
+            slots = rng.permutation(device.num_slots)[:640]
+            ids = rng.choice(host.num_blocks, 640, replace=False)
+            device.slots.index_fill_(0, torch.from_numpy(slots).cuda(), 0xA5)
+            transfers = [engine.recall(ids[i : i + 16], slots[i : i + 16], strategy=Strategy.RESIDENT,
+                                       stream_ordered=False) for i in range(0, 640, 16)]
+            transfers[-1].device_wait()
+            landed = device.slots[torch.from_numpy(slots).cuda()].cpu()  # consumer stream, after the wait
+            assert torch.equal(landed, host.blocks[torch.from_numpy(ids)])
+            for t in transfers:
+                assert t.wait(timeout=30)
+    finally:
+        host.close()

@@ -11,7 +11,7 @@ import torch
 import pulseio
 from pulseio import AutoPolicy, Direction, DmaConfig, Strategy, TransferState
 
-STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED]
+STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED]
 POISON = 0xA5
 
 

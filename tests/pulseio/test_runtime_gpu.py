@@ -35,7 +35,9 @@ def _consume(rt: pulseio.Runtime, done: pulseio.Completion, slots: torch.Tensor,
         return rt.device_pool.slots.index_select(0, slots)
 
 
-@pytest.mark.parametrize("strategy", [Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.PER_BLOCK])
+@pytest.mark.parametrize(
+    "strategy", [Strategy.RESIDENT, Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.PER_BLOCK]
+)
 def test_gpu_chosen_ids_land_bit_exact(rt: pulseio.Runtime, strategy: Strategy) -> None:
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):

@@ -15,7 +15,7 @@ import torch
 import pulseio
 from pulseio import DmaConfig, Strategy
 
-STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED]
+STRATEGIES = [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED]
 
 
 def _setup(device: str, block_bytes: int, count: int):

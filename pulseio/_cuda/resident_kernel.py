@@ -1,0 +1,168 @@
+"""The resident copy kernel: copy_blocks that stays on the GPU and takes its work from a host ring.
+
+Launching a kernel per transfer costs 6-8 us of host time on the H200 VM, plus an event; for a
+64-block recall that is most of the budget. This kernel is launched once and then serves tasks
+the host posts into pinned memory, until it has been idle for `idle_ns`; the host relaunches it
+on the next post. Tasks are numbered 1, 2, 3, ... and served in order.
+
+Memory (int64 words; addresses are passed as int64 so the protocol words get explicit scopes):
+* host control, pinned: CTRL_PROMISED (host: highest task posted or on its way), CTRL_STOPPED
+  (kernel: the generation that last offered to stop), CTRL_CLOSE (host: stop as soon as idle);
+* host entries, pinned: entry[(s - 1) % slots] = pack(s, count, direction), written last by the host
+  (or by a stream write, for stream-ordered posts); the ids are ids[slot, :cap] (host blocks) and
+  ids[slot, cap:] (device slots);
+* host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
+* device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to
+  exit), DEV_START (first task of the next generation), DEV_WATERMARK (every task <= it landed:
+  what consumer streams wait on), then per slot the forwarded entry and a count of CTAs done.
+
+CTA 0's thread 0 is the leader: it polls the host entries (one PCIe read per poll) and forwards
+every ready entry into device memory, so the other CTAs spin on L2, not on the link. Each CTA
+copies blocks cta, cta + ctas, ... of a task; the last CTA to finish a task raises the watermark
+and stores the done word.
+
+Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
+fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
+CTRL_STOPPED. At least one sees the other: either the kernel sees the promise and keeps serving,
+or the host sees the stop and relaunches (the new launch queues behind the old one on its stream
+and starts at DEV_START). When both see each other the spare launch starts after the old one exits
+and serves from where it stopped, so no task is served twice.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, int64
+
+from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
+from .kernels import copy_row
+from .sysmem import (
+    atomic_add_gpu,
+    atomic_max_gpu,
+    globaltimer,
+    load_acquire_gpu,
+    load_acquire_sys,
+    pause,
+    store_release_gpu,
+    store_release_sys,
+)
+
+CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2
+CTRL_WORDS = 16  # its own 128-byte line
+DEV_POSTED, DEV_EXIT, DEV_START, DEV_WATERMARK = 0, 1, 2, 3
+DEV_HEADER = 16
+
+COUNT_BITS = 15
+MAX_TASK_BLOCKS = (1 << COUNT_BITS) - 1
+H2D, D2H = 0, 1
+
+RESIDENT_SIGNATURE = "void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64)"
+
+
+def pack_entry(seq: int, count: int, direction: int) -> int:
+    """One word, so the leader learns a task with a single PCIe read: seq | direction | count."""
+    return (seq << (COUNT_BITS + 1)) | (direction << COUNT_BITS) | count
+
+
+def dev_words(slots: int) -> int:
+    return DEV_HEADER + 2 * slots
+
+
+@cuda.jit(device=True)
+def _forward(entries, dev, slots, forwarded):  # pragma: no cover - runs on the GPU / simulator
+    """Leader: copy every ready entry after `forwarded` to device memory; returns the new `forwarded`."""
+    s = forwarded + 1
+    while s - forwarded <= slots:
+        slot = (s - 1) % slots
+        word = load_acquire_sys(entries + 8 * slot)
+        if word >> (COUNT_BITS + 1) != s:
+            break
+        store_release_gpu(dev + 8 * (DEV_HEADER + slot), word)
+        s += 1
+    if s - 1 > forwarded:
+        store_release_gpu(dev + 8 * DEV_POSTED, s - 1)  # release: the entries above are visible first
+    return s - 1
+
+
+@cuda.jit(device=True)
+def _offer_stop(ctrl, dev, forwarded, gen):  # pragma: no cover - runs on the GPU / simulator
+    """Leader, idle: stop unless the host promised a task (see the module doc). True if stopped."""
+    store_release_sys(ctrl + 8 * CTRL_STOPPED, gen)
+    cuda.threadfence_system()
+    if load_acquire_sys(ctrl + 8 * CTRL_PROMISED) > forwarded:
+        return False
+    store_release_gpu(dev + 8 * DEV_START, forwarded + 1)
+    store_release_gpu(dev + 8 * DEV_EXIT, gen)
+    return True
+
+
+@cuda.jit(device=True)
+def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state):  # pragma: no cover
+    """Thread 0 of each CTA: wait until `task` is forwarded (1) or this generation exits (0).
+    state: [2] int64 local to the leader: (forwarded, last active time)."""
+    while True:
+        if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task:
+            return 1
+        if load_acquire_gpu(dev + 8 * DEV_EXIT) == gen:  # the leader forwards before it exits
+            return 1 if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task else 0
+        if cuda.blockIdx.x != 0:
+            pause()
+            continue
+        forwarded = _forward(entries, dev, slots, state[0])
+        now = globaltimer()
+        if forwarded > state[0]:
+            state[0], state[1] = forwarded, now
+        elif now - state[1] >= idle_ns or load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0:
+            if not _offer_stop(ctrl, dev, forwarded, gen):
+                state[1] = now
+        else:
+            pause()
+
+
+def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # pragma: no cover
+    """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned."""
+    serve = cuda.shared.array(1, int64)
+    state = cuda.local.array(2, int64)
+    t, cta, ctas = cuda.threadIdx.x, cuda.blockIdx.x, cuda.gridDim.x
+    slots, cap = ids.shape[0], ids.shape[1] // 2
+    task = load_acquire_gpu(dev + 8 * DEV_START)
+    state[0], state[1] = task - 1, globaltimer()
+    while True:
+        if t == 0:
+            serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state)
+        cuda.syncthreads()
+        if serve[0] == 0:
+            return
+        slot = (task - 1) % slots
+        word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
+        n = word & MAX_TASK_BLOCKS
+        d2h = (word >> COUNT_BITS) & 1
+        b = cta
+        h = ids[slot, b] if b < n else 0
+        p = ids[slot, cap + b] if b < n else 0
+        while b < n:
+            following = b + ctas  # its ids load while this block copies (they are in host memory)
+            h_next = ids[slot, following] if following < n else 0
+            p_next = ids[slot, cap + following] if following < n else 0
+            if d2h == 0:
+                copy_row(host, h, pool, p)
+            else:
+                copy_row(pool, p, host, h)
+            b, h, p = following, h_next, p_next
+        cuda.threadfence_system()  # this thread's stores are visible (host memory included) ...
+        cuda.syncthreads()  # ... before thread 0 counts the CTA done
+        if t == 0:
+            count = dev + 8 * (DEV_HEADER + slots + slot)
+            if atomic_add_gpu(count, 1) == ctas - 1:  # the last CTA of this task
+                store_release_gpu(count, 0)
+                atomic_max_gpu(dev + 8 * DEV_WATERMARK, task)
+                cuda.threadfence_system()
+                store_release_sys(done + 8 * slot, task)
+        task += 1
+
+
+@functools.cache
+def compile_resident_copy():
+    """The kernel compiled for RESIDENT_SIGNATURE, once per process (compiling needs a GPU or the simulator)."""
+    return cuda.jit(RESIDENT_SIGNATURE)(_resident_copy)
