@@ -49,6 +49,7 @@ class _Queued:
     transfer: Transfer
     plan: TransferPlan
     after: Any
+    raise_on_landed: tuple[int, int] | None = None
 
 
 _STOP = object()
@@ -88,6 +89,11 @@ class DmaEngine:
     def available(self) -> frozenset[Strategy]:
         return self._routes.available
 
+    @property
+    def raises_on_device(self) -> frozenset[Strategy]:
+        """Strategies whose transfers can raise a device word when they land (`submit(raise_on_landed=)`)."""
+        return self._routes.raises_on_device
+
     # -- submitting ------------------------------------------------------------------------
 
     def recall(
@@ -124,9 +130,14 @@ class DmaEngine:
 
     def submit(
         self, plan: TransferPlan, *, strategy: Strategy = Strategy.AUTO, tag: Any = None,
-        stream_ordered: bool = True,
+        stream_ordered: bool = True, raise_on_landed: tuple[int, int] | None = None,
     ) -> Transfer:
-        """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed."""
+        """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed.
+
+        raise_on_landed: (address of a device int64, value). If the chosen strategy is in
+        `raises_on_device`, the GPU raises that word (atomic max) to value once the data has landed,
+        with no stream operation; otherwise it is ignored and the caller signals as it would.
+        """
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a pulseio.Strategy, got {strategy!r}")
         if strategy is Strategy.AUTO:
@@ -154,7 +165,7 @@ class DmaEngine:
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
                 num_blocks=plan.num_blocks, nbytes=plan.nbytes, inflight=self._inflight,
             )
-            item = _Queued(transfer, plan, after)
+            item = _Queued(transfer, plan, after, raise_on_landed)
             # Issue on this thread when the route is only a launch and nothing is queued ahead:
             # one thread hop less per transfer. Never waits: if the worker is issuing, queue.
             inline = (
@@ -211,10 +222,12 @@ class DmaEngine:
     def _issue(self, batch: list[_Queued]) -> None:
         strategy = batch[0].transfer.strategy
         issue = Issue(batch)
+        raises = [q.raise_on_landed for q in batch if q.raise_on_landed is not None]
         try:
             self._routes.issue(
                 strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None],
                 lambda pending: self._inflight.piece(issue, pending),
+                max(raises, key=lambda r: r[1]) if raises else None,  # merged: all land before the last piece
             )
         except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
             log.debug("issue of %d transfers failed", len(batch), exc_info=True)

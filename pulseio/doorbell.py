@@ -268,6 +268,7 @@ class HostProducer:
         self._thread = threading.Thread(target=self._run, name="pulseio-host-producer", daemon=True)
         self._thread.start()
         self.watermark = 0  # what the device completion word would hold
+        self.device_word = 0  # there is none
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any = None) -> None:
         """ids, slots: [>= count] integer ids, host (torch CPU tensor or numpy); count: int or [1] array."""
@@ -283,7 +284,7 @@ class HostProducer:
             self._doorbell.publish(np.asarray(ids), np.asarray(slots), tag=tag, count=n)
 
     def signal(self, events: list[Any], watermark: int) -> None:
-        self.watermark = watermark
+        self.watermark = max(self.watermark, watermark)
 
     def release_all(self) -> None:
         pass

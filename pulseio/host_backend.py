@@ -48,6 +48,7 @@ class _HostRoutes:
         {Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED}
     )
     inline: frozenset[Strategy] = frozenset()  # every host route does the copying itself
+    raises_on_device: frozenset[Strategy] = frozenset()
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._host = host.blocks  # [num_blocks, block_bytes] uint8
@@ -60,7 +61,7 @@ class _HostRoutes:
 
     def issue(
         self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
-        emit: Callable[[Pending], None],
+        emit: Callable[[Pending], None], raise_on_landed: tuple[int, int] | None = None,
     ) -> None:
         plan = merge_plans(list(plans))
         src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)

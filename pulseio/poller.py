@@ -30,7 +30,10 @@ from .transfer import Transfer
 class Signal(Protocol):
     """Where the completion watermark goes: the device completion word, or nowhere on the host backend."""
 
-    def signal(self, events: list[Any], watermark: int) -> None: ...
+    device_word: int  # address of the device completion word (int64); 0 where there is none
+
+    def signal(self, events: list[Any], watermark: int) -> None:
+        """After the copies behind `events`, raise the word to at least `watermark` (never lower it)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class Poller:
         self._lock = threading.Lock()  # _pending and the counters
         self._signal_lock = threading.Lock()  # _order and the signal writes, in watermark order
         self._order = CompletionOrder()
+        # requests submitted and not yet landed: all of them, and those whose own copy kernel raises
+        # the device word when they land, per worker (see _raise_for)
+        self._outstanding = 0
+        self._outstanding_raised = [0] * len(self._workers)
         self._counts = {"completed": 0, "failed": 0, "bytes": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
@@ -126,17 +133,39 @@ class Poller:
         if plan.num_blocks == 0:
             self._ready(completion.seq, None)
             return self._finish(completion, None)
-        transfer = self._submit(self._workers[rung.seq % len(self._workers)], plan, strategy, completion)
+        index = rung.seq % len(self._workers)
+        raise_to = self._raise_for(index, completion.seq)
+        transfer = self._submit(self._workers[index], plan, strategy, completion, raise_to)
         if transfer is not None:
-            transfer.add_issued_callback(lambda t, c=completion: self._ready(c.seq, t.device_event))
+            raised = raise_to is not None and transfer.strategy in self._workers[index].raises_on_device
+            self._count(index, raised, 1)
+            transfer.add_issued_callback(lambda t, c=completion, r=raised: self._ready(c.seq, t.device_event, r))
+            transfer.add_done_callback(lambda t, i=index, r=raised: self._count(i, r, -1))
             self.track(completion, transfer)
 
-    def _submit(self, worker: DmaEngine, plan: TransferPlan, strategy: Strategy,
-                completion: Completion) -> Transfer | None:
+    def _raise_for(self, index: int, seq: int) -> tuple[int, int] | None:
+        """(device word, seq) if the copy of request seq may raise the completion word itself when it
+        lands: only if every earlier request still in flight is one whose copy lands before it (raised
+        by the same worker's in-order kernel), so that word >= seq still means all up to seq landed.
+        Then no stream operation stands between the copy and the consumer (the signal is skipped)."""
+        if not self._signal.device_word:
+            return None
+        with self._lock:
+            alone = self._outstanding == self._outstanding_raised[index]
+        return (self._signal.device_word, seq) if alone else None
+
+    def _count(self, index: int, raised: bool, delta: int) -> None:
+        with self._lock:
+            self._outstanding += delta
+            if raised:
+                self._outstanding_raised[index] += delta
+
+    def _submit(self, worker: DmaEngine, plan: TransferPlan, strategy: Strategy, completion: Completion,
+                raise_to: tuple[int, int] | None) -> Transfer | None:
         while True:
             try:
                 transfer = worker.submit(plan, strategy=strategy, tag=f"doorbell seq={completion.seq}",
-                                         stream_ordered=False)
+                                         stream_ordered=False, raise_on_landed=raise_to)
                 completion.transfer = transfer
                 return transfer
             except WouldBlock:  # the worker has max_inflight transfers: wait for room, not fail
@@ -160,11 +189,12 @@ class Poller:
 
         transfer.add_done_callback(landed)
 
-    def _ready(self, seq: int, event: Any) -> None:
+    def _ready(self, seq: int, event: Any, raised: bool = False) -> None:
+        """Request seq is issued (event: its copies) or failed (None). raised: its copy raises the word."""
         with self._signal_lock:
-            covered = self._order.ready(seq, event)
-            if covered:
-                self._signal.signal(covered, self._order.watermark)
+            covered = self._order.ready(seq, (event, raised))
+            if covered and not all(r for _, r in covered):
+                self._signal.signal([e for e, _ in covered], self._order.watermark)
 
     def _fail(self, completion: Completion, error: BaseException) -> None:
         self._ready(completion.seq, None)

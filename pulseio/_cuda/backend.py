@@ -154,6 +154,7 @@ class CudaRoutes:
     )
     # issuing is a launch, a driver call or a post: no bulk CPU work
     inline = frozenset({Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED})
+    raises_on_device = frozenset({Strategy.RESIDENT})  # its kernel raises the word when a task lands
 
     def __init__(
         self, backend: CudaBackend, host: HostPool, device: DevicePool, config: DmaConfig,
@@ -207,14 +208,14 @@ class CudaRoutes:
 
     def issue(
         self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
-        emit: Callable[[Pending], None],
+        emit: Callable[[Pending], None], raise_on_landed: tuple[int, int] | None = None,
     ) -> None:
         self._bind_thread()
         for event in after:
             self.stream.wait_event(event)
         plan = plans[0] if len(plans) == 1 else merge_plans(list(plans))
         if strategy is Strategy.RESIDENT:
-            self._resident_post(plan, self._stream_handle if after else None, emit)
+            self._resident_post(plan, self._stream_handle if after else None, emit, raise_on_landed)
         elif strategy is Strategy.ZERO_COPY:
             self._zero_copy(plan, emit)
         elif strategy is Strategy.BATCHED:
@@ -293,13 +294,16 @@ class CudaRoutes:
                                       host_ids_ptr, m)
                 emit(Pending(self._record(), self._ids.releaser(index)))
 
-    def _resident_post(self, plan: TransferPlan, ordered_on: int | None, emit: Callable[[Pending], None]) -> None:
-        """ordered_on: the copy stream, already waiting on the callers' streams (stream-ordered transfers)."""
+    def _resident_post(self, plan: TransferPlan, ordered_on: int | None, emit: Callable[[Pending], None],
+                       raise_on_landed: tuple[int, int] | None) -> None:
+        """ordered_on: the copy stream, already waiting on the callers' streams (stream-ordered transfers).
+        Tasks land in order, so only the last piece raises the caller's word."""
         direction = H2D if plan.direction is Direction.H2D else D2H
         cap = self._resident.cap
-        parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= cap else pieces(plan, cap)
-        for host_ids, slots in parts:
-            emit(Pending(self._resident.post(direction, host_ids, slots, ordered_on)))
+        parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= cap else list(pieces(plan, cap))
+        for k, (host_ids, slots) in enumerate(parts):
+            raise_to = raise_on_landed if k == len(parts) - 1 else None
+            emit(Pending(self._resident.post(direction, host_ids, slots, ordered_on, raise_to)))
 
     def _gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece

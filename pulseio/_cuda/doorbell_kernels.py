@@ -29,7 +29,7 @@ from . import (
 )
 from .driver import wait_value, write_value
 from .launch import PackedKernel, array_args
-from .sysmem import globaltimer
+from .sysmem import atomic_max_gpu, globaltimer
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,16 @@ def _publish_kernel(ring, counter, ids, slots, count, count_static, tag):  # pra
 publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
 
 
+def _raise_word(addr, value):  # pragma: no cover - runs on the GPU
+    if cuda.threadIdx.x == 0:
+        atomic_max_gpu(addr, value)
+
+
+@functools.cache
+def _compile_raise():
+    return cuda.jit("void(int64, int64)")(_raise_word)
+
+
 @functools.cache
 def _compile_publish():
     return cuda.jit(PUBLISH_SIGNATURE)(_publish_kernel)
@@ -130,7 +140,9 @@ class DevicePublisher:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
         self.word = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: completion watermark
         self.signal_stream = torch.cuda.Stream(device)
+        self.device_word = self.word.data_ptr()
         self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr())
+        self._raise = PackedKernel(_compile_raise(), 2)
         self.stream_ops = stream_mem_ops_supported(device.index)
         if not self.stream_ops:
             log.warning("%s does not support 64-bit stream memory operations "
@@ -169,12 +181,15 @@ class DevicePublisher:
             self._thread_ready.ready = True
 
     def signal(self, events: list[Any], watermark: int) -> None:
-        """After the copies behind `events` (None: nothing to wait for), publish the new watermark."""
+        """After the copies behind `events` (None: nothing to wait for), raise the word to the watermark.
+        An atomic max, not a store: copy kernels raise the word too (Poller._raise_for), and a store
+        enqueued earlier could land after them and lower it."""
         self._bind_thread()
         for event in events:
             if event is not None:
                 self.signal_stream.wait_event(event)
-        write_value(self.signal_stream.cuda_stream, self.word.data_ptr(), watermark)
+        self._raise.values[:] = (self.device_word, watermark)
+        self._raise.launch(self.signal_stream.cuda_stream, 1, 32)
 
     def release_all(self) -> None:
         self._bind_thread()

@@ -27,7 +27,7 @@ from .launch import BlockArray, PackedKernel, array_args
 log = logging.getLogger(__name__)
 
 _LINE = 16  # int64 words per 128-byte line
-_SPIN = 20_000  # loads per GIL-free spin before a waiter checks that a kernel is running
+_SPIN = 1_000_000  # loads per GIL-free spin (~1 ms) before a waiter checks that a kernel is running
 _WARM_S = 10.0
 
 
@@ -50,12 +50,13 @@ class ResidentCopier:
         self._device = backend.device
         self.slots, self.cap, self._ctas = slots, cap, ctas
         entries_at = _LINE
-        done_at = entries_at + _lines(slots)
+        done_at = entries_at + _lines(rk.ENTRY_WORDS * slots)
         ids_at = done_at + _lines(slots)
         self._memory: PinnedBuffer | None = backend.alloc_host(8 * (ids_at + slots * 2 * cap), label="resident ring")
         words = self._memory.tensor.numpy().view(np.int64)
         words[:] = 0
         self._ctrl, self._done = words[:_LINE], words[done_at : done_at + slots]
+        self._entries = words[entries_at : entries_at + rk.ENTRY_WORDS * slots].reshape(slots, rk.ENTRY_WORDS)
         self._ids = words[ids_at:].reshape(slots, 2 * cap)
         base = self._memory.device_ptr
         self._ctrl_addr, self._entries_addr, self._done_addr = base, base + 8 * entries_at, base + 8 * done_at
@@ -96,9 +97,11 @@ class ResidentCopier:
 
     # -- posting -------------------------------------------------------------------------------------
 
-    def post(self, direction: int, host_ids: np.ndarray, slots: np.ndarray, ordered_on: Any = None) -> ResidentEvent:
+    def post(self, direction: int, host_ids: np.ndarray, slots: np.ndarray, ordered_on: Any = None,
+             raise_on_landed: tuple[int, int] | None = None) -> ResidentEvent:
         """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
-        becomes visible to the kernel only when that stream reaches this point (None: at once)."""
+        becomes visible to the kernel only when that stream reaches this point (None: at once).
+        raise_on_landed: (address of a device int64, value): the kernel raises it to value once landed."""
         seq = self._seq + 1
         slot = (seq - 1) % self.slots
         if self._done[slot] < seq - self.slots:  # the slot's previous task has not landed yet
@@ -107,8 +110,10 @@ class ResidentCopier:
         ids = self._ids[slot]
         ids[:m] = host_ids
         ids[self.cap : self.cap + m] = slots
+        entry = self._entries[slot]
+        entry[rk.ENTRY_RAISE_AT], entry[rk.ENTRY_RAISE_TO] = raise_on_landed or (0, 0)
         word = rk.pack_entry(seq, m, direction)
-        entry_addr = self._entries_addr + 8 * slot
+        entry_addr = self._entries_addr + 8 * (rk.ENTRY_WORDS * slot + rk.ENTRY_TASK)
         if ordered_on is None:
             stopped = mailbox.post(entry_addr, word, self._promised_addr, seq, self._stopped_addr)
         else:
@@ -126,15 +131,21 @@ class ResidentCopier:
     def landed(self, seq: int) -> bool:
         return bool(self._done[(seq - 1) % self.slots] >= seq)
 
+    def landed_ns(self, seq: int) -> int | None:
+        """%globaltimer when task seq landed (GPU clock), while its ring slot still holds it; else None."""
+        slot = (seq - 1) % self.slots
+        stamp = int(self._entries[slot, rk.ENTRY_LANDED_NS])
+        return stamp if self._done[slot] == seq else None
+
     def wait_sync(self, seq: int) -> None:
         """Wait, GIL released, until task seq has landed."""
         addr = self._done_addr + 8 * ((seq - 1) % self.slots)
-        sleep = 0.0
+        sleep = 0.0  # spin first: a task takes microseconds, and a sleep at least ~60 us on Linux
         while not mailbox.wait_at_least(addr, seq, _SPIN):
             self._check_running(seq)
             if sleep:
                 time.sleep(sleep)
-            sleep = min(max(2 * sleep, 10e-6), 1e-3)
+            sleep = min(max(2 * sleep, 50e-6), 1e-3)
 
     def _check_running(self, seq: int) -> None:
         """A waiter whose task is late: start a generation if the kernel stopped, raise if the GPU failed."""

@@ -8,9 +8,11 @@ on the next post. Tasks are numbered 1, 2, 3, ... and served in order.
 Memory (int64 words; addresses are passed as int64 so the protocol words get explicit scopes):
 * host control, pinned: CTRL_PROMISED (host: highest task posted or on its way), CTRL_STOPPED
   (kernel: the generation that last offered to stop), CTRL_CLOSE (host: stop as soon as idle);
-* host entries, pinned: entry[(s - 1) % slots] = pack(s, count, direction), written last by the host
-  (or by a stream write, for stream-ordered posts); the ids are ids[slot, :cap] (host blocks) and
-  ids[slot, cap:] (device slots);
+* host entries, pinned, ENTRY_WORDS per slot: ENTRY_TASK = pack(s, count, direction), written last by
+  the host (or by a stream write, for stream-ordered posts); ENTRY_RAISE_AT / ENTRY_RAISE_TO: a
+  device word the kernel raises (atomic max) once the task has landed, 0 for none (how a doorbell
+  request signals its consumers with no stream operation in between); ENTRY_LANDED_NS: %globaltimer
+  when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:] (device slots);
 * host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
 * device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to
   exit), DEV_START (first task of the next generation), DEV_WATERMARK (every task <= it landed:
@@ -43,6 +45,7 @@ from .sysmem import (
     globaltimer,
     load_acquire_gpu,
     load_acquire_sys,
+    load_relaxed_sys,
     pause,
     store_release_gpu,
     store_release_sys,
@@ -50,6 +53,8 @@ from .sysmem import (
 
 CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2
 CTRL_WORDS = 16  # its own 128-byte line
+ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS = 0, 1, 2, 3
+ENTRY_WORDS = 4
 DEV_POSTED, DEV_EXIT, DEV_START, DEV_WATERMARK = 0, 1, 2, 3
 DEV_HEADER = 16
 
@@ -75,7 +80,7 @@ def _forward(entries, dev, slots, forwarded):  # pragma: no cover - runs on the 
     s = forwarded + 1
     while s - forwarded <= slots:
         slot = (s - 1) % slots
-        word = load_acquire_sys(entries + 8 * slot)
+        word = load_acquire_sys(entries + 8 * (ENTRY_WORDS * slot + ENTRY_TASK))
         if word >> (COUNT_BITS + 1) != s:
             break
         store_release_gpu(dev + 8 * (DEV_HEADER + slot), word)
@@ -157,6 +162,12 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
             if atomic_add_gpu(count, 1) == ctas - 1:  # the last CTA of this task
                 store_release_gpu(count, 0)
                 atomic_max_gpu(dev + 8 * DEV_WATERMARK, task)
+                entry = entries + 8 * ENTRY_WORDS * slot
+                raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
+                raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
+                if raise_at != 0:
+                    atomic_max_gpu(raise_at, raise_to)
+                store_release_sys(entry + 8 * ENTRY_LANDED_NS, globaltimer())
                 cuda.threadfence_system()
                 store_release_sys(done + 8 * slot, task)
         task += 1

@@ -29,6 +29,8 @@ if numba_config.ENABLE_CUDASIM:  # pragma: no cover - the simulator runs device 
     def load_acquire_sys(addr):
         return _cell(addr).value
 
+    load_relaxed_sys = load_acquire_sys
+
     def store_release_sys(addr, value):
         _cell(addr).value = int(value)
 
@@ -93,6 +95,7 @@ else:
         return rmw
 
     _load_acquire_sys = _load("ld.acquire.sys.b64 $0, [$1];")
+    _load_relaxed_sys = _load("ld.relaxed.sys.b64 $0, [$1];")
     _load_acquire_gpu = _load("ld.acquire.gpu.b64 $0, [$1];")
     _store_release_sys = _store("st.release.sys.b64 [$0], $1;")
     _store_release_gpu = _store("st.release.gpu.b64 [$0], $1;")
@@ -103,6 +106,11 @@ else:
     def load_acquire_sys(addr):
         """The int64 at addr, read from memory (host-mapped or device), acquire at system scope."""
         return _load_acquire_sys(addr)
+
+    @cuda.jit(device=True, inline=True)
+    def load_relaxed_sys(addr):
+        """The int64 at addr, read from memory, no ordering (independent loads overlap)."""
+        return _load_relaxed_sys(addr)
 
     @cuda.jit(device=True, inline=True)
     def load_acquire_gpu(addr):

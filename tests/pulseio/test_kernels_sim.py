@@ -62,17 +62,20 @@ host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
 pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
 ids = np.zeros((slots, 2 * cap), dtype=np.int64)
 ctrl = np.zeros(rk.CTRL_WORDS, np.int64)
-entries = np.zeros(slots, np.int64)
+entries = np.zeros((slots, rk.ENTRY_WORDS), np.int64)
+target = np.zeros(1, np.int64)  # a consumer's device word that task 3 raises
 done = np.zeros(slots, np.int64)
 dev = np.zeros(rk.dev_words(slots), np.int64)
 dev[rk.DEV_START] = 1
 addr = lambda a: a.ctypes.data
 
-def post(seq, h, p, direction):
+def post(seq, h, p, direction, raise_to=0):
     slot = (seq - 1) % slots
     ids[slot, : len(h)] = h
     ids[slot, cap : cap + len(p)] = p
-    entries[slot] = rk.pack_entry(seq, len(h), direction)
+    entries[slot, rk.ENTRY_RAISE_AT] = addr(target) if raise_to else 0
+    entries[slot, rk.ENTRY_RAISE_TO] = raise_to
+    entries[slot, rk.ENTRY_TASK] = rk.pack_entry(seq, len(h), direction)
     ctrl[rk.CTRL_PROMISED] = seq
 
 def launch(gen, idle_ms=5, grid=1):
@@ -80,12 +83,13 @@ def launch(gen, idle_ms=5, grid=1):
 
 h1, p1 = rng.choice(H, 5, replace=False), rng.choice(D, 5, replace=False)
 h3, p3 = rng.choice(H, 8, replace=False), rng.choice(D, 8, replace=False)
-post(1, h1, p1, rk.H2D); post(2, [], [], rk.H2D); post(3, h3, p3, rk.H2D)
+post(1, h1, p1, rk.H2D); post(2, [], [], rk.H2D); post(3, h3, p3, rk.H2D, raise_to=33)
 launch(1)
 assert np.array_equal(pool[p3], host[h3]) and np.array_equal(pool[p1[~np.isin(p1, p3)]], host[h1[~np.isin(p1, p3)]])
 assert list(done) == [1, 2, 3, 0], done
 assert dev[rk.DEV_WATERMARK] == 3 and dev[rk.DEV_START] == 4 and dev[rk.DEV_EXIT] == 1 and ctrl[rk.CTRL_STOPPED] == 1
 assert (dev[rk.DEV_HEADER + slots:] == 0).all()
+assert target[0] == 33 and (entries[:3, rk.ENTRY_LANDED_NS] > 0).all() and entries[3, rk.ENTRY_LANDED_NS] == 0
 # gen 2: an offload (pool -> host) and a recall that reuses slot 0
 h4, p4 = np.array([30, 31, 29]), np.array([p3[0], p3[1], p3[2]])
 post(4, h4, p4, rk.D2H)
@@ -101,7 +105,7 @@ assert dev[rk.DEV_WATERMARK] == 5 and dev[rk.DEV_START] == 6 and ctrl[rk.CTRL_ST
 # only the entry word, read by address, arrives late)
 ids[1, 0], ids[1, cap] = 5, 6
 ctrl[rk.CTRL_PROMISED] = 6
-late = threading.Timer(0.3, lambda: entries.__setitem__(1, rk.pack_entry(6, 1, rk.H2D)))
+late = threading.Timer(0.3, lambda: entries.__setitem__((1, rk.ENTRY_TASK), rk.pack_entry(6, 1, rk.H2D)))
 late.start()
 t0 = time.perf_counter()
 launch(3, idle_ms=1)

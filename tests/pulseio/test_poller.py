@@ -16,6 +16,8 @@ from pulseio.testing import ManualDoorbell
 
 
 class _Signal:
+    device_word = 0
+
     def __init__(self) -> None:
         self.watermarks: list[int] = []
 
