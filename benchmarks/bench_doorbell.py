@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulseio  # noqa: E402
-from pulseio import RuntimeConfig, Strategy  # noqa: E402
+from pulseio import DmaConfig, RuntimeConfig, Strategy  # noqa: E402
 from pulseio.bench.records import git_sha  # noqa: E402
 
 BLOCK = 8 << 10
@@ -115,9 +115,11 @@ def calibrate_clock(rounds: int = 200) -> dict:
 
 
 def open_rt(strategy: Strategy = Strategy.AUTO, host_blocks: int = 16384) -> pulseio.Runtime:
+    # resident_idle_us: the resident kernel stays up across the ~0.5 ms steps of `latency`, as it would
+    # across the layers of a decode step; with the 200 us default each request would relaunch it
     cfg = RuntimeConfig(device="cuda", host_blocks=host_blocks, device_slots=4096, block_bytes=BLOCK, ring_slots=128,
                         max_blocks_per_request=2048, strategy=strategy, spin_iterations=5_000_000,
-                        poll_sleep_s=(10e-6, 200e-6))
+                        poll_sleep_s=(10e-6, 200e-6), dma=DmaConfig(resident_idle_us=2000))
     rt = pulseio.open_runtime(cfg)
     rt.host_pool.blocks.copy_(torch.randint(0, 256, rt.host_pool.blocks.shape, dtype=torch.uint8))
     return rt
@@ -133,7 +135,7 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
     ids_all = torch.stack([torch.randperm(rt.host_pool.num_blocks, device="cuda")[:k] for _ in range(iters)])
     slots = torch.arange(k, device="cuda")
     torch.cuda.synchronize()
-    posted = []
+    posted, task_landed = [], []
     for i in range(-5, iters):
         with torch.cuda.stream(stream):
             torch.cuda._sleep(1_000_000)  # ~0.5 ms: all of the step is enqueued before the publish runs
@@ -145,8 +147,18 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
         stream.synchronize()
         if i >= 0:
             posted.append(done)
+            event = done.transfer.device_event  # a resident task: when it landed, on the GPU clock
+            task_landed.append(event._copier.landed_ns(event.seq) if hasattr(event, "_copier") else None)
     landed = stamps.cpu().numpy()
+    stages = {}
+    if all(t is not None for t in task_landed):
+        stages = {
+            "seen_to_submit_host_us": pct([(d.transfer.submitted_at * 1e9 - d.seen_ns) / 1e3 for d in posted]),
+            "publish_to_task_landed_us": pct([(t - d.published_ns) / 1e3 for t, d in zip(task_landed, posted)]),
+            "task_landed_to_consumer_us": pct([(landed[i] - t) / 1e3 for i, t in enumerate(task_landed)]),
+        }
     return {
+        **stages,
         "publish_to_seen_us": pct([(d.seen_ns - (d.published_ns - offset_ns)) / 1e3 for d in posted]),
         "publish_to_landed_us": pct([(landed[i] - d.published_ns) / 1e3 for i, d in enumerate(posted)]),
         "post_to_seen_host_us": pct([(d.seen_ns - d.posted_ns) / 1e3 for d in posted]),
@@ -233,11 +245,13 @@ def main() -> None:
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
                               "block_bytes": BLOCK, "quick": args.quick}}
     section(results, "clock", calibrate_clock)
-    offset = results["clock"].get("offset_ns", float("nan"))
     for strategy in STRATEGIES:
         rt = open_rt(strategy)
         try:
             results["meta"]["stream_mem_ops"] = bool(rt._publisher.stream_ops)
+            # the two clocks drift apart by microseconds per second: align them right before each section
+            section(results, f"clock_{strategy.value}", calibrate_clock)
+            offset = results[f"clock_{strategy.value}"].get("offset_ns", float("nan"))
             section(results, f"latency_64x8KiB_{strategy.value}", latency, rt, offset, n_lat)
             section(results, f"bandwidth_2048x8KiB_{strategy.value}", bandwidth, rt, strategy, n_bw)
             if strategy in BLOCKED_STRATEGIES:
