@@ -38,6 +38,7 @@ class RouteSet(Protocol):
     available: frozenset[Strategy]
     inline: frozenset[Strategy]  # strategies cheap enough to issue on the submitting thread
     raises_on_device: frozenset[Strategy]  # strategies that honour `raise_on_landed` from the GPU
+    resident: Any  # the RESIDENT route's copier (its `forwarder` is the doorbell's fast lane), or None
 
     def record_after(self) -> Any:
         """On the submitting thread: a token for 'work already enqueued on the current stream'."""
@@ -45,11 +46,13 @@ class RouteSet(Protocol):
     def issue(
         self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
         emit: Callable[[Pending], None], raise_on_landed: tuple[int, int] | None = None,
+        posted_task: int | None = None,
     ) -> None:
         """On the worker thread: enqueue (or, on the host backend, do) the copies of `plans`.
 
         raise_on_landed: (address of a device int64, value), for strategies in `raises_on_device`:
         the device raises that word to at least value once every plan has landed.
+        posted_task: the one plan was already posted as this RESIDENT task (the doorbell's fast lane).
 
         Each piece left running is handed to `emit` as soon as it is enqueued, so its staging
         buffer can be recycled while later pieces of the same transfer still wait for one. The

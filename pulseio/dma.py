@@ -50,6 +50,7 @@ class _Queued:
     plan: TransferPlan
     after: Any
     raise_on_landed: tuple[int, int] | None = None
+    posted_task: int | None = None
 
 
 _STOP = object()
@@ -94,6 +95,11 @@ class DmaEngine:
         """Strategies whose transfers can raise a device word when they land (`submit(raise_on_landed=)`)."""
         return self._routes.raises_on_device
 
+    @property
+    def resident(self) -> Any:
+        """The RESIDENT route's copier, or None on a backend without one (the doorbell's fast lane)."""
+        return self._routes.resident
+
     # -- submitting ------------------------------------------------------------------------
 
     def recall(
@@ -131,13 +137,18 @@ class DmaEngine:
     def submit(
         self, plan: TransferPlan, *, strategy: Strategy = Strategy.AUTO, tag: Any = None,
         stream_ordered: bool = True, raise_on_landed: tuple[int, int] | None = None,
+        posted_task: int | None = None,
     ) -> Transfer:
         """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed.
 
         raise_on_landed: (address of a device int64, value). If the chosen strategy is in
         `raises_on_device`, the GPU raises that word (atomic max) to value once the data has landed,
         with no stream operation; otherwise it is ignored and the caller signals as it would.
+        posted_task: the plan was already posted as this task of `resident` (by the doorbell's fast
+        lane, which validated it the same way): the engine only tracks it. Needs Strategy.RESIDENT.
         """
+        if posted_task is not None and strategy is not Strategy.RESIDENT:
+            raise InvalidRequestError(f"posted_task={posted_task} is a RESIDENT task, the strategy is {strategy}")
         if not isinstance(strategy, Strategy):
             raise TypeError(f"strategy must be a pulseio.Strategy, got {strategy!r}")
         if strategy is Strategy.AUTO:
@@ -165,7 +176,7 @@ class DmaEngine:
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
                 num_blocks=plan.num_blocks, nbytes=plan.nbytes, inflight=self._inflight,
             )
-            item = _Queued(transfer, plan, after, raise_on_landed)
+            item = _Queued(transfer, plan, after, raise_on_landed, posted_task)
             # Issue on this thread when the route is only a launch and nothing is queued ahead:
             # one thread hop less per transfer. Never waits: if the worker is issuing, queue.
             inline = (
@@ -213,6 +224,7 @@ class DmaEngine:
                 item is not _STOP
                 and item.transfer.strategy is first.transfer.strategy
                 and item.plan.direction is first.plan.direction
+                and item.posted_task is None and first.posted_task is None  # posted already: one task each
             )
             if not same_route or blocks + item.plan.num_blocks > self.config.merge_blocks:
                 return batch, item
@@ -228,6 +240,7 @@ class DmaEngine:
                 strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None],
                 lambda pending: self._inflight.piece(issue, pending),
                 max(raises, key=lambda r: r[1]) if raises else None,  # merged: all land before the last piece
+                batch[0].posted_task,
             )
         except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
             log.debug("issue of %d transfers failed", len(batch), exc_info=True)

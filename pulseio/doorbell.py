@@ -35,6 +35,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ from ._native.layout import (
     OUT_STATE,
     OUT_STATUS,
     OUT_TAG,
+    OUT_TASK,
     READ_LOST,
     READ_OK,
     STATUS_BAD_COUNT,
@@ -100,6 +102,12 @@ class Rung:
     published_ns: int  # the producer's timestamp (%globaltimer on the GPU)
     seen_ns: int  # time.perf_counter_ns() when the reader copied it
     error: str | None  # why the request cannot be served (lost to a lap, bad count); None if fine
+    task: int = 0  # the resident copier task a fast-lane reader already posted it as; 0 if none
+
+
+# A compiled reader: (base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out) -> rows
+# read, in the format of `_native.ring.read` (which is one).
+Reader = Callable[..., int]
 
 
 @dataclass(frozen=True)
@@ -181,17 +189,19 @@ class Doorbell:
             raise WouldBlock(f"no request published at seq {self._next} yet")
         return rungs
 
-    def wait_rung(self, timeout: float | None = None) -> list[Rung]:
+    def wait_rung(self, timeout: float | None = None, *, lane: Reader | None = None) -> list[Rung]:
         """Wait until a request is published, then read them all; [] on timeout.
 
         Spins `spin_iterations` atomic loads with the GIL released, then sleeps with backoff.
+        lane: a compiled reader that takes the leading requests it can serve itself (their Rung.task
+        is set), before the regular read takes the rest (the resident copier's fast lane).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         sleep = self._sleep[0]
         while True:
             self._check_open()
             if self._ring.spin(self.base, self.layout.capacity, self.layout.slot_words, self._next, self._spin):
-                rungs = self._read()
+                rungs = self._read(lane) + self._read() if lane is not None else self._read()
                 if rungs:
                     self._counts["wakeups"] += 1
                     return rungs
@@ -201,11 +211,12 @@ class Doorbell:
             time.sleep(sleep)
             sleep = min(2 * sleep, self._sleep[1])
 
-    def _read(self) -> list[Rung]:
+    def _read(self, reader: Reader | None = None) -> list[Rung]:
         with self._read_lock:
             self._check_open()
-            k = int(self._ring.read(self.base, self.words, self.layout.capacity, self.layout.slot_words,
-                                    self.layout.blocks_per_slot, self._next, self._out, self._ids, self._slots))
+            k = int((reader or self._ring.read)(self.base, self.words, self.layout.capacity, self.layout.slot_words,
+                                                self.layout.blocks_per_slot, self._next, self._out, self._ids,
+                                                self._slots))
             if k == 0:
                 return []
             seen = time.perf_counter_ns()
@@ -232,7 +243,7 @@ class Doorbell:
             n = 0
         return Rung(seq=seq, tag=row[OUT_TAG] if state == READ_OK else -1,
                     host_ids=self._ids[at : at + n].copy(), device_slots=self._slots[at : at + n].copy(),
-                    published_ns=row[OUT_STAMP], seen_ns=seen_ns, error=error)
+                    published_ns=row[OUT_STAMP], seen_ns=seen_ns, error=error, task=row[OUT_TASK])
 
     # -- lifecycle -------------------------------------------------------------------------------
 

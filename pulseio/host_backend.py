@@ -49,6 +49,7 @@ class _HostRoutes:
     )
     inline: frozenset[Strategy] = frozenset()  # every host route does the copying itself
     raises_on_device: frozenset[Strategy] = frozenset()
+    resident = None  # no resident copier: the doorbell has no fast lane here
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._host = host.blocks  # [num_blocks, block_bytes] uint8
@@ -62,6 +63,7 @@ class _HostRoutes:
     def issue(
         self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
         emit: Callable[[Pending], None], raise_on_landed: tuple[int, int] | None = None,
+        posted_task: int | None = None,
     ) -> None:
         plan = merge_plans(list(plans))
         src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)

@@ -23,7 +23,7 @@ from .dma import DmaEngine
 from .doorbell import Doorbell, Rung
 from .errors import ClosedError, InvalidRequestError, PulseInternalError, TransferError, WouldBlock
 from .interrupts import Completion, CompletionOrder
-from .plan import Strategy, TransferPlan
+from .plan import Direction, Strategy, TransferPlan
 from .transfer import Transfer
 
 
@@ -82,6 +82,7 @@ class Poller:
         # the device word when they land, per worker (see _raise_for)
         self._outstanding = 0
         self._outstanding_raised = [0] * len(self._workers)
+        self._init_lane()
         self._counts = {"completed": 0, "failed": 0, "bytes": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
@@ -89,10 +90,38 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name="pulseio-poller", daemon=True)
         self._thread.start()
 
+    def _init_lane(self) -> None:
+        """The fast lane: with one worker that has a resident copier, requests recalled through it are
+        read, validated and posted by one compiled call (`task_ring.forward`) before any Python object
+        is made for them. `_fast` marks the seqs that may take it."""
+        worker = self._workers[0]
+        self._copier = worker.resident if len(self._workers) == 1 else None
+        self._fast = np.zeros(self._doorbell.layout.capacity, dtype=np.int64)  # [capacity]: seq, or stale
+        counts = [1 << i for i in range(16) if 1 << i <= self._doorbell.layout.blocks_per_slot]
+        choose = worker.config.auto.choose
+        self._auto_resident = all(choose(Direction.H2D, worker.host.block_bytes, c) is Strategy.RESIDENT
+                                  for c in counts)
+        self._lane_raises = False
+
     def expect(self, completion: Completion, strategy: Strategy) -> None:
         """Register the completion of the request that will be published as `completion.seq`."""
         with self._lock:
             self._pending[completion.seq] = (completion, strategy)
+        if self._copier is not None and (
+            strategy is Strategy.RESIDENT or (strategy is Strategy.AUTO and self._auto_resident)
+        ):
+            self._fast[(completion.seq - 1) % len(self._fast)] = completion.seq
+
+    def _lane(self) -> Any:
+        """The fast-lane reader for the next read, or None. Its tasks raise the device word themselves
+        when every request in flight is one of the copier's own (see _raise_for)."""
+        if self._copier is None:
+            return None
+        raise_at = self._raise_for(0, 0)
+        self._lane_raises = raise_at is not None
+        worker = self._workers[0]
+        return self._copier.forwarder(self._fast, worker.host.num_blocks, worker.device.num_slots,
+                                      raise_at[0] if raise_at else 0)
 
     def forget(self, seq: int) -> None:
         """Drop an expectation whose publish was never launched (its launch raised)."""
@@ -104,7 +133,7 @@ class Poller:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                rungs = self._doorbell.wait_rung(timeout=self._wait_s)
+                rungs = self._doorbell.wait_rung(timeout=self._wait_s, lane=self._lane())
             except ClosedError:
                 return
             for rung in rungs:
@@ -134,10 +163,14 @@ class Poller:
             self._ready(completion.seq, None)
             return self._finish(completion, None)
         index = rung.seq % len(self._workers)
-        raise_to = self._raise_for(index, completion.seq)
-        transfer = self._submit(self._workers[index], plan, strategy, completion, raise_to)
+        if rung.task:  # the fast lane posted it already
+            raise_to, strategy = None, Strategy.RESIDENT
+        else:
+            raise_to = self._raise_for(index, completion.seq)
+        transfer = self._submit(self._workers[index], plan, strategy, completion, raise_to, rung.task or None)
         if transfer is not None:
-            raised = raise_to is not None and transfer.strategy in self._workers[index].raises_on_device
+            raised = (self._lane_raises if rung.task else
+                      raise_to is not None and transfer.strategy in self._workers[index].raises_on_device)
             self._count(index, raised, 1)
             transfer.add_issued_callback(lambda t, c=completion, r=raised: self._ready(c.seq, t.device_event, r))
             transfer.add_done_callback(lambda t, i=index, r=raised: self._count(i, r, -1))
@@ -161,11 +194,11 @@ class Poller:
                 self._outstanding_raised[index] += delta
 
     def _submit(self, worker: DmaEngine, plan: TransferPlan, strategy: Strategy, completion: Completion,
-                raise_to: tuple[int, int] | None) -> Transfer | None:
+                raise_to: tuple[int, int] | None, posted_task: int | None) -> Transfer | None:
         while True:
             try:
                 transfer = worker.submit(plan, strategy=strategy, tag=f"doorbell seq={completion.seq}",
-                                         stream_ordered=False, raise_on_landed=raise_to)
+                                         stream_ordered=False, raise_on_landed=raise_to, posted_task=posted_task)
                 completion.transfer = transfer
                 return transfer
             except WouldBlock:  # the worker has max_inflight transfers: wait for room, not fail

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._native.task_ring import D2H, H2D, MAX_TASK_BLOCKS
 from ..backend import Pending
 from ..config import DmaConfig
 from ..errors import DeviceUnavailableError, PoolTooSmallError, PulseInternalError
@@ -30,7 +31,6 @@ from . import driver
 from .hostmem import PinnedBuffer
 from .launch import BlockArray, CopyBlocksLauncher
 from .resident import ResidentCopier
-from .resident_kernel import D2H, H2D, MAX_TASK_BLOCKS
 
 log = logging.getLogger(__name__)
 _ID = 8  # bytes per id (int64)
@@ -209,13 +209,14 @@ class CudaRoutes:
     def issue(
         self, strategy: Strategy, plans: Sequence[TransferPlan], after: Sequence[Any],
         emit: Callable[[Pending], None], raise_on_landed: tuple[int, int] | None = None,
+        posted_task: int | None = None,
     ) -> None:
         self._bind_thread()
         for event in after:
             self.stream.wait_event(event)
         plan = plans[0] if len(plans) == 1 else merge_plans(list(plans))
         if strategy is Strategy.RESIDENT:
-            self._resident_post(plan, self._stream_handle if after else None, emit, raise_on_landed)
+            self._resident_post(plan, self._stream_handle if after else None, emit, raise_on_landed, posted_task)
         elif strategy is Strategy.ZERO_COPY:
             self._zero_copy(plan, emit)
         elif strategy is Strategy.BATCHED:
@@ -294,10 +295,19 @@ class CudaRoutes:
                                       host_ids_ptr, m)
                 emit(Pending(self._record(), self._ids.releaser(index)))
 
+    @property
+    def resident(self) -> ResidentCopier:
+        """The RESIDENT route's copier (the doorbell poller's fast lane posts into it directly)."""
+        return self._resident
+
     def _resident_post(self, plan: TransferPlan, ordered_on: int | None, emit: Callable[[Pending], None],
-                       raise_on_landed: tuple[int, int] | None) -> None:
+                       raise_on_landed: tuple[int, int] | None, posted_task: int | None) -> None:
         """ordered_on: the copy stream, already waiting on the callers' streams (stream-ordered transfers).
-        Tasks land in order, so only the last piece raises the caller's word."""
+        Tasks land in order, so only the last piece raises the caller's word. posted_task: the fast lane
+        already posted the plan as that task: only track it."""
+        if posted_task is not None:
+            emit(Pending(self._resident.event(posted_task)))
+            return
         direction = H2D if plan.direction is Direction.H2D else D2H
         cap = self._resident.cap
         parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= cap else list(pieces(plan, cap))

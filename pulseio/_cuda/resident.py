@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from .._native import mailbox
+from .._native import task_ring as tr
 from ..errors import CudaError, PulseInternalError
 from . import resident_kernel as rk
 from .driver import wait_value, write_value
@@ -39,29 +40,28 @@ class ResidentCopier:
     """Serves block copies between one host pool and one device pool through a resident kernel.
 
     slots: tasks posted and not yet known to have landed (a post waits for the task `slots` before
-    it); cap: blocks per task. Not thread-safe for posting (the routes post under their issue lock);
-    waiting and querying are thread-safe.
+    it); cap: blocks per task. Thread-safe.
     """
 
     def __init__(self, backend: Any, host: BlockArray, pool: BlockArray, *, ctas: int, slots: int, cap: int,
                  idle_us: int) -> None:
-        if not 1 <= cap <= rk.MAX_TASK_BLOCKS:
-            raise ValueError(f"a resident task holds 1..{rk.MAX_TASK_BLOCKS} blocks, got cap={cap}")
+        if not 1 <= cap <= tr.MAX_TASK_BLOCKS:
+            raise ValueError(f"a resident task holds 1..{tr.MAX_TASK_BLOCKS} blocks, got cap={cap}")
         self._device = backend.device
         self.slots, self.cap, self._ctas = slots, cap, ctas
         entries_at = _LINE
-        done_at = entries_at + _lines(rk.ENTRY_WORDS * slots)
+        done_at = entries_at + _lines(tr.ENTRY_WORDS * slots)
         ids_at = done_at + _lines(slots)
         self._memory: PinnedBuffer | None = backend.alloc_host(8 * (ids_at + slots * 2 * cap), label="resident ring")
         words = self._memory.tensor.numpy().view(np.int64)
         words[:] = 0
         self._ctrl, self._done = words[:_LINE], words[done_at : done_at + slots]
-        self._entries = words[entries_at : entries_at + rk.ENTRY_WORDS * slots].reshape(slots, rk.ENTRY_WORDS)
+        self._entries = words[entries_at : entries_at + tr.ENTRY_WORDS * slots].reshape(slots, tr.ENTRY_WORDS)
         self._ids = words[ids_at:].reshape(slots, 2 * cap)
         base = self._memory.device_ptr
         self._ctrl_addr, self._entries_addr, self._done_addr = base, base + 8 * entries_at, base + 8 * done_at
-        self._promised_addr = base + 8 * rk.CTRL_PROMISED
-        self._stopped_addr = base + 8 * rk.CTRL_STOPPED
+        self._promised_addr = base + 8 * tr.CTRL_PROMISED
+        self._stopped_addr = base + 8 * tr.CTRL_STOPPED
         self._dev = torch.zeros(rk.dev_words(slots), dtype=torch.int64, device=self._device)
         self._dev[rk.DEV_START] = 1
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
@@ -73,6 +73,7 @@ class ResidentCopier:
         )
         self._kernel.values[32] = idle_us * 1000
         self._launch_lock = threading.Lock()
+        self._post_lock = threading.Lock()  # the routes' issuer and the doorbell's fast lane both post
         self._gen = 0
         self._seq = 0  # last task posted
         self.launches = 0
@@ -81,11 +82,11 @@ class ResidentCopier:
     def _warm_up(self) -> None:
         """Launch once with CTRL_CLOSE set: loads the kernel now (a first launch under lazy module loading
         waits for the device, which may be waiting for a copy) and checks that it runs and stops."""
-        self._ctrl[rk.CTRL_CLOSE] = 1
+        self._ctrl[tr.CTRL_CLOSE] = 1
         self._launch()
         self.stream.synchronize()
-        self._ctrl[rk.CTRL_CLOSE] = 0
-        if self._ctrl[rk.CTRL_STOPPED] != self._gen:
+        self._ctrl[tr.CTRL_CLOSE] = 0
+        if self._ctrl[tr.CTRL_STOPPED] != self._gen:
             raise PulseInternalError("the resident copy kernel exited without its stop handshake")
 
     def _launch(self) -> None:
@@ -102,6 +103,12 @@ class ResidentCopier:
         """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
         becomes visible to the kernel only when that stream reaches this point (None: at once).
         raise_on_landed: (address of a device int64, value): the kernel raises it to value once landed."""
+        with self._post_lock:
+            seq = self._post(direction, host_ids, slots, ordered_on, raise_on_landed)
+        return ResidentEvent(self, seq)
+
+    def _post(self, direction: int, host_ids: np.ndarray, slots: np.ndarray, ordered_on: Any,
+              raise_on_landed: tuple[int, int] | None) -> int:
         seq = self._seq + 1
         slot = (seq - 1) % self.slots
         if self._done[slot] < seq - self.slots:  # the slot's previous task has not landed yet
@@ -111,20 +118,45 @@ class ResidentCopier:
         ids[:m] = host_ids
         ids[self.cap : self.cap + m] = slots
         entry = self._entries[slot]
-        entry[rk.ENTRY_RAISE_AT], entry[rk.ENTRY_RAISE_TO] = raise_on_landed or (0, 0)
-        word = rk.pack_entry(seq, m, direction)
-        entry_addr = self._entries_addr + 8 * (rk.ENTRY_WORDS * slot + rk.ENTRY_TASK)
+        entry[tr.ENTRY_RAISE_AT], entry[tr.ENTRY_RAISE_TO] = raise_on_landed or (0, 0)
+        word = tr.pack_entry(seq, m, direction)
+        entry_addr = self._entries_addr + 8 * (tr.ENTRY_WORDS * slot + tr.ENTRY_TASK)
         if ordered_on is None:
-            stopped = mailbox.post(entry_addr, word, self._promised_addr, seq, self._stopped_addr)
+            stopped = tr.post(entry_addr, word, self._promised_addr, seq, self._stopped_addr)
         else:
-            stopped = mailbox.post(0, 0, self._promised_addr, seq, self._stopped_addr)
+            stopped = tr.post(0, 0, self._promised_addr, seq, self._stopped_addr)
             write_value(ordered_on, entry_addr, word)
         self._seq = seq
-        if stopped == self._gen:  # the kernel offered to stop; it may have gone: start the next generation
+        self._restart_if_stopped(stopped)
+        return seq
+
+    def _restart_if_stopped(self, stopped: int) -> None:
+        """After a post: if the kernel had offered to stop (it may be gone), start the next generation."""
+        if stopped == self._gen:
             with self._launch_lock:
-                if self._ctrl[rk.CTRL_STOPPED] == self._gen:
+                if self._ctrl[tr.CTRL_STOPPED] == self._gen:
                     self._launch()
+
+    def event(self, seq: int) -> ResidentEvent:
         return ResidentEvent(self, seq)
+
+    def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_at: int) -> Callable[..., int]:
+        """A doorbell reader (`Doorbell.wait_rung(lane=)`) that posts the leading requests marked in `fast`
+        as tasks in one compiled call (`task_ring.forward`); raise_at: the device word they raise, or 0."""
+
+        def forward(base: int, words: np.ndarray, capacity: int, slot_words: int, max_blocks: int, next_seq: int,
+                    out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray) -> int:
+            with self._post_lock:
+                k, stopped = tr.forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
+                                        num_slots, self._ids, self._entries, self._entries_addr, self._done,
+                                        self._promised_addr, self._stopped_addr, self._seq, raise_at, out, ids_out,
+                                        slots_out)
+                self._seq += k
+            if k:
+                self._restart_if_stopped(stopped)
+            return k
+
+        return forward
 
     # -- completion ----------------------------------------------------------------------------------
 
@@ -134,14 +166,14 @@ class ResidentCopier:
     def landed_ns(self, seq: int) -> int | None:
         """%globaltimer when task seq landed (GPU clock), while its ring slot still holds it; else None."""
         slot = (seq - 1) % self.slots
-        stamp = int(self._entries[slot, rk.ENTRY_LANDED_NS])
+        stamp = int(self._entries[slot, tr.ENTRY_LANDED_NS])
         return stamp if self._done[slot] == seq else None
 
     def wait_sync(self, seq: int) -> None:
         """Wait, GIL released, until task seq has landed."""
         addr = self._done_addr + 8 * ((seq - 1) % self.slots)
         sleep = 0.0  # spin first: a task takes microseconds, and a sleep at least ~60 us on Linux
-        while not mailbox.wait_at_least(addr, seq, _SPIN):
+        while not tr.wait_at_least(addr, seq, _SPIN):
             self._check_running(seq)
             if sleep:
                 time.sleep(sleep)
@@ -150,7 +182,7 @@ class ResidentCopier:
     def _check_running(self, seq: int) -> None:
         """A waiter whose task is late: start a generation if the kernel stopped, raise if the GPU failed."""
         with self._launch_lock:
-            if self._ctrl[rk.CTRL_STOPPED] == self._gen:
+            if self._ctrl[tr.CTRL_STOPPED] == self._gen:
                 self._launch()
                 return
         try:
@@ -168,7 +200,7 @@ class ResidentCopier:
         """Stop the kernel (it exits once idle) and free the ring. Every posted task must have landed."""
         if self._memory is None:
             return
-        self._ctrl[rk.CTRL_CLOSE] = 1
+        self._ctrl[tr.CTRL_CLOSE] = 1
         deadline = time.monotonic() + _WARM_S
         while not self.stream.query():
             if time.monotonic() > deadline:

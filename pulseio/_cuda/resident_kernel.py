@@ -5,7 +5,8 @@ Launching a kernel per transfer costs 6-8 us of host time on the H200 VM, plus a
 the host posts into pinned memory, until it has been idle for `idle_ns`; the host relaunches it
 on the next post. Tasks are numbered 1, 2, 3, ... and served in order.
 
-Memory (int64 words; addresses are passed as int64 so the protocol words get explicit scopes):
+Memory (int64 words; addresses are passed as int64 so the protocol words get explicit scopes; the
+layout constants are in `pulseio/_native/task_ring.py`, with the host half of the protocol):
 * host control, pinned: CTRL_PROMISED (host: highest task posted or on its way), CTRL_STOPPED
   (kernel: the generation that last offered to stop), CTRL_CLOSE (host: stop as soon as idle);
 * host entries, pinned, ENTRY_WORDS per slot: ENTRY_TASK = pack(s, count, direction), written last by
@@ -37,6 +38,18 @@ import functools
 
 from numba import cuda, int64
 
+from .._native.task_ring import (  # the layout both halves share
+    COUNT_BITS,
+    CTRL_CLOSE,
+    CTRL_PROMISED,
+    CTRL_STOPPED,
+    ENTRY_LANDED_NS,
+    ENTRY_RAISE_AT,
+    ENTRY_RAISE_TO,
+    ENTRY_TASK,
+    ENTRY_WORDS,
+    MAX_TASK_BLOCKS,
+)
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 from .kernels import copy_row
 from .sysmem import (
@@ -51,23 +64,11 @@ from .sysmem import (
     store_release_sys,
 )
 
-CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2
-CTRL_WORDS = 16  # its own 128-byte line
-ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS = 0, 1, 2, 3
-ENTRY_WORDS = 4
 DEV_POSTED, DEV_EXIT, DEV_START, DEV_WATERMARK = 0, 1, 2, 3
 DEV_HEADER = 16
 
-COUNT_BITS = 15
-MAX_TASK_BLOCKS = (1 << COUNT_BITS) - 1
-H2D, D2H = 0, 1
 
 RESIDENT_SIGNATURE = "void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64)"
-
-
-def pack_entry(seq: int, count: int, direction: int) -> int:
-    """One word, so the leader learns a task with a single PCIe read: seq | direction | count."""
-    return (seq << (COUNT_BITS + 1)) | (direction << COUNT_BITS) | count
 
 
 def dev_words(slots: int) -> int:

@@ -22,8 +22,8 @@ READ_LOST = 1  # the slot already holds a later seq: the producer lapped the rea
 READ_TORN = 2  # the slot was overwritten while it was being read
 
 # columns of the reader's output rows
-OUT_SEQ, OUT_COUNT, OUT_TAG, OUT_STAMP, OUT_STATUS, OUT_STATE, OUT_OFFSET = range(7)
-OUT_COLUMNS = 8
+OUT_SEQ, OUT_COUNT, OUT_TAG, OUT_STAMP, OUT_STATUS, OUT_STATE, OUT_OFFSET, OUT_TASK = range(8)
+OUT_COLUMNS = 8  # OUT_TASK: the resident task the fast lane posted the request as (0: none)
 
 
 def slot_words(max_blocks: int) -> int:

@@ -19,6 +19,7 @@ from .layout import (
     OUT_STATE,
     OUT_STATUS,
     OUT_TAG,
+    OUT_TASK,
     READ_LOST,
     READ_OK,
     READ_TORN,
@@ -66,6 +67,36 @@ def _spin(base, capacity, slot_words, next_seq, iterations):
     return 0
 
 
+def _read_one(base, words, capacity, slot_words, max_blocks, seq, out, k, ids_out, slots_out, offset):
+    """Read request seq into row k of out, its ids to ids_out[offset:] / slots_out[offset:].
+    Returns -1 if seq is not yet published (row k untouched), else the number of ids copied."""
+    start = ((seq - 1) % capacity) * slot_words
+    seen = load_acquire(base + 8 * (start + SEQ))
+    if -seq <= seen < seq:  # not yet published, or being published now
+        return -1
+    out[k, OUT_SEQ] = seq
+    out[k, OUT_OFFSET] = offset
+    out[k, OUT_COUNT] = 0
+    out[k, OUT_TASK] = 0
+    if seen != seq:  # a later request (or its busy mark) holds the slot: seq was lost
+        out[k, OUT_STATE] = READ_LOST
+        return 0
+    n = words[start + COUNT]
+    m = n if 0 <= n <= max_blocks else 0
+    ids_at = start + HEADER_WORDS
+    ids_out[offset : offset + m] = words[ids_at : ids_at + m]
+    slots_out[offset : offset + m] = words[ids_at + max_blocks : ids_at + max_blocks + m]
+    out[k, OUT_COUNT] = n
+    out[k, OUT_TAG] = words[start + TAG]
+    out[k, OUT_STAMP] = words[start + STAMP]
+    status = words[start + STATUS]
+    out[k, OUT_STATUS] = status if m == n else STATUS_BAD_COUNT
+    fence_acquire()  # the payload reads above complete before the re-check below
+    again = load_acquire(base + 8 * (start + SEQ))
+    out[k, OUT_STATE] = READ_OK if again == seq else READ_TORN
+    return m
+
+
 def _read(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out):
     """Read every request published from next_seq on, in order, up to `capacity` of them.
 
@@ -74,36 +105,12 @@ def _read(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out,
     """
     k = 0
     offset = 0
-    seq = next_seq
     while k < capacity:
-        start = ((seq - 1) % capacity) * slot_words
-        seen = load_acquire(base + 8 * (start + SEQ))
-        if -seq <= seen < seq:  # not yet published, or being published now
+        m = read_one(base, words, capacity, slot_words, max_blocks, next_seq + k, out, k, ids_out, slots_out, offset)
+        if m < 0:
             break
-        out[k, OUT_SEQ] = seq
-        out[k, OUT_OFFSET] = offset
-        out[k, OUT_COUNT] = 0
-        if seen != seq:  # a later request (or its busy mark) holds the slot: seq was lost
-            out[k, OUT_STATE] = READ_LOST
-            k += 1
-            seq += 1
-            continue
-        n = words[start + COUNT]
-        m = n if 0 <= n <= max_blocks else 0
-        ids_at = start + HEADER_WORDS
-        ids_out[offset : offset + m] = words[ids_at : ids_at + m]
-        slots_out[offset : offset + m] = words[ids_at + max_blocks : ids_at + max_blocks + m]
-        out[k, OUT_COUNT] = n
-        out[k, OUT_TAG] = words[start + TAG]
-        out[k, OUT_STAMP] = words[start + STAMP]
-        status = words[start + STATUS]
-        out[k, OUT_STATUS] = status if m == n else STATUS_BAD_COUNT
-        fence_acquire()  # the payload reads above complete before the re-check below
-        again = load_acquire(base + 8 * (start + SEQ))
-        out[k, OUT_STATE] = READ_OK if again == seq else READ_TORN
         offset += m
         k += 1
-        seq += 1
     return k
 
 
@@ -111,12 +118,13 @@ if NATIVE:
     from numba import njit
 
     _jit = njit(nogil=True, cache=True)
+    read_one = _jit(_read_one)
     claim = _jit(_claim)
     write_slot = _jit(_write_slot)
     spin = _jit(_spin)
     read = _jit(_read)
 else:  # pragma: no cover - exercised where numba is absent
-    claim, write_slot, spin, read = _claim, _write_slot, _spin, _read
+    claim, write_slot, spin, read, read_one = _claim, _write_slot, _spin, _read, _read_one
 
 
 
@@ -135,4 +143,4 @@ def warm_up() -> None:
     read(words.ctypes.data, words, 2, slot_words(1), 1, 1, out, ids_out, slots_out)
 
 
-__all__ = ["NATIVE", "claim", "write_slot", "spin", "read", "warm_up"]
+__all__ = ["NATIVE", "claim", "write_slot", "spin", "read", "read_one", "warm_up"]

@@ -118,10 +118,10 @@ def test_a_failing_route_fails_only_its_transfers(pools, monkeypatch) -> None:
     with pulseio.DmaEngine(host, device) as engine:
         real_issue = engine._routes.issue
 
-        def flaky(strategy, plans, after, emit, raise_on_landed=None):
+        def flaky(strategy, plans, after, emit, raise_on_landed=None, posted_task=None):
             if any(1 in p.host_ids for p in plans):
                 raise RuntimeError("copy engine on fire")
-            return real_issue(strategy, plans, after, emit, raise_on_landed)
+            return real_issue(strategy, plans, after, emit, raise_on_landed, posted_task)
 
         monkeypatch.setattr(engine._routes, "issue", flaky)
         bad = engine.recall([1], [1], tag="bad")

@@ -54,6 +54,7 @@ import threading, time
 import numpy as np
 from numba import cuda
 from pulseio._cuda import resident_kernel as rk
+from pulseio._native import task_ring as tr
 
 kernel = rk.compile_resident_copy()
 rng = np.random.default_rng(3)
@@ -61,8 +62,8 @@ words, H, D, slots, cap = 40, 32, 24, 4, 8
 host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
 pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
 ids = np.zeros((slots, 2 * cap), dtype=np.int64)
-ctrl = np.zeros(rk.CTRL_WORDS, np.int64)
-entries = np.zeros((slots, rk.ENTRY_WORDS), np.int64)
+ctrl = np.zeros(tr.CTRL_WORDS, np.int64)
+entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 target = np.zeros(1, np.int64)  # a consumer's device word that task 3 raises
 done = np.zeros(slots, np.int64)
 dev = np.zeros(rk.dev_words(slots), np.int64)
@@ -73,39 +74,39 @@ def post(seq, h, p, direction, raise_to=0):
     slot = (seq - 1) % slots
     ids[slot, : len(h)] = h
     ids[slot, cap : cap + len(p)] = p
-    entries[slot, rk.ENTRY_RAISE_AT] = addr(target) if raise_to else 0
-    entries[slot, rk.ENTRY_RAISE_TO] = raise_to
-    entries[slot, rk.ENTRY_TASK] = rk.pack_entry(seq, len(h), direction)
-    ctrl[rk.CTRL_PROMISED] = seq
+    entries[slot, tr.ENTRY_RAISE_AT] = addr(target) if raise_to else 0
+    entries[slot, tr.ENTRY_RAISE_TO] = raise_to
+    entries[slot, tr.ENTRY_TASK] = tr.pack_entry(seq, len(h), direction)
+    ctrl[tr.CTRL_PROMISED] = seq
 
 def launch(gen, idle_ms=5, grid=1):
     kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6))
 
 h1, p1 = rng.choice(H, 5, replace=False), rng.choice(D, 5, replace=False)
 h3, p3 = rng.choice(H, 8, replace=False), rng.choice(D, 8, replace=False)
-post(1, h1, p1, rk.H2D); post(2, [], [], rk.H2D); post(3, h3, p3, rk.H2D, raise_to=33)
+post(1, h1, p1, tr.H2D); post(2, [], [], tr.H2D); post(3, h3, p3, tr.H2D, raise_to=33)
 launch(1)
 assert np.array_equal(pool[p3], host[h3]) and np.array_equal(pool[p1[~np.isin(p1, p3)]], host[h1[~np.isin(p1, p3)]])
 assert list(done) == [1, 2, 3, 0], done
-assert dev[rk.DEV_WATERMARK] == 3 and dev[rk.DEV_START] == 4 and dev[rk.DEV_EXIT] == 1 and ctrl[rk.CTRL_STOPPED] == 1
+assert dev[rk.DEV_WATERMARK] == 3 and dev[rk.DEV_START] == 4 and dev[rk.DEV_EXIT] == 1 and ctrl[tr.CTRL_STOPPED] == 1
 assert (dev[rk.DEV_HEADER + slots:] == 0).all()
-assert target[0] == 33 and (entries[:3, rk.ENTRY_LANDED_NS] > 0).all() and entries[3, rk.ENTRY_LANDED_NS] == 0
+assert target[0] == 33 and (entries[:3, tr.ENTRY_LANDED_NS] > 0).all() and entries[3, tr.ENTRY_LANDED_NS] == 0
 # gen 2: an offload (pool -> host) and a recall that reuses slot 0
 h4, p4 = np.array([30, 31, 29]), np.array([p3[0], p3[1], p3[2]])
-post(4, h4, p4, rk.D2H)
+post(4, h4, p4, tr.D2H)
 h5, p5 = np.array([0, 1]), np.array([20, 21])
-post(5, h5, p5, rk.H2D)
+post(5, h5, p5, tr.H2D)
 expect4 = pool[p4].copy()
 launch(2)
 assert np.array_equal(host[h4], expect4) and np.array_equal(pool[p5], host[h5])
 assert list(done) == [5, 2, 3, 4], done
-assert dev[rk.DEV_WATERMARK] == 5 and dev[rk.DEV_START] == 6 and ctrl[rk.CTRL_STOPPED] == 2
+assert dev[rk.DEV_WATERMARK] == 5 and dev[rk.DEV_START] == 6 and ctrl[tr.CTRL_STOPPED] == 2
 # a promise keeps an idle kernel serving until the post lands
 # (the simulator hands the kernel a copy of each array argument: ids are written before the launch,
 # only the entry word, read by address, arrives late)
 ids[1, 0], ids[1, cap] = 5, 6
-ctrl[rk.CTRL_PROMISED] = 6
-late = threading.Timer(0.3, lambda: entries.__setitem__((1, rk.ENTRY_TASK), rk.pack_entry(6, 1, rk.H2D)))
+ctrl[tr.CTRL_PROMISED] = 6
+late = threading.Timer(0.3, lambda: entries.__setitem__((1, tr.ENTRY_TASK), tr.pack_entry(6, 1, tr.H2D)))
 late.start()
 t0 = time.perf_counter()
 launch(3, idle_ms=1)
@@ -113,7 +114,7 @@ late.join()
 assert done[1] == 6 and np.array_equal(pool[6], host[5]) and time.perf_counter() - t0 >= 0.25
 assert dev[rk.DEV_START] == 7
 # close: an idle kernel exits without waiting out idle_ns
-ctrl[rk.CTRL_CLOSE] = 1
+ctrl[tr.CTRL_CLOSE] = 1
 t0 = time.perf_counter()
 launch(4, idle_ms=60_000)
 assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 4 and dev[rk.DEV_START] == 7

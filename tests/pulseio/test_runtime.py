@@ -171,11 +171,11 @@ def test_copies_that_raise_the_word_themselves_skip_the_signal_only_when_nothing
         gate = threading.Event()
         real_issue, real_signal = worker._routes.issue, publisher.signal
 
-        def issue(strategy, plans, after, emit, raise_on_landed=None):
+        def issue(strategy, plans, after, emit, raise_on_landed=None, posted_task=None):
             raised.append(raise_on_landed)
             if strategy is Strategy.GATHER_DMA:
                 gate.wait(10)  # held in flight until the next request has been dispatched
-            return real_issue(strategy, plans, after, emit, raise_on_landed)
+            return real_issue(strategy, plans, after, emit, raise_on_landed, posted_task)
 
         def signal(events, watermark):
             signals.append(watermark)

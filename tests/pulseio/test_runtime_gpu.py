@@ -52,13 +52,14 @@ def test_gpu_chosen_ids_land_bit_exact(rt: pulseio.Runtime, strategy: Strategy) 
     assert torch.equal(out.cpu(), expected)
 
 
-def test_device_count_and_invalid_id_fail_only_their_request(rt: pulseio.Runtime) -> None:
+@pytest.mark.parametrize("strategy", [Strategy.AUTO, Strategy.RESIDENT])  # RESIDENT: the poller's fast lane
+def test_device_count_and_invalid_id_fail_only_their_request(rt: pulseio.Runtime, strategy: Strategy) -> None:
     ids = torch.tensor([1, 2, CFG.host_blocks + 7, 3], device="cuda")
     slots = torch.arange(4, device="cuda")
     count = torch.tensor([2], device="cuda")  # decided on the GPU: only the first two ids
-    short = rt.post_recall(ids, slots, count=count, tag=1)
-    bad = rt.post_recall(ids, slots, tag=2)
-    after = rt.post_recall(ids[:2], slots[2:4], tag=3)
+    short = rt.post_recall(ids, slots, count=count, tag=1, strategy=strategy)
+    bad = rt.post_recall(ids, slots, tag=2, strategy=strategy)
+    after = rt.post_recall(ids[:2], slots[2:4], tag=3, strategy=strategy)
     assert short.wait(timeout=10) and short.num_blocks == 2
     with pytest.raises(TransferError, match=r"^doorbell request seq=\d+ tag=2: host_ids\[2\] = 4103 is out of range"):
         bad.wait(timeout=10)
@@ -67,7 +68,9 @@ def test_device_count_and_invalid_id_fail_only_their_request(rt: pulseio.Runtime
     assert torch.equal(rt.device_pool.slots[2:4].cpu(), rt.host_pool.blocks[1:3])
 
 
-def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: pulseio.Runtime) -> None:
+@pytest.mark.parametrize("strategy", [Strategy.AUTO, Strategy.RESIDENT])
+def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: pulseio.Runtime,
+                                                                           strategy: Strategy) -> None:
     stream = torch.cuda.Stream()
     steps, k = 16, 64
     slots = [torch.arange(i * k, (i + 1) * k, device="cuda") for i in range(steps)]
@@ -81,7 +84,7 @@ def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: p
             start = time.perf_counter()
             for i in range(steps):
                 ids = torch.topk(scores[i], k).indices  # [k] int64, cuda: the selection kernel
-                done = rt.post_recall(ids, slots[i], stream=stream, tag=i)
+                done = rt.post_recall(ids, slots[i], stream=stream, tag=i, strategy=strategy)
                 done.device_wait(stream)  # enqueued long before the copy is issued
                 outs.append((ids, rt.device_pool.slots.index_select(0, slots[i])))
                 posted.append(done)

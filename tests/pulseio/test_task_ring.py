@@ -1,0 +1,107 @@
+"""The resident copier's task ring on the host (`pulseio._native.task_ring`): posting, the stop handshake
+word, and the doorbell fast lane (`forward`), which must take exactly the requests `make_plan` accepts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pulseio._native import task_ring as tr
+from pulseio.doorbell import Doorbell, RingLayout
+from pulseio.host_backend import HostBackend
+
+pytest.importorskip("numba")
+
+SLOTS, CAP, NUM_HOST, NUM_SLOTS = 4, 8, 64, 16
+
+
+class _TaskRing:
+    """The host memory of a copier's ring, as numpy arrays (what ResidentCopier keeps in pinned memory)."""
+
+    def __init__(self) -> None:
+        self.ctrl = np.zeros(tr.CTRL_WORDS, np.int64)
+        self.entries = np.zeros((SLOTS, tr.ENTRY_WORDS), np.int64)
+        self.done = np.zeros(SLOTS, np.int64)
+        self.ids = np.zeros((SLOTS, 2 * CAP), np.int64)
+        self.seq = 0
+
+    def reader(self, fast: np.ndarray, raise_at: int):
+        def forward(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out):
+            k, self.stopped = tr.forward(
+                base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
+                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data + 8 * tr.CTRL_PROMISED,
+                self.ctrl.ctypes.data + 8 * tr.CTRL_STOPPED, self.seq, raise_at, out, ids_out, slots_out)
+            self.seq += k
+            return k
+
+        return forward
+
+    def task(self, seq: int) -> tuple[int, int, int]:
+        word = int(self.entries[(seq - 1) % SLOTS, tr.ENTRY_TASK])
+        return word >> (tr.COUNT_BITS + 1), (word >> tr.COUNT_BITS) & 1, word & tr.MAX_TASK_BLOCKS
+
+
+@pytest.fixture
+def doorbell() -> Doorbell:
+    layout = RingLayout(8, 16)
+    return Doorbell(HostBackend().alloc_host(layout.nbytes, label="ring"), layout)
+
+
+def test_forward_posts_valid_fast_requests_and_stops_at_the_first_it_cannot_take(doorbell: Doorbell) -> None:
+    ring, fast = _TaskRing(), np.zeros(8, np.int64)
+    requests = [
+        ([3, 9, 60], [0, 1, 2]),  # 1: posted as task 1
+        ([5], [7]),  # 2: posted as task 2
+        ([4, 4], [3, 3]),  # 3: a repeated destination slot: make_plan refuses it, so the lane stops here
+        ([1], [1]),  # 4: behind the refused one, left for the regular read
+    ]
+    for seq, (ids, slots) in enumerate(requests, start=1):
+        doorbell.publish(np.array(ids), np.array(slots), tag=10 + seq)
+        fast[(seq - 1) % 8] = seq
+    ring.ctrl[tr.CTRL_STOPPED] = 7  # what the kernel last wrote: returned to the caller as read after the promise
+    rungs = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0xAB))
+    assert [(r.seq, r.task, r.tag) for r in rungs] == [(1, 1, 11), (2, 2, 12), (3, 0, 13), (4, 0, 14)]
+    assert rungs[2].error is None and rungs[3].host_ids.tolist() == [1]  # the regular read took them
+    assert ring.task(1) == (1, tr.H2D, 3) and ring.task(2) == (2, tr.H2D, 1)
+    assert ring.ids[0, :3].tolist() == [3, 9, 60] and ring.ids[0, CAP : CAP + 3].tolist() == [0, 1, 2]
+    assert ring.ids[1, 0] == 5 and ring.ids[1, CAP] == 7
+    assert ring.entries[0, tr.ENTRY_RAISE_AT] == 0xAB and ring.entries[:2, tr.ENTRY_RAISE_TO].tolist() == [1, 2]
+    assert ring.ctrl[tr.CTRL_PROMISED] == 2 and ring.stopped == 7 and ring.seq == 2
+
+
+@pytest.mark.parametrize(("ids", "slots", "why"), [
+    ([NUM_HOST], [0], "host id out of range"),
+    ([0], [NUM_SLOTS], "slot out of range"),
+    (list(range(CAP + 1)), list(range(CAP + 1)), "more blocks than a task holds"),
+    ([], [], "nothing to copy"),
+])
+def test_forward_leaves_what_it_cannot_take_to_the_regular_read(doorbell: Doorbell, ids, slots, why) -> None:
+    ring, fast = _TaskRing(), np.array([1] + [0] * 7, np.int64)
+    doorbell.publish(np.array(ids, np.int64), np.array(slots, np.int64))
+    (rung,) = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0))
+    assert rung.task == 0 and ring.seq == 0 and ring.ctrl[tr.CTRL_PROMISED] == 0, why
+
+
+def test_forward_takes_only_marked_seqs_and_waits_for_a_free_task_slot(doorbell: Doorbell) -> None:
+    ring, fast = _TaskRing(), np.zeros(8, np.int64)
+    for seq in range(1, 7):
+        doorbell.publish(np.array([seq]), np.array([seq]))
+    fast[:6] = [1, 2, 3, 4, 5, 0]  # seq 6 was posted for another route; fast[...] holding seq 5 marks seq 5 only
+    rungs = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0))
+    # four task slots, none landed yet: tasks 1-4 are posted, seq 5 waits for slot 1 and goes the regular way
+    assert [r.task for r in rungs] == [1, 2, 3, 4, 0, 0]
+    ring.done[0] = 1  # task 1 landed: its slot is free again
+    doorbell.publish(np.array([9]), np.array([9]))
+    fast[6] = 7
+    (rung,) = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0))
+    assert rung.seq == 7 and rung.task == 5 and ring.task(5) == (5, tr.H2D, 1)
+
+
+def test_post_promises_and_reports_the_stop_word() -> None:
+    ring = _TaskRing()
+    ring.ctrl[tr.CTRL_STOPPED] = 3
+    entry = ring.entries.ctypes.data + 8 * tr.ENTRY_TASK
+    word = int(tr.pack_entry(1, 5, tr.D2H))
+    stopped = tr.post(entry, word, ring.ctrl.ctypes.data, 1, ring.ctrl.ctypes.data + 8 * tr.CTRL_STOPPED)
+    assert stopped == 3 and ring.ctrl[tr.CTRL_PROMISED] == 1 and ring.task(1) == (1, tr.D2H, 5)
+    assert tr.wait_at_least(ring.ctrl.ctypes.data, 1, 10) == 1 and tr.wait_at_least(ring.ctrl.ctypes.data, 2, 10) == 0
