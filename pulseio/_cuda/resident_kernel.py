@@ -144,11 +144,6 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
         word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
-        entry = entries + 8 * ENTRY_WORDS * slot
-        raise_at, raise_to = 0, 0
-        if t == 0:  # only the last CTA needs them: loaded now, they cross PCIe while the blocks copy
-            raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
-            raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
         b = cta
         h = ids[slot, b] if b < n else 0
         p = ids[slot, cap + b] if b < n else 0
@@ -161,16 +156,16 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
             else:
                 copy_row(pool, p, host, h)
             b, h, p = following, h_next, p_next
-        if d2h == 0:  # this thread's stores are visible (to the GPU; to the host too for an offload) ...
-            cuda.threadfence()
-        else:
-            cuda.threadfence_system()
+        cuda.threadfence_system()  # this thread's stores are visible (host memory included) ...
         cuda.syncthreads()  # ... before thread 0 counts the CTA done
         if t == 0:
             count = dev + 8 * (DEV_HEADER + slots + slot)
             if atomic_add_gpu(count, 1) == ctas - 1:  # the last CTA of this task
                 store_release_gpu(count, 0)
                 atomic_max_gpu(dev + 8 * DEV_WATERMARK, task)
+                entry = entries + 8 * ENTRY_WORDS * slot
+                raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
+                raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
                 if raise_at != 0:
                     atomic_max_gpu(raise_at, raise_to)
                 store_release_sys(entry + 8 * ENTRY_LANDED_NS, globaltimer())
