@@ -232,15 +232,21 @@ class DmaEngine:
             blocks += item.plan.num_blocks
 
     def _issue(self, batch: list[_Queued]) -> None:
-        strategy = batch[0].transfer.strategy
+        first = batch[0]
+        strategy = first.transfer.strategy
         issue = Issue(batch)
-        raises = [q.raise_on_landed for q in batch if q.raise_on_landed is not None]
+        if len(batch) == 1:  # the common case (every inline issue): nothing to merge
+            plans = [first.plan]
+            after = [first.after] if first.after is not None else []
+            raise_on_landed = first.raise_on_landed
+        else:
+            plans, after = [q.plan for q in batch], [q.after for q in batch if q.after is not None]
+            raises = [q.raise_on_landed for q in batch if q.raise_on_landed is not None]
+            raise_on_landed = max(raises, key=lambda r: r[1]) if raises else None  # all land before the last piece
         try:
             self._routes.issue(
-                strategy, [q.plan for q in batch], [q.after for q in batch if q.after is not None],
-                lambda pending: self._inflight.piece(issue, pending),
-                max(raises, key=lambda r: r[1]) if raises else None,  # merged: all land before the last piece
-                batch[0].posted_task,
+                strategy, plans, after, lambda pending: self._inflight.piece(issue, pending), raise_on_landed,
+                first.posted_task,
             )
         except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
             log.debug("issue of %d transfers failed", len(batch), exc_info=True)
@@ -266,7 +272,7 @@ class DmaEngine:
         with self._lock:
             if error is None:
                 self._counts["completed"] += len(batch)
-                self._counts["bytes"] += sum(q.plan.nbytes for q in batch)
+                self._counts["bytes"] += batch[0].plan.nbytes if len(batch) == 1 else sum(q.plan.nbytes for q in batch)
             else:
                 self._counts["failed"] += len(batch)
         for q in batch:

@@ -20,12 +20,18 @@ from .errors import InvalidRequestError, PoolTooSmallError
 class Direction(enum.Enum):
     """Which way a transfer goes: H2D recalls host blocks to device slots, D2H offloads back."""
 
+    # Enum's own __hash__ is Python code (hash of the name); members are singletons, so identity
+    # hashing is equivalent and C-fast. Set and dict lookups of these run several times per transfer.
+    __hash__ = object.__hash__
+
     H2D = "h2d"  # recall: host pool -> device pool
     D2H = "d2h"  # offload: device pool -> host pool
 
 
 class Strategy(enum.Enum):
     """How a transfer is carried out. `AUTO` picks one by direction, block size and count."""
+
+    __hash__ = object.__hash__  # see Direction
 
     PER_BLOCK = "per_block"  # one copy per block: the baseline
     GATHER_DMA = "gather_dma"  # CPU gather into pinned staging, one DMA, GPU scatter kernel

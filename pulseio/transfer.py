@@ -21,6 +21,8 @@ from .plan import Direction, Strategy
 class TransferState(enum.Enum):
     """Where a transfer is: QUEUED -> ISSUED -> DONE, or FAILED."""
 
+    __hash__ = object.__hash__  # see pulseio.plan.Direction
+
     QUEUED = "queued"
     ISSUED = "issued"
     DONE = "done"
