@@ -10,7 +10,10 @@ Which route wins (the bench measures it on each machine): the copy engine moves 
 contiguous buffers at the link's limit without using SMs, but pays ~2 us per copy, so for
 scattered blocks it needs a gather into one staging buffer first. A kernel reading pinned memory
 through UVA (zero-copy) has no per-copy cost and no staging, which wins for few blocks, but it
-occupies SMs the model wants. cuMemcpyBatchAsync hands the driver all copies in one call.
+occupies SMs the model wants. cuMemcpyBatchAsync hands the driver all copies in one call. For a
+small recall the host's cost dominates (a kernel launch alone is 6-8 us on the H200 VM): the
+RESIDENT route keeps the zero-copy kernel on the GPU between transfers and posts each transfer into
+a pinned task ring, so issuing one is a few stores (`pulseio/_cuda/resident_kernel.py`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 _LINE = 16  # int64 words per 128-byte line
 _SPIN = 1_000_000  # loads per GIL-free spin (~1 ms) before a waiter checks that a kernel is running
-_WARM_S = 10.0
+_CLOSE_S = 10.0  # how long close waits for the kernel to exit
 
 
 def _lines(words: int) -> int:
@@ -201,10 +201,10 @@ class ResidentCopier:
         if self._memory is None:
             return
         self._ctrl[tr.CTRL_CLOSE] = 1
-        deadline = time.monotonic() + _WARM_S
+        deadline = time.monotonic() + _CLOSE_S
         while not self.stream.query():
             if time.monotonic() > deadline:
-                log.error("the resident copy kernel has not exited %.0f s after close; leaking its ring", _WARM_S)
+                log.error("the resident copy kernel has not exited %.0f s after close; leaking its ring", _CLOSE_S)
                 return
             time.sleep(100e-6)
         self._memory.close()
