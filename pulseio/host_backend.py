@@ -10,10 +10,14 @@ from typing import Any
 
 import torch
 
+from ._native.task_ring import D2H, H2D, MAX_TASK_BLOCKS
 from .backend import Pending
 from .config import DmaConfig
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, merge_plans, pieces
+from .resident import HostResidentCopier
+
+_RING_SLOTS = 16  # RESIDENT tasks in flight, as on the GPU
 
 
 class _HostMemory:
@@ -47,15 +51,17 @@ class _HostRoutes:
     available = frozenset(
         {Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED}
     )
-    inline: frozenset[Strategy] = frozenset()  # every host route does the copying itself
-    raises_on_device: frozenset[Strategy] = frozenset()
-    resident = None  # no resident copier: the doorbell has no fast lane here
+    inline = frozenset({Strategy.RESIDENT})  # a post; the other host routes do the copying themselves
+    raises_on_device: frozenset[Strategy] = frozenset()  # there is no device word to raise
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._host = host.blocks  # [num_blocks, block_bytes] uint8
         self._dev = device.slots  # [num_slots, block_bytes] uint8
         self._capacity = max(1, config.staging_bytes // host.block_bytes)
         self._staging = torch.empty(self._capacity, host.block_bytes, dtype=torch.uint8)
+        # RESIDENT: a thread serves the same task ring as the GPU kernel (and the doorbell's fast lane)
+        self.resident = HostResidentCopier(host.backend.alloc_host, self._host, self._dev, slots=_RING_SLOTS,
+                                           cap=min(config.merge_blocks, MAX_TASK_BLOCKS))
 
     def record_after(self) -> Any:
         return None
@@ -66,6 +72,8 @@ class _HostRoutes:
         posted_task: int | None = None,
     ) -> None:
         plan = merge_plans(list(plans))
+        if strategy is Strategy.RESIDENT:
+            return self._resident_post(plan, emit, posted_task)
         src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)
         src_ids, dst_ids = (
             (plan.host_ids, plan.device_slots) if plan.direction is Direction.H2D
@@ -85,16 +93,25 @@ class _HostRoutes:
                 staged = self._staging[: len(s_ids)]
                 torch.index_select(src, 0, torch.from_numpy(s_ids), out=staged)
                 dst.index_copy_(0, torch.from_numpy(d_ids), staged)
-        elif strategy in (Strategy.ZERO_COPY, Strategy.RESIDENT):  # a GPU kernel's work: one index copy
+        elif strategy is Strategy.ZERO_COPY:  # a GPU kernel's work: one index copy
             dst.index_copy_(0, torch.from_numpy(dst_ids), src.index_select(0, torch.from_numpy(src_ids)))
         else:
             raise ValueError(f"unknown strategy {strategy!r}")
 
+    def _resident_post(self, plan: TransferPlan, emit: Callable[[Pending], None], posted_task: int | None) -> None:
+        if posted_task is not None:  # the doorbell's fast lane posted it already
+            emit(Pending(self.resident.event(posted_task)))
+            return
+        direction = H2D if plan.direction is Direction.H2D else D2H
+        for host_ids, slots in pieces(plan, self.resident.cap):
+            emit(Pending(self.resident.post(direction, host_ids, slots)))
+
     def synchronize(self, event: Any) -> None:
-        pass
+        if event is not None:
+            event.synchronize()
 
     def query(self, event: Any) -> bool:
-        return True
+        return event is None or event.query()
 
     def close(self) -> None:
-        pass
+        self.resident.close()

@@ -116,9 +116,7 @@ class Transfer(FinishOnce):
         if self.device_event is None:  # host backend: the copy already happened on the worker
             self._finished.wait()
             return
-        import torch
-
-        (stream or torch.cuda.current_stream()).wait_event(self.device_event)
+        self.device_event.wait(stream)  # torch.cuda.Event or a resident TaskEvent; None: the current stream
 
     # -- called by pulseio's threads -------------------------------------------------------
 

@@ -50,7 +50,9 @@ def test_post_recall_lands_the_blocks_and_reports_statistics() -> None:
     assert stats.post_to_landed.count == 1 and stats.post_to_landed.p50_us > 0
 
 
-@pytest.mark.parametrize("strategy", [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.BATCHED])
+@pytest.mark.parametrize(
+    "strategy", [Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED]
+)
 def test_every_strategy_serves_posted_recalls(strategy: Strategy) -> None:
     with _runtime(strategy=strategy) as rt:
         done = rt.post_recall(np.array([3, 4, 200]), np.array([10, 11, 12]), count=2)
@@ -58,8 +60,9 @@ def test_every_strategy_serves_posted_recalls(strategy: Strategy) -> None:
         assert rt.device_pool.slots[10:13, 0].tolist()[:2] == [3, 4]
 
 
-def test_errors_travel_to_their_own_waiter_and_the_runtime_keeps_serving() -> None:
-    with _runtime() as rt:
+@pytest.mark.parametrize("strategy", [Strategy.AUTO, Strategy.RESIDENT])  # RESIDENT: the fast lane
+def test_errors_travel_to_their_own_waiter_and_the_runtime_keeps_serving(strategy: Strategy) -> None:
+    with _runtime(strategy=strategy) as rt:
         bad_id = rt.post_recall(np.array([1, 999]), np.array([0, 1]), tag=21)
         dup = rt.post_recall(np.array([1, 2]), np.array([4, 4]), tag=22)
         bad_count = rt.post_recall(np.arange(4), np.arange(4), count=torch.tensor([99]), tag=23)
@@ -198,3 +201,23 @@ def test_copies_that_raise_the_word_themselves_skip_the_signal_only_when_nothing
         assert slow.wait(timeout=10) and fast.wait(timeout=10)
         assert raised[2:] == [(0xD0, 4), None]  # seq 5 was behind a copy that does not raise: no raise
         assert signals[-1] == 5  # the host signal covered it
+
+
+def test_the_fast_lane_posts_resident_requests_before_the_poller_builds_anything() -> None:
+    """With RESIDENT and one worker, requests go from the ring to the resident copier's task ring in one
+    compiled call (task_ring.forward); a bad request stops the lane and takes the regular path, and every
+    request still completes in order with the right bytes."""
+    with _runtime(strategy=Strategy.RESIDENT, ring_slots=16) as rt:
+        copier = rt.workers[0].resident
+        done = [rt.post_recall(np.array([i, i + 100]), np.array([2 * i, 2 * i + 1]), tag=i) for i in range(1, 9)]
+        bad = rt.post_recall(np.array([1, 9999]), np.array([0, 1]), tag=9)
+        after = rt.post_recall(np.array([250]), np.array([63]), tag=10)
+        assert all(d.wait(timeout=10) for d in done) and after.wait(timeout=10)
+        with pytest.raises(TransferError, match=r"^doorbell request seq=9 tag=9: host_ids\[1\] = 9999 is out of range"):
+            bad.wait(timeout=10)
+        assert copier.forwarded >= 8  # the good ones went through the lane (the bad one never does)
+        for i in range(1, 9):
+            assert rt.device_pool.slots[2 * i, 0] == i and rt.device_pool.slots[2 * i + 1, 0] == i + 100
+        assert rt.device_pool.slots[63, 0] == 250
+        stats = rt.statistics()
+        assert (stats.completed, stats.failed) == (9, 1) and stats.dma[0].by_strategy == {"resident": 9}

@@ -1,0 +1,218 @@
+"""The RESIDENT route's task ring, host half: posting tasks, the doorbell's fast lane, waiting for them.
+
+A resident copier is a copy loop that stays up and takes tasks from a ring in host memory (layout
+and protocol: `pulseio/_native/task_ring.py`, `pulseio/_cuda/resident_kernel.py`). `TaskRing` owns
+that ring and everything the host does with it; what serves it is a subclass:
+`pulseio._cuda.resident.ResidentCopier` (a GPU kernel) or `HostResidentCopier` below (a thread, the
+CPU backend's stand-in, so the route and the doorbell's fast lane run in CI).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._native import task_ring as tr
+from .backend import HostMemory
+
+_LINE = 16  # int64 words per 128-byte line
+_SPIN = 1_000_000  # loads per GIL-free spin (~1 ms) before a waiter checks that the server is up
+
+
+def _lines(words: int) -> int:
+    return -(-words // _LINE) * _LINE
+
+
+class TaskRing:
+    """Tasks 1, 2, 3, ... posted into `slots` ring slots of up to `cap` blocks each. Thread-safe.
+
+    Memory, int64 words: control line | entries [slots, ENTRY_WORDS] | done [slots] | ids [slots, 2 * cap].
+    A post waits for the task `slots` before it to land (its slot), so at most `slots` are in flight.
+    """
+
+    def __init__(self, alloc_host: Callable[..., HostMemory], *, slots: int, cap: int) -> None:
+        if not 1 <= cap <= tr.MAX_TASK_BLOCKS:
+            raise ValueError(f"a resident task holds 1..{tr.MAX_TASK_BLOCKS} blocks, got cap={cap}")
+        self.slots, self.cap = slots, cap
+        entries_at = _LINE
+        done_at = entries_at + _lines(tr.ENTRY_WORDS * slots)
+        self._ids_at = done_at + _lines(slots)
+        self._memory: HostMemory | None = alloc_host(8 * (self._ids_at + slots * 2 * cap), label="resident ring")
+        words = self._memory.tensor.numpy().view(np.int64)
+        words[:] = 0
+        self._ctrl, self._done = words[:_LINE], words[done_at : done_at + slots]
+        self._entries = words[entries_at : entries_at + tr.ENTRY_WORDS * slots].reshape(slots, tr.ENTRY_WORDS)
+        self._ids = words[self._ids_at :].reshape(slots, 2 * cap)
+        base = self._memory.tensor.data_ptr()  # host addresses: the host side's atomics use these
+        self._entries_host, self._done_host = base + 8 * entries_at, base + 8 * done_at
+        self._promised_host, self._stopped_host = base + 8 * tr.CTRL_PROMISED, base + 8 * tr.CTRL_STOPPED
+        self._post_lock = threading.Lock()  # the routes' issuer and the doorbell's fast lane both post
+        self._seq = 0  # last task posted
+        self.forwarded = 0  # tasks the doorbell's fast lane posted
+
+    # -- posting -------------------------------------------------------------------------------------
+
+    def post(self, direction: int, host_ids: np.ndarray, slots: np.ndarray, ordered_on: Any = None,
+             raise_on_landed: tuple[int, int] | None = None) -> TaskEvent:
+        """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
+        becomes visible to the server only when that stream reaches this point (None: at once).
+        raise_on_landed: (address of a device int64, value): the server raises it to value once landed."""
+        with self._post_lock:
+            seq = self._seq + 1
+            slot = (seq - 1) % self.slots
+            if self._done[slot] < seq - self.slots:  # the slot's previous task has not landed yet
+                self.wait_sync(seq - self.slots)
+            m = len(host_ids)
+            ids = self._ids[slot]
+            ids[:m] = host_ids
+            ids[self.cap : self.cap + m] = slots
+            entry = self._entries[slot]
+            entry[tr.ENTRY_RAISE_AT], entry[tr.ENTRY_RAISE_TO] = raise_on_landed or (0, 0)
+            word = tr.pack_entry(seq, m, direction)
+            entry_at = self._entries_host + 8 * (tr.ENTRY_WORDS * slot + tr.ENTRY_TASK)
+            if ordered_on is None:
+                stopped = tr.post(entry_at, word, self._promised_host, seq, self._stopped_host)
+            else:
+                stopped = tr.post(0, 0, self._promised_host, seq, self._stopped_host)
+                self._post_on_stream(ordered_on, entry_at, word)
+            self._seq = seq
+        self._posted(stopped)
+        return TaskEvent(self, seq)
+
+    def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_at: int) -> Callable[..., int]:
+        """A doorbell reader (`Doorbell.wait_rung(lane=)`) that posts the leading requests marked in `fast`
+        as tasks in one compiled call (`task_ring.forward`); raise_at: the device word they raise, or 0."""
+
+        def forward(base: int, words: np.ndarray, capacity: int, slot_words: int, max_blocks: int, next_seq: int,
+                    out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray) -> int:
+            with self._post_lock:
+                k, stopped = tr.forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
+                                        num_slots, self._ids, self._entries, self._entries_host, self._done,
+                                        self._promised_host, self._stopped_host, self._seq, raise_at, out, ids_out,
+                                        slots_out)
+                self._seq += k
+                self.forwarded += k
+            if k:
+                self._posted(stopped)
+            return k
+
+        return forward
+
+    def event(self, seq: int) -> TaskEvent:
+        return TaskEvent(self, seq)
+
+    # -- completion ----------------------------------------------------------------------------------
+
+    def landed(self, seq: int) -> bool:
+        return bool(self._done[(seq - 1) % self.slots] >= seq)
+
+    def landed_ns(self, seq: int) -> int | None:
+        """The server's clock when task seq landed (%globaltimer on a GPU), while its slot still holds it."""
+        slot = (seq - 1) % self.slots
+        stamp = int(self._entries[slot, tr.ENTRY_LANDED_NS])
+        return stamp if self._done[slot] == seq else None
+
+    def wait_sync(self, seq: int) -> None:
+        """Wait, GIL released, until task seq has landed."""
+        addr = self._done_host + 8 * ((seq - 1) % self.slots)
+        sleep = 0.0  # spin first: a task takes microseconds, and a sleep at least ~60 us on Linux
+        while not tr.wait_at_least(addr, seq, _SPIN):
+            self._check_running(seq)
+            if sleep:
+                time.sleep(sleep)
+            sleep = min(max(2 * sleep, 50e-6), 1e-3)
+
+    def device_wait(self, stream: Any, seq: int) -> None:
+        """Make `stream` wait for task seq without the host waiting (where the server is a GPU kernel)."""
+        self.wait_sync(seq)
+
+    # -- what a server provides ------------------------------------------------------------------------
+
+    def _posted(self, stopped: int) -> None:
+        """After a post, given the stop word read behind the promise: make sure the server will see it."""
+
+    def _check_running(self, seq: int) -> None:
+        """A waiter whose task is late: make sure the server is up; raise if it failed."""
+
+    def _post_on_stream(self, stream_handle: int, entry_at: int, word: int) -> None:
+        raise NotImplementedError("stream-ordered posting needs a CUDA stream")
+
+    def close(self) -> None:
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
+
+
+class TaskEvent:
+    """A task's completion, with the torch.cuda.Event methods the routes' users call."""
+
+    __slots__ = ("_ring", "seq")
+
+    def __init__(self, ring: TaskRing, seq: int) -> None:
+        self._ring, self.seq = ring, seq
+
+    def query(self) -> bool:
+        return self._ring.landed(self.seq)
+
+    def synchronize(self) -> None:
+        self._ring.wait_sync(self.seq)
+
+    def wait(self, stream: Any = None) -> None:
+        """Make `stream` wait for the task (what torch's Stream.wait_event calls)."""
+        self._ring.device_wait(stream, self.seq)
+
+
+class HostResidentCopier(TaskRing):
+    """The CPU backend's resident copier: a thread serves the ring the way the GPU kernel does (in
+    order, raising a word and stamping each task as it lands), copying rows between two tensors."""
+
+    def __init__(self, alloc_host: Callable[..., HostMemory], host: torch.Tensor, device: torch.Tensor, *,
+                 slots: int, cap: int) -> None:
+        super().__init__(alloc_host, slots=slots, cap=cap)
+        self._host, self._device = host, device  # [blocks, block_bytes] uint8 each
+        self._stop = threading.Event()
+        self._work = threading.Event()  # set by every post: the server sleeps on it while the ring is empty
+        self._thread = threading.Thread(target=self._serve, name="pulseio-host-resident", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        task = 1
+        while True:
+            slot = (task - 1) % self.slots
+            word = int(self._entries[slot, tr.ENTRY_TASK])
+            if word >> (tr.COUNT_BITS + 1) != task:
+                if self._stop.is_set():
+                    return
+                self._work.clear()  # then look once more: a post between the look and the clear is not lost
+                if int(self._entries[slot, tr.ENTRY_TASK]) >> (tr.COUNT_BITS + 1) != task:
+                    self._work.wait(0.05)
+                continue
+            n, d2h = word & tr.MAX_TASK_BLOCKS, (word >> tr.COUNT_BITS) & 1
+            host_ids = torch.from_numpy(self._ids[slot, :n].copy())
+            slots = torch.from_numpy(self._ids[slot, self.cap : self.cap + n].copy())
+            if d2h:
+                self._host.index_copy_(0, host_ids, self._device.index_select(0, slots))
+            else:
+                self._device.index_copy_(0, slots, self._host.index_select(0, host_ids))
+            entry = self._entries[slot]
+            if entry[tr.ENTRY_RAISE_AT]:
+                cell = ctypes.c_int64.from_address(int(entry[tr.ENTRY_RAISE_AT]))
+                cell.value = max(cell.value, int(entry[tr.ENTRY_RAISE_TO]))
+            entry[tr.ENTRY_LANDED_NS] = time.perf_counter_ns()
+            self._done[slot] = task
+            task += 1
+
+    def _posted(self, stopped: int) -> None:
+        self._work.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._work.set()
+        self._thread.join()
+        super().close()

@@ -1,0 +1,48 @@
+"""The RESIDENT route's task ring on the CPU backend (`pulseio.resident`): the same ring and host protocol
+as on the GPU, served by a thread, so posting, slot reuse, waiting and stamping run in CI."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from pulseio._native import task_ring as tr
+from pulseio.host_backend import HostBackend
+from pulseio.resident import HostResidentCopier
+
+
+def _copier(slots: int = 4, cap: int = 8):
+    host = torch.arange(64, dtype=torch.uint8)[:, None].repeat(1, 16)  # [64, 16]: block b is all b
+    device = torch.zeros(32, 16, dtype=torch.uint8)
+    return HostResidentCopier(HostBackend().alloc_host, host, device, slots=slots, cap=cap), host, device
+
+
+def test_tasks_land_in_order_through_more_tasks_than_slots() -> None:
+    copier, host, device = _copier()
+    try:
+        events = [copier.post(tr.H2D, np.array([i, 40 + i]), np.array([2 * i, 2 * i + 1])) for i in range(12)]
+        for event in events:
+            event.synchronize()
+            assert event.query()
+        assert [e.seq for e in events] == list(range(1, 13))
+        for i in range(12):
+            assert device[2 * i, 0] == i and device[2 * i + 1, 0] == 40 + i
+        back = copier.post(tr.D2H, np.array([63]), np.array([0]))  # device slot 0 (block 0) -> host block 63
+        back.synchronize()
+        assert bool((host[63] == 0).all())
+        assert copier.landed_ns(back.seq) is not None and copier.landed_ns(1) is None  # slot reused since
+    finally:
+        copier.close()
+
+
+def test_a_task_raises_its_word_once_landed() -> None:
+    copier, _, device = _copier()
+    word = ctypes.c_int64(5)
+    try:
+        copier.post(tr.H2D, np.array([7]), np.array([3]), raise_on_landed=(ctypes.addressof(word), 9)).synchronize()
+        copier.post(tr.H2D, np.array([8]), np.array([4]), raise_on_landed=(ctypes.addressof(word), 2)).synchronize()
+        assert word.value == 9 and device[3, 0] == 7  # raised to 9, never lowered by the later, smaller value
+    finally:
+        copier.close()
