@@ -201,7 +201,7 @@ class Doorbell:
         while True:
             self._check_open()
             if self._ring.spin(self.base, self.layout.capacity, self.layout.slot_words, self._next, self._spin):
-                rungs = self._read(lane) + self._read() if lane is not None else self._read()
+                rungs = self._read() if lane is None else self._read_through(lane)
                 if rungs:
                     self._counts["wakeups"] += 1
                     return rungs
@@ -210,6 +210,14 @@ class Doorbell:
                 return []
             time.sleep(sleep)
             sleep = min(2 * sleep, self._sleep[1])
+
+    def _read_through(self, lane: Reader) -> list[Rung]:
+        """Everything published, the lane taking all it can: a request it refuses is read alone and the
+        lane goes on after it (reading the rest the regular way would race with requests still arriving)."""
+        rungs: list[Rung] = []
+        while taken := self._read(lane) or self._read(self._ring.read_head):
+            rungs += taken
+        return rungs
 
     def _read(self, reader: Reader | None = None) -> list[Rung]:
         with self._read_lock:

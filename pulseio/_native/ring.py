@@ -97,6 +97,12 @@ def _read_one(base, words, capacity, slot_words, max_blocks, seq, out, k, ids_ou
     return m
 
 
+def _read_head(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out):
+    """`read` of request next_seq alone (0 or 1 rows): what a fast lane refused, leaving it the rest."""
+    m = read_one(base, words, capacity, slot_words, max_blocks, next_seq, out, 0, ids_out, slots_out, 0)
+    return 0 if m < 0 else 1
+
+
 def _read(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out):
     """Read every request published from next_seq on, in order, up to `capacity` of them.
 
@@ -123,8 +129,9 @@ if NATIVE:
     write_slot = _jit(_write_slot)
     spin = _jit(_spin)
     read = _jit(_read)
+    read_head = _jit(_read_head)
 else:  # pragma: no cover - exercised where numba is absent
-    claim, write_slot, spin, read, read_one = _claim, _write_slot, _spin, _read, _read_one
+    claim, write_slot, spin, read, read_one, read_head = _claim, _write_slot, _spin, _read, _read_one, _read_head
 
 
 
@@ -143,4 +150,4 @@ def warm_up() -> None:
     read(words.ctypes.data, words, 2, slot_words(1), 1, 1, out, ids_out, slots_out)
 
 
-__all__ = ["NATIVE", "claim", "write_slot", "spin", "read", "read_one", "warm_up"]
+__all__ = ["NATIVE", "claim", "write_slot", "spin", "read", "read_one", "read_head", "warm_up"]

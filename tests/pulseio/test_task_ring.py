@@ -27,11 +27,13 @@ class _TaskRing:
 
     def reader(self, fast: np.ndarray, raise_at: int):
         def forward(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out):
-            k, self.stopped = tr.forward(
+            k, stopped = tr.forward(
                 base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
                 self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data + 8 * tr.CTRL_PROMISED,
                 self.ctrl.ctypes.data + 8 * tr.CTRL_STOPPED, self.seq, raise_at, out, ids_out, slots_out)
             self.seq += k
+            if k:  # the stop word read behind the last promise
+                self.stopped = stopped
             return k
 
         return forward
@@ -47,26 +49,26 @@ def doorbell() -> Doorbell:
     return Doorbell(HostBackend().alloc_host(layout.nbytes, label="ring"), layout)
 
 
-def test_forward_posts_valid_fast_requests_and_stops_at_the_first_it_cannot_take(doorbell: Doorbell) -> None:
+def test_the_lane_posts_valid_requests_and_leaves_each_it_cannot_take_to_the_regular_read(doorbell: Doorbell) -> None:
     ring, fast = _TaskRing(), np.zeros(8, np.int64)
     requests = [
         ([3, 9, 60], [0, 1, 2]),  # 1: posted as task 1
         ([5], [7]),  # 2: posted as task 2
-        ([4, 4], [3, 3]),  # 3: a repeated destination slot: make_plan refuses it, so the lane stops here
-        ([1], [1]),  # 4: behind the refused one, left for the regular read
+        ([4, 4], [3, 3]),  # 3: a repeated destination slot: make_plan refuses it, so the lane does too
+        ([1], [1]),  # 4: the lane goes on after the refused one: task 3
     ]
     for seq, (ids, slots) in enumerate(requests, start=1):
         doorbell.publish(np.array(ids), np.array(slots), tag=10 + seq)
         fast[(seq - 1) % 8] = seq
     ring.ctrl[tr.CTRL_STOPPED] = 7  # what the kernel last wrote: returned to the caller as read after the promise
     rungs = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0xAB))
-    assert [(r.seq, r.task, r.tag) for r in rungs] == [(1, 1, 11), (2, 2, 12), (3, 0, 13), (4, 0, 14)]
-    assert rungs[2].error is None and rungs[3].host_ids.tolist() == [1]  # the regular read took them
+    assert [(r.seq, r.task, r.tag) for r in rungs] == [(1, 1, 11), (2, 2, 12), (3, 0, 13), (4, 3, 14)]
+    assert rungs[2].error is None and rungs[2].host_ids.tolist() == [4, 4]  # read alone, the regular way
     assert ring.task(1) == (1, tr.H2D, 3) and ring.task(2) == (2, tr.H2D, 1)
     assert ring.ids[0, :3].tolist() == [3, 9, 60] and ring.ids[0, CAP : CAP + 3].tolist() == [0, 1, 2]
     assert ring.ids[1, 0] == 5 and ring.ids[1, CAP] == 7
     assert ring.entries[0, tr.ENTRY_RAISE_AT] == 0xAB and ring.entries[:2, tr.ENTRY_RAISE_TO].tolist() == [1, 2]
-    assert ring.ctrl[tr.CTRL_PROMISED] == 2 and ring.stopped == 7 and ring.seq == 2
+    assert ring.ctrl[tr.CTRL_PROMISED] == 3 and ring.stopped == 7 and ring.seq == 3
 
 
 @pytest.mark.parametrize(("ids", "slots", "why"), [
