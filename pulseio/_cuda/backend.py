@@ -1,4 +1,4 @@
-"""CudaBackend: pinned host pool, GPU slot pool, and the four routes on one copy stream.
+"""CudaBackend: pinned host pool, GPU slot pool, and the routes: four on one copy stream, RESIDENT on its own.
 
 Staging buffer layout (pinned and device twins, `capacity` blocks each):
     [ blocks: capacity x block_bytes | ids: capacity x int64 ]
