@@ -47,7 +47,7 @@ class DmaStatistics:
     by_strategy: dict[str, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Queued:
     transfer: Transfer
     plan: TransferPlan

@@ -93,6 +93,8 @@ class InFlight:
                 except Exception as exc:  # fail this issue's transfers; later pieces still recycle
                     issue.error = issue.error or exc
             self._items.popleft()
+            if marker is None and self._items and self._items[0] == (issue, None):  # its last piece: resolve too
+                marker = self._items.popleft()[0]
         finally:
             self._head.release()
         if marker is not None:

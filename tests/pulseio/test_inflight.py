@@ -121,8 +121,8 @@ def test_reclaim_reports_when_nothing_is_in_flight() -> None:
     handle, event = _Handle(), _Event()
     _issue(inflight, handle, event)
     event.fired.set()
-    assert inflight.reclaim() is True  # the piece
-    assert inflight.reclaim() is True  # the marker
+    assert inflight.reclaim() is True  # the piece, and the marker right behind it in the same step
+    assert handle._finished.is_set()
     assert inflight.reclaim() is False
     inflight.stop()
 
