@@ -46,6 +46,7 @@ from ._native.layout import (
     OUT_COLUMNS,
     OUT_COUNT,
     OUT_OFFSET,
+    OUT_RAISED,
     OUT_SEQ,
     OUT_STAMP,
     OUT_STATE,
@@ -103,6 +104,7 @@ class Rung:
     seen_ns: int  # time.perf_counter_ns() when the reader copied it
     error: str | None  # why the request cannot be served (lost to a lap, bad count); None if fine
     task: int = 0  # the resident copier task a fast-lane reader already posted it as; 0 if none
+    raised: bool = False  # that task raises the completion word itself when it lands
 
 
 # A compiled reader: (base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out) -> rows
@@ -251,7 +253,8 @@ class Doorbell:
             n = 0
         return Rung(seq=seq, tag=row[OUT_TAG] if state == READ_OK else -1,
                     host_ids=self._ids[at : at + n].copy(), device_slots=self._slots[at : at + n].copy(),
-                    published_ns=row[OUT_STAMP], seen_ns=seen_ns, error=error, task=row[OUT_TASK])
+                    published_ns=row[OUT_STAMP], seen_ns=seen_ns, error=error, task=row[OUT_TASK],
+                    raised=bool(row[OUT_RAISED]))
 
     # -- lifecycle -------------------------------------------------------------------------------
 

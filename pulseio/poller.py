@@ -101,7 +101,6 @@ class Poller:
         choose = worker.config.auto.choose
         self._auto_resident = all(choose(Direction.H2D, worker.host.block_bytes, c) is Strategy.RESIDENT
                                   for c in counts)
-        self._lane_raises = False
 
     def expect(self, completion: Completion, strategy: Strategy) -> None:
         """Register the completion of the request that will be published as `completion.seq`."""
@@ -118,7 +117,6 @@ class Poller:
         if self._copier is None:
             return None
         raise_at = self._raise_for(0, 0)
-        self._lane_raises = raise_at is not None
         worker = self._workers[0]
         return self._copier.forwarder(self._fast, worker.host.num_blocks, worker.device.num_slots,
                                       raise_at[0] if raise_at else 0)
@@ -169,7 +167,7 @@ class Poller:
             raise_to = self._raise_for(index, completion.seq)
         transfer = self._submit(self._workers[index], plan, strategy, completion, raise_to, rung.task or None)
         if transfer is not None:
-            raised = (self._lane_raises if rung.task else
+            raised = (rung.raised if rung.task else
                       raise_to is not None and transfer.strategy in self._workers[index].raises_on_device)
             self._count(index, raised, 1)
             transfer.add_issued_callback(lambda t, c=completion, r=raised: self._ready(c.seq, t.device_event, r))

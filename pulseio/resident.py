@@ -87,19 +87,25 @@ class TaskRing:
 
     def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_at: int) -> Callable[..., int]:
         """A doorbell reader (`Doorbell.wait_rung(lane=)`) that posts the leading requests marked in `fast`
-        as tasks in one compiled call (`task_ring.forward`); raise_at: the device word they raise, or 0."""
+        as tasks in one compiled call (`task_ring.forward`); raise_at: the device word they raise, or 0.
+
+        Once it has taken nothing (a request it refused, which goes the regular way), the tasks it posts
+        after no longer raise the word: that request may still be in flight when they land."""
+        raising = [raise_at]
 
         def forward(base: int, words: np.ndarray, capacity: int, slot_words: int, max_blocks: int, next_seq: int,
                     out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray) -> int:
             with self._post_lock:
                 k, stopped = tr.forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
                                         num_slots, self._ids, self._entries, self._entries_host, self._done,
-                                        self._promised_host, self._stopped_host, self._seq, raise_at, out, ids_out,
+                                        self._promised_host, self._stopped_host, self._seq, raising[0], out, ids_out,
                                         slots_out)
                 self._seq += k
                 self.forwarded += k
             if k:
                 self._posted(stopped)
+            else:
+                raising[0] = 0
             return k
 
         return forward

@@ -22,8 +22,9 @@ READ_LOST = 1  # the slot already holds a later seq: the producer lapped the rea
 READ_TORN = 2  # the slot was overwritten while it was being read
 
 # columns of the reader's output rows
-OUT_SEQ, OUT_COUNT, OUT_TAG, OUT_STAMP, OUT_STATUS, OUT_STATE, OUT_OFFSET, OUT_TASK = range(8)
-OUT_COLUMNS = 8  # OUT_TASK: the resident task the fast lane posted the request as (0: none)
+OUT_SEQ, OUT_COUNT, OUT_TAG, OUT_STAMP, OUT_STATUS, OUT_STATE, OUT_OFFSET, OUT_TASK, OUT_RAISED = range(9)
+OUT_COLUMNS = 9  # OUT_TASK: the resident task the fast lane posted the request as (0: none); OUT_RAISED: 1 if
+# that task raises the completion word itself
 
 
 def slot_words(max_blocks: int) -> int:

@@ -14,6 +14,7 @@ from .layout import (
     HEADER_WORDS,
     OUT_COUNT,
     OUT_OFFSET,
+    OUT_RAISED,
     OUT_SEQ,
     OUT_STAMP,
     OUT_STATE,
@@ -78,6 +79,7 @@ def _read_one(base, words, capacity, slot_words, max_blocks, seq, out, k, ids_ou
     out[k, OUT_OFFSET] = offset
     out[k, OUT_COUNT] = 0
     out[k, OUT_TASK] = 0
+    out[k, OUT_RAISED] = 0
     if seen != seq:  # a later request (or its busy mark) holds the slot: seq was lost
         out[k, OUT_STATE] = READ_LOST
         return 0

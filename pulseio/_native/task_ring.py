@@ -19,7 +19,7 @@ slot), which the regular read then handles.
 from __future__ import annotations
 
 from .atomics import NATIVE, fence_seq_cst, load_acquire, store_release
-from .layout import OUT_COUNT, OUT_OFFSET, OUT_STATE, OUT_STATUS, OUT_TASK, READ_OK, STATUS_OK
+from .layout import OUT_COUNT, OUT_OFFSET, OUT_RAISED, OUT_STATE, OUT_STATUS, OUT_TASK, READ_OK, STATUS_OK
 from .ring import read_one
 from .validate import OK
 
@@ -83,6 +83,7 @@ def _forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_
         task += 1
         store_release(entries_addr + 8 * (ENTRY_WORDS * tslot + ENTRY_TASK), pack_entry(task, n, H2D))
         out[k, OUT_TASK] = task
+        out[k, OUT_RAISED] = 1 if raise_at != 0 else 0
         out[k, OUT_OFFSET] = offset
         offset += n
         k += 1

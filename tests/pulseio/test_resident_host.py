@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from pulseio._native import task_ring as tr
+from pulseio.doorbell import Doorbell, RingLayout
 from pulseio.host_backend import HostBackend
 from pulseio.resident import HostResidentCopier
 
@@ -44,5 +45,25 @@ def test_a_task_raises_its_word_once_landed() -> None:
         copier.post(tr.H2D, np.array([7]), np.array([3]), raise_on_landed=(ctypes.addressof(word), 9)).synchronize()
         copier.post(tr.H2D, np.array([8]), np.array([4]), raise_on_landed=(ctypes.addressof(word), 2)).synchronize()
         assert word.value == 9 and device[3, 0] == 7  # raised to 9, never lowered by the later, smaller value
+    finally:
+        copier.close()
+
+
+def test_after_a_request_the_lane_refuses_its_later_tasks_do_not_raise_the_word() -> None:
+    """Request 2 is not for the lane (another route): it may still be in flight when task 3 lands, so task 3
+    must not raise the completion word past it; the poller's host signal covers both instead."""
+    copier, _, device = _copier(slots=8, cap=8)
+    layout = RingLayout(8, 16)
+    doorbell = Doorbell(HostBackend().alloc_host(layout.nbytes, label="ring"), layout)
+    word = ctypes.c_int64(0)
+    fast = np.zeros(8, np.int64)
+    try:
+        for seq, lane in ((1, True), (2, False), (3, True)):
+            doorbell.publish(np.array([seq]), np.array([seq]))
+            fast[seq - 1] = seq if lane else 0
+        rungs = doorbell.wait_rung(timeout=1, lane=copier.forwarder(fast, 64, 32, raise_at=ctypes.addressof(word)))
+        assert [(r.seq, r.task, r.raised) for r in rungs] == [(1, 1, True), (2, 0, False), (3, 2, False)]
+        copier.event(2).synchronize()
+        assert word.value == 1 and device[1, 0] == 1 and device[3, 0] == 3  # only request 1 raised it
     finally:
         copier.close()
