@@ -28,8 +28,9 @@ from .backend import Backend
 from .config import RuntimeConfig
 from .devices import open_backend
 from .dma import DmaEngine, DmaStatistics
-from .doorbell import Doorbell, DoorbellStatistics, HostProducer, RingLayout
+from .doorbell import Doorbell, DoorbellStatistics, RingLayout
 from .errors import ClosedError, InvalidRequestError, WouldBlock
+from .host_producer import HostProducer
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, make_plan
