@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ._native.task_ring import D2H, H2D, MAX_TASK_BLOCKS
+from ._native.task_ring import MAX_TASK_BLOCKS
 from .backend import Pending
 from .config import DmaConfig
 from .memory import DevicePool, HostPool
@@ -73,7 +73,7 @@ class _HostRoutes:
     ) -> None:
         plan = merge_plans(list(plans))
         if strategy is Strategy.RESIDENT:
-            return self._resident_post(plan, emit, posted_task)
+            return self.resident.post_plan(plan, emit, posted_task=posted_task)
         src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)
         src_ids, dst_ids = (
             (plan.host_ids, plan.device_slots) if plan.direction is Direction.H2D
@@ -97,14 +97,6 @@ class _HostRoutes:
             dst.index_copy_(0, torch.from_numpy(dst_ids), src.index_select(0, torch.from_numpy(src_ids)))
         else:
             raise ValueError(f"unknown strategy {strategy!r}")
-
-    def _resident_post(self, plan: TransferPlan, emit: Callable[[Pending], None], posted_task: int | None) -> None:
-        if posted_task is not None:  # the doorbell's fast lane posted it already
-            emit(Pending(self.resident.event(posted_task)))
-            return
-        direction = H2D if plan.direction is Direction.H2D else D2H
-        for host_ids, slots in pieces(plan, self.resident.cap):
-            emit(Pending(self.resident.post(direction, host_ids, slots)))
 
     def synchronize(self, event: Any) -> None:
         if event is not None:

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ._native import task_ring as tr
-from .backend import HostMemory
+from .backend import HostMemory, Pending
+from .plan import Direction, TransferPlan, pieces
 
 _LINE = 16  # int64 words per 128-byte line
 _SPIN = 1_000_000  # loads per GIL-free spin (~1 ms) before a waiter checks that the server is up
@@ -84,6 +85,20 @@ class TaskRing:
             self._seq = seq
         self._posted(stopped)
         return TaskEvent(self, seq)
+
+    def post_plan(self, plan: TransferPlan, emit: Callable[[Pending], None], *, ordered_on: Any = None,
+                  raise_on_landed: tuple[int, int] | None = None, posted_task: int | None = None) -> None:
+        """A route's issue: post `plan` as tasks of at most `cap` blocks, each emitted as it is posted.
+        Tasks land in order, so only the last raises the caller's word. posted_task: the doorbell's fast
+        lane already posted the plan as that task: only emit it."""
+        if posted_task is not None:
+            emit(Pending(self.event(posted_task)))
+            return
+        direction = tr.H2D if plan.direction is Direction.H2D else tr.D2H
+        parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= self.cap else pieces(plan, self.cap)
+        for k, (host_ids, slots) in enumerate(parts):
+            raise_to = raise_on_landed if k == len(parts) - 1 else None
+            emit(Pending(self.post(direction, host_ids, slots, ordered_on, raise_to)))
 
     def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_at: int) -> Callable[..., int]:
         """A doorbell reader (`Doorbell.wait_rung(lane=)`) that posts the leading requests marked in `fast`

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._native.task_ring import D2H, H2D, MAX_TASK_BLOCKS
+from .._native.task_ring import MAX_TASK_BLOCKS
 from ..backend import Pending
 from ..config import DmaConfig
 from ..errors import DeviceUnavailableError, PoolTooSmallError, PulseInternalError
@@ -216,7 +216,9 @@ class CudaRoutes:
             self.stream.wait_event(event)
         plan = plans[0] if len(plans) == 1 else merge_plans(list(plans))
         if strategy is Strategy.RESIDENT:
-            self._resident_post(plan, self._stream_handle if after else None, emit, raise_on_landed, posted_task)
+            # stream-ordered: the copy stream (already waiting on the callers' streams) releases the task
+            self._resident.post_plan(plan, emit, ordered_on=self._stream_handle if after else None,
+                                     raise_on_landed=raise_on_landed, posted_task=posted_task)
         elif strategy is Strategy.ZERO_COPY:
             self._zero_copy(plan, emit)
         elif strategy is Strategy.BATCHED:
@@ -299,21 +301,6 @@ class CudaRoutes:
     def resident(self) -> ResidentCopier:
         """The RESIDENT route's copier (the doorbell poller's fast lane posts into it directly)."""
         return self._resident
-
-    def _resident_post(self, plan: TransferPlan, ordered_on: int | None, emit: Callable[[Pending], None],
-                       raise_on_landed: tuple[int, int] | None, posted_task: int | None) -> None:
-        """ordered_on: the copy stream, already waiting on the callers' streams (stream-ordered transfers).
-        Tasks land in order, so only the last piece raises the caller's word. posted_task: the fast lane
-        already posted the plan as that task: only track it."""
-        if posted_task is not None:
-            emit(Pending(self._resident.event(posted_task)))
-            return
-        direction = H2D if plan.direction is Direction.H2D else D2H
-        cap = self._resident.cap
-        parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= cap else list(pieces(plan, cap))
-        for k, (host_ids, slots) in enumerate(parts):
-            raise_to = raise_on_landed if k == len(parts) - 1 else None
-            emit(Pending(self._resident.post(direction, host_ids, slots, ordered_on, raise_to)))
 
     def _gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None]) -> None:
         piece_fn = self._recall_piece if plan.direction is Direction.H2D else self._offload_piece
