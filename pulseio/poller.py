@@ -116,10 +116,9 @@ class Poller:
         when every request in flight is one of the copier's own (see _raise_for)."""
         if self._copier is None:
             return None
-        raise_at = self._raise_for(0, 0)
         worker = self._workers[0]
-        return self._copier.forwarder(self._fast, worker.host.num_blocks, worker.device.num_slots,
-                                      raise_at[0] if raise_at else 0)
+        raise_at = self._signal.device_word if self._alone(0) else 0
+        return self._copier.forwarder(self._fast, worker.host.num_blocks, worker.device.num_slots, raise_at)
 
     def forget(self, seq: int) -> None:
         """Drop an expectation whose publish was never launched (its launch raised)."""
@@ -179,11 +178,14 @@ class Poller:
         lands: only if every earlier request still in flight is one whose copy lands before it (raised
         by the same worker's in-order kernel), so that word >= seq still means all up to seq landed.
         Then no stream operation stands between the copy and the consumer (the signal is skipped)."""
+        return (self._signal.device_word, seq) if self._alone(index) else None
+
+    def _alone(self, index: int) -> bool:
+        """Whether a copy on worker `index` may raise the device word now (see _raise_for)."""
         if not self._signal.device_word:
-            return None
+            return False
         with self._lock:
-            alone = self._outstanding == self._outstanding_raised[index]
-        return (self._signal.device_word, seq) if alone else None
+            return self._outstanding == self._outstanding_raised[index]
 
     def _count(self, index: int, raised: bool, delta: int) -> None:
         with self._lock:
