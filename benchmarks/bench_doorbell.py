@@ -148,7 +148,7 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
         if i >= 0:
             posted.append(done)
             event = done.transfer.device_event  # a resident task: when it landed, on the GPU clock
-            task_landed.append(event._ring.landed_ns(event.seq) if hasattr(event, "_ring") else None)
+            task_landed.append(event.landed_ns() if hasattr(event, "landed_ns") else None)
     landed = stamps.cpu().numpy()
     stages = {}
     if all(t is not None for t in task_landed):

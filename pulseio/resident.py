@@ -184,6 +184,10 @@ class TaskEvent:
     def synchronize(self) -> None:
         self._ring.wait_sync(self.seq)
 
+    def landed_ns(self) -> int | None:
+        """The server's clock when the task landed (see TaskRing.landed_ns)."""
+        return self._ring.landed_ns(self.seq)
+
     def wait(self, stream: Any = None) -> None:
         """Make `stream` wait for the task (what torch's Stream.wait_event calls)."""
         self._ring.device_wait(stream, self.seq)
