@@ -21,8 +21,8 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
 
 CTA 0's thread 0 is the leader: it polls the host entries (one PCIe read per poll) and forwards
 every ready entry into device memory, so the other CTAs spin on L2, not on the link. Each CTA
-copies blocks cta, cta + ctas, ... of a task; the last CTA to finish a task raises the watermark
-and stores the done word.
+copies one contiguous span of a task's blocks (`copy_span`); the last CTA to finish a task raises
+the watermark and stores the done word.
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
@@ -51,7 +51,7 @@ from .._native.task_ring import (  # the layout both halves share
     MAX_TASK_BLOCKS,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-from .kernels import copy_row
+from .kernels import IDS_PER_ROUND, copy_span, span_of
 from .sysmem import (
     atomic_add_gpu,
     atomic_max_gpu,
@@ -129,6 +129,7 @@ def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state):  # pragma:
 def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # pragma: no cover
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned."""
     serve = cuda.shared.array(1, int64)
+    staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
     state = cuda.local.array(2, int64)
     t, cta, ctas = cuda.threadIdx.x, cuda.blockIdx.x, cuda.gridDim.x
     slots, cap = ids.shape[0], ids.shape[1] // 2
@@ -144,18 +145,8 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
         word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
-        b = cta
-        h = ids[slot, b] if b < n else 0
-        p = ids[slot, cap + b] if b < n else 0
-        while b < n:
-            following = b + ctas  # its ids load while this block copies (they are in host memory)
-            h_next = ids[slot, following] if following < n else 0
-            p_next = ids[slot, cap + following] if following < n else 0
-            if d2h == 0:
-                copy_row(host, h, pool, p)
-            else:
-                copy_row(pool, p, host, h)
-            b, h, p = following, h_next, p_next
+        lo, hi = span_of(cta, ctas, n)
+        copy_span(host, ids[slot], 0, pool, ids[slot], cap, lo, hi, d2h != 0, staged)
         cuda.threadfence_system()  # this thread's stores are visible (host memory included) ...
         cuda.syncthreads()  # ... before thread 0 counts the CTA done
         if t == 0:

@@ -20,14 +20,15 @@ _SCRIPT = textwrap.dedent(
 
     kernel = compile_copy_blocks()
     rng = np.random.default_rng(7)
-    # words per block: a multiple of threads*unroll, a remainder-only size, and a mixed one
-    for words, n, grid in [(1024, 9, 4), (24, 5, 2), (1024 + 40, 3, 8)]:
-        src = rng.integers(0, 2**63, size=(16, words), dtype=np.uint64)
-        dst = np.full((12, words), 0xDEADBEEF, dtype=np.uint64)
-        src_ids = rng.choice(16, size=n, replace=False).astype(np.int64)
-        dst_ids = rng.choice(12, size=n, replace=False).astype(np.int64)
-        untouched = np.setdiff1d(np.arange(12), dst_ids)
-        kernel[grid, 256](src, src_ids, dst, dst_ids, n)
+    # words per block: a multiple of threads*unroll, a remainder-only size, and a mixed one; spans of
+    # unequal length, CTAs with none (n < grid), and spans longer than one round of staged ids
+    for words, n, grid, threads in [(1024, 9, 4, 256), (24, 5, 2, 256), (1024 + 40, 3, 8, 256), (2, 600, 2, 32)]:
+        src = rng.integers(0, 2**63, size=(n + 7, words), dtype=np.uint64)
+        dst = np.full((n + 3, words), 0xDEADBEEF, dtype=np.uint64)
+        src_ids = rng.choice(n + 7, size=n, replace=False).astype(np.int64)
+        dst_ids = rng.choice(n + 3, size=n, replace=False).astype(np.int64)
+        untouched = np.setdiff1d(np.arange(n + 3), dst_ids)
+        kernel[grid, threads](src, src_ids, dst, dst_ids, n)
         assert np.array_equal(dst[dst_ids], src[src_ids]), (words, n, grid)
         assert (dst[untouched] == 0xDEADBEEF).all(), "rows outside dst_ids were written"
     print("SIM-OK")
