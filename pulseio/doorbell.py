@@ -45,6 +45,7 @@ from ._native.layout import (
     OUT_COUNT,
     OUT_OFFSET,
     OUT_RAISED,
+    OUT_SEEN,
     OUT_SEQ,
     OUT_STAMP,
     OUT_STATE,
@@ -99,7 +100,7 @@ class Rung:
     host_ids: np.ndarray
     device_slots: np.ndarray
     published_ns: int  # the producer's timestamp (%globaltimer on the GPU)
-    seen_ns: int  # time.perf_counter_ns() when the reader copied it
+    seen_ns: int  # time.perf_counter_ns() when the reader saw it (the fast lane) or copied it
     error: str | None  # why the request cannot be served (lost to a lap, bad count); None if fine
     task: int = 0  # the resident copier task a fast-lane reader already posted it as; 0 if none
     raised: bool = False  # that task raises the completion word itself when it lands
@@ -108,6 +109,9 @@ class Rung:
 # A compiled reader: (base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out) -> rows
 # read, in the format of `_native.ring.read` (which is one).
 Reader = Callable[..., int]
+# A fast lane: a reader taking one more argument, `spin`: it first spins up to that many loads (>= 1) for
+# request next_seq, returning -1 if it was not published; else the rows it took (0: it refused that request).
+Lane = Callable[..., int]
 
 
 @dataclass(frozen=True)
@@ -189,43 +193,51 @@ class Doorbell:
             raise WouldBlock(f"no request published at seq {self._next} yet")
         return rungs
 
-    def wait_rung(self, timeout: float | None = None, *, lane: Reader | None = None) -> list[Rung]:
+    def wait_rung(self, timeout: float | None = None, *, lane: Lane | None = None) -> list[Rung]:
         """Wait until a request is published, then read them all; [] on timeout.
 
         Spins `spin_iterations` atomic loads with the GIL released, then sleeps with backoff.
-        lane: a compiled reader that takes the leading requests it can serve itself (their Rung.task
-        is set), before the regular read takes the rest (the resident copier's fast lane).
+        lane: a compiled reader that does the spinning and takes the leading requests it can serve
+        itself the moment they are published (their Rung.task is set); the regular read takes the rest
+        (the resident copier's fast lane).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         sleep = self._sleep[0]
         while True:
             self._check_open()
-            if self._ring.spin(self.base, self.layout.capacity, self.layout.slot_words, self._next, self._spin):
-                rungs = self._read() if lane is None else self._read_through(lane)
-                if rungs:
-                    self._counts["wakeups"] += 1
-                    return rungs
+            if lane is not None:
+                rungs = self._read_through(lane, self._spin)
+            elif self._ring.spin(self.base, self.layout.capacity, self.layout.slot_words, self._next, self._spin):
+                rungs = self._read()
+            else:
+                rungs = []
+            if rungs:
+                self._counts["wakeups"] += 1
+                return rungs
             if deadline is not None and time.monotonic() >= deadline:
                 self._counts["spurious"] += 1
                 return []
             time.sleep(sleep)
             sleep = min(2 * sleep, self._sleep[1])
 
-    def _read_through(self, lane: Reader) -> list[Rung]:
-        """Everything published, the lane taking all it can: a request it refuses is read alone and the
-        lane goes on after it (reading the rest the regular way would race with requests still arriving)."""
+    def _read_through(self, lane: Lane, spin: int) -> list[Rung]:
+        """Everything published, the lane taking all it can (its first call spinning up to `spin` loads for
+        the next request): a request it refuses is read alone and the lane goes on after it (reading the
+        rest the regular way would race with requests still arriving)."""
         rungs: list[Rung] = []
-        while taken := self._read(lane) or self._read(self._ring.read_head):
+        while taken := self._read(lane, spin) or self._read(self._ring.read_head):
             rungs += taken
+            spin = 1
         return rungs
 
-    def _read(self, reader: Reader | None = None) -> list[Rung]:
+    def _read(self, reader: Reader | None = None, spin: int | None = None) -> list[Rung]:
+        """Read with `reader` (default: all published); spin: passed to a lane."""
         with self._read_lock:
             self._check_open()
-            k = int((reader or self._ring.read)(self.base, self.words, self.layout.capacity, self.layout.slot_words,
-                                                self.layout.blocks_per_slot, self._next, self._out, self._ids,
-                                                self._slots))
-            if k == 0:
+            args = (self.base, self.words, self.layout.capacity, self.layout.slot_words, self.layout.blocks_per_slot,
+                    self._next, self._out, self._ids, self._slots)
+            k = int((reader or self._ring.read)(*args) if spin is None else reader(*args, spin))
+            if k <= 0:
                 return []
             seen = time.perf_counter_ns()
             rungs = [self._rung(row, seen) for row in self._out[:k].tolist()]
@@ -251,7 +263,7 @@ class Doorbell:
             n = 0
         return Rung(seq=seq, tag=row[OUT_TAG] if state == READ_OK else -1,
                     host_ids=self._ids[at : at + n].copy(), device_slots=self._slots[at : at + n].copy(),
-                    published_ns=row[OUT_STAMP], seen_ns=seen_ns, error=error, task=row[OUT_TASK],
+                    published_ns=row[OUT_STAMP], seen_ns=row[OUT_SEEN] or seen_ns, error=error, task=row[OUT_TASK],
                     raised=bool(row[OUT_RAISED]))
 
     # -- lifecycle -------------------------------------------------------------------------------

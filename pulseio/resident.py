@@ -52,9 +52,8 @@ class TaskRing:
         self._ids = words[self._ids_at :].reshape(slots, 2 * cap)
         base = self._memory.tensor.data_ptr()  # host addresses: the host side's atomics use these
         self._entries_host, self._done_host = base + 8 * entries_at, base + 8 * done_at
+        self._ctrl_host = base  # the routes' issuer and the doorbell's fast lane both post, under tr.lock
         self._promised_host, self._stopped_host = base + 8 * tr.CTRL_PROMISED, base + 8 * tr.CTRL_STOPPED
-        self._post_lock = threading.Lock()  # the routes' issuer and the doorbell's fast lane both post
-        self._seq = 0  # last task posted
         self.forwarded = 0  # tasks the doorbell's fast lane posted
 
     # -- posting -------------------------------------------------------------------------------------
@@ -64,8 +63,9 @@ class TaskRing:
         """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
         becomes visible to the server only when that stream reaches this point (None: at once).
         raise_on_landed: (address of a device int64, value): the server raises it to value once landed."""
-        with self._post_lock:
-            seq = self._seq + 1
+        tr.lock(self._ctrl_host)
+        try:
+            seq = int(self._ctrl[tr.CTRL_SEQ]) + 1
             slot = (seq - 1) % self.slots
             if self._done[slot] < seq - self.slots:  # the slot's previous task has not landed yet
                 self.wait_sync(seq - self.slots)
@@ -82,7 +82,9 @@ class TaskRing:
             else:
                 stopped = tr.post(0, 0, self._promised_host, seq, self._stopped_host)
                 self._post_on_stream(ordered_on, entry_at, word)
-            self._seq = seq
+            self._ctrl[tr.CTRL_SEQ] = seq
+        finally:
+            tr.unlock(self._ctrl_host)
         self._posted(stopped)
         return TaskEvent(self, seq)
 
@@ -101,25 +103,23 @@ class TaskRing:
             emit(Pending(self.post(direction, host_ids, slots, ordered_on, raise_to)))
 
     def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_at: int) -> Callable[..., int]:
-        """A doorbell reader (`Doorbell.wait_rung(lane=)`) that posts the leading requests marked in `fast`
-        as tasks in one compiled call (`task_ring.forward`); raise_at: the device word they raise, or 0.
+        """A doorbell fast lane (`Doorbell.wait_rung(lane=)`): spins for the next request, then posts the
+        leading requests marked in `fast` as tasks, in one compiled call (`task_ring.forward`); raise_at:
+        the device word they raise, or 0. Returns -1 if nothing was published, else the requests taken.
 
         Once it has taken nothing (a request it refused, which goes the regular way), the tasks it posts
         after no longer raise the word: that request may still be in flight when they land."""
         raising = [raise_at]
 
         def forward(base: int, words: np.ndarray, capacity: int, slot_words: int, max_blocks: int, next_seq: int,
-                    out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray) -> int:
-            with self._post_lock:
-                k, stopped = tr.forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
-                                        num_slots, self._ids, self._entries, self._entries_host, self._done,
-                                        self._promised_host, self._stopped_host, self._seq, raising[0], out, ids_out,
-                                        slots_out)
-                self._seq += k
+                    out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray, spin: int) -> int:
+            k, stopped = tr.forward(spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
+                                    num_slots, self._ids, self._entries, self._entries_host, self._done,
+                                    self._ctrl_host, raising[0], out, ids_out, slots_out)
+            if k > 0:
                 self.forwarded += k
-            if k:
                 self._posted(stopped)
-            else:
+            elif k == 0:
                 raising[0] = 0
             return k
 

@@ -15,6 +15,7 @@ from .layout import (
     OUT_COUNT,
     OUT_OFFSET,
     OUT_RAISED,
+    OUT_SEEN,
     OUT_SEQ,
     OUT_STAMP,
     OUT_STATE,
@@ -80,6 +81,7 @@ def _read_one(base, words, capacity, slot_words, max_blocks, seq, out, k, ids_ou
     out[k, OUT_COUNT] = 0
     out[k, OUT_TASK] = 0
     out[k, OUT_RAISED] = 0
+    out[k, OUT_SEEN] = 0
     if seen != seq:  # a later request (or its busy mark) holds the slot: seq was lost
         out[k, OUT_STATE] = READ_LOST
         return 0

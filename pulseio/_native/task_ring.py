@@ -8,22 +8,29 @@ the store of the promise and the load of the stop word are separated by a full f
 what makes the Dekker handshake with the kernel sound (x86 may otherwise let the load pass the
 store). `wait_at_least` spins on a word the GPU writes, GIL released.
 
-`forward` is the doorbell's fast lane: in one compiled call (GIL released) it reads requests from
-the doorbell ring, validates them exactly as `make_plan` does, copies their ids into free task
-slots and posts them. A request reaches the copy kernel a few microseconds after the poller sees
-it, before any Python object exists for it; the poller builds those afterwards, off the critical
-path. It stops at the first request it cannot take (not marked fast, invalid, too large, no free
-slot), which the regular read then handles.
+Posters hold the ring's lock, a ticket lock in the control line (`lock` / `unlock`), so that
+compiled code can take it with no Python in between; the last task posted (CTRL_SEQ) lives there too.
+
+`forward` is the doorbell's fast lane: in one compiled call (GIL released) it spins until the next
+request is published, then reads requests from the doorbell ring, validates them exactly as
+`make_plan` does, copies their ids into free task slots and posts them. A request reaches the copy
+kernel a few hundred nanoseconds after the poller sees it, before any Python runs for it; the poller
+builds its objects afterwards, off the critical path. It stops at the first request it cannot take
+(not marked fast, invalid, too large, no free slot), which the regular read then handles.
 """
 
 from __future__ import annotations
 
-from .atomics import NATIVE, fence_seq_cst, load_acquire, store_release
-from .layout import OUT_COUNT, OUT_OFFSET, OUT_RAISED, OUT_STATE, OUT_STATUS, OUT_TASK, READ_OK, STATUS_OK
-from .ring import read_one
+import time
+
+from .atomics import NATIVE, fence_seq_cst, fetch_add, load_acquire, store_release
+from .clock import monotonic_ns
+from .layout import OUT_COUNT, OUT_OFFSET, OUT_RAISED, OUT_SEEN, OUT_STATE, OUT_STATUS, OUT_TASK, READ_OK, STATUS_OK
+from .ring import read_one, spin
 from .validate import OK
 
-CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2
+CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2  # shared with the kernel
+CTRL_TICKET, CTRL_SERVING, CTRL_SEQ = 3, 4, 5  # host only: the posters' ticket lock, the last task posted
 CTRL_WORDS = 16  # its own 128-byte line
 ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS = 0, 1, 2, 3
 ENTRY_WORDS = 4
@@ -54,19 +61,36 @@ def _wait_at_least(addr, value, iterations):
     return 0
 
 
-def _forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host, num_slots,
-             task_ids, entries, entries_addr, done, promised_addr, stopped_addr, task_seq, raise_at,
-             out, ids_out, slots_out):
-    """Forward doorbell requests next_seq, next_seq + 1, ... to the task ring while each can go.
+def _lock(ctrl):
+    """Take the posters' ticket lock in the control line at ctrl (spinning, GIL released)."""
+    ticket = fetch_add(ctrl + 8 * CTRL_TICKET, 1)
+    while load_acquire(ctrl + 8 * CTRL_SERVING) != ticket:
+        pass
+
+
+def _unlock(ctrl):
+    store_release(ctrl + 8 * CTRL_SERVING, load_acquire(ctrl + 8 * CTRL_SERVING) + 1)
+
+
+def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host, num_slots,
+             task_ids, entries, entries_addr, done, ctrl, raise_at, out, ids_out, slots_out):
+    """Spin up to spin_loads (>= 1) loads for doorbell request next_seq, then forward requests next_seq,
+    next_seq + 1, ... to the task ring while each can go, under the posters' lock.
 
     fast: [capacity] int64, fast[(seq - 1) % capacity] == seq marks request seq as allowed. task_ids:
-    [slots, 2 * cap] int64; entries: [slots, ENTRY_WORDS] int64 at entries_addr; done: [slots] int64.
-    task_seq: the last task posted. raise_at: a device word each task raises to its request's seq
-    (0: none). out, ids_out, slots_out: as for `ring.read`, plus the task seq in OUT_TASK.
-    Returns (requests forwarded, the stop word read after promising; -1 if none was forwarded).
+    [slots, 2 * cap] int64; entries: [slots, ENTRY_WORDS] int64 at entries_addr; done: [slots] int64;
+    ctrl: the control line's address. raise_at: a device word each task raises to its request's seq
+    (0: none). out, ids_out, slots_out: as for `ring.read`, plus OUT_TASK, OUT_RAISED and OUT_SEEN.
+    Returns (requests forwarded, or -1 if next_seq was not published; the stop word read after
+    promising, -1 if none was forwarded).
     """
+    if not spin(base, capacity, slot_words, next_seq, spin_loads):
+        return -1, -1
+    seen = monotonic_ns()
     slots, cap = task_ids.shape[0], task_ids.shape[1] // 2
-    k, offset, seq, task = 0, 0, next_seq, task_seq
+    k, offset, seq = 0, 0, next_seq
+    lock(ctrl)
+    task = load_acquire(ctrl + 8 * CTRL_SEQ)
     while k < capacity and fast[(seq - 1) % capacity] == seq:
         m = read_one(base, words, capacity, slot_words, max_blocks, seq, out, k, ids_out, slots_out, offset)
         n = out[k, OUT_COUNT]
@@ -84,15 +108,19 @@ def _forward(base, words, capacity, slot_words, max_blocks, next_seq, fast, num_
         store_release(entries_addr + 8 * (ENTRY_WORDS * tslot + ENTRY_TASK), pack_entry(task, n, H2D))
         out[k, OUT_TASK] = task
         out[k, OUT_RAISED] = 1 if raise_at != 0 else 0
+        out[k, OUT_SEEN] = seen
         out[k, OUT_OFFSET] = offset
         offset += n
         k += 1
         seq += 1
-    if k == 0:
-        return 0, -1
-    store_release(promised_addr, task)
-    fence_seq_cst()
-    return k, load_acquire(stopped_addr)
+    stopped = -1
+    if k > 0:
+        store_release(ctrl + 8 * CTRL_SEQ, task)
+        store_release(ctrl + 8 * CTRL_PROMISED, task)
+        fence_seq_cst()
+        stopped = load_acquire(ctrl + 8 * CTRL_STOPPED)
+    unlock(ctrl)
+    return k, stopped
 
 
 if NATIVE:
@@ -104,6 +132,13 @@ if NATIVE:
     pack_entry = _jit(pack_entry)
     post = _jit(_post)
     wait_at_least = _jit(_wait_at_least)
+    lock = _jit(_lock)
+    unlock = _jit(_unlock)
     forward = _jit(_forward)
-else:  # pragma: no cover - exercised where numba is absent: no fast lane
-    post, wait_at_least, forward = _post, _wait_at_least, None
+else:  # pragma: no cover - exercised where numba is absent: no fast lane, a lock that yields the GIL
+    post, wait_at_least, unlock, forward = _post, _wait_at_least, _unlock, None
+
+    def lock(ctrl: int) -> None:
+        ticket = fetch_add(ctrl + 8 * CTRL_TICKET, 1)
+        while load_acquire(ctrl + 8 * CTRL_SERVING) != ticket:
+            time.sleep(0)

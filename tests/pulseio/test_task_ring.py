@@ -3,10 +3,14 @@ word, and the doorbell fast lane (`forward`), which must take exactly the reques
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from pulseio._native import task_ring as tr
+from pulseio._native.layout import OUT_COLUMNS
 from pulseio.doorbell import Doorbell, RingLayout
 from pulseio.host_backend import HostBackend
 
@@ -23,16 +27,18 @@ class _TaskRing:
         self.entries = np.zeros((SLOTS, tr.ENTRY_WORDS), np.int64)
         self.done = np.zeros(SLOTS, np.int64)
         self.ids = np.zeros((SLOTS, 2 * CAP), np.int64)
-        self.seq = 0
+
+    @property
+    def seq(self) -> int:
+        return int(self.ctrl[tr.CTRL_SEQ])
 
     def reader(self, fast: np.ndarray, raise_at: int):
-        def forward(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out):
+        def forward(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out, spin):
             k, stopped = tr.forward(
-                base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
-                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data + 8 * tr.CTRL_PROMISED,
-                self.ctrl.ctypes.data + 8 * tr.CTRL_STOPPED, self.seq, raise_at, out, ids_out, slots_out)
-            self.seq += k
-            if k:  # the stop word read behind the last promise
+                spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
+                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data, raise_at, out, ids_out,
+                slots_out)
+            if k > 0:  # the stop word read behind the last promise
                 self.stopped = stopped
             return k
 
@@ -107,3 +113,36 @@ def test_post_promises_and_reports_the_stop_word() -> None:
     stopped = tr.post(entry, word, ring.ctrl.ctypes.data, 1, ring.ctrl.ctypes.data + 8 * tr.CTRL_STOPPED)
     assert stopped == 3 and ring.ctrl[tr.CTRL_PROMISED] == 1 and ring.task(1) == (1, tr.D2H, 5)
     assert tr.wait_at_least(ring.ctrl.ctypes.data, 1, 10) == 1 and tr.wait_at_least(ring.ctrl.ctypes.data, 2, 10) == 0
+
+
+def test_the_lane_spins_for_the_next_request_and_stamps_when_it_saw_it(doorbell: Doorbell) -> None:
+    ring, fast = _TaskRing(), np.array([1] + [0] * 7, np.int64)
+    lane = ring.reader(fast, raise_at=0)
+    layout = doorbell.layout
+    args = (doorbell.base, doorbell.words, layout.capacity, layout.slot_words, layout.blocks_per_slot, 1,
+            np.zeros((8, OUT_COLUMNS), np.int64), np.zeros(8 * 16, np.int64), np.zeros(8 * 16, np.int64))
+    assert lane(*args, 1000) == -1 and ring.seq == 0  # nothing published: -1, nothing posted
+    before = time.perf_counter_ns()
+    doorbell.publish(np.array([2]), np.array([3]))
+    (rung,) = doorbell.wait_rung(timeout=1, lane=lane)
+    assert rung.task == 1 and before <= rung.seen_ns <= time.perf_counter_ns()
+
+
+def test_posters_exclude_each_other_through_the_ticket_lock() -> None:
+    """Two threads incrementing a plain (non-atomic) word under tr.lock never lose an update."""
+    ctrl, counter = np.zeros(tr.CTRL_WORDS, np.int64), np.zeros(1, np.int64)
+
+    def bump(times: int) -> None:
+        for _ in range(times):
+            tr.lock(ctrl.ctypes.data)
+            value = int(counter[0])
+            time.sleep(0) if value % 97 == 0 else None  # invite a switch inside the critical section
+            counter[0] = value + 1
+            tr.unlock(ctrl.ctypes.data)
+
+    threads = [threading.Thread(target=bump, args=(3000,)) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counter[0] == 9000 and ctrl[tr.CTRL_TICKET] == ctrl[tr.CTRL_SERVING] == 9000
