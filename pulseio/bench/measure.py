@@ -3,6 +3,7 @@ while a bf16 GEMM runs on another stream. Each returns BenchRecords; none prints
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -128,9 +129,12 @@ def measure_transfers(
 
 def measure_under_load(
     engine: DmaEngine, ids: IdSets, strategy: Strategy, *, window: int, peak: float, info: RunInfo,
-    gemm_size: int = 8192, gemm_iters: int = 80,
+    gemm_size: int = 8192, gemm_iters: int = 80, rounds: int = 3,
 ) -> BenchRecord:
-    """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates."""
+    """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates.
+
+    `rounds` loaded runs alternate with rounds + 1 runs of the GEMM alone; the slowdown compares their
+    medians, so neither clock drift over the run nor one noisy run decides it."""
     device = engine.device.slots.device
     a = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
     b = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
@@ -151,28 +155,35 @@ def measure_under_load(
         end.synchronize()
         return start.elapsed_time(end) / gemm_iters
 
-    before = gemm_alone_ms()
     submit = ids.submitter(engine, Direction.H2D, strategy)
-    start, end = enqueue_gemms()
-    in_flight: list[Transfer] = []
-    moved, i = 0, 0
-    t0 = time.perf_counter()
-    while not end.query():
-        if len(in_flight) >= window:
-            in_flight.pop(0).wait()
-        in_flight.append(submit(i))
-        moved += ids.host[0].size * engine.host.block_bytes
-        i += 1
-    for t in in_flight:
-        t.wait()
-    seconds = time.perf_counter() - t0
-    loaded = start.elapsed_time(end) / gemm_iters
-    alone = (before + gemm_alone_ms()) / 2  # alone before and after: clocks drift over a run
+    recall_bytes = ids.host[0].size * engine.host.block_bytes
+
+    def gemm_loaded_ms() -> tuple[float, int, float]:
+        """One GEMM run with recalls back-to-back until it ends: (ms per GEMM, bytes recalled, seconds)."""
+        start, end = enqueue_gemms()
+        in_flight: list[Transfer] = []
+        moved = 0
+        t0 = time.perf_counter()
+        while not end.query():
+            if len(in_flight) >= window:
+                in_flight.pop(0).wait()
+            in_flight.append(submit(moved // recall_bytes))
+            moved += recall_bytes
+        for t in in_flight:
+            t.wait()
+        return start.elapsed_time(end) / gemm_iters, moved, time.perf_counter() - t0
+
+    alone, loaded, moved, seconds = [gemm_alone_ms()], [], 0, 0.0
+    for _ in range(rounds):
+        ms, m, s = gemm_loaded_ms()
+        loaded.append(ms)
+        moved, seconds = moved + m, seconds + s
+        alone.append(gemm_alone_ms())
     rate = moved / seconds
     return _record(
         "recall", strategy.value, Direction.H2D, engine.host.block_bytes, ids.host[0].size, rate, info,
         fraction_of_peak=rate / 1e9 / peak if peak else None, under_load=True,
-        gemm_slowdown=loaded / alone - 1.0,
+        gemm_slowdown=statistics.median(loaded) / statistics.median(alone) - 1.0,
     )
 
 
