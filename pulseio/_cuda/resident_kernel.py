@@ -66,6 +66,7 @@ from .sysmem import (
 
 DEV_POSTED, DEV_EXIT, DEV_START, DEV_WATERMARK = 0, 1, 2, 3
 DEV_HEADER = 16
+CLOSE_POLL_NS = 20_000  # how often an idle leader reads CTRL_CLOSE
 
 
 RESIDENT_SIGNATURE = "void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64)"
@@ -106,7 +107,7 @@ def _offer_stop(ctrl, dev, forwarded, gen):  # pragma: no cover - runs on the GP
 @cuda.jit(device=True)
 def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state):  # pragma: no cover
     """Thread 0 of each CTA: wait until `task` is forwarded (1) or this generation exits (0).
-    state: [2] int64 local to the leader: (forwarded, last active time)."""
+    state: [3] int64 local to the leader: (forwarded, last active time, last look at CTRL_CLOSE)."""
     while True:
         if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task:
             return 1
@@ -119,7 +120,12 @@ def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state):  # pragma:
         now = globaltimer()
         if forwarded > state[0]:
             state[0], state[1] = forwarded, now
-        elif now - state[1] >= idle_ns or load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0:
+            continue
+        closing = False
+        if now - state[2] >= CLOSE_POLL_NS:  # a PCIe read: not on every poll, which would double its period
+            state[2] = now
+            closing = load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0
+        if now - state[1] >= idle_ns or closing:
             if not _offer_stop(ctrl, dev, forwarded, gen):
                 state[1] = now
         else:
@@ -130,11 +136,11 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned."""
     serve = cuda.shared.array(1, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    state = cuda.local.array(2, int64)
+    state = cuda.local.array(3, int64)
     t, cta, ctas = cuda.threadIdx.x, cuda.blockIdx.x, cuda.gridDim.x
     slots, cap = ids.shape[0], ids.shape[1] // 2
     task = load_acquire_gpu(dev + 8 * DEV_START)
-    state[0], state[1] = task - 1, globaltimer()
+    state[0], state[1], state[2] = task - 1, globaltimer(), 0
     while True:
         if t == 0:
             serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state)

@@ -184,6 +184,7 @@ def measure_under_load(
         "recall", strategy.value, Direction.H2D, engine.host.block_bytes, ids.host[0].size, rate, info,
         fraction_of_peak=rate / 1e9 / peak if peak else None, under_load=True,
         gemm_slowdown=statistics.median(loaded) / statistics.median(alone) - 1.0,
+        gemm_ms_alone=tuple(alone), gemm_ms_loaded=tuple(loaded),
     )
 
 

@@ -44,9 +44,12 @@ def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
         lines.append("")
         lines.append(f"H2D {rows[0].num_blocks} x {_size(block_bytes)} while a bf16 GEMM runs on another stream:")
         for r in rows:
+            noise = ""
+            if r.gemm_ms_alone and len(r.gemm_ms_alone) > 1:  # how much the runs alone differ: the noise floor
+                noise = f" (runs alone within {100 * (max(r.gemm_ms_alone) / min(r.gemm_ms_alone) - 1):.1f}%)"
             lines.append(
                 f"  {r.strategy:>12}: {r.gbps:6.2f} GB/s ({r.fraction_of_peak:4.2f} of peak), "
-                f"GEMM slowed {100 * r.gemm_slowdown:+.1f}%"
+                f"GEMM slowed {100 * r.gemm_slowdown:+.1f}%{noise}"
             )
     if any(r.verified is False for r in records):
         lines.append("")
