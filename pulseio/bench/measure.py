@@ -128,13 +128,15 @@ def measure_transfers(
 
 
 def measure_under_load(
-    engine: DmaEngine, ids: IdSets, strategy: Strategy, *, window: int, peak: float, info: RunInfo,
+    engine: DmaEngine, ids: IdSets, strategy: Strategy | None, *, window: int, peak: float, info: RunInfo,
     gemm_size: int = 8192, gemm_iters: int = 80, rounds: int = 3,
 ) -> BenchRecord:
     """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates.
 
     `rounds` loaded runs alternate with rounds + 1 runs of the GEMM alone; the slowdown compares their
-    medians, so neither clock drift over the run nor one noisy run decides it."""
+    medians, so neither clock drift over the run nor one noisy run decides it. strategy None is the
+    control: the same runs with no recall (the host only polls the GEMM), whose "slowdown" is the
+    method's own noise."""
     device = engine.device.slots.device
     a = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
     b = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
@@ -155,7 +157,7 @@ def measure_under_load(
         end.synchronize()
         return start.elapsed_time(end) / gemm_iters
 
-    submit = ids.submitter(engine, Direction.H2D, strategy)
+    submit = ids.submitter(engine, Direction.H2D, strategy) if strategy is not None else None
     recall_bytes = ids.host[0].size * engine.host.block_bytes
 
     def gemm_loaded_ms() -> tuple[float, int, float]:
@@ -165,6 +167,8 @@ def measure_under_load(
         moved = 0
         t0 = time.perf_counter()
         while not end.query():
+            if submit is None:
+                continue
             if len(in_flight) >= window:
                 in_flight.pop(0).wait()
             in_flight.append(submit(moved // recall_bytes))
@@ -181,8 +185,8 @@ def measure_under_load(
         alone.append(gemm_alone_ms())
     rate = moved / seconds
     return _record(
-        "recall", strategy.value, Direction.H2D, engine.host.block_bytes, ids.host[0].size, rate, info,
-        fraction_of_peak=rate / 1e9 / peak if peak else None, under_load=True,
+        "recall", strategy.value if strategy is not None else "none", Direction.H2D, engine.host.block_bytes,
+        ids.host[0].size, rate, info, fraction_of_peak=rate / 1e9 / peak if peak else None, under_load=True,
         gemm_slowdown=statistics.median(loaded) / statistics.median(alone) - 1.0,
         gemm_ms_alone=tuple(alone), gemm_ms_loaded=tuple(loaded),
     )

@@ -47,10 +47,9 @@ def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
             noise = ""
             if r.gemm_ms_alone and len(r.gemm_ms_alone) > 1:  # how much the runs alone differ: the noise floor
                 noise = f" (runs alone within {100 * (max(r.gemm_ms_alone) / min(r.gemm_ms_alone) - 1):.1f}%)"
-            lines.append(
-                f"  {r.strategy:>12}: {r.gbps:6.2f} GB/s ({r.fraction_of_peak:4.2f} of peak), "
-                f"GEMM slowed {100 * r.gemm_slowdown:+.1f}%{noise}"
-            )
+            what = (f"{r.gbps:6.2f} GB/s ({r.fraction_of_peak:4.2f} of peak)" if r.strategy != "none"
+                    else "no recall (control)")
+            lines.append(f"  {r.strategy:>12}: {what}, GEMM slowed {100 * r.gemm_slowdown:+.1f}%{noise}")
     if any(r.verified is False for r in records):
         lines.append("")
         lines.append("! = data check FAILED: recalled bytes differ from what was written")

@@ -92,7 +92,7 @@ def run_bench(options: BenchOptions) -> tuple[dict, list[BenchRecord]]:
     configs = len(options.block_sizes) * len(options.counts) * len(options.directions)
     total = 2 * len(sizes) + configs * (len(options.strategies) + 1)
     under_load = options.under_load and on_gpu
-    total += len(options.strategies) * len(options.block_sizes) if under_load else 0
+    total += (len(options.strategies) + 1) * len(options.block_sizes) if under_load else 0
     with _Progress(total, options) as bar:
         records = measure_peak(backend, sizes, info, bar.update)
         peaks = {d: max(r.gbps for r in records if r.direction == d) for d in ("h2d", "d2h")}
@@ -157,8 +157,8 @@ def _measure_load(backend, options, peaks, info, tick) -> list[BenchRecord]:
             ids = IdSets(host.num_blocks, device.num_slots, options.load_count, options.id_sets, seed=99)
             config = replace(options.dma, merge_blocks=options.load_count)
             with DmaEngine(host, device, config) as engine:
-                for strategy in options.strategies:
-                    if strategy in engine.available:
+                for strategy in (None, *options.strategies):  # None: the control, no recall
+                    if strategy is None or strategy in engine.available:
                         out.append(measure_under_load(
                             engine, ids, strategy, window=options.window, peak=peaks["h2d"], info=info
                         ))

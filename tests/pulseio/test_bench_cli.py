@@ -33,3 +33,21 @@ def test_bench_on_cpu_writes_verified_records_and_a_plot(tmp_path: Path, capsys)
 def test_bench_rejects_an_unknown_strategy(capsys) -> None:
     assert main(["bench", "--device", "cpu", "--strategies", "teleport"]) == 2
     assert "'teleport' is not a valid Strategy" in capsys.readouterr().err
+
+
+def test_table_reports_the_gemm_control_and_the_spread_of_the_runs_alone() -> None:
+    from pulseio.bench.records import BenchRecord
+    from pulseio.bench.report import format_table
+
+    def loaded(strategy: str, gbps: float, slowdown: float, alone: tuple[float, ...]) -> BenchRecord:
+        return BenchRecord(kind="recall", strategy=strategy, direction="h2d", block_bytes=65536, num_blocks=4096,
+                           gbps=gbps, fraction_of_peak=gbps / 55.0, latency_us=None, under_load=True,
+                           gemm_slowdown=slowdown, device="x", git_sha="y", verified=None, gemm_ms_alone=alone,
+                           gemm_ms_loaded=(2.0, 2.0, 2.0))
+
+    table = format_table({"device": "x", "git_sha": "y", "date": "z", "peak_gbps": {"h2d": 55.0, "d2h": 55.0}}, [
+        loaded("none", 0.0, 0.001, (2.00, 2.02, 2.01, 2.00)),
+        loaded("batched", 53.0, 0.025, (2.00, 2.04, 2.01, 2.00)),
+    ])
+    assert "none: no recall (control), GEMM slowed +0.1% (runs alone within 1.0%)" in table
+    assert "batched:  53.00 GB/s (0.96 of peak), GEMM slowed +2.5% (runs alone within 2.0%)" in table
