@@ -22,7 +22,7 @@ class BenchRecord:
     fraction_of_peak: float | None  # gbps / single-copy peak of the same direction, same run
     latency_us: float | None  # one operation alone, submit -> landed, median
     under_load: bool  # measured while a bf16 GEMM ran on another stream
-    gemm_slowdown: float | None  # GEMM time with this recall running / alone - 1
+    gemm_slowdown: float | None  # GEMM time with this recall running / alone - 1 (median over interleaved runs)
     device: str
     git_sha: str
     verified: bool | None  # bit-exact check of the data moved (None: not checked in this record)
