@@ -63,28 +63,16 @@ class TaskRing:
         """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
         becomes visible to the server only when that stream reaches this point (None: at once).
         raise_on_landed: (address of a device int64, value): the server raises it to value once landed."""
-        tr.lock(self._ctrl_host)
-        try:
-            seq = int(self._ctrl[tr.CTRL_SEQ]) + 1
-            slot = (seq - 1) % self.slots
-            if self._done[slot] < seq - self.slots:  # the slot's previous task has not landed yet
-                self.wait_sync(seq - self.slots)
-            m = len(host_ids)
-            ids = self._ids[slot]
-            ids[:m] = host_ids
-            ids[self.cap : self.cap + m] = slots
-            entry = self._entries[slot]
-            entry[tr.ENTRY_RAISE_AT], entry[tr.ENTRY_RAISE_TO] = raise_on_landed or (0, 0)
-            word = tr.pack_entry(seq, m, direction)
-            entry_at = self._entries_host + 8 * (tr.ENTRY_WORDS * slot + tr.ENTRY_TASK)
-            if ordered_on is None:
-                stopped = tr.post(entry_at, word, self._promised_host, seq, self._stopped_host)
-            else:
-                stopped = tr.post(0, 0, self._promised_host, seq, self._stopped_host)
-                self._post_on_stream(ordered_on, entry_at, word)
-            self._ctrl[tr.CTRL_SEQ] = seq
-        finally:
-            tr.unlock(self._ctrl_host)
+        raise_at, raise_to = raise_on_landed or (0, 0)
+        while True:
+            seq, stopped = tr.post(self._ctrl_host, self._ids, self._entries, self._entries_host, self._done,
+                                   host_ids, slots, direction, raise_at, raise_to, ordered_on is None)
+            if seq:
+                break
+            self.wait_sync(stopped - self.slots)  # the slot's previous task has not landed yet
+        if ordered_on is not None:
+            entry_at = self._entries_host + 8 * (tr.ENTRY_WORDS * ((seq - 1) % self.slots) + tr.ENTRY_TASK)
+            self._post_on_stream(ordered_on, entry_at, int(tr.pack_entry(seq, len(host_ids), direction)))
         self._posted(stopped)
         return TaskEvent(self, seq)
 

@@ -3,10 +3,10 @@
 The GPU half is `pulseio/_cuda/resident_kernel.py`, whose module docstring has the protocol; the
 layout constants live here because both halves need them and this side must import without CUDA.
 
-`post` publishes a task word and promises it, then reads whether the kernel has offered to stop:
-the store of the promise and the load of the stop word are separated by a full fence, which is
-what makes the Dekker handshake with the kernel sound (x86 may otherwise let the load pass the
-store). `wait_at_least` spins on a word the GPU writes, GIL released.
+`post` writes a task (ids, raise target, task word) and promises it, then reads whether the kernel
+has offered to stop: the store of the promise and the load of the stop word are separated by a full
+fence, which is what makes the Dekker handshake with the kernel sound (x86 may otherwise let the
+load pass the store). `wait_at_least` spins on a word the GPU writes, GIL released.
 
 Posters hold the ring's lock, a ticket lock in the control line (`lock` / `unlock`), so that
 compiled code can take it with no Python in between; the last task posted (CTRL_SEQ) lives there too.
@@ -44,13 +44,30 @@ def pack_entry(seq, count, direction):
     return (seq << (COUNT_BITS + 1)) | (direction << COUNT_BITS) | count
 
 
-def _post(entry_addr, word, promised_addr, seq, stopped_addr):
-    """Publish `word` at entry_addr (0: none, a stream will write it), promise `seq`; returns the stop word."""
-    if entry_addr != 0:
-        store_release(entry_addr, word)
-    store_release(promised_addr, seq)
+def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, direction, raise_at, raise_to, publish):
+    """Post one task under the posters' lock: ids, raise target, the task word (if publish; else a
+    stream writes it later), the promise. Returns (seq, stop word read behind the promise), or
+    (0, seq) if the task's slot still holds task seq - slots, not landed yet (nothing was written)."""
+    nslots, cap = task_ids.shape[0], task_ids.shape[1] // 2
+    lock(ctrl)
+    seq = load_acquire(ctrl + 8 * CTRL_SEQ) + 1
+    slot = (seq - 1) % nslots
+    if done[slot] < seq - nslots:
+        unlock(ctrl)
+        return 0, seq
+    m = host_ids.shape[0]
+    task_ids[slot, :m] = host_ids
+    task_ids[slot, cap : cap + m] = slots
+    entries[slot, ENTRY_RAISE_AT] = raise_at
+    entries[slot, ENTRY_RAISE_TO] = raise_to
+    if publish:
+        store_release(entries_addr + 8 * (ENTRY_WORDS * slot + ENTRY_TASK), pack_entry(seq, m, direction))
+    store_release(ctrl + 8 * CTRL_SEQ, seq)
+    store_release(ctrl + 8 * CTRL_PROMISED, seq)
     fence_seq_cst()
-    return load_acquire(stopped_addr)
+    stopped = load_acquire(ctrl + 8 * CTRL_STOPPED)
+    unlock(ctrl)
+    return seq, stopped
 
 
 def _wait_at_least(addr, value, iterations):
@@ -130,10 +147,10 @@ if NATIVE:
 
     _jit = njit(nogil=True, cache=True)
     pack_entry = _jit(pack_entry)
-    post = _jit(_post)
-    wait_at_least = _jit(_wait_at_least)
     lock = _jit(_lock)
     unlock = _jit(_unlock)
+    post = _jit(_post)
+    wait_at_least = _jit(_wait_at_least)
     forward = _jit(_forward)
 else:  # pragma: no cover - exercised where numba is absent: no fast lane, a lock that yields the GIL
     post, wait_at_least, unlock, forward = _post, _wait_at_least, _unlock, None

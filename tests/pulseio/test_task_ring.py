@@ -105,14 +105,27 @@ def test_forward_takes_only_marked_seqs_and_waits_for_a_free_task_slot(doorbell:
     assert rung.seq == 7 and rung.task == 5 and ring.task(5) == (5, tr.H2D, 1)
 
 
-def test_post_promises_and_reports_the_stop_word() -> None:
+def test_post_writes_the_task_promises_it_and_reports_the_stop_word() -> None:
     ring = _TaskRing()
     ring.ctrl[tr.CTRL_STOPPED] = 3
-    entry = ring.entries.ctypes.data + 8 * tr.ENTRY_TASK
-    word = int(tr.pack_entry(1, 5, tr.D2H))
-    stopped = tr.post(entry, word, ring.ctrl.ctypes.data, 1, ring.ctrl.ctypes.data + 8 * tr.CTRL_STOPPED)
-    assert stopped == 3 and ring.ctrl[tr.CTRL_PROMISED] == 1 and ring.task(1) == (1, tr.D2H, 5)
-    assert tr.wait_at_least(ring.ctrl.ctypes.data, 1, 10) == 1 and tr.wait_at_least(ring.ctrl.ctypes.data, 2, 10) == 0
+
+    def post(ids, slots, direction=tr.D2H, publish=True):
+        return tr.post(ring.ctrl.ctypes.data, ring.ids, ring.entries, ring.entries.ctypes.data, ring.done,
+                       np.array(ids, np.int64), np.array(slots, np.int64), direction, 0xAB, 9, publish)
+
+    assert post([5, 6], [1, 2]) == (1, 3)
+    assert ring.task(1) == (1, tr.D2H, 2) and ring.ctrl[tr.CTRL_PROMISED] == 1 and ring.seq == 1
+    assert ring.ids[0, :2].tolist() == [5, 6] and ring.ids[0, CAP : CAP + 2].tolist() == [1, 2]
+    assert ring.entries[0, tr.ENTRY_RAISE_AT] == 0xAB and ring.entries[0, tr.ENTRY_RAISE_TO] == 9
+    assert post([7], [3], publish=False) == (2, 3)  # a stream writes the task word later
+    assert ring.entries[1, tr.ENTRY_TASK] == 0 and ring.ctrl[tr.CTRL_PROMISED] == 2
+    assert post([1], [1]) == (3, 3) and post([2], [2]) == (4, 3)
+    assert post([4], [4]) == (0, 5)  # slot 0 still holds task 1, not landed: nothing written
+    assert ring.seq == 4 and ring.ctrl[tr.CTRL_PROMISED] == 4
+    assert ring.ctrl[tr.CTRL_TICKET] == ring.ctrl[tr.CTRL_SERVING]  # the lock was given back
+    ring.done[0] = 1
+    assert post([4], [4]) == (5, 3) and ring.task(5) == (5, tr.D2H, 1)
+    assert tr.wait_at_least(ring.ctrl.ctypes.data, 5, 10) == 1 and tr.wait_at_least(ring.ctrl.ctypes.data, 6, 10) == 0
 
 
 def test_the_lane_spins_for_the_next_request_and_stamps_when_it_saw_it(doorbell: Doorbell) -> None:
