@@ -136,7 +136,6 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned."""
     serve = cuda.shared.array(1, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    target = cuda.shared.array(2, int64)  # the task's raise target (ENTRY_RAISE_AT, ENTRY_RAISE_TO)
     state = cuda.local.array(3, int64)
     t, cta, ctas = cuda.threadIdx.x, cuda.blockIdx.x, cuda.gridDim.x
     slots, cap = ids.shape[0], ids.shape[1] // 2
@@ -153,14 +152,7 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
         lo, hi = span_of(cta, ctas, n)
-        entry = entries + 8 * ENTRY_WORDS * slot
-        raise_at, raise_to = 0, 0
-        if t == cuda.blockDim.x - 1:  # the raise target: read now, used after the copy, so the read overlaps it
-            raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
-            raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
         copy_span(host, ids[slot], 0, pool, ids[slot], cap, lo, hi, d2h != 0, staged)
-        if t == cuda.blockDim.x - 1:
-            target[0], target[1] = raise_at, raise_to
         cuda.threadfence_system()  # this thread's stores are visible (host memory included) ...
         cuda.syncthreads()  # ... before thread 0 counts the CTA done
         if t == 0:
@@ -168,8 +160,11 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
             if atomic_add_gpu(count, 1) == ctas - 1:  # the last CTA of this task
                 store_release_gpu(count, 0)
                 atomic_max_gpu(dev + 8 * DEV_WATERMARK, task)
-                if target[0] != 0:
-                    atomic_max_gpu(target[0], target[1])
+                entry = entries + 8 * ENTRY_WORDS * slot
+                raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
+                raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
+                if raise_at != 0:
+                    atomic_max_gpu(raise_at, raise_to)
                 store_release_sys(entry + 8 * ENTRY_LANDED_NS, globaltimer())
                 cuda.threadfence_system()
                 store_release_sys(done + 8 * slot, task)
