@@ -64,6 +64,13 @@ class DmaEngine:
 
     Bad input raises on `submit`'s thread and queues nothing. A failure while copying (a CUDA error)
     fails the transfers of that one issue -- merged transfers share it -- and the engine goes on.
+
+    Transfers in flight at the same time are not ordered with respect to each other: routes run on
+    their own streams, merged transfers are one copy, and the RESIDENT kernel copies consecutive
+    tasks at once. So two of them must not write the same host block or device slot, nor may one
+    read what another writes (an offload from a slot and a recall into it). Submit the dependent
+    transfer once the first has landed: after `wait()`, or with `stream_ordered=True` behind
+    `device_wait` on the submitting stream.
     """
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig | None = None) -> None:

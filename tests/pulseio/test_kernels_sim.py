@@ -83,14 +83,15 @@ def post(seq, h, p, direction, raise_to=0):
 def launch(gen, idle_ms=5, grid=1):
     kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6))
 
-h1, p1 = rng.choice(H, 5, replace=False), rng.choice(D, 5, replace=False)
-h3, p3 = rng.choice(H, 8, replace=False), rng.choice(D, 8, replace=False)
+h1, h3 = rng.choice(H, 5, replace=False), rng.choice(H, 8, replace=False)
+p1, p3 = np.split(rng.choice(D, 13, replace=False), [5])  # tasks in flight together write disjoint slots
 post(1, h1, p1, tr.H2D); post(2, [], [], tr.H2D); post(3, h3, p3, tr.H2D, raise_to=33)
-launch(1)
-assert np.array_equal(pool[p3], host[h3]) and np.array_equal(pool[p1[~np.isin(p1, p3)]], host[h1[~np.isin(p1, p3)]])
+launch(1)  # one CTA: the simulator runs CTAs one after another, and a resident kernel needs them all at once
+assert np.array_equal(pool[p3], host[h3]) and np.array_equal(pool[p1], host[h1])
 assert list(done) == [1, 2, 3, 0], done
 assert dev[rk.DEV_WATERMARK] == 3 and dev[rk.DEV_START] == 4 and dev[rk.DEV_EXIT] == 1 and ctrl[tr.CTRL_STOPPED] == 1
-assert (dev[rk.DEV_HEADER + slots:] == 0).all()
+assert (dev[rk.DEV_HEADER + slots : rk.DEV_HEADER + 2 * slots] == 0).all()  # the CTA counts are reset
+assert dev[rk.DEV_HEADER + 2 * slots + 2 * 2 + 1] == 33  # task 3's raise target, copied to the device
 assert target[0] == 33 and (entries[:3, tr.ENTRY_LANDED_NS] > 0).all() and entries[3, tr.ENTRY_LANDED_NS] == 0
 # gen 2: an offload (pool -> host) and a recall that reuses slot 0
 h4, p4 = np.array([30, 31, 29]), np.array([p3[0], p3[1], p3[2]])
