@@ -129,7 +129,7 @@ def measure_transfers(
 
 def measure_under_load(
     engine: DmaEngine, ids: IdSets, strategy: Strategy | None, *, window: int, peak: float, info: RunInfo,
-    gemm_size: int = 8192, gemm_iters: int = 16, pairs: int = 10,
+    gemm_size: int = 8192, gemm_iters: int = 32, pairs: int = 8,
 ) -> BenchRecord:
     """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates.
 
