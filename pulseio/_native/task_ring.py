@@ -44,17 +44,11 @@ def pack_entry(seq, count, direction):
     return (seq << (COUNT_BITS + 1)) | (direction << COUNT_BITS) | count
 
 
-def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, direction, raise_at, raise_to, publish):
-    """Post one task under the posters' lock: ids, raise target, the task word (if publish; else a
-    stream writes it later), the promise. Returns (seq, stop word read behind the promise), or
-    (0, seq) if the task's slot still holds task seq - slots, not landed yet (nothing was written)."""
+def _write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction, raise_at, raise_to, publish):
+    """Write task seq into its slot: ids, raise target, then (if publish; else a stream writes it
+    later) the task word, released after them."""
     nslots, cap = task_ids.shape[0], task_ids.shape[1] // 2
-    lock(ctrl)
-    seq = load_acquire(ctrl + 8 * CTRL_SEQ) + 1
     slot = (seq - 1) % nslots
-    if done[slot] < seq - nslots:
-        unlock(ctrl)
-        return 0, seq
     m = host_ids.shape[0]
     task_ids[slot, :m] = host_ids
     task_ids[slot, cap : cap + m] = slots
@@ -62,10 +56,28 @@ def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, directio
     entries[slot, ENTRY_RAISE_TO] = raise_to
     if publish:
         store_release(entries_addr + 8 * (ENTRY_WORDS * slot + ENTRY_TASK), pack_entry(seq, m, direction))
+
+
+def _promise(ctrl, seq):
+    """Record seq as the last task posted and promise it; returns the stop word, read behind a full fence."""
     store_release(ctrl + 8 * CTRL_SEQ, seq)
     store_release(ctrl + 8 * CTRL_PROMISED, seq)
     fence_seq_cst()
-    stopped = load_acquire(ctrl + 8 * CTRL_STOPPED)
+    return load_acquire(ctrl + 8 * CTRL_STOPPED)
+
+
+def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, direction, raise_at, raise_to, publish):
+    """Post one task under the posters' lock (`write_task`, `promise`). Returns (seq, stop word read behind
+    the promise), or (0, seq) if the task's slot still holds task seq - slots, not landed yet (nothing
+    was written)."""
+    nslots = task_ids.shape[0]
+    lock(ctrl)
+    seq = load_acquire(ctrl + 8 * CTRL_SEQ) + 1
+    if done[(seq - 1) % nslots] < seq - nslots:
+        unlock(ctrl)
+        return 0, seq
+    write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction, raise_at, raise_to, publish)
+    stopped = promise(ctrl, seq)
     unlock(ctrl)
     return seq, stopped
 
@@ -117,12 +129,8 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
         tslot = task % slots  # the slot of task + 1
         if done[tslot] < task + 1 - slots or check_ids(ids, dst, num_host, num_slots, False)[0] != OK:
             break
-        task_ids[tslot, :n] = ids
-        task_ids[tslot, cap : cap + n] = dst
-        entries[tslot, ENTRY_RAISE_AT] = raise_at
-        entries[tslot, ENTRY_RAISE_TO] = seq
         task += 1
-        store_release(entries_addr + 8 * (ENTRY_WORDS * tslot + ENTRY_TASK), pack_entry(task, n, H2D))
+        write_task(task_ids, entries, entries_addr, task, ids, dst, H2D, raise_at, seq, True)
         out[k, OUT_TASK] = task
         out[k, OUT_RAISED] = 1 if raise_at != 0 else 0
         out[k, OUT_SEEN] = seen
@@ -130,12 +138,7 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
         offset += n
         k += 1
         seq += 1
-    stopped = -1
-    if k > 0:
-        store_release(ctrl + 8 * CTRL_SEQ, task)
-        store_release(ctrl + 8 * CTRL_PROMISED, task)
-        fence_seq_cst()
-        stopped = load_acquire(ctrl + 8 * CTRL_STOPPED)
+    stopped = promise(ctrl, task) if k > 0 else -1
     unlock(ctrl)
     return k, stopped
 
@@ -149,11 +152,14 @@ if NATIVE:
     pack_entry = _jit(pack_entry)
     lock = _jit(_lock)
     unlock = _jit(_unlock)
+    write_task = _jit(_write_task)
+    promise = _jit(_promise)
     post = _jit(_post)
     wait_at_least = _jit(_wait_at_least)
     forward = _jit(_forward)
 else:  # pragma: no cover - exercised where numba is absent: no fast lane, a lock that yields the GIL
     post, wait_at_least, unlock, forward = _post, _wait_at_least, _unlock, None
+    write_task, promise = _write_task, _promise
 
     def lock(ctrl: int) -> None:
         ticket = fetch_add(ctrl + 8 * CTRL_TICKET, 1)
