@@ -59,7 +59,7 @@ class DmaConfig:
         PCIe busy on the H200; one per SM made a concurrent GEMM twice as slow there.
     resident_idle_us: the RESIDENT route's kernel exits after this long without a task, giving its
         SMs back; the next transfer relaunches it (one launch, not one per transfer). While it is up
-        it holds zero_copy_ctas CTAs (a concurrent GEMM ran 17-24% slower on the H200), and a device
+        it holds zero_copy_ctas CTAs (a concurrent GEMM ran 15-40% slower on the H200), and a device
         synchronize waits for it to go idle and exit.
     max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
     merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
@@ -92,7 +92,13 @@ class DmaConfig:
 class RuntimeConfig:
     """What a Runtime builds. ring_slots bounds the requests posted and not yet read by the poller;
     max_blocks_per_request the blocks of one request; spin_iterations the poller's GIL-free spin
-    before it sleeps (poll_sleep_s: first and longest sleep of its backoff)."""
+    before it sleeps (poll_sleep_s: first and longest sleep of its backoff).
+
+    The default spin (~20-40 us of loads) saves a core between bursts but lets the poller fall
+    asleep between decode layers; a request that arrives then waits out the sleep (20 us .. 1 ms).
+    For latency, spin through the gaps: `benchmarks/bench_doorbell.py` uses 5_000_000 (a few ms),
+    which is what its sub-microsecond publish -> seen figures assume.
+    """
 
     device: str = "auto"
     host_blocks: int = 4096
