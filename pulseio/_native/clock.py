@@ -42,12 +42,14 @@ if NATIVE and _LINUX:
     def monotonic_ns():
         return _clock_monotonic_ns()
 
-elif _LINUX:  # pragma: no cover - exercised where numba is absent
+elif NATIVE:  # pragma: no cover - not Linux: compiled callers get 0 and the reader stamps instead
+    from numba import njit
 
-    def monotonic_ns() -> int:
-        return time.perf_counter_ns()
-
-else:  # pragma: no cover - not Linux
-
-    def monotonic_ns() -> int:
+    @njit(nogil=True, cache=True)
+    def monotonic_ns():
         return 0
+
+else:  # pragma: no cover - exercised where numba is absent
+
+    def monotonic_ns() -> int:
+        return time.perf_counter_ns() if _LINUX else 0
