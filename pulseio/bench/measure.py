@@ -129,15 +129,17 @@ def measure_transfers(
 
 def measure_under_load(
     engine: DmaEngine, ids: IdSets, strategy: Strategy | None, *, window: int, peak: float, info: RunInfo,
-    gemm_size: int = 8192, gemm_iters: int = 32, pairs: int = 8,
+    gemm_size: int = 8192, gemm_iters: int = 32, pairs: int = 8, idle_s: float = 0.1,
 ) -> BenchRecord:
     """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates.
 
-    The GEMM's clock wanders by +-10% over a second as power allows (seen on the H200), more than
-    the slowdowns to be told apart. So `pairs` short loaded runs alternate with runs alone; each
-    loaded run is compared with the mean of the runs alone just before and after it, and the
-    slowdown is the median of those ratios. strategy None is the control: the same runs with no
-    recall (the host only polls the GEMM), whose "slowdown" is the method's own noise."""
+    The GEMM's clock depends on its recent past: on the H200 it ran at ~1.62 ms back-to-back but
+    ~1.43 ms right after the SMs had idled for some tens of ms (run -q: runs alone that followed a
+    loaded run's tail, where only the copies were still draining, were the fast ones). So every run,
+    alone or loaded, starts after the same `idle_s` of idle GPU; `pairs` loaded runs alternate with
+    runs alone, each loaded run is compared with the mean of the runs alone just before and after
+    it, and the slowdown is the median of those ratios. strategy None is the control: the same runs
+    with no recall (the host only polls the GEMM), whose "slowdown" is the method's own noise."""
     device = engine.device.slots.device
     a = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
     b = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
@@ -145,6 +147,8 @@ def measure_under_load(
     stream = torch.cuda.Stream(device)
 
     def enqueue_gemms() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        torch.cuda.synchronize(device)  # the same idle time before every run (see above)
+        time.sleep(idle_s)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         with torch.cuda.stream(stream):
             start.record()
