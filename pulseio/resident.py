@@ -52,8 +52,7 @@ class TaskRing:
         self._ids = words[self._ids_at :].reshape(slots, 2 * cap)
         base = self._memory.tensor.data_ptr()  # host addresses: the host side's atomics use these
         self._entries_host, self._done_host = base + 8 * entries_at, base + 8 * done_at
-        self._ctrl_host = base  # the routes' issuer and the doorbell's fast lane both post, under tr.lock
-        self._promised_host, self._stopped_host = base + 8 * tr.CTRL_PROMISED, base + 8 * tr.CTRL_STOPPED
+        self._ctrl_host = base  # the control line: the routes' issuer and the fast lane post under its tr.lock
         self.forwarded = 0  # tasks the doorbell's fast lane posted
 
     # -- posting -------------------------------------------------------------------------------------
