@@ -16,7 +16,7 @@ from ..dma import DmaEngine
 from ..plan import Direction, Strategy
 from ..transfer import Transfer
 from .records import BenchRecord
-from .timing import copy_seconds, median_latency_us, reps_for, sustained_seconds, synchronize
+from .timing import copy_seconds, median_latency_us, reps_for, sustained_seconds, sustained_while, synchronize, warm_up
 
 _POISON = 0xA5
 _WARMUP_S = 0.1
@@ -109,12 +109,7 @@ def measure_transfers(
     count, block_bytes = len(ids.host[0]), engine.host.block_bytes
     nbytes = count * block_bytes
     submit = ids.submitter(engine, direction, strategy)
-    # Warm up for a while, not a count: on the H200 VM the first tens of milliseconds after an
-    # engine pinned its buffers sometimes ran at a third of the rate.
-    warm_until, i = time.perf_counter() + _WARMUP_S, 0
-    while i < 2 or time.perf_counter() < warm_until:
-        submit(i).wait()
-        i += 1
+    warm_up(submit, _WARMUP_S)
     slow = strategy is Strategy.PER_BLOCK
     reps = reps_for(nbytes, target_bytes=(64 << 20) if slow else (512 << 20), lo=3 if slow else 10, hi=400)
     seconds = sustained_seconds(submit, reps, window)
@@ -133,13 +128,16 @@ def measure_under_load(
 ) -> BenchRecord:
     """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates.
 
-    The GEMM's clock depends on its recent past: on the H200 it ran at ~1.62 ms back-to-back but
-    ~1.43 ms right after the SMs had idled for some tens of ms (run -q: runs alone that followed a
-    loaded run's tail, where only the copies were still draining, were the fast ones). So every run,
-    alone or loaded, starts after the same `idle_s` of idle GPU; `pairs` loaded runs alternate with
-    runs alone, each loaded run is compared with the mean of the runs alone just before and after
-    it, and the slowdown is the median of those ratios. strategy None is the control: the same runs
-    with no recall (the host only polls the GEMM), whose "slowdown" is the method's own noise."""
+    The GEMM's clock depends on its recent past: on the H200 it ran at ~1.62 ms back-to-back (at the
+    700 W cap, SM clock ~1500 MHz) but ~1.41 ms after some tens of ms of idle SMs (1980 MHz); see
+    benchmarks/diag_gemm_clock.py. So every run, alone or loaded, starts after the same `idle_s` of
+    idle GPU; `pairs` loaded runs alternate with runs alone, each loaded run is compared with the
+    mean of the runs alone just before and after it, and the slowdown is the median of those ratios.
+
+    In a loaded run the recall goes on for the whole GEMM, and its rate counts only the transfers
+    that landed while the GEMM ran (`sustained_while`): the ones drained after it would land on an
+    idle GPU. strategy None is the control: the same runs with no recall (the host only polls the
+    GEMM), whose "slowdown" is the method's own noise."""
     device = engine.device.slots.device
     a = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
     b = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
@@ -157,39 +155,30 @@ def measure_under_load(
             end.record()
         return start, end
 
-    def gemm_alone_ms() -> float:
-        start, end = enqueue_gemms()
-        end.synchronize()
-        return start.elapsed_time(end) / gemm_iters
-
     submit = ids.submitter(engine, Direction.H2D, strategy) if strategy is not None else None
     recall_bytes = ids.host[0].size * engine.host.block_bytes
 
-    def gemm_loaded_ms() -> tuple[float, int, float]:
-        """One GEMM run with recalls back-to-back until it ends: (ms per GEMM, bytes recalled, seconds)."""
+    def gemm_ms(loaded: bool) -> tuple[float, int, float]:
+        """One GEMM run, alone or with recalls: (ms per GEMM, bytes recalled while it ran, seconds)."""
         start, end = enqueue_gemms()
-        in_flight: list[Transfer] = []
-        moved = 0
-        t0 = time.perf_counter()
-        while not end.query():
-            if submit is None:
-                continue
-            if len(in_flight) >= window:
-                in_flight.pop(0).wait()
-            in_flight.append(submit(moved // recall_bytes))
-            moved += recall_bytes
-        for t in in_flight:
-            t.wait()
-        return start.elapsed_time(end) / gemm_iters, moved, time.perf_counter() - t0
+        moved, seconds = 0, 0.0
+        if loaded and submit is not None:
+            moved, seconds = sustained_while(submit, end.synchronize, window, recall_bytes)
+        while loaded and not end.query():  # the control: the host polls, as a submitting loop would
+            pass
+        end.synchronize()
+        return start.elapsed_time(end) / gemm_iters, moved, seconds
 
-    gemm_alone_ms()  # warm-up: the first run pays for cuBLAS's setup
-    alone, loaded, moved, seconds = [gemm_alone_ms()], [], 0, 0.0
+    gemm_ms(False)  # warm-up: the first run pays for cuBLAS's setup
+    if submit is not None:
+        warm_up(submit, _WARMUP_S)
+    alone, loaded, moved, seconds = [gemm_ms(False)[0]], [], 0, 0.0
     for _ in range(pairs):
-        ms, m, s = gemm_loaded_ms()
+        ms, m, s = gemm_ms(True)
         loaded.append(ms)
         moved, seconds = moved + m, seconds + s
-        alone.append(gemm_alone_ms())
-    rate = moved / seconds
+        alone.append(gemm_ms(False)[0])
+    rate = moved / seconds if seconds else 0.0
     ratios = [ms / ((before + after) / 2) for ms, before, after in zip(loaded, alone, alone[1:])]
     return _record(
         "recall", strategy.value if strategy is not None else "none", Direction.H2D, engine.host.block_bytes,

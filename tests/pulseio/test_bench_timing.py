@@ -5,6 +5,7 @@ so the figures are exact and the test does not depend on how busy the machine ru
 
 from __future__ import annotations
 
+import time
 import types
 
 import pytest
@@ -61,3 +62,49 @@ def test_sustained_rate_counts_a_slow_submitter(clock: _Clock, reps: int) -> Non
 
     seconds = sustained_seconds(submit, reps, window=8)
     assert _SERVICE_S <= seconds <= _SERVICE_S * 1.25, seconds
+
+
+
+class _PacedDevice:
+    """A serial device in real time: a transfer takes `before` until `end_s` (a GEMM running), `after`
+    once it ended. Landing waits sleep; the end is a sleep too, as a GEMM's synchronize would be."""
+
+    def __init__(self, end_s: float, before: float, after: float) -> None:
+        self.t0 = time.perf_counter()
+        self.end_at, self.before, self.after = self.t0 + end_s, before, after
+        self.last = self.t0
+
+    def submit(self, _: int) -> _Sleeper:
+        start = max(time.perf_counter(), self.last)
+        self.last = start + (self.before if start < self.end_at else self.after)
+        return _Sleeper(self.last)
+
+    def wait_end(self) -> None:
+        _Sleeper(self.end_at).wait()
+
+
+class _Sleeper:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def wait(self) -> None:
+        time.sleep(max(0.0, self.at - time.perf_counter()))
+
+
+def test_rate_while_loaded_leaves_out_the_drained_tail() -> None:
+    """Transfers drained after the GEMM ended run at the idle GPU's pace: they must not lift the rate.
+    (Real time: a busy machine only makes sleeps longer, so the lower bound cannot fail spuriously.)"""
+    before, nbytes = 4e-3, 1 << 20
+    device = _PacedDevice(end_s=0.1, before=before, after=before / 8)
+    moved, seconds = timing.sustained_while(device.submit, device.wait_end, window=8, nbytes=nbytes)
+    assert moved % nbytes == 0 and moved >= nbytes
+    assert seconds / (moved // nbytes) >= before * 0.99  # the tail at before/8 would pull it far below
+    assert moved // nbytes <= 0.1 / before + 1  # nothing that landed after the end was counted
+
+
+def test_rate_while_loaded_times_a_strategy_slower_than_the_run() -> None:
+    """Nothing lands before the run ends: the first transfer is counted, to its landing."""
+    device = _PacedDevice(end_s=0.005, before=0.05, after=0.05)
+    moved, seconds = timing.sustained_while(device.submit, device.wait_end, window=8, nbytes=100)
+    assert moved == 100
+    assert seconds >= 0.05 * 0.99
