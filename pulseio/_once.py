@@ -42,11 +42,13 @@ class Latch:
 
 
 class FinishOnce:
+    __slots__ = ("_exception", "_lock", "_finished", "_callbacks")  # one per transfer: keep creation cheap
+
     def __init__(self) -> None:
         self._exception: BaseException | None = None
         self._lock = threading.Lock()
         self._finished = Latch()
-        self._callbacks: list[Callable[[Any], None]] = []
+        self._callbacks: list[Callable[[Any], None]] | None = None
 
     def done(self) -> bool:
         """True once finished (landed or failed). Never waits."""
@@ -57,10 +59,11 @@ class FinishOnce:
 
         A timeout changes nothing: the copy may still be running and its buffers stay reserved.
         """
-        if not self._finished.is_set():
+        finished = self._finished
+        if not finished._is_set:  # the attribute, not is_set(): this runs once per transfer
             self._help_finish(timeout)
-        if not self._finished.wait(timeout):
-            return False
+            if not finished.wait(timeout):
+                return False
         if self._exception is not None:
             raise self._exception
         return True
@@ -76,7 +79,7 @@ class FinishOnce:
         """Call fn(self) once finished, on the thread that finishes it (now, if already done)."""
         with self._lock:
             if not self._finished.is_set():
-                self._callbacks.append(fn)
+                self._callbacks = [*(self._callbacks or ()), fn]
                 return
         fn(self)
 
@@ -86,5 +89,5 @@ class FinishOnce:
             raise PulseInternalError(f"{self!r} finished twice")
         self._exception = exception
         self._finished.set()
-        callbacks, self._callbacks = self._callbacks, []
-        return callbacks
+        callbacks, self._callbacks = self._callbacks, None
+        return callbacks or []

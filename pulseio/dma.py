@@ -43,8 +43,8 @@ class DmaStatistics:
     failed: int
     in_flight: int
     bytes_moved: int
-    issues: int  # worker issues: < submitted when transfers were merged
-    by_strategy: dict[str, int]
+    issues: int  # issues that completed: < completed when transfers were merged
+    by_strategy: dict[str, int]  # transfers completed per strategy
 
 
 @dataclass(slots=True)
@@ -91,8 +91,8 @@ class DmaEngine:
         self._queued = 0  # submitted to the worker, not yet issued
         self._closed = False
         self._seq = 0
-        self._counts = {"submitted": 0, "completed": 0, "failed": 0, "bytes": 0, "issues": 0}
-        self._by_strategy: dict[str, int] = {}
+        self._submitted = self._completed = self._failed = self._bytes = self._issues = 0  # under _lock
+        self._by_strategy: dict[Strategy, int] = {}  # keyed by member: .value is a Python call per transfer
         self._worker = threading.Thread(target=self._work, name="pulseio-dma-worker", daemon=True)
         self._worker.start()
 
@@ -169,19 +169,20 @@ class DmaEngine:
                 f"available: {sorted(s.value for s in self._routes.available)}"
             )
         after = self._routes.record_after() if stream_ordered else None
-        if self._in_flight() >= self.config.max_inflight:  # nobody waited lately: finish what has landed
+        limit = self.config.max_inflight
+        if self._submitted - self._completed - self._failed >= limit:  # nobody waited lately: finish what landed
             self._inflight.poll()
         with self._lock:
             if self._closed:
                 raise ClosedError("this DmaEngine is closed")
-            in_flight = self._in_flight()
-            if in_flight >= self.config.max_inflight:
+            in_flight = self._submitted - self._completed - self._failed
+            if in_flight >= limit:
                 raise WouldBlock(
                     f"{in_flight} transfers in flight, the limit is DmaConfig.max_inflight={self.config.max_inflight}; "
                     "wait for one to finish"
                 )
             self._seq += 1
-            self._counts["submitted"] += 1
+            self._submitted += 1
             transfer = Transfer(
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
                 num_blocks=plan.num_blocks, nbytes=plan.nbytes, inflight=self._inflight,
@@ -202,10 +203,6 @@ class DmaEngine:
             finally:
                 self._issue_lock.release()
         return transfer
-
-    def _in_flight(self) -> int:
-        c = self._counts
-        return c["submitted"] - c["completed"] - c["failed"]
 
     # -- the worker ------------------------------------------------------------------------
 
@@ -264,9 +261,6 @@ class DmaEngine:
         else:
             for q in batch:
                 q.transfer._set_issued(issue.device_event)
-            with self._lock:
-                self._counts["issues"] += 1
-                self._by_strategy[strategy.value] = self._by_strategy.get(strategy.value, 0) + len(batch)
         self._inflight.marker(issue)  # after every piece: resolve the batch
 
     # -- finishing (on whichever thread works through InFlight) ----------------------------
@@ -281,10 +275,13 @@ class DmaEngine:
         batch, error = issue.batch, issue.error
         with self._lock:
             if error is None:
-                self._counts["completed"] += len(batch)
-                self._counts["bytes"] += batch[0].plan.nbytes if len(batch) == 1 else sum(q.plan.nbytes for q in batch)
+                strategy = batch[0].transfer.strategy
+                self._completed += len(batch)
+                self._bytes += batch[0].plan.nbytes if len(batch) == 1 else sum(q.plan.nbytes for q in batch)
+                self._issues += 1
+                self._by_strategy[strategy] = self._by_strategy.get(strategy, 0) + len(batch)
             else:
-                self._counts["failed"] += len(batch)
+                self._failed += len(batch)
         for q in batch:
             if error is None:
                 q.transfer._set_done()
@@ -296,11 +293,10 @@ class DmaEngine:
     def statistics(self) -> DmaStatistics:
         self._inflight.poll()
         with self._lock:
-            c = self._counts
             return DmaStatistics(
-                submitted=c["submitted"], completed=c["completed"], failed=c["failed"],
-                in_flight=c["submitted"] - c["completed"] - c["failed"], bytes_moved=c["bytes"],
-                issues=c["issues"], by_strategy=dict(self._by_strategy),
+                submitted=self._submitted, completed=self._completed, failed=self._failed,
+                in_flight=self._submitted - self._completed - self._failed, bytes_moved=self._bytes,
+                issues=self._issues, by_strategy={s.value: n for s, n in self._by_strategy.items()},
             )
 
     def close(self) -> None:

@@ -103,8 +103,9 @@ class InFlight:
 
     def finish(self, transfer: Any) -> None:
         """On the waiting thread: work through the FIFO until `transfer` has finished."""
-        transfer._issued.wait()
-        while not transfer._finished.is_set():
+        if not transfer._issued._is_set:
+            transfer._issued.wait()
+        while not transfer._finished._is_set:
             if not self.step(block=True):
                 # Empty: another thread is resolving our marker, or the issuer is about to push it.
                 transfer._finished.wait(50e-6)

@@ -7,8 +7,6 @@ submitting thread, before anything is queued: a bad request raises and leaves no
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -41,9 +39,13 @@ class Strategy(enum.Enum):
     AUTO = "auto"
 
 
+_INT64 = np.dtype(np.int64)  # builtin dtypes are singletons: `is` is the cheap test (another int64 dtype
+# object, e.g. big-endian, just takes the general path)
+
+
 def as_id_array(ids: Any, *, name: str) -> np.ndarray:
     """ids: [n] any integer dtype, host (list, numpy, CPU torch tensor) -> [n] int64 numpy."""
-    if type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1:
+    if type(ids) is np.ndarray and ids.dtype is _INT64 and ids.ndim == 1:
         return ids  # the common case, on every submit: skip the general checks
     device = getattr(ids, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
@@ -88,32 +90,38 @@ def _check_unique(ids: np.ndarray, *, name: str) -> None:
         )
 
 
-@dataclass(frozen=True)
 class TransferPlan:
-    """host_ids, device_slots: [n] int64 numpy; pair b moves block host_ids[b] <-> slot device_slots[b]."""
+    """host_ids, device_slots: [n] int64 numpy; pair b moves block host_ids[b] <-> slot device_slots[b].
 
-    direction: Direction
-    host_ids: np.ndarray
-    device_slots: np.ndarray
-    block_bytes: int
+    Read-only once made (by `make_plan`, which validated it). A plain slotted class, not a frozen
+    dataclass: one is built per transfer, and a frozen dataclass costs ~0.7 us to build and every
+    derived property a Python call (host-side microseconds are what bounds small transfers)."""
+
+    __slots__ = ("direction", "host_ids", "device_slots", "block_bytes", "num_blocks", "nbytes", "_runs")
+
+    def __init__(self, direction: Direction, host_ids: np.ndarray, device_slots: np.ndarray, block_bytes: int) -> None:
+        self.direction = direction
+        self.host_ids = host_ids
+        self.device_slots = device_slots
+        self.block_bytes = block_bytes
+        self.num_blocks: int = host_ids.size
+        self.nbytes: int = self.num_blocks * block_bytes
+        self._runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def __repr__(self) -> str:
+        return f"TransferPlan({self.direction.value}, {self.num_blocks} blocks of {self.block_bytes} B)"
 
     @property
-    def num_blocks(self) -> int:
-        return int(self.host_ids.size)
-
-    @property
-    def nbytes(self) -> int:
-        return self.num_blocks * self.block_bytes
-
-    @cached_property
     def runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Coalesced runs (host_start, slot_start, length): pairs consecutive on both sides, sorted by host id."""
-        order = np.argsort(self.host_ids, kind="stable")
-        host, slot = self.host_ids[order], self.device_slots[order]
-        breaks = np.flatnonzero((np.diff(host) != 1) | (np.diff(slot) != 1)) + 1
-        starts = np.concatenate(([0], breaks)) if host.size else breaks
-        lengths = np.diff(np.concatenate((starts, [host.size])))
-        return host[starts], slot[starts], lengths
+        if self._runs is None:
+            order = np.argsort(self.host_ids, kind="stable")
+            host, slot = self.host_ids[order], self.device_slots[order]
+            breaks = np.flatnonzero((np.diff(host) != 1) | (np.diff(slot) != 1)) + 1
+            starts = np.concatenate(([0], breaks)) if host.size else breaks
+            lengths = np.diff(np.concatenate((starts, [host.size])))
+            self._runs = host[starts], slot[starts], lengths
+        return self._runs
 
 
 def make_plan(

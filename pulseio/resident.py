@@ -84,7 +84,10 @@ class TaskRing:
             emit(Pending(self.event(posted_task)))
             return
         direction = tr.H2D if plan.direction is Direction.H2D else tr.D2H
-        parts = [(plan.host_ids, plan.device_slots)] if plan.num_blocks <= self.cap else pieces(plan, self.cap)
+        if plan.num_blocks <= self.cap:  # the common case: one task
+            emit(Pending(self.post(direction, plan.host_ids, plan.device_slots, ordered_on, raise_on_landed)))
+            return
+        parts = pieces(plan, self.cap)
         for k, (host_ids, slots) in enumerate(parts):
             raise_to = raise_on_landed if k == len(parts) - 1 else None
             emit(Pending(self.post(direction, host_ids, slots, ordered_on, raise_to)))

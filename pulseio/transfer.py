@@ -29,6 +29,8 @@ class TransferState(enum.Enum):
     FAILED = "failed"
 
 
+_ISSUED, _DONE = TransferState.ISSUED, TransferState.DONE  # hot paths: a member lookup is a Python call
+
 _NEXT = {
     TransferState.QUEUED: {TransferState.ISSUED, TransferState.FAILED},
     TransferState.ISSUED: {TransferState.DONE, TransferState.FAILED},
@@ -39,6 +41,11 @@ _NEXT = {
 
 class Transfer(FinishOnce):
     """One transfer. Created by `DmaEngine.submit`; resolved by pulseio's threads."""
+
+    __slots__ = (
+        "_inflight", "seq", "tag", "direction", "strategy", "num_blocks", "nbytes", "submitted_at", "finished_at",
+        "device_event", "_state", "_issued", "_issued_callbacks",
+    )
 
     def __init__(
         self, *, seq: int, tag: Any, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int,
@@ -57,7 +64,7 @@ class Transfer(FinishOnce):
         self.device_event: Any = None  # torch.cuda.Event once ISSUED on a GPU backend
         self._state = TransferState.QUEUED
         self._issued = Latch()
-        self._issued_callbacks: list[Callable[[Transfer], None]] = []
+        self._issued_callbacks: list[Callable[[Transfer], None]] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -100,7 +107,7 @@ class Transfer(FinishOnce):
         worker thread (now, if that already happened). fn must not block: it runs on the copy path."""
         with self._lock:
             if not self._issued.is_set():
-                self._issued_callbacks.append(fn)
+                self._issued_callbacks = [*(self._issued_callbacks or ()), fn]
                 return
         fn(self)
 
@@ -128,14 +135,15 @@ class Transfer(FinishOnce):
     def _set_issued(self, device_event: Any) -> None:
         with self._lock:
             self.device_event = device_event
-            self._move(TransferState.ISSUED)
+            self._move(_ISSUED)
             self._issued.set()
-            callbacks, self._issued_callbacks = self._issued_callbacks, []
-        for fn in callbacks:
-            fn(self)
+            callbacks, self._issued_callbacks = self._issued_callbacks, None
+        if callbacks:
+            for fn in callbacks:
+                fn(self)
 
     def _set_done(self) -> None:
-        self._finish(TransferState.DONE, None)
+        self._finish(_DONE, None)
 
     def _set_failed(self, cause: BaseException) -> None:
         error = TransferError(f"transfer seq={self.seq} tag={self.tag!r} failed: {cause}")
@@ -146,8 +154,10 @@ class Transfer(FinishOnce):
         with self._lock:
             self._move(state)
             self.finished_at = time.perf_counter()
-            issued_callbacks, self._issued_callbacks = self._issued_callbacks, []
+            issued_callbacks, self._issued_callbacks = self._issued_callbacks, None
             self._issued.set()
             callbacks = self._finish_locked(exception)
-        for fn in issued_callbacks + callbacks:
+        if issued_callbacks:
+            callbacks = issued_callbacks + callbacks
+        for fn in callbacks:
             fn(self)

@@ -111,7 +111,7 @@ def measure_transfers(
     submit = ids.submitter(engine, direction, strategy)
     warm_up(submit, _WARMUP_S)
     slow = strategy is Strategy.PER_BLOCK
-    reps = reps_for(nbytes, target_bytes=(64 << 20) if slow else (512 << 20), lo=3 if slow else 10, hi=400)
+    reps = reps_for(nbytes, target_bytes=(64 << 20) if slow else (512 << 20), lo=3 if slow else 10, hi=2000)
     seconds = sustained_seconds(submit, reps, window)
     latency = median_latency_us(submit, 3 if slow else 15)
     verified = verify_transfer(engine, ids, direction, strategy)
