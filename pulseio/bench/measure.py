@@ -180,10 +180,11 @@ def measure_under_load(
         alone.append(gemm_ms(False)[0])
     rate = moved / seconds if seconds else 0.0
     ratios = [ms / ((before + after) / 2) for ms, before, after in zip(loaded, alone, alone[1:])]
+    verified = verify_transfer(engine, ids, Direction.H2D, strategy) if strategy is not None else None
     return _record(
         "recall", strategy.value if strategy is not None else "none", Direction.H2D, engine.host.block_bytes,
         ids.host[0].size, rate, info, fraction_of_peak=rate / 1e9 / peak if peak else None, under_load=True,
-        gemm_slowdown=statistics.median(ratios) - 1.0,
+        gemm_slowdown=statistics.median(ratios) - 1.0, verified=verified,
         gemm_ms_alone=tuple(alone), gemm_ms_loaded=tuple(loaded),
     )
 
