@@ -20,6 +20,7 @@ import torch
 import pulseio
 from pulseio import DevicePool, HostPool
 from pulseio._cuda import driver
+from pulseio.bench.gemm import GemmLoad
 
 BLOCK, COUNT, TRANSFERS, REPEATS = 64 << 10, 4096, 8, 3
 
@@ -36,9 +37,7 @@ def main() -> None:
         h, s = rng.choice(2 * COUNT, COUNT, replace=False), rng.permutation(COUNT)
         sets.append(((pool.device_ptr + s * BLOCK).astype(np.uint64), (host.device_ptr + h * BLOCK).astype(np.uint64),
                      np.full(COUNT, BLOCK, dtype=np.uint64)))
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b, c = torch.randn_like(a), torch.empty_like(a)
-    gemm_stream = torch.cuda.Stream()
+    gemm = GemmLoad()
     streams = [torch.cuda.Stream(priority=-1) for _ in range(4)]
     batch = driver.MemcpyBatch(host_to_device=True, device_ordinal=0)
     overlap = driver.MemcpyBatch(host_to_device=True, device_ordinal=0)
@@ -56,16 +55,10 @@ def main() -> None:
                 "batched_2s": (batched(batch), 2), "batched_4s": (batched(batch), 4),
                 "batched_overlap_flag": (batched(overlap), 1)}
 
-    def measure(copy, nstreams: int, gemm: bool) -> tuple[float | None, float | None]:
+    def measure(copy, nstreams: int, loaded: bool) -> tuple[float | None, float | None]:
         torch.cuda.synchronize()
         time.sleep(0.1)
-        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if gemm:
-            with torch.cuda.stream(gemm_stream):
-                g0.record()
-                for _ in range(32):
-                    torch.mm(a, b, out=c)
-                g1.record()
+        g0, g1 = gemm.enqueue(32) if loaded else (None, None)
         marks = []
         for i in range(TRANSFERS if copy else 0):
             s = streams[i % nstreams]
@@ -79,7 +72,7 @@ def main() -> None:
         if marks:
             span_ms = max(marks[0][0].elapsed_time(e1) for _, e1 in marks)
             gbps = TRANSFERS * COUNT * BLOCK / span_ms / 1e6
-        return gbps, (g0.elapsed_time(g1) / 32 if gemm else None)
+        return gbps, (g0.elapsed_time(g1) / 32 if loaded else None)
 
     measure(None, 1, True)
     results = []

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import pulseio
 from pulseio import DevicePool, DmaEngine, HostPool, Strategy
+from pulseio.bench.gemm import GemmLoad
 
 PHASE_S = 1.5
 BLOCK = 64 << 10
@@ -34,12 +34,8 @@ def main() -> None:
     engine = DmaEngine(host, device)
     rng = np.random.default_rng(0)
     ids = [(rng.choice(2 * COUNT, COUNT, replace=False), rng.permutation(COUNT)) for _ in range(4)]
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b, c = torch.randn_like(a), torch.empty_like(a)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):  # cuBLAS's setup, outside the phases (run -r's first phase paid for it)
-        torch.mm(a, b, out=c)
-    torch.cuda.synchronize()
+    gemm = GemmLoad()
+    gemm.enqueue(1)[1].synchronize()  # cuBLAS's setup, outside the phases (run -r's first phase paid for it)
     smi = subprocess.Popen(
         ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,"
          "clocks_event_reasons.active", "--format=csv,noheader", "-lms", "20"],
@@ -51,12 +47,7 @@ def main() -> None:
         deadline = time.perf_counter() + PHASE_S
         i = 0
         while time.perf_counter() < deadline:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            with torch.cuda.stream(stream):
-                start.record()
-                for _ in range(8):
-                    torch.mm(a, b, out=c)
-                end.record()
+            start, end = gemm.enqueue(8)
             flight = []
             while not end.query():
                 if strategy is not None:

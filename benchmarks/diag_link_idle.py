@@ -17,6 +17,7 @@ import torch
 
 import pulseio
 from pulseio import DevicePool, DmaEngine, HostPool, Strategy
+from pulseio.bench.gemm import GemmLoad
 
 COUNT = 4096
 RUN = 10
@@ -27,9 +28,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     backend = pulseio.open_backend("cuda")
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b, c = torch.randn_like(a), torch.empty_like(a)
-    stream = torch.cuda.Stream()
+    gemm = GemmLoad()
     rng = np.random.default_rng(0)
     results = []
     for block in (64 << 10, 8 << 10):
@@ -46,9 +45,7 @@ def main() -> None:
                 if case == "after_idle_warm_gemm":
                     engine.recall(*ids[0], strategy=strategy, stream_ordered=False).wait()
                 if case.endswith("gemm"):
-                    with torch.cuda.stream(stream):
-                        for _ in range(32):
-                            torch.mm(a, b, out=c)
+                    gemm.enqueue(32)
                 ms = []
                 for i in range(RUN):
                     t0 = time.perf_counter()

@@ -15,6 +15,7 @@ import torch
 
 import pulseio
 from pulseio import DevicePool, DmaEngine, HostPool, Strategy
+from pulseio.bench.gemm import GemmLoad
 from pulseio.bench.measure import IdSets
 
 BLOCK, COUNT, WINDOW = 64 << 10, 4096, 8
@@ -28,19 +29,12 @@ def main() -> None:
     host, pool = HostPool(backend, 2 * COUNT, BLOCK), DevicePool(backend, COUNT, BLOCK)
     engine = DmaEngine(host, pool)
     ids = IdSets(2 * COUNT, COUNT, COUNT, 4, seed=0)
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b, c = torch.randn_like(a), torch.empty_like(a)
-    stream = torch.cuda.Stream()
+    gemm = GemmLoad()
     runs = []
     for run in range(4):
         torch.cuda.synchronize()
         time.sleep(0.1)
-        g0, g1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            g0.record()
-            for _ in range(32):
-                torch.mm(a, b, out=c)
-            g1.record()
+        g0, g1 = gemm.enqueue(32)
         t0 = time.perf_counter()
         events, in_flight, i, gemm_done_at = [], [], 0, None
         while True:

@@ -15,6 +15,7 @@ from ..backend import Backend
 from ..dma import DmaEngine
 from ..plan import Direction, Strategy
 from ..transfer import Transfer
+from .gemm import GemmLoad
 from .records import BenchRecord
 from .timing import copy_seconds, median_latency_us, reps_for, sustained_seconds, sustained_while, synchronize, warm_up
 
@@ -139,21 +140,12 @@ def measure_under_load(
     idle GPU. strategy None is the control: the same runs with no recall (the host only polls the
     GEMM), whose "slowdown" is the method's own noise."""
     device = engine.device.slots.device
-    a = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
-    b = torch.randn(gemm_size, gemm_size, dtype=torch.bfloat16, device=device)
-    c = torch.empty_like(a)
-    stream = torch.cuda.Stream(device)
+    gemm = GemmLoad(device, gemm_size)
 
     def enqueue_gemms() -> tuple[torch.cuda.Event, torch.cuda.Event]:
         torch.cuda.synchronize(device)  # the same idle time before every run (see above)
         time.sleep(idle_s)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.cuda.stream(stream):
-            start.record()
-            for _ in range(gemm_iters):
-                torch.mm(a, b, out=c)
-            end.record()
-        return start, end
+        return gemm.enqueue(gemm_iters)
 
     submit = ids.submitter(engine, Direction.H2D, strategy) if strategy is not None else None
     recall_bytes = ids.host[0].size * engine.host.block_bytes
