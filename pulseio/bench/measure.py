@@ -120,6 +120,7 @@ def measure_transfers(
     return _record(
         "recall", (label or strategy).value, direction, block_bytes, count, rate, info,
         fraction_of_peak=rate / 1e9 / peak if peak else None, latency_us=latency, verified=verified,
+        chosen=strategy.value if label is not None else None,
     )
 
 

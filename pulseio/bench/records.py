@@ -28,6 +28,7 @@ class BenchRecord:
     verified: bool | None  # bit-exact check of the data moved (None: not checked in this record)
     gemm_ms_alone: tuple[float, ...] | None = None  # under_load: ms per GEMM of each run alone, in run order
     gemm_ms_loaded: tuple[float, ...] | None = None  # ... and of each run with the recall (between those)
+    chosen: str | None = None  # strategy "auto": what it resolved to (measured on an engine of its own)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -38,6 +38,9 @@ def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
                     cells.append(f"{r.gbps:8.2f} ({r.fraction_of_peak:4.2f}){'' if r.verified else '!'}"
                                  if r else f"{'-':>18}")
                 lines.append(f"{count:>8} " + " ".join(f"{c:>18}" for c in cells))
+            chosen = [f"{r.num_blocks}: {r.chosen}" for r in sorted(rows, key=lambda r: r.num_blocks) if r.chosen]
+            if chosen:  # auto runs on an engine of its own: its cell and its choice's differ by run noise
+                lines.append(f"{'':>8} auto chose " + ", ".join(chosen))
     loaded = [r for r in records if r.under_load]
     for block_bytes in sorted({r.block_bytes for r in loaded}):
         rows = [r for r in loaded if r.block_bytes == block_bytes]

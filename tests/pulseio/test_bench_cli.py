@@ -22,12 +22,18 @@ def test_bench_on_cpu_writes_verified_records_and_a_plot(tmp_path: Path, capsys)
     assert {(r["direction"], r["num_blocks"]) for r in recall} == {(d, n) for d in ("h2d", "d2h") for n in (8, 32)}
     assert all(r["verified"] is True for r in recall), "a strategy moved wrong bytes"
     assert all(r["gbps"] > 0 and 0 < r["fraction_of_peak"] for r in recall)
+    for auto in (r for r in recall if r["strategy"] == "auto"):  # it ran what was fastest in its cell
+        cell = [r for r in recall if r["strategy"] not in ("auto",) and (r["direction"], r["num_blocks"])
+                == (auto["direction"], auto["num_blocks"])]
+        assert auto["chosen"] == max(cell, key=lambda r: r["gbps"])["strategy"]
     peaks = [r for r in records if r["kind"] == "peak"]
     assert {r["block_bytes"] for r in peaks} == {4096, 16384, 65536, 262144, 1048576}
     assert data["meta"]["peak_gbps"]["h2d"] == max(r["gbps"] for r in peaks if r["direction"] == "h2d")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out
     assert "H2D 4 KiB blocks" in table and "D2H 4 KiB blocks" in table
+    auto_h2d = {r["num_blocks"]: r["chosen"] for r in recall if r["strategy"] == "auto" and r["direction"] == "h2d"}
+    assert f"auto chose 8: {auto_h2d[8]}, 32: {auto_h2d[32]}" in table
 
 
 def test_bench_rejects_an_unknown_strategy(capsys) -> None:
