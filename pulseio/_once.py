@@ -79,7 +79,9 @@ class FinishOnce:
         """Call fn(self) once finished, on the thread that finishes it (now, if already done)."""
         with self._lock:
             if not self._finished.is_set():
-                self._callbacks = [*(self._callbacks or ()), fn]
+                if self._callbacks is None:  # most transfers never get one: no list until then
+                    self._callbacks = []
+                self._callbacks.append(fn)
                 return
         fn(self)
 

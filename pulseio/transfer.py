@@ -107,7 +107,9 @@ class Transfer(FinishOnce):
         worker thread (now, if that already happened). fn must not block: it runs on the copy path."""
         with self._lock:
             if not self._issued.is_set():
-                self._issued_callbacks = [*(self._issued_callbacks or ()), fn]
+                if self._issued_callbacks is None:  # most transfers never get one: no list until then
+                    self._issued_callbacks = []
+                self._issued_callbacks.append(fn)
                 return
         fn(self)
 
