@@ -15,6 +15,7 @@ from .plan import Strategy, TransferPlan
 
 if TYPE_CHECKING:
     from .config import DmaConfig
+    from .doorbell import Doorbell
     from .memory import DevicePool, HostPool
 
 
@@ -37,7 +38,7 @@ class RouteSet(Protocol):
 
     available: frozenset[Strategy]
     inline: frozenset[Strategy]  # strategies cheap enough to issue on the submitting thread
-    raises_on_device: frozenset[Strategy]  # strategies that honour `raise_on_landed` from the GPU
+    raises_on_device: frozenset[Strategy]  # strategies whose copier sets the `raise_on_landed` word itself
     resident: Any  # the RESIDENT route's copier (its `forwarder` is the doorbell's fast lane), or None
 
     def record_after(self) -> Any:
@@ -50,14 +51,17 @@ class RouteSet(Protocol):
     ) -> None:
         """On the worker thread: enqueue (or, on the host backend, do) the copies of `plans`.
 
-        raise_on_landed: (address of a device int64, value), for strategies in `raises_on_device`:
-        the device raises that word to at least value once every plan has landed.
+        raise_on_landed: (address of an int64 the copier can store to, value), for strategies in
+        `raises_on_device`: the copier stores value there once every plan has landed.
         posted_task: the one plan was already posted as this RESIDENT task (the doorbell's fast lane).
 
         Each piece left running is handed to `emit` as soon as it is enqueued, so its staging
         buffer can be recycled while later pieces of the same transfer still wait for one. The
         last emitted event is the one a consumer stream waits on.
         """
+
+    def bind_thread(self) -> None:
+        """Prepare the calling thread for driver calls (device, context, capture mode); once per thread."""
 
     def synchronize(self, event: Any) -> None:
         """Wait, GIL released, until `event` has completed."""
@@ -83,3 +87,23 @@ class Backend(Protocol):
     ) -> RouteSet:
         """reclaim(): finish the oldest piece in flight, giving its buffers back (blocks); False when
         nothing is in flight. Routes call it when every staging buffer is taken."""
+
+    def open_publisher(self, doorbell: Doorbell) -> Publisher:
+        """The producer side of a doorbell ring: the publish kernel on a GPU, a thread on the host."""
+
+
+class Publisher(Protocol):
+    """Publishes doorbell requests in post order, and makes streams wait on request wait words."""
+
+    waits_on_device: bool  # False: device waits are host waits (no device, or no stream memory ops)
+
+    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
+        """Enqueue the publish of ids[:count] -> slots[:count]; never waits."""
+
+    def wait_word(self, stream: Any, address: int, value: int) -> None:
+        """Enqueue on `stream`: wait until the int64 at `address` reaches value (where waits_on_device)."""
+
+    def drain_sync(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until every publish posted has run; False if not."""
+
+    def close(self) -> None: ...

@@ -91,8 +91,11 @@ class DmaConfig:
 @dataclass(frozen=True)
 class RuntimeConfig:
     """What a Runtime builds. ring_slots bounds the requests posted and not yet read by the poller;
+    max_outstanding the requests posted and not yet finished (each holds one wait word until then);
     max_blocks_per_request the blocks of one request; spin_iterations the poller's GIL-free spin
-    before it sleeps (poll_sleep_s: first and longest sleep of its backoff).
+    before it sleeps (poll_sleep_s: first and longest sleep of its backoff). device_wait_timeout_s:
+    how long a request a stream waits for may stay unfinished before the watchdog fails it and
+    releases the stream (see the Runtime's module doc for what its slots then hold).
 
     The default spin (~20-40 us of loads) saves a core between bursts but lets the poller fall
     asleep between decode layers; a request that arrives then waits out the sleep (20 us .. 1 ms).
@@ -105,6 +108,7 @@ class RuntimeConfig:
     device_slots: int = 1024
     block_bytes: int = 8192
     ring_slots: int = 64
+    max_outstanding: int = 1024
     max_blocks_per_request: int = 2048
     io_workers: int = 1
     strategy: Strategy = Strategy.AUTO
@@ -112,11 +116,12 @@ class RuntimeConfig:
     spin_iterations: int = 20_000
     poll_sleep_s: tuple[float, float] = (20e-6, 1e-3)
     close_timeout_s: float = 10.0
+    device_wait_timeout_s: float = 10.0
     latency_samples: int = 4096
 
     def __post_init__(self) -> None:
-        minimum = dict(host_blocks=1, device_slots=1, block_bytes=16, ring_slots=2, max_blocks_per_request=1,
-                       io_workers=1, spin_iterations=1, latency_samples=1)
+        minimum = dict(host_blocks=1, device_slots=1, block_bytes=16, ring_slots=2, max_outstanding=2,
+                       max_blocks_per_request=1, io_workers=1, spin_iterations=1, latency_samples=1)
         for name, low in minimum.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -129,5 +134,9 @@ class RuntimeConfig:
         if not 0 < low <= high:
             raise ValueError(f"RuntimeConfig.poll_sleep_s must be (first, longest) with 0 < first <= longest, "
                              f"got {self.poll_sleep_s!r}")
-        if not self.close_timeout_s > 0:
-            raise ValueError(f"RuntimeConfig.close_timeout_s must be > 0, got {self.close_timeout_s!r}")
+        for name in ("close_timeout_s", "device_wait_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"RuntimeConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
+        if self.max_outstanding < self.ring_slots:
+            raise ValueError(f"RuntimeConfig.max_outstanding={self.max_outstanding} must be >= ring_slots="
+                             f"{self.ring_slots}: a request stays outstanding from its post until it finishes")

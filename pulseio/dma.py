@@ -90,6 +90,7 @@ class DmaEngine:
         self._issue_lock = threading.Lock()  # one issuer at a time keeps the copy stream in submit order
         self._queued = 0  # submitted to the worker, not yet issued
         self._closed = False
+        self._dead: BaseException | None = None  # why the worker thread died, once it has
         self._seq = 0
         self._submitted = self._completed = self._failed = self._bytes = self._issues = 0  # under _lock
         self._by_strategy: dict[Strategy, int] = {}  # keyed by member: .value is a Python call per transfer
@@ -104,6 +105,10 @@ class DmaEngine:
     def raises_on_device(self) -> frozenset[Strategy]:
         """Strategies whose transfers can raise a device word when they land (`submit(raise_on_landed=)`)."""
         return self._routes.raises_on_device
+
+    def bind_thread(self) -> None:
+        """Prepare the calling thread for this engine's driver calls (the doorbell's poller does it first)."""
+        self._routes.bind_thread()
 
     @property
     def resident(self) -> Any:
@@ -151,9 +156,9 @@ class DmaEngine:
     ) -> Transfer:
         """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed.
 
-        raise_on_landed: (address of a device int64, value). If the chosen strategy is in
-        `raises_on_device`, the GPU raises that word (atomic max) to value once the data has landed,
-        with no stream operation; otherwise it is ignored and the caller signals as it would.
+        raise_on_landed: (address of an int64 the copier can store to, value). If the chosen strategy
+        is in `raises_on_device`, the copier stores value there once the data has landed, with no
+        stream operation and no host thread in between; otherwise it is ignored.
         posted_task: the plan was already posted as this task of `resident` (by the doorbell's fast
         lane, which validated it the same way): the engine only tracks it. Needs Strategy.RESIDENT.
         """
@@ -173,6 +178,8 @@ class DmaEngine:
         if self._submitted - self._completed - self._failed >= limit:  # nobody waited lately: finish what landed
             self._inflight.poll()
         with self._lock:
+            if self._dead is not None:
+                raise self._dead
             if self._closed:
                 raise ClosedError("this DmaEngine is closed")
             in_flight = self._submitted - self._completed - self._failed
@@ -207,17 +214,38 @@ class DmaEngine:
     # -- the worker ------------------------------------------------------------------------
 
     def _work(self) -> None:
-        carry: _Queued | None = None
+        try:
+            self._routes.bind_thread()
+            carry: _Queued | None = None
+            while True:
+                first = carry if carry is not None else self._queue.get()
+                carry = None
+                if first is _STOP:
+                    return
+                batch, carry = self._drain(first)
+                with self._issue_lock:
+                    self._issue(batch)
+                with self._lock:
+                    self._queued -= len(batch)
+        except BaseException as exc:  # noqa: BLE001 - a dead worker must fail what it holds, whatever killed it
+            self._die(exc)
+
+    def _die(self, cause: BaseException) -> None:
+        """The worker thread died: fail every transfer queued for it, and every later submit."""
+        error = ClosedError(f"this DmaEngine's worker thread died ({cause!r}); close the engine")
+        error.__cause__ = cause
+        log.error("%s", error, exc_info=cause)
+        with self._lock:
+            self._dead = error
         while True:
-            first = carry if carry is not None else self._queue.get()
-            carry = None
-            if first is _STOP:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
                 return
-            batch, carry = self._drain(first)
-            with self._issue_lock:
-                self._issue(batch)
-            with self._lock:
-                self._queued -= len(batch)
+            if item is not _STOP and not item.transfer.done():
+                with self._lock:
+                    self._failed += 1
+                item.transfer._set_failed(error)
 
     def _drain(self, first: _Queued) -> tuple[list[_Queued], Any]:
         """Merge queued transfers of the same route behind `first`, up to merge_blocks blocks."""

@@ -13,6 +13,8 @@ import torch
 from ._native.task_ring import MAX_TASK_BLOCKS
 from .backend import Pending
 from .config import DmaConfig
+from .doorbell import Doorbell
+from .host_producer import HostProducer
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, merge_plans, pieces
 from .resident import HostResidentCopier
@@ -46,13 +48,16 @@ class HostBackend:
     ) -> _HostRoutes:
         return _HostRoutes(host, device, config)
 
+    def open_publisher(self, doorbell: Doorbell) -> HostProducer:
+        return HostProducer(doorbell)
+
 
 class _HostRoutes:
     available = frozenset(
         {Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED}
     )
     inline = frozenset({Strategy.RESIDENT})  # a post; the other host routes do the copying themselves
-    raises_on_device: frozenset[Strategy] = frozenset()  # there is no device word to raise
+    raises_on_device = frozenset({Strategy.RESIDENT})  # the serving thread stores the word, as the kernel does
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._host = host.blocks  # [num_blocks, block_bytes] uint8
@@ -73,7 +78,7 @@ class _HostRoutes:
     ) -> None:
         plan = merge_plans(list(plans))
         if strategy is Strategy.RESIDENT:
-            return self.resident.post_plan(plan, emit, posted_task=posted_task)
+            return self.resident.post_plan(plan, emit, raise_on_landed=raise_on_landed, posted_task=posted_task)
         src, dst = (self._host, self._dev) if plan.direction is Direction.H2D else (self._dev, self._host)
         src_ids, dst_ids = (
             (plan.host_ids, plan.device_slots) if plan.direction is Direction.H2D
@@ -97,6 +102,9 @@ class _HostRoutes:
             dst.index_copy_(0, torch.from_numpy(dst_ids), src.index_select(0, torch.from_numpy(src_ids)))
         else:
             raise ValueError(f"unknown strategy {strategy!r}")
+
+    def bind_thread(self) -> None:
+        pass
 
     def synchronize(self, event: Any) -> None:
         if event is not None:

@@ -15,13 +15,13 @@ class HostProducer:
     """The CPU backend's stand-in for the publish kernel: a thread that runs posted publishes in post
     order (as a stream runs kernels), each claiming its seq from the ring's counter."""
 
+    waits_on_device = False  # there is no device: Completion.device_wait waits on the host
+
     def __init__(self, doorbell: Doorbell) -> None:
         self._doorbell = doorbell
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="pulseio-host-producer", daemon=True)
         self._thread.start()
-        self.watermark = 0  # what the device completion word would hold
-        self.device_word = 0  # there is none
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any = None) -> None:
         """ids, slots: [>= count] integer ids, host (torch CPU tensor or numpy); count: int or [1] array."""
@@ -36,17 +36,14 @@ class HostProducer:
             n = count if isinstance(count, int) else int(np.asarray(count).reshape(-1)[0])
             self._doorbell.publish(np.asarray(ids), np.asarray(slots), tag=tag, count=n)
 
-    def signal(self, events: list[Any], watermark: int) -> None:
-        self.watermark = max(self.watermark, watermark)
+    def wait_word(self, stream: Any, address: int, value: int) -> None:
+        raise NotImplementedError("the host backend has no device to wait on")
 
-    def release_all(self) -> None:
-        pass
-
-    def drain_sync(self) -> None:
-        """Wait until every posted publish has run."""
+    def drain_sync(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until every posted publish has run; False if they have not."""
         done = threading.Event()
         self._queue.put(done)
-        done.wait()
+        return done.wait(timeout)
 
     def close(self) -> None:
         self._queue.put(None)

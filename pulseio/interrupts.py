@@ -4,10 +4,8 @@ A `Completion` is the handle of one recall request. It finishes exactly once, on
 (the DMA completion thread, or the poller for a request that fails before any copy). From there:
 
 * host threads: `done()`, `wait(timeout)`, `exception()`;
-* GPU streams: `device_wait(stream)` enqueues a wait on the runtime's completion word. Requests
-  land in any order, so the word never holds "the last seq that landed" but the *watermark*
-  (`CompletionOrder`): the highest seq such that it and every seq before it landed or failed. A
-  stream waiting for `word >= seq` is therefore released only once seq's data is there;
+* GPU streams: `device_wait(stream)`: later work on the stream runs once the data has landed (the
+  Runtime decides how: a wait on the request's word, or on its copy's event);
 * event loops: `await completion`. The `InterruptPump` of that loop is the one path from a
   finished completion to a resolved future; it knows nothing of asyncio beyond the
   `call_soon_threadsafe` it was given, and a burst of completions costs the loop one wake-up.
@@ -22,8 +20,8 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from ._once import FinishOnce
-from .errors import PulseInternalError
+from ._once import FinishOnce, Latch
+from .plan import Strategy
 
 
 class Completion(FinishOnce):
@@ -34,10 +32,11 @@ class Completion(FinishOnce):
     """
 
     def __init__(self, *, seq: int, tag: int | None, device_waiter: Callable[[Completion, Any], None],
-                 awaiter: Callable[[Completion], Any]) -> None:
+                 awaiter: Callable[[Completion], Any], strategy: Strategy = Strategy.AUTO) -> None:
         super().__init__()
         self.seq = seq
         self.tag = tag  # the request tag (from the caller, or from the payload once read)
+        self.strategy = strategy  # as posted: AUTO resolves per request, once its size is known
         self.posted_ns = time.perf_counter_ns()  # when the request was posted (or expected)
         self.published_ns: int | None = None  # the producer's stamp (%globaltimer on the GPU)
         self.seen_ns: int | None = None  # perf_counter_ns when the poller read the request
@@ -45,6 +44,7 @@ class Completion(FinishOnce):
         self.num_blocks = 0
         self.nbytes = 0
         self.transfer: Any = None  # the pulseio.Transfer carrying it, once submitted
+        self._issued = Latch()  # set once its copies are enqueued, or it finished
         self._device_waiter = device_waiter
         self._awaiter = awaiter
 
@@ -53,13 +53,17 @@ class Completion(FinishOnce):
         return f"<Completion seq={self.seq} tag={self.tag!r} {self.num_blocks} blocks {state}>"
 
     def device_wait(self, stream: Any = None) -> None:
-        """Make a CUDA stream (default: current) wait until this request's data has landed. Never waits
-        on the host. The wait is released for a failed request too (a stream must not hang), so check
-        `exception()` on the host before trusting the destination slots.
+        """Make a CUDA stream (default: current) run its later work only once this request's blocks have
+        landed. Raises at once if the request already failed. The Runtime's module doc has the contract
+        (which routes never wait on the host, and what a wait released by the watchdog means).
         On the host backend this waits on the host, as `Transfer.device_wait` does."""
         if self._exception is not None:
             raise self._exception
         self._device_waiter(self, stream)
+
+    def wait_issued(self, timeout: float | None = None) -> bool:
+        """Wait (GIL released) until the copies are enqueued or the request finished; False on timeout."""
+        return self._issued.wait(timeout)
 
     def __await__(self) -> Generator[Any, None, Completion]:
         """Await until done; returns self or raises the request's error. Cancelling the await leaves
@@ -69,37 +73,22 @@ class Completion(FinishOnce):
 
     # -- called by pulseio's threads -----------------------------------------------------------
 
-    def _finish(self, exception: BaseException | None) -> None:
+    def _set_issued(self) -> None:
         with self._lock:
+            self._issued.set()
+
+    def _finish(self, exception: BaseException | None) -> bool:
+        """Finish once; False (and nothing happens) if it had already finished (a request the watchdog
+        gave up on, landing after all)."""
+        with self._lock:
+            if self._finished.is_set():
+                return False
             self.landed_ns = time.perf_counter_ns()
+            self._issued.set()
             callbacks = self._finish_locked(exception)
         for fn in callbacks:
             fn(self)
-
-
-class CompletionOrder:
-    """The watermark of requests finishing in any order: `ready(seq, token)` returns the tokens of the
-    seqs it newly covers, in seq order (the caller makes the device wait for each, then writes the
-    watermark). Not thread-safe: the caller holds a lock across `ready` and the writes it makes."""
-
-    def __init__(self, start: int = 0) -> None:
-        self.watermark = start
-        self._ready: dict[int, Any] = {}
-
-    def ready(self, seq: int, token: Any = None) -> list[Any]:
-        if seq <= self.watermark or seq in self._ready:
-            raise PulseInternalError(f"seq {seq} marked ready twice (watermark {self.watermark})")
-        self._ready[seq] = token
-        covered = []
-        while self.watermark + 1 in self._ready:
-            self.watermark += 1
-            covered.append(self._ready.pop(self.watermark))
-        return covered
-
-    @property
-    def waiting(self) -> int:
-        """Seqs ready but held back behind an earlier one still in flight."""
-        return len(self._ready)
+        return True
 
 
 @dataclass(frozen=True)

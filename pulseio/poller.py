@@ -2,38 +2,36 @@
 
 Per wake-up it takes every request published since its last look (one GIL-free spin, one read),
 then per request: match it to the Completion posted for its seq, validate the ids (vectorised:
-`make_plan`), submit the plan to an I/O worker (a `DmaEngine`; requests are spread over the
-workers by seq) with no stream ordering (the publish kernel ran, so every kernel enqueued before
-it on its stream has finished), and hook the transfer: when its copies are enqueued, the new
-watermark goes to the device completion word; when they land, the Completion finishes. A request
-that cannot be served (bad ids, bad count, lost to a lap) fails its own Completion only.
+`make_plan`), submit the plan to an I/O worker (requests are spread over the workers by seq) with
+no stream ordering (the publish kernel ran, so every kernel enqueued before it on its stream has
+finished), and finish the Completion when the copy lands.
+
+Every request ends by setting its wait word (`pulseio._wait_words`): a RESIDENT request's task sets
+it on the device the moment it lands; every other ending (landed through another route, refused,
+failed, given up by the watchdog) sets it from the host. A request that cannot be served fails its
+own Completion only. If this thread dies, every request it has not served fails with the cause,
+which `error` keeps and the Runtime raises from then on: nothing waits forever for a dead poller.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
+from ._wait_words import WaitWords
 from .dma import DmaEngine
 from .doorbell import Doorbell, Rung
-from .errors import ClosedError, InvalidRequestError, PulseInternalError, TransferError, WouldBlock
-from .interrupts import Completion, CompletionOrder
-from .plan import Direction, Strategy, TransferPlan
+from .errors import ClosedError, InvalidRequestError, PulseError, PulseInternalError, TransferError, WouldBlock
+from .interrupts import Completion
+from .plan import Strategy, TransferPlan
 from .transfer import Transfer
 
-
-class Signal(Protocol):
-    """Where the completion watermark goes: the device completion word, or nowhere on the host backend."""
-
-    device_word: int  # address of the device completion word (int64); 0 where there is none
-
-    def signal(self, events: list[Any], watermark: int) -> None:
-        """After the copies behind `events`, raise the word to at least `watermark` (never lower it)."""
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,6 @@ class PollerStatistics:
     completed: int
     failed: int
     bytes_moved: int
-    held_back: int  # requests landed but not yet in the device watermark (an earlier one is in flight)
-    watermark: int  # the highest seq such that it and all before it landed or failed
     post_to_seen: LatencySummary  # host clock: post_recall (publish launched) -> poller read it
     post_to_landed: LatencySummary  # host clock: post_recall -> pulseio saw the data land
 
@@ -66,23 +62,20 @@ class PollerStatistics:
 class Poller:
     """Reads `doorbell` on its own thread and recalls each request through `workers`."""
 
-    def __init__(self, doorbell: Doorbell, workers: Sequence[DmaEngine], signal: Signal, *,
+    def __init__(self, doorbell: Doorbell, workers: Sequence[DmaEngine], words: WaitWords, *,
                  plan: Callable[[np.ndarray, np.ndarray], TransferPlan], latency_samples: int = 4096,
                  wait_s: float = 0.05) -> None:
         self._doorbell = doorbell
         self._workers = list(workers)
-        self._signal = signal
+        self._words = words
         self._plan = plan
         self._wait_s = wait_s
-        self._pending: dict[int, tuple[Completion, Strategy]] = {}
-        self._lock = threading.Lock()  # _pending and the counters
-        self._signal_lock = threading.Lock()  # _order and the signal writes, in watermark order
-        self._order = CompletionOrder()
-        # requests submitted and not yet landed: all of them, and those whose own copy kernel raises
-        # the device word when they land, per worker (see _raise_for)
-        self._outstanding = 0
-        self._outstanding_raised = [0] * len(self._workers)
-        self._init_lane()
+        self._pending: dict[int, Completion] = {}  # expected, not yet read
+        self._cancelled: set[int] = set()  # given up before they were read: skipped when they are
+        self._lock = threading.Lock()  # _pending, _cancelled and the counters
+        self.error: PulseError | None = None  # why the thread died, once it has
+        self._fast = np.zeros(doorbell.layout.capacity, dtype=np.int64)  # [capacity]: seq, or 0
+        self._lane = self._open_lane()
         self._counts = {"completed": 0, "failed": 0, "bytes": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
@@ -90,55 +83,81 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name="pulseio-poller", daemon=True)
         self._thread.start()
 
-    def _init_lane(self) -> None:
-        """The fast lane: with one worker that has a resident copier, requests recalled through it are
-        read, validated and posted by one compiled call (`task_ring.forward`) before any Python object
-        is made for them. `_fast` marks the seqs that may take it."""
-        worker = self._workers[0]
-        self._copier = worker.resident if len(self._workers) == 1 else None
-        self._fast = np.zeros(self._doorbell.layout.capacity, dtype=np.int64)  # [capacity]: seq, or stale
-        counts = [1 << i for i in range(16) if 1 << i <= self._doorbell.layout.blocks_per_slot]
-        choose = worker.config.auto.choose
-        self._auto_resident = all(choose(Direction.H2D, worker.host.block_bytes, c) is Strategy.RESIDENT
-                                  for c in counts)
-
-    def expect(self, completion: Completion, strategy: Strategy) -> None:
-        """Register the completion of the request that will be published as `completion.seq`."""
-        with self._lock:
-            self._pending[completion.seq] = (completion, strategy)
-        if self._copier is not None and (
-            strategy is Strategy.RESIDENT or (strategy is Strategy.AUTO and self._auto_resident)
-        ):
-            self._fast[(completion.seq - 1) % len(self._fast)] = completion.seq
-
-    def _lane(self) -> Any:
-        """The fast-lane reader for the next read, or None. Its tasks raise the device word themselves
-        when every request in flight is one of the copier's own (see _raise_for)."""
-        if self._copier is None:
+    def _open_lane(self):  # type: ignore[no-untyped-def]
+        """The fast lane: with one worker, RESIDENT requests are read, validated and posted as resident
+        tasks by one compiled call (`task_ring.forward`) before any Python object is made for them."""
+        copier = self._workers[0].resident
+        if len(self._workers) != 1 or copier is None:
             return None
         worker = self._workers[0]
-        raise_at = self._signal.device_word if self._alone(0) else 0
-        return self._copier.forwarder(self._fast, worker.host.num_blocks, worker.device.num_slots, raise_at)
+        lane = copier.forwarder(self._fast, worker.host.num_blocks, worker.device.num_slots, self._words.base,
+                                self._words.slots)
+        if lane is None:
+            log.warning("numba is not installed: the doorbell's fast lane is off, so each RESIDENT request "
+                        "takes the regular path (tens of microseconds more); pip install numba")
+        return lane
+
+    def expect(self, completion: Completion) -> None:
+        """Register the completion of the request that will be published as `completion.seq`."""
+        with self._lock:
+            self._check_alive()
+            self._pending[completion.seq] = completion
+        if self._lane is not None and completion.strategy is Strategy.RESIDENT:
+            self._fast[(completion.seq - 1) % len(self._fast)] = completion.seq
 
     def forget(self, seq: int) -> None:
         """Drop an expectation whose publish was never launched (its launch raised)."""
         with self._lock:
             self._pending.pop(seq, None)
 
+    def cancel(self, completion: Completion) -> bool:
+        """Make sure request `completion.seq` is never copied, if it has not reached a copier yet: True
+        if so (the caller then fails it). False once a copier has it (it may still land)."""
+        seq = completion.seq
+        if self._lane is not None and completion.strategy is Strategy.RESIDENT:
+            if not self._workers[0].resident.unmark(self._fast, seq):
+                return False  # the lane took it (it clears the mark of what it takes) or it was read already
+        with self._lock:
+            if self._pending.pop(seq, None) is None:
+                return False
+            self._cancelled.add(seq)
+            return True
+
     # -- the thread --------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                rungs = self._doorbell.wait_rung(timeout=self._wait_s, lane=self._lane())
-            except ClosedError:
-                return
-            for rung in rungs:
-                self._dispatch(rung)
+        try:
+            for worker in self._workers:
+                worker.bind_thread()  # now, not behind a device wait: binding may call the driver
+            while not self._stop.is_set():
+                try:
+                    rungs = self._doorbell.wait_rung(timeout=self._wait_s, lane=self._lane)
+                except ClosedError:
+                    return
+                for rung in rungs:
+                    self._dispatch(rung)
+        except BaseException as exc:  # noqa: BLE001 - a dead poller must fail its requests, whatever killed it
+            self._die(exc)
+
+    def _die(self, cause: BaseException) -> None:
+        error = PulseError(f"pulseio's poller thread died ({cause!r}): the requests it had not served failed, "
+                           "and this runtime takes no more; close it")
+        error.__cause__ = cause
+        log.error("%s", error, exc_info=cause)
+        with self._lock:
+            self.error = error
+        self.fail_pending(TransferError(str(error)))
+
+    def _check_alive(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def _dispatch(self, rung: Rung) -> None:
         with self._lock:
-            completion, strategy = self._pending.pop(rung.seq, (None, Strategy.AUTO))
+            if rung.seq in self._cancelled:  # the watchdog failed it already; never copy it
+                self._cancelled.discard(rung.seq)
+                return
+            completion = self._pending.pop(rung.seq, None)
         if completion is None:  # published without post_recall/expect_published: nobody waits for it
             completion = Completion(seq=rung.seq, tag=rung.tag, device_waiter=_unheld, awaiter=_unheld)
         completion.published_ns, completion.seen_ns = rung.published_ns, rung.seen_ns
@@ -150,63 +169,36 @@ class Poller:
                      "they were posted (a kernel published without expect_published, or unordered streams)")
         completion.tag = rung.tag if completion.tag is None else completion.tag
         if error is not None:
-            return self._fail(completion, TransferError(error))
+            return self.fail(completion, TransferError(error))
         try:
             plan = self._plan(rung.host_ids, rung.device_slots)
         except InvalidRequestError as exc:
-            return self._fail(completion, TransferError(f"doorbell request seq={rung.seq} tag={rung.tag}: {exc}"))
+            return self.fail(completion, TransferError(f"doorbell request seq={rung.seq} tag={rung.tag}: {exc}"))
         completion.num_blocks, completion.nbytes = plan.num_blocks, plan.nbytes
         if plan.num_blocks == 0:
-            self._ready(completion.seq, None)
             return self._finish(completion, None)
-        index = rung.seq % len(self._workers)
-        if rung.task:  # the fast lane posted it already
-            raise_to, strategy = None, Strategy.RESIDENT
-        else:
-            raise_to = self._raise_for(index, completion.seq)
-        transfer = self._submit(self._workers[index], plan, strategy, completion, raise_to, rung.task or None)
+        strategy = Strategy.RESIDENT if rung.task else completion.strategy
+        worker = self._workers[rung.seq % len(self._workers)]
+        transfer = self._submit(worker, plan, strategy, completion, rung.task or None)
         if transfer is not None:
-            raised = (rung.raised if rung.task else
-                      raise_to is not None and transfer.strategy in self._workers[index].raises_on_device)
-            self._count(index, raised, 1)
-            transfer.add_issued_callback(lambda t, c=completion, r=raised: self._ready(c.seq, t.device_event, r))
-            transfer.add_done_callback(lambda t, i=index, r=raised: self._count(i, r, -1))
+            transfer.add_issued_callback(lambda t, c=completion: c._set_issued())
             self.track(completion, transfer)
 
-    def _raise_for(self, index: int, seq: int) -> tuple[int, int] | None:
-        """(device word, seq) if the copy of request seq may raise the completion word itself when it
-        lands: only if every earlier request still in flight is one whose copy lands before it (raised
-        by the same worker's in-order kernel), so that word >= seq still means all up to seq landed.
-        Then no stream operation stands between the copy and the consumer (the signal is skipped)."""
-        return (self._signal.device_word, seq) if self._alone(index) else None
-
-    def _alone(self, index: int) -> bool:
-        """Whether a copy on worker `index` may raise the device word now (see _raise_for)."""
-        if not self._signal.device_word:
-            return False
-        with self._lock:
-            return self._outstanding == self._outstanding_raised[index]
-
-    def _count(self, index: int, raised: bool, delta: int) -> None:
-        with self._lock:
-            self._outstanding += delta
-            if raised:
-                self._outstanding_raised[index] += delta
-
     def _submit(self, worker: DmaEngine, plan: TransferPlan, strategy: Strategy, completion: Completion,
-                raise_to: tuple[int, int] | None, posted_task: int | None) -> Transfer | None:
+                posted_task: int | None) -> Transfer | None:
+        seq = completion.seq
         while True:
             try:
-                transfer = worker.submit(plan, strategy=strategy, tag=f"doorbell seq={completion.seq}",
-                                         stream_ordered=False, raise_on_landed=raise_to, posted_task=posted_task)
+                transfer = worker.submit(plan, strategy=strategy, tag=f"doorbell seq={seq}", stream_ordered=False,
+                                         raise_on_landed=(self._words.address(seq), seq), posted_task=posted_task)
                 completion.transfer = transfer
                 return transfer
             except WouldBlock:  # the worker has max_inflight transfers: wait for room, not fail
                 if self._stop.wait(50e-6):
-                    self._fail(completion, ClosedError("the runtime closed before this recall could start"))
+                    self.fail(completion, ClosedError("the runtime closed before this recall could start"))
                     return None
             except (ClosedError, InvalidRequestError) as exc:
-                self._fail(completion, TransferError(f"doorbell request seq={completion.seq}: {exc}"))
+                self.fail(completion, TransferError(f"doorbell request seq={seq}: {exc}"))
                 return None
 
     # -- finishing ---------------------------------------------------------------------------------
@@ -222,36 +214,33 @@ class Poller:
 
         transfer.add_done_callback(landed)
 
-    def _ready(self, seq: int, event: Any, raised: bool = False) -> None:
-        """Request seq is issued (event: its copies) or failed (None). raised: its copy raises the word."""
-        with self._signal_lock:
-            covered = self._order.ready(seq, (event, raised))
-            if covered and not all(r for _, r in covered):
-                self._signal.signal([e for e, _ in covered], self._order.watermark)
-
-    def _fail(self, completion: Completion, error: BaseException) -> None:
-        self._ready(completion.seq, None)
+    def fail(self, completion: Completion, error: BaseException) -> None:
+        """Fail a request (its wait word is set: no stream waits for it any longer)."""
         self._finish(completion, error)
 
     def _finish(self, completion: Completion, error: BaseException | None) -> None:
+        if completion.seq > 0:
+            self._words.set(completion.seq)
+        if not completion._finish(error):
+            return  # the watchdog gave up on it earlier; it was counted then
         with self._lock:
             if error is None:
                 self._counts["completed"] += 1
                 self._counts["bytes"] += completion.nbytes
             else:
                 self._counts["failed"] += 1
-        completion._finish(error)
         if error is None and completion.landed_ns is not None:
             self._to_landed.append(completion.landed_ns - completion.posted_ns)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def fail_pending(self, error: BaseException) -> None:
-        """Fail every expected request not yet read (close: their publishes never ran)."""
+        """Fail every expected request not yet read (close: their publishes never ran; or the poller died)."""
         with self._lock:
             pending, self._pending = sorted(self._pending.items()), {}
-        for _, (completion, _) in pending:
-            self._fail(completion, error)
+            self._cancelled.update(seq for seq, _ in pending)
+        for _, completion in pending:
+            self.fail(completion, error)
 
     def stop(self) -> None:
         self._stop.set()
@@ -260,13 +249,10 @@ class Poller:
     def statistics(self) -> PollerStatistics:
         with self._lock:
             c = dict(self._counts)
-        with self._signal_lock:
-            held, watermark = self._order.waiting, self._order.watermark
         return PollerStatistics(completed=c["completed"], failed=c["failed"], bytes_moved=c["bytes"],
-                                held_back=held, watermark=watermark,
                                 post_to_seen=LatencySummary.of(list(self._to_seen)),
                                 post_to_landed=LatencySummary.of(list(self._to_landed)))
 
 
-def _unheld(completion: Completion, *_: Any) -> Any:
+def _unheld(completion: Completion, *_: object) -> object:
     raise PulseInternalError(f"{completion!r} was published without being posted: nobody holds it to wait on")

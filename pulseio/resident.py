@@ -54,6 +54,8 @@ class TaskRing:
         self._entries_host, self._done_host = base + 8 * entries_at, base + 8 * done_at
         self._ctrl_host = base  # the control line: the routes' issuer and the fast lane post under its tr.lock
         self.forwarded = 0  # tasks the doorbell's fast lane posted
+        self._hold_lock = threading.Lock()
+        self._holds = 0  # device waits outstanding (CTRL_HOLD mirrors it for the server)
 
     # -- posting -------------------------------------------------------------------------------------
 
@@ -61,7 +63,8 @@ class TaskRing:
              raise_on_landed: tuple[int, int] | None = None) -> TaskEvent:
         """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
         becomes visible to the server only when that stream reaches this point (None: at once).
-        raise_on_landed: (address of a device int64, value): the server raises it to value once landed."""
+        raise_on_landed: (address of an int64 the device can write, value): the server stores value there
+        once the task has landed."""
         raise_at, raise_to = raise_on_landed or (0, 0)
         while True:
             seq, stopped = tr.post(self._ctrl_host, self._ids, self._entries, self._entries_host, self._done,
@@ -92,28 +95,61 @@ class TaskRing:
             raise_to = raise_on_landed if k == len(parts) - 1 else None
             emit(Pending(self.post(direction, host_ids, slots, ordered_on, raise_to)))
 
-    def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_at: int) -> Callable[..., int]:
+    def forwarder(self, fast: np.ndarray, num_host: int, num_slots: int, raise_base: int,
+                  raise_slots: int) -> Callable[..., int] | None:
         """A doorbell fast lane (`Doorbell.wait_rung(lane=)`): spins for the next request, then posts the
-        leading requests marked in `fast` as tasks, in one compiled call (`task_ring.forward`); raise_at:
-        the device word they raise, or 0. Returns -1 if nothing was published, else the requests taken.
-
-        Once it has taken nothing (a request it refused, which goes the regular way), the tasks it posts
-        after no longer raise the word: that request may still be in flight when they land."""
-        raising = [raise_at]
+        leading requests marked in `fast` as tasks, in one compiled call (`task_ring.forward`); each task
+        sets its request's wait word (raise_base + 8 * ((seq - 1) % raise_slots); raise_base 0: none) to
+        seq once landed. Returns -1 if nothing was published, else the requests taken. None where numba
+        is missing (the lane is compiled code)."""
+        if tr.forward is None:
+            return None
+        raise_slots = max(raise_slots, 1)
 
         def forward(base: int, words: np.ndarray, capacity: int, slot_words: int, max_blocks: int, next_seq: int,
                     out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray, spin: int) -> int:
             k, stopped = tr.forward(spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
                                     num_slots, self._ids, self._entries, self._entries_host, self._done,
-                                    self._ctrl_host, raising[0], out, ids_out, slots_out)
+                                    self._ctrl_host, raise_base, raise_slots, out, ids_out, slots_out)
             if k > 0:
                 self.forwarded += k
                 self._posted(stopped)
-            elif k == 0:
-                raising[0] = 0
             return k
 
         return forward
+
+    def unmark(self, fast: np.ndarray, seq: int) -> bool:
+        """Under the posters' lock: if the fast lane has not taken request seq, clear its mark so it never
+        will (it then goes the regular way, where the poller can still refuse it). True if cleared."""
+        tr.lock(self._ctrl_host)
+        try:
+            index = (seq - 1) % len(fast)
+            if fast[index] != seq:
+                return False
+            fast[index] = 0
+            return True
+        finally:
+            tr.unlock(self._ctrl_host)
+
+    # -- holding the server up -----------------------------------------------------------------------
+
+    def hold(self) -> None:
+        """A device wait is about to depend on a task of this ring: keep the server up until `unhold`.
+        Starts it first if it had stopped, on the calling thread, so that once a stream waits, landing
+        the task needs no driver call (see `pulseio/runtime.py`)."""
+        with self._hold_lock:
+            self._holds += 1
+            tr.store_hold(self._ctrl_host, self._holds)  # store, full fence, then the server check below
+        self._ensure_serving()
+
+    def unhold(self) -> None:
+        with self._hold_lock:
+            self._holds -= 1
+            tr.store_hold(self._ctrl_host, self._holds)
+
+    @property
+    def held(self) -> bool:
+        return self._holds > 0
 
     def event(self, seq: int) -> TaskEvent:
         return TaskEvent(self, seq)
@@ -147,6 +183,9 @@ class TaskRing:
 
     def _posted(self, stopped: int) -> None:
         """After a post, given the stop word read behind the promise: make sure the server will see it."""
+
+    def _ensure_serving(self) -> None:
+        """After CTRL_HOLD was raised (behind a full fence): start the server if it stopped."""
 
     def _check_running(self, seq: int) -> None:
         """A waiter whose task is late: make sure the server is up; raise if it failed."""
@@ -217,13 +256,15 @@ class HostResidentCopier(TaskRing):
                 self._device.index_copy_(0, slots, self._host.index_select(0, host_ids))
             entry = self._entries[slot]
             if entry[tr.ENTRY_RAISE_AT]:
-                cell = ctypes.c_int64.from_address(int(entry[tr.ENTRY_RAISE_AT]))
-                cell.value = max(cell.value, int(entry[tr.ENTRY_RAISE_TO]))
+                ctypes.c_int64.from_address(int(entry[tr.ENTRY_RAISE_AT])).value = int(entry[tr.ENTRY_RAISE_TO])
             entry[tr.ENTRY_LANDED_NS] = time.perf_counter_ns()
             self._done[slot] = task
             task += 1
 
     def _posted(self, stopped: int) -> None:
+        self._work.set()
+
+    def _ensure_serving(self) -> None:
         self._work.set()
 
     def close(self) -> None:

@@ -1,8 +1,8 @@
 """Runtime: the composition root of the recall path, and its lifecycle.
 
 It owns the pools, the I/O workers (`DmaEngine`s), the doorbell ring, the ring's producer side
-(the publish kernel on CUDA; a CPU thread on the host backend), the poller thread, the device
-completion word and one interrupt pump per event loop.
+(the publish kernel on CUDA; a CPU thread on the host backend), the poller thread, the requests'
+wait words and the watchdog, and one interrupt pump per event loop.
 
     with pulseio.open_runtime(pulseio.RuntimeConfig(device="cuda")) as rt:
         ids = pick_blocks(scores)                      # [k] int64, cuda: chosen by a GPU kernel
@@ -10,27 +10,56 @@ completion word and one interrupt pump per event loop.
         done.device_wait()                             # the consumer stream waits on the GPU
         ...                                            # or: done.wait(), done.done(), `await done`
 
-Closing waits until every posted request was read, every copy landed and the device can no longer
-write the ring or wait on the completion word (a device sync: close is not on the hot path).
+The device-wait contract
+------------------------
+`device_wait(stream)` makes later work on `stream` run only once the request's blocks are in their
+slots, or once the request has failed (then `exception()` says why and the slots hold whatever they
+held, possibly part of the copy). No wait can hang the process:
+
+* A stream that waits on the device for work the host has yet to enqueue deadlocks the context
+  as soon as any thread makes a driver call that waits for the whole device (a kernel's first
+  launch under lazy loading, Triton loading a kernel, cudaFree / `empty_cache()`, a device
+  synchronize): that call waits for the stream, and our next driver call waits for that call.
+  So no device wait here ever depends on a driver call still to be made.
+* RESIDENT requests (and AUTO, which in the doorbell path means RESIDENT wherever the backend has a
+  resident copier) never wait on the host: the stream waits for the request's wait word in pinned
+  host memory, and the resident copy kernel, held up while any such wait is outstanding (started by
+  `device_wait` itself if it had stopped), stores the word when the data lands. Between the publish
+  and the word there is no driver call: the poller posts the task with plain stores.
+* Every other strategy needs driver calls after the publish (a launch, a memcpy), so its
+  `device_wait` first waits on the host, GIL released, until the copy is enqueued (which needs the
+  publish to have run), then makes the stream wait for the copy's event.
+* The watchdog: a request a stream waits for that has not finished `device_wait_timeout_s` after the
+  wait was enqueued is failed (`TransferError` naming it, its strategy and the stage it was stuck at)
+  and its word set, so the stream moves on. If it had not reached a copier yet it never will, and its
+  slots are untouched; if it had (only a GPU fault or a pulseio bug keeps a running copier from
+  landing it), its copy may still write the slots later: treat them as garbage.
+* A host-side wait for a non-RESIDENT copy to be enqueued is bounded by the same timeout, then raises.
+* `device_wait` cannot be captured in a CUDA graph (it raises): a replay would wait for the same
+  request again. Publishing from a graph (`publish_device`, `expect_published`) is fine.
+
+Closing fails the requests whose publishes have not run within `close_timeout_s`, lets the copies in
+flight land, sets every wait word (no stream waits on us any longer), and frees the ring and the
+words only once the device has drained; if it does not drain in time, they are left allocated.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._wait_words import WaitWords
+from ._watchdog import Watchdog
 from .backend import Backend
 from .config import RuntimeConfig
 from .devices import open_backend
 from .dma import DmaEngine, DmaStatistics
 from .doorbell import Doorbell, DoorbellStatistics, RingLayout
-from .errors import ClosedError, InvalidRequestError, WouldBlock
-from .host_producer import HostProducer
+from .errors import ClosedError, InvalidRequestError, TransferError, WouldBlock
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, make_plan
@@ -52,6 +81,7 @@ class RuntimeStatistics:
     spurious_wakeups: int  # poller waits that timed out with none
     lost: int  # requests overwritten in the ring before the poller read them (0 unless misused)
     loop_wakeups: int  # call_soon_threadsafe calls made by the interrupt pumps
+    device_waits_expired: int  # requests the watchdog failed to release a waiting stream
     post_to_seen: LatencySummary
     post_to_landed: LatencySummary
     doorbell: DoorbellStatistics
@@ -68,6 +98,7 @@ class Runtime:
         self._ticket = 0  # seqs handed out: the device counter reaches it once every publish ran
         self._direct = 0
         self._closed = False
+        self._held: set[int] = set()  # seqs a stream waits for on the device, not yet finished
         self._pumps: dict[Any, InterruptPump] = {}
         self._parts: list[Any] = []  # built so far, closed in reverse if construction fails
         try:
@@ -79,9 +110,13 @@ class Runtime:
             memory = self.backend.alloc_host(layout.nbytes, label="doorbell ring")
             self.doorbell = self._part(Doorbell(memory, layout, spin_iterations=config.spin_iterations,
                                                 sleep_s=config.poll_sleep_s))
-            self._publisher = self._part(self._open_publisher(layout))
-            self._poller = Poller(self.doorbell, self.workers, self._publisher, plan=self._plan,
+            words = self.backend.alloc_host(8 * config.max_outstanding, label="wait words")
+            self._words = self._part(WaitWords(words, config.max_outstanding))
+            self._publisher = self._part(self.backend.open_publisher(self.doorbell))
+            self._resident = all(w.resident is not None for w in self.workers)
+            self._poller = Poller(self.doorbell, self.workers, self._words, plan=self._plan,
                                   latency_samples=config.latency_samples)
+            self._watchdog = Watchdog(self._expire)
         except BaseException:
             for part in reversed(self._parts):
                 part.close()
@@ -90,14 +125,6 @@ class Runtime:
     def _part(self, part: Any) -> Any:
         self._parts.append(part)
         return part
-
-    def _open_publisher(self, layout: RingLayout) -> Any:
-        if self.backend.name != "cuda":
-            return HostProducer(self.doorbell)
-        from ._cuda.doorbell_kernels import DevicePublisher
-
-        return DevicePublisher(self.backend.device, getattr(self.backend, "context", None), self.doorbell.device_ptr,
-                               layout.capacity, layout.slot_words)
 
     def _plan(self, host_ids: Any, device_slots: Any) -> Any:
         return make_plan(Direction.H2D, host_ids, device_slots, num_host_blocks=self.host_pool.num_blocks,
@@ -113,14 +140,15 @@ class Runtime:
         block_ids, device_slots: [>= count] int64, on the runtime's device (host on the CPU backend).
         count: int, or a [1] int64 device tensor written by the selecting kernel, or None (all ids).
         tag: an int the request carries (errors name it). Raises WouldBlock when ring_slots requests
-        are posted and not yet read (a further publish could overwrite one).
+        are posted and not yet read (a further publish could overwrite one), or max_outstanding are
+        posted and not yet finished.
         """
         count = self._check_post(block_ids, device_slots, count, tag)
         strategy = self._strategy(strategy)
         with self._lock:
             self._admit(1)
-            completion = self._completion(self._ticket + 1, tag)
-            self._poller.expect(completion, strategy)
+            completion = self._completion(self._ticket + 1, tag, strategy)
+            self._poller.expect(completion)
             try:
                 self._publisher.post(block_ids, device_slots, count, tag, stream)
             except BaseException:
@@ -151,20 +179,23 @@ class Runtime:
         strategy = self._strategy(strategy)
         with self._lock:
             self._admit(n)
-            completions = [self._completion(self._ticket + 1 + i, None) for i in range(n)]
+            completions = [self._completion(self._ticket + 1 + i, None, strategy) for i in range(n)]
             for completion in completions:
-                self._poller.expect(completion, strategy)
+                self._poller.expect(completion)
             self._ticket += n
         return completions
 
     def wait_ring_space(self, n: int = 1, *, timeout: float | None = None) -> None:
         """Wait until n more requests can be posted; raises WouldBlock on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._ticket + n - (self.doorbell.next_seq - 1) > self.config.ring_slots:
-            if self._closed:
-                raise ClosedError("this Runtime is closed")
-            if deadline is not None and time.monotonic() >= deadline:
-                self._admit(n)
+        while True:
+            try:
+                with self._lock:
+                    self._admit(n)
+                return
+            except WouldBlock:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise
             time.sleep(20e-6)
 
     def recall(self, host_ids: Any, device_slots: Any, *, tag: Any = None, strategy: Strategy | None = None,
@@ -174,10 +205,10 @@ class Runtime:
             self._check_open()
             self._direct += 1
             worker = self.workers[self._direct % len(self.workers)]
-        transfer = worker.recall(host_ids, device_slots, strategy=self._strategy(strategy), tag=tag,
+        transfer = worker.recall(host_ids, device_slots, strategy=strategy or self.config.strategy, tag=tag,
                                  stream_ordered=stream_ordered)
         completion = Completion(seq=0, tag=tag, device_waiter=lambda c, s: c.transfer.device_wait(s),
-                                awaiter=self._future)
+                                awaiter=self._future, strategy=transfer.strategy)
         completion.transfer, completion.num_blocks, completion.nbytes = transfer, transfer.num_blocks, transfer.nbytes
         self._poller.track(completion, transfer)
         return completion
@@ -186,7 +217,7 @@ class Runtime:
         if not isinstance(tag, int):
             raise TypeError(f"tag must be an int (the ring stores int64), got {tag!r}")
         length = min(len(ids), len(slots))
-        if self.backend.name == "cuda":
+        if self.backend.device.type == "cuda":
             for name, t in (("block_ids", ids), ("device_slots", slots)):
                 if not (t.is_cuda and str(t.dtype) == "torch.int64" and t.is_contiguous()):
                     raise InvalidRequestError(f"{name} must be a contiguous int64 CUDA tensor, got {t.dtype} "
@@ -200,35 +231,91 @@ class Runtime:
         return count
 
     def _strategy(self, strategy: Strategy | None) -> Strategy:
-        return self.config.strategy if strategy is None else strategy
+        """A doorbell request's strategy: AUTO is RESIDENT wherever there is a resident copier, the one
+        route that lands a request with no driver call after its publish (see the module doc)."""
+        strategy = self.config.strategy if strategy is None else strategy
+        if not isinstance(strategy, Strategy):
+            raise TypeError(f"strategy must be a pulseio.Strategy, got {strategy!r}")
+        return Strategy.RESIDENT if strategy is Strategy.AUTO and self._resident else strategy
 
     def _admit(self, n: int) -> None:
+        """With self._lock held: may n more requests be posted?"""
         self._check_open()
         outstanding = self._ticket - (self.doorbell.next_seq - 1)
         if outstanding + n > self.config.ring_slots:
             raise WouldBlock(f"{outstanding} requests are posted and not yet read by the poller and the ring "
                              f"holds RuntimeConfig.ring_slots={self.config.ring_slots}: {n} more could overwrite "
                              "one; wait (post_recall, wait_ring_space) or make the ring larger")
+        slots = self.config.max_outstanding
+        for seq in range(max(self._ticket + 1, slots + 1), self._ticket + n + 1):
+            if not self._words.reached(seq - slots):
+                raise WouldBlock(f"request seq={seq - slots} has not finished and RuntimeConfig.max_outstanding="
+                                 f"{slots} requests may be outstanding; wait for it or raise the limit")
 
     def _check_open(self) -> None:
+        if self._poller.error is not None:
+            raise self._poller.error
         if self._closed:
             raise ClosedError("this Runtime is closed")
 
     # -- completions -------------------------------------------------------------------------------
 
-    def _completion(self, seq: int, tag: int | None) -> Completion:
-        return Completion(seq=seq, tag=tag, device_waiter=self._device_wait, awaiter=self._future)
+    def _completion(self, seq: int, tag: int | None, strategy: Strategy) -> Completion:
+        return Completion(seq=seq, tag=tag, device_waiter=self._device_wait, awaiter=self._future,
+                          strategy=strategy)
 
     def _device_wait(self, completion: Completion, stream: Any) -> None:
-        if self.backend.name != "cuda":
-            completion.wait()
-        elif self._publisher.stream_ops:
-            self._publisher.wait(stream, completion.seq)
-        else:  # no stream memory ops: wait on the host until the copy is enqueued, then on its event
-            while completion.transfer is None and not completion.done():
-                time.sleep(10e-6)
-            if completion.transfer is not None:
-                completion.transfer.device_wait(stream)
+        """See the module doc's contract."""
+        timeout = self.config.device_wait_timeout_s
+        if completion.done() or not self._publisher.waits_on_device:
+            if not completion.wait(timeout):
+                raise TransferError(f"doorbell request seq={completion.seq} tag={completion.tag} has not landed "
+                                    f"within device_wait_timeout_s={timeout} s (waited on the host)")
+            return
+        if completion.strategy is Strategy.RESIDENT:
+            self._hold(completion)
+            self._publisher.wait_word(stream, self._words.address(completion.seq), completion.seq)
+            return
+        if not completion.wait_issued(timeout):
+            raise TransferError(
+                f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}) was not "
+                f"enqueued within device_wait_timeout_s={timeout} s: has its publish run? (nothing was enqueued "
+                "on the stream; the request goes on)")
+        if completion.exception() is not None:
+            raise completion.exception()  # type: ignore[misc]
+        if completion.transfer is not None:  # None: it finished with nothing to copy
+            completion.transfer.device_wait(stream)
+
+    def _hold(self, completion: Completion) -> None:
+        """Keep the request's copier up until it finishes, and arm the watchdog (once per request)."""
+        seq = completion.seq
+        with self._lock:
+            if seq in self._held:
+                return
+            self._held.add(seq)
+        copier = self.workers[seq % len(self.workers)].resident
+        copier.hold()
+        self._watchdog.arm(seq, self.config.device_wait_timeout_s, completion)
+        completion.add_done_callback(lambda c: self._unhold(c, copier))
+
+    def _unhold(self, completion: Completion, copier: Any) -> None:
+        self._watchdog.disarm(completion.seq)
+        copier.unhold()
+        with self._lock:
+            self._held.discard(completion.seq)
+
+    def _expire(self, completion: Completion) -> None:
+        """The watchdog's call: `completion` is still unfinished at its deadline. Fail it, set its word."""
+        if completion.done():
+            return
+        stage = "never reached a copier (its slots were not written)" if self._poller.cancel(completion) else (
+            "was handed to the copier and has not landed: its copy may still write its slots")
+        error = TransferError(
+            f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}, "
+            f"{completion.num_blocks} blocks) did not land within device_wait_timeout_s="
+            f"{self.config.device_wait_timeout_s} s and {stage}; the waiting streams were released")
+        log.error("%s", error)
+        self._poller.fail(completion, error)
 
     def _future(self, completion: Completion) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -251,35 +338,40 @@ class Runtime:
             submitted=submitted, completed=poller.completed, failed=poller.failed,
             in_flight=submitted - poller.completed - poller.failed, bytes_moved=poller.bytes_moved,
             poll_wakeups=ring.wakeups, spurious_wakeups=ring.spurious_wakeups, lost=ring.lost,
-            loop_wakeups=loop_wakeups, post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
+            loop_wakeups=loop_wakeups, device_waits_expired=self._watchdog.expired,
+            post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
             doorbell=ring, dma=tuple(w.statistics() for w in self.workers))
 
     def close(self) -> None:
-        """Finish every posted request, stop the threads and free the ring and pools (see module doc)."""
+        """Finish or fail every request, release every waiting stream, stop the threads, free what the
+        device can no longer touch (see the module doc). Returns within about close_timeout_s."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        if not self._wait_read(self.config.close_timeout_s):
+        deadline = time.monotonic() + self.config.close_timeout_s
+        if not self._wait_read(deadline):
             log.warning("closing: requests up to seq %d were posted but the device has not published them "
-                        "after %.1f s; releasing device waiters and waiting for the device", self._ticket,
-                        self.config.close_timeout_s)
-            self._publisher.release_all()
-            self._publisher.drain_sync()
-            self._wait_read(1.0)
+                        "within close_timeout_s=%.1f s; failing them", self._ticket, self.config.close_timeout_s)
         self._poller.stop()
-        for worker in self.workers:
-            worker.close()
         self._poller.fail_pending(ClosedError("the runtime closed before this request was published"))
-        self._publisher.release_all()  # no stream may wait forever on the completion word
-        self._publisher.drain_sync()  # from here on the device writes none of our buffers
+        for worker in self.workers:
+            worker.close()  # lets the copies in flight land
+        self._words.release_all()  # no stream waits on us any longer
+        self._watchdog.close()
+        drained = self._publisher.drain_sync(max(deadline - time.monotonic(), 0.1))
         for part in reversed(self._parts):
-            if not isinstance(part, DmaEngine):
-                part.close()
+            if isinstance(part, DmaEngine):
+                continue
+            if not drained and isinstance(part, (Doorbell, WaitWords)):
+                log.error("closing: the device has not drained within close_timeout_s; leaving the doorbell "
+                          "ring and the wait words allocated, since unpublished requests may still write the "
+                          "ring and streams may still read the words")
+                continue
+            part.close()
 
-    def _wait_read(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.doorbell.next_seq <= self._ticket:
+    def _wait_read(self, deadline: float) -> bool:
+        while self.doorbell.next_seq <= self._ticket and self._poller.error is None:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(1e-3)
@@ -310,14 +402,4 @@ def _settle(future: asyncio.Future[Any], completion: Completion) -> None:
 
 def open_runtime(config: RuntimeConfig | None = None, *, backend: Backend | None = None) -> Runtime:
     """Build a Runtime: use it as `with open_runtime(cfg) as rt:` or `async with open_runtime(cfg) as rt:`."""
-    runtime = Runtime(config, backend=backend)
-    if runtime.host_pool.backend.device.type == "cuda" and os.environ.get("CUDA_MODULE_LOADING") != "EAGER":
-        # Seen on the H200 (2026-11-29): a consumer stream waiting on the completion word, then a
-        # kernel launched for the first time, hung every launch in the process -- under lazy module
-        # loading a first launch waits for the device, and the device waits for our copy.
-        log.warning(
-            "CUDA_MODULE_LOADING=%s: with device-side waits (Completion.device_wait) a kernel launched for "
-            "the first time can deadlock under lazy loading; set CUDA_MODULE_LOADING=EAGER before CUDA starts",
-            os.environ.get("CUDA_MODULE_LOADING", "<unset, torch sets LAZY>"),
-        )
-    return runtime
+    return Runtime(config, backend=backend)

@@ -118,12 +118,13 @@ class Transfer(FinishOnce):
 
         Blocks the calling thread only until pulseio's worker has enqueued the copies (microseconds
         behind submit), never for the copy itself. Raises at once if the transfer already failed.
+        On the host backend, where there is no device, it waits on the host until the data landed.
         """
         self._issued.wait()
         if self._exception is not None:
             raise self._exception
-        if self.device_event is None:  # host backend: the copy already happened on the worker
-            self._finished.wait()
+        if self.device_event is None:  # host backend: no device to wait on; wait on the host instead
+            self.wait()
             return
         self.device_event.wait(stream)  # torch.cuda.Event or a resident TaskEvent; None: the current stream
 

@@ -24,10 +24,12 @@ import torch
 from .._native.task_ring import MAX_TASK_BLOCKS
 from ..backend import Pending
 from ..config import DmaConfig
+from ..doorbell import Doorbell
 from ..errors import DeviceUnavailableError, PoolTooSmallError, PulseInternalError
 from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
 from . import driver
+from .doorbell_kernels import DevicePublisher
 from .hostmem import PinnedBuffer
 from .launch import BlockArray, CopyBlocksLauncher
 from .resident import ResidentCopier
@@ -80,6 +82,10 @@ class CudaBackend:
         self, host: HostPool, device: DevicePool, config: DmaConfig, reclaim: Callable[[], bool]
     ) -> CudaRoutes:
         return CudaRoutes(self, host, device, config, reclaim)
+
+    def open_publisher(self, doorbell: Doorbell) -> DevicePublisher:
+        layout = doorbell.layout
+        return DevicePublisher(self.device, self.context, doorbell.device_ptr, layout.capacity, layout.slot_words)
 
 
 class _BufferRing:
@@ -235,16 +241,23 @@ class CudaRoutes:
                     raise ValueError(f"unknown strategy {strategy!r}")
 
     def synchronize(self, event: Any) -> None:
+        self._bind_thread()
         event.synchronize()
 
+    def bind_thread(self) -> None:
+        self._bind_thread()
+
     def _bind_thread(self) -> None:
-        """Make our device and context current on the calling thread (once per thread)."""
+        """Make our device and context current on the calling thread (once per thread), in relaxed capture
+        mode: a graph captured on another thread must not make our copies and queries illegal."""
         if not getattr(self._thread_ready, "ready", False):
             torch.cuda.set_device(self._device)
             driver.set_current(self._context)
+            driver.relax_stream_capture()
             self._thread_ready.ready = True
 
     def query(self, event: Any) -> bool:
+        self._bind_thread()
         return event.query()
 
     def close(self) -> None:

@@ -7,9 +7,9 @@ kernel gets no host-passed value and can be captured in a CUDA graph), marks the
 after a barrier the block writes the payload; then fence (system scope), barrier, thread 0
 writes count/tag/%globaltimer, fences, and stores seq. The protocol is in `pulseio/doorbell.py`.
 
-Completion on the device: the runtime keeps a completion word in device memory. A consumer stream
-enqueues `cuStreamWaitValue64(word >= seq)` when it is built, before the copy is even issued; the
-runtime's signal stream waits on the copy's event and `cuStreamWriteValue64`s the watermark.
+Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
+a consumer stream enqueues `cuStreamWaitValue64(word >= seq)`, which the copier or a host thread
+satisfies with a plain store.
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from . import (
     _numba_compat,  # noqa: F401  (must precede numba.cuda)
     driver,  # noqa: E402
 )
-from .driver import wait_value, write_value
+from ..errors import InvalidRequestError
+from .driver import wait_value
 from .launch import PackedKernel, array_args
-from .sysmem import atomic_max_gpu, globaltimer
+from .sysmem import globaltimer
 
 log = logging.getLogger(__name__)
 
 PUBLISH_THREADS = 256
 PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)"
-RELEASE_ALL = 1 << 62  # written at close: releases every stream still waiting on the word
 
 @cuda.jit(device=True)
 def publish_device(ring, counter, ids, slots, n, tag):  # pragma: no cover - runs on the GPU / simulator
@@ -82,16 +82,6 @@ def _publish_kernel(ring, counter, ids, slots, count, count_static, tag):  # pra
 publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
 
 
-def _raise_word(addr, value):  # pragma: no cover - runs on the GPU
-    if cuda.threadIdx.x == 0:
-        atomic_max_gpu(addr, value)
-
-
-@functools.cache
-def _compile_raise():
-    return cuda.jit("void(int64, int64)")(_raise_word)
-
-
 @functools.cache
 def _compile_publish():
     return cuda.jit(PUBLISH_SIGNATURE)(_publish_kernel)
@@ -127,8 +117,8 @@ def stream_mem_ops_supported(device_ordinal: int) -> bool:
 
 
 class DevicePublisher:
-    """The CUDA backend's side of a Runtime's doorbell: launches publishes, owns the device counter,
-    the completion word and the signal stream. Every call here only enqueues work."""
+    """The CUDA backend's side of a Runtime's doorbell: launches publishes (owning the device counter they
+    take seqs from) and enqueues device waits on request wait words. Every call here only enqueues work."""
 
     def __init__(self, device: Any, context: Any, ring_ptr: int, capacity: int, slot_words: int) -> None:
         import torch
@@ -136,18 +126,14 @@ class DevicePublisher:
         self._torch = torch
         self.device = device
         self._context = context
-        self._thread_ready = threading.local()  # driver calls come from the poller and the I/O workers too
+        self._thread_ready = threading.local()
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
-        self.word = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: completion watermark
-        self.signal_stream = torch.cuda.Stream(device)
-        self.device_word = self.word.data_ptr()
         self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr())
-        self._raise = PackedKernel(_compile_raise(), 2)
-        self.stream_ops = stream_mem_ops_supported(device.index)
-        if not self.stream_ops:
+        self.waits_on_device = stream_mem_ops_supported(device.index)
+        if not self.waits_on_device:
             log.warning("%s does not support 64-bit stream memory operations "
                         "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 0): Completion.device_wait "
-                        "falls back to waiting on the host until the copy is issued", device)
+                        "waits on the host until the data has landed", device)
         self._last: Any = None  # the stream of the previous publish
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
@@ -168,10 +154,18 @@ class DevicePublisher:
         length = min(ids.numel(), slots.numel())
         self.launch(stream.cuda_stream, ids.data_ptr(), slots.data_ptr(), length, count_ptr, count_static, tag)
 
-    def wait(self, stream: Any, seq: int) -> None:
+    def wait_word(self, stream: Any, address: int, value: int) -> None:
+        """Enqueue on `stream` (default: current): wait until the int64 at `address` reaches value.
+
+        Refused while the stream is being captured: a captured wait would replay with this request's
+        seq baked in, long after its word was reused."""
         self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
-        wait_value(stream.cuda_stream, self.word.data_ptr(), seq)
+        if _capturing(stream.cuda_stream):
+            raise InvalidRequestError(
+                "device_wait on a stream that is capturing a CUDA graph: a replay would wait for this one "
+                "request again; call device_wait outside the capture, before replaying the graph")
+        wait_value(stream.cuda_stream, address, value)
 
     def _bind_thread(self) -> None:
         if not getattr(self._thread_ready, "ready", False):
@@ -180,24 +174,18 @@ class DevicePublisher:
                 driver.set_current(self._context)
             self._thread_ready.ready = True
 
-    def signal(self, events: list[Any], watermark: int) -> None:
-        """After the copies behind `events` (None: nothing to wait for), raise the word to the watermark.
-        An atomic max, not a store: copy kernels raise the word too (Poller._raise_for), and a store
-        enqueued earlier could land after them and lower it."""
-        self._bind_thread()
-        for event in events:
-            if event is not None:
-                self.signal_stream.wait_event(event)
-        self._raise.values[:] = (self.device_word, watermark)
-        self._raise.launch(self.signal_stream.cuda_stream, 1, 32)
+    def drain_sync(self, timeout: float) -> bool:
+        """Wait up to `timeout` s until the device has run everything enqueued so far (close only); False if
+        it has not (the device may still write the ring). The wait runs on a helper thread, which is left
+        behind if the device never drains."""
+        done = threading.Event()
 
-    def release_all(self) -> None:
-        self._bind_thread()
-        write_value(self.signal_stream.cuda_stream, self.word.data_ptr(), RELEASE_ALL)
+        def drain() -> None:
+            self._torch.cuda.synchronize(self.device)
+            done.set()
 
-    def drain_sync(self) -> None:
-        """Wait until the device has run everything enqueued so far (close only)."""
-        self._torch.cuda.synchronize(self.device)
+        threading.Thread(target=drain, name="pulseio-drain", daemon=True).start()
+        return done.wait(timeout)
 
     def close(self) -> None:
         pass

@@ -49,6 +49,13 @@ def set_current(context: Any) -> None:
     check("cuCtxSetCurrent", cu.cuCtxSetCurrent(context))
 
 
+def relax_stream_capture() -> None:
+    """Put the calling thread in relaxed stream-capture mode: while another thread captures a CUDA graph
+    in the default (global) mode, calls such as an event query from this thread stay legal."""
+    check("cuThreadExchangeStreamCaptureMode",
+          cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+
+
 def host_register(ptr: int, nbytes: int) -> int:
     """Pin and device-map `nbytes` at `ptr`; returns the device pointer (equal to `ptr` under UVA)."""
     check("cuMemHostRegister", cu.cuMemHostRegister(ptr, nbytes, _HOST_REGISTER_FLAGS))

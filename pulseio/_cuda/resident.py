@@ -75,11 +75,16 @@ class ResidentCopier(TaskRing):
         self._kernel.launch(self.stream.cuda_stream, self._ctas, THREADS_PER_CTA)
 
     def _posted(self, stopped: int) -> None:
-        """After a post: if the kernel had offered to stop (it may be gone), start the next generation."""
-        if stopped == self._gen:
-            with self._launch_lock:
-                if self._ctrl[tr.CTRL_STOPPED] == self._gen:
-                    self._launch()
+        """After a post: if the kernel had offered to stop (it may be gone), start the next generation.
+        Not while held: then the kernel cannot stop (or `hold` is starting it), and a launch here, on the
+        poller's thread, could queue behind a driver call that waits for the very stream we hold up."""
+        if stopped == self._gen and not self.held:
+            self._ensure_serving()
+
+    def _ensure_serving(self) -> None:
+        with self._launch_lock:
+            if self._ctrl[tr.CTRL_STOPPED] == self._gen:
+                self._launch()
 
     def _post_on_stream(self, stream_handle: int, entry_at: int, word: int) -> None:
         write_value(stream_handle, entry_at, word)

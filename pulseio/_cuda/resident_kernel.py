@@ -8,12 +8,13 @@ on the next post. Tasks are numbered 1, 2, 3, ... and served in order.
 Memory (int64 words; addresses are passed as int64 so the protocol words get explicit scopes; the
 layout constants are in `pulseio/_native/task_ring.py`, with the host half of the protocol):
 * host control, pinned: CTRL_PROMISED (host: highest task posted or on its way), CTRL_STOPPED
-  (kernel: the generation that last offered to stop), CTRL_CLOSE (host: stop as soon as idle);
+  (kernel: the generation that last offered to stop), CTRL_CLOSE (host: stop as soon as idle),
+  CTRL_HOLD (host: device waits outstanding on this ring's tasks; the kernel does not stop while > 0);
 * host entries, pinned, ENTRY_WORDS per slot: ENTRY_TASK = pack(s, count, direction), written last by
   the host (or by a stream write, for stream-ordered posts); ENTRY_RAISE_AT / ENTRY_RAISE_TO: a
-  device word the kernel raises (atomic max) once the task has landed, 0 for none (how a doorbell
-  request signals its consumers with no stream operation in between); ENTRY_LANDED_NS: %globaltimer
-  when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:] (device slots);
+  word the kernel sets to RAISE_TO once the task has landed, 0 for none: a doorbell request's wait
+  word in pinned host memory, which its consumer streams wait on (a system-scope store: atomics on
+  host memory need PCIe atomics); ENTRY_LANDED_NS: %globaltimer when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:] (device slots);
 * host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
 * device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to
   exit), DEV_START (first task of the next generation), DEV_WATERMARK (every task <= it landed:
@@ -33,7 +34,11 @@ fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED,
 CTRL_STOPPED. At least one sees the other: either the kernel sees the promise and keeps serving,
 or the host sees the stop and relaunches (the new launch queues behind the old one on its stream
 and starts at DEV_START). When both see each other the spare launch starts after the old one exits
-and serves from where it stopped, so no task is served twice.
+and serves from where it stopped, so no task is served twice. CTRL_HOLD takes part in the same
+handshake: the host stores it, fences, then reads CTRL_STOPPED (and relaunches if the kernel stopped);
+the kernel reads it again after its own fence. So while a consumer stream waits for a task, the kernel
+is up, and landing the task needs no launch, i.e. no driver call that could queue behind one that
+waits for the whole device (a lazy module load, a cudaFree, a device synchronize).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from numba import cuda, int64
 from .._native.task_ring import (  # the layout both halves share
     COUNT_BITS,
     CTRL_CLOSE,
+    CTRL_HOLD,
     CTRL_PROMISED,
     CTRL_STOPPED,
     ENTRY_LANDED_NS,
@@ -98,10 +104,13 @@ def _forward(entries, dev, slots, forwarded):  # pragma: no cover - runs on the 
 
 @cuda.jit(device=True)
 def _offer_stop(ctrl, dev, forwarded, gen):  # pragma: no cover - runs on the GPU / simulator
-    """Leader, idle: stop unless the host promised a task (see the module doc). True if stopped."""
+    """Leader, idle: stop unless the host promised a task or holds the kernel up for a device wait (see
+    the module doc). True if stopped."""
+    if load_acquire_sys(ctrl + 8 * CTRL_HOLD) > 0:  # held: do not even offer
+        return False
     store_release_sys(ctrl + 8 * CTRL_STOPPED, gen)
     cuda.threadfence_system()
-    if load_acquire_sys(ctrl + 8 * CTRL_PROMISED) > forwarded:
+    if load_acquire_sys(ctrl + 8 * CTRL_PROMISED) > forwarded or load_acquire_sys(ctrl + 8 * CTRL_HOLD) > 0:
         return False
     store_release_gpu(dev + 8 * DEV_START, forwarded + 1)
     store_release_gpu(dev + 8 * DEV_EXIT, gen)
@@ -175,8 +184,8 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
                 store_release_gpu(count, 0)
                 atomic_max_gpu(dev + 8 * DEV_WATERMARK, task)
                 raise_at = load_acquire_gpu(target)
-                if raise_at != 0:
-                    atomic_max_gpu(raise_at, load_acquire_gpu(target + 8))
+                if raise_at != 0:  # a request's wait word, in pinned host memory: a store, not an atomic
+                    store_release_sys(raise_at, load_acquire_gpu(target + 8))
                 store_release_sys(entry + 8 * ENTRY_LANDED_NS, globaltimer())
                 cuda.threadfence_system()
                 store_release_sys(done + 8 * slot, task)

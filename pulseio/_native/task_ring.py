@@ -31,6 +31,7 @@ from .validate import OK
 
 CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2  # shared with the kernel
 CTRL_TICKET, CTRL_SERVING, CTRL_SEQ = 3, 4, 5  # host only: the posters' ticket lock, the last task posted
+CTRL_HOLD = 6  # host: device waits outstanding on tasks of this ring; the kernel does not stop while > 0
 CTRL_WORDS = 16  # its own 128-byte line
 ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS = 0, 1, 2, 3
 ENTRY_WORDS = 4
@@ -82,6 +83,13 @@ def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, directio
     return seq, stopped
 
 
+def _store_hold(ctrl, holds):
+    """Publish the count of device waits outstanding (CTRL_HOLD), then a full fence: the caller next reads
+    CTRL_STOPPED, the other half of the Dekker handshake with an idle kernel (see `_offer_stop` there)."""
+    store_release(ctrl + 8 * CTRL_HOLD, holds)
+    fence_seq_cst()
+
+
 def _wait_at_least(addr, value, iterations):
     """Spin up to `iterations` loads until the int64 at addr is >= value; 1 if it is, else 0."""
     for _ in range(iterations):
@@ -102,14 +110,17 @@ def _unlock(ctrl):
 
 
 def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host, num_slots,
-             task_ids, entries, entries_addr, done, ctrl, raise_at, out, ids_out, slots_out):
+             task_ids, entries, entries_addr, done, ctrl, raise_base, raise_slots, out, ids_out, slots_out):
     """Spin up to spin_loads (>= 1) loads for doorbell request next_seq, then forward requests next_seq,
     next_seq + 1, ... to the task ring while each can go, under the posters' lock.
 
-    fast: [capacity] int64, fast[(seq - 1) % capacity] == seq marks request seq as allowed. task_ids:
-    [slots, 2 * cap] int64; entries: [slots, ENTRY_WORDS] int64 at entries_addr; done: [slots] int64;
-    ctrl: the control line's address. raise_at: a device word each task raises to its request's seq
-    (0: none). out, ids_out, slots_out: as for `ring.read`, plus OUT_TASK, OUT_RAISED and OUT_SEEN.
+    fast: [capacity] int64, fast[(seq - 1) % capacity] == seq marks request seq as allowed; the lane
+    clears the mark of each request it takes (so a holder of the posters' lock who finds the mark
+    still set knows the lane has not taken it). task_ids: [slots, 2 * cap] int64; entries: [slots,
+    ENTRY_WORDS] int64 at entries_addr; done: [slots] int64; ctrl: the control line's address.
+    raise_base, raise_slots: the request's wait word, raise_base + 8 * ((seq - 1) % raise_slots), which
+    its task sets to seq once landed (raise_base 0: none). out, ids_out, slots_out: as for `ring.read`,
+    plus OUT_TASK, OUT_RAISED and OUT_SEEN.
     Returns (requests forwarded, or -1 if next_seq was not published; the stop word read after
     promising, -1 if none was forwarded).
     """
@@ -130,7 +141,9 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
         if done[tslot] < task + 1 - slots or check_ids(ids, dst, num_host, num_slots, False)[0] != OK:
             break
         task += 1
+        raise_at = raise_base + 8 * ((seq - 1) % raise_slots) if raise_base != 0 else 0
         write_task(task_ids, entries, entries_addr, task, ids, dst, H2D, raise_at, seq, True)
+        fast[(seq - 1) % capacity] = 0
         out[k, OUT_TASK] = task
         out[k, OUT_RAISED] = 1 if raise_at != 0 else 0
         out[k, OUT_SEEN] = seen
@@ -156,9 +169,10 @@ if NATIVE:
     promise = _jit(_promise)
     post = _jit(_post)
     wait_at_least = _jit(_wait_at_least)
+    store_hold = _jit(_store_hold)
     forward = _jit(_forward)
 else:  # pragma: no cover - exercised where numba is absent: no fast lane, a lock that yields the GIL
-    post, wait_at_least, unlock, forward = _post, _wait_at_least, _unlock, None
+    post, wait_at_least, unlock, forward, store_hold = _post, _wait_at_least, _unlock, None, _store_hold
     write_task, promise = _write_task, _promise
 
     def lock(ctrl: int) -> None:

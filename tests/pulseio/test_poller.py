@@ -1,28 +1,17 @@
-"""The poller on its own: matching published seqs to completions, tags, and the watermark it signals."""
+"""The poller on its own: matching published seqs to completions, tags, wait words, cancelling."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
-
 import numpy as np
 import pytest
 
-from pulseio import DevicePool, DmaEngine, HostBackend, HostPool, TransferError
+from pulseio import DevicePool, DmaEngine, HostBackend, HostPool, Strategy, TransferError
+from pulseio._wait_words import WaitWords
 from pulseio.interrupts import Completion
 from pulseio.plan import Direction, make_plan
 from pulseio.poller import Poller
 from pulseio.testing import ManualDoorbell
-
-
-class _Signal:
-    device_word = 0
-
-    def __init__(self) -> None:
-        self.watermarks: list[int] = []
-
-    def signal(self, events: list[Any], watermark: int) -> None:
-        self.watermarks.append(watermark)
 
 
 @pytest.fixture
@@ -30,32 +19,56 @@ def setup():  # type: ignore[no-untyped-def]
     backend = HostBackend()
     host, dev = HostPool(backend, 64, 16), DevicePool(backend, 16, 16)
     engine = DmaEngine(host, dev)
-    bell, signal = ManualDoorbell(capacity=8, max_blocks=4, spin_iterations=500), _Signal()
+    bell = ManualDoorbell(capacity=8, max_blocks=4, spin_iterations=500)
+    words = WaitWords(backend.alloc_host(8 * 16, label="wait words"), 16)
     plan = lambda h, d: make_plan(Direction.H2D, h, d, num_host_blocks=64, num_device_slots=16, block_bytes=16)
-    poller = Poller(bell, [engine], signal, plan=plan)
-    yield bell, poller, signal
+    poller = Poller(bell, [engine], words, plan=plan)
+    yield bell, poller, words
     poller.stop()
     engine.close()
 
 
-def _expect(poller: Poller, seq: int, tag: int | None) -> Completion:
-    c = Completion(seq=seq, tag=tag, device_waiter=lambda c, s: None, awaiter=lambda c: None)
-    from pulseio import Strategy
-
-    poller.expect(c, Strategy.AUTO)
+def _expect(poller: Poller, seq: int, tag: int | None, strategy: Strategy = Strategy.AUTO) -> Completion:
+    c = Completion(seq=seq, tag=tag, device_waiter=lambda c, s: None, awaiter=lambda c: None, strategy=strategy)
+    poller.expect(c)
     return c
 
 
-def test_unposted_publishes_are_served_and_counted_in_the_watermark(setup) -> None:  # type: ignore[no-untyped-def]
-    bell, poller, signal = setup
+@pytest.mark.parametrize("strategy", [Strategy.RESIDENT, Strategy.ZERO_COPY, Strategy.GATHER_DMA])
+def test_every_request_sets_its_wait_word_once_served(setup, strategy: Strategy) -> None:  # type: ignore[no-untyped-def]
+    bell, poller, words = setup
     bell.publish_simple(1)  # nobody expects seq 1: it is recalled anyway, nobody waits
-    second = _expect(poller, 2, None)
+    second = _expect(poller, 2, None, strategy)
+    assert not words.reached(2)
     bell.publish_at(2, np.array([4]), np.array([5]), tag=6)
     assert second.wait(timeout=10) and second.tag == 6
     deadline = time.monotonic() + 5
-    while poller.statistics().watermark < 2 and time.monotonic() < deadline:
+    while not words.reached(1) and time.monotonic() < deadline:
         time.sleep(1e-3)
-    assert poller.statistics().watermark == 2 and signal.watermarks[-1] == 2
+    assert words.reached(1) and words.reached(2) and not words.reached(3)
+    stats = poller.statistics()  # seq 1 asks for host block 1000 of 64: refused, and counted
+    assert (stats.completed, stats.failed) == (1, 1)
+
+
+def test_a_failed_request_sets_its_word_too(setup) -> None:  # type: ignore[no-untyped-def]
+    bell, poller, words = setup
+    c = _expect(poller, 1, 0, Strategy.RESIDENT)
+    bell.publish_at(1, np.array([64]), np.array([1]), tag=0)  # host id out of range
+    with pytest.raises(TransferError, match=r"^doorbell request seq=1 tag=0: host_ids\[0\] = 64 is out of range"):
+        c.wait(timeout=10)
+    assert words.reached(1) and poller.statistics().failed == 1
+
+
+def test_a_request_cancelled_before_it_is_read_is_never_copied(setup) -> None:  # type: ignore[no-untyped-def]
+    bell, poller, words = setup
+    c = _expect(poller, 1, 0, Strategy.RESIDENT)
+    assert poller.cancel(c)
+    poller.fail(c, TransferError("given up"))
+    bell.publish_at(1, np.array([3]), np.array([1]), tag=0)
+    after = _expect(poller, 2, 0, Strategy.RESIDENT)
+    bell.publish_at(2, np.array([4]), np.array([2]), tag=0)
+    assert after.wait(timeout=10)
+    assert c.transfer is None and words.reached(1) and not poller.cancel(after)
 
 
 def test_a_payload_tag_other_than_the_posted_one_fails_that_request(setup) -> None:  # type: ignore[no-untyped-def]

@@ -38,32 +38,43 @@ def test_tasks_land_in_order_through_more_tasks_than_slots() -> None:
         copier.close()
 
 
-def test_a_task_raises_its_word_once_landed() -> None:
+def test_a_task_sets_its_word_once_landed() -> None:
     copier, _, device = _copier()
-    word = ctypes.c_int64(5)
+    words = (ctypes.c_int64 * 2)(0, 0)
     try:
-        copier.post(tr.H2D, np.array([7]), np.array([3]), raise_on_landed=(ctypes.addressof(word), 9)).synchronize()
-        copier.post(tr.H2D, np.array([8]), np.array([4]), raise_on_landed=(ctypes.addressof(word), 2)).synchronize()
-        assert word.value == 9 and device[3, 0] == 7  # raised to 9, never lowered by the later, smaller value
+        copier.post(tr.H2D, np.array([7]), np.array([3]), raise_on_landed=(ctypes.addressof(words), 9)).synchronize()
+        assert words[0] == 9 and device[3, 0] == 7 and words[1] == 0
     finally:
         copier.close()
 
 
-def test_after_a_request_the_lane_refuses_its_later_tasks_do_not_raise_the_word() -> None:
-    """Request 2 is not for the lane (another route): it may still be in flight when task 3 lands, so task 3
-    must not raise the completion word past it; the poller's host signal covers both instead."""
+def test_the_lane_sets_each_request_word_and_leaves_refused_ones_to_the_poller() -> None:
+    """Request 2 is not for the lane (another route): the lane takes 1 and 3 and sets their own words;
+    word 2 stays for whoever serves request 2."""
     copier, _, device = _copier(slots=8, cap=8)
     layout = RingLayout(8, 16)
     doorbell = Doorbell(HostBackend().alloc_host(layout.nbytes, label="ring"), layout)
-    word = ctypes.c_int64(0)
+    words = (ctypes.c_int64 * 4)(0, 0, 0, 0)
     fast = np.zeros(8, np.int64)
     try:
         for seq, lane in ((1, True), (2, False), (3, True)):
             doorbell.publish(np.array([seq]), np.array([seq]))
             fast[seq - 1] = seq if lane else 0
-        rungs = doorbell.wait_rung(timeout=1, lane=copier.forwarder(fast, 64, 32, raise_at=ctypes.addressof(word)))
-        assert [(r.seq, r.task, r.raised) for r in rungs] == [(1, 1, True), (2, 0, False), (3, 2, False)]
+        lane = copier.forwarder(fast, 64, 32, raise_base=ctypes.addressof(words), raise_slots=4)
+        rungs = doorbell.wait_rung(timeout=1, lane=lane)
+        assert [(r.seq, r.task, r.raised) for r in rungs] == [(1, 1, True), (2, 0, False), (3, 2, True)]
         copier.event(2).synchronize()
-        assert word.value == 1 and device[1, 0] == 1 and device[3, 0] == 3  # only request 1 raised it
+        assert list(words) == [1, 0, 3, 0] and device[1, 0] == 1 and device[3, 0] == 3
+        assert list(fast[:3]) == [0, 0, 0]  # the lane clears the marks of what it took
+    finally:
+        copier.close()
+
+
+def test_unmark_keeps_the_lane_off_a_request_it_has_not_taken() -> None:
+    copier, _, _ = _copier(slots=8, cap=8)
+    fast = np.array([1, 2, 0, 0], np.int64)
+    try:
+        assert copier.unmark(fast, 2) and list(fast) == [1, 0, 0, 0]
+        assert not copier.unmark(fast, 2) and not copier.unmark(fast, 3)
     finally:
         copier.close()

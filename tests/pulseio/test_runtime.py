@@ -31,7 +31,9 @@ def _runtime(**changes: object) -> pulseio.Runtime:
     ("block_bytes", 40, r"^RuntimeConfig.block_bytes must be a multiple of 16, got 40$"),
     ("strategy", "auto", r"^RuntimeConfig.strategy must be a pulseio.Strategy, got 'auto'$"),
     ("poll_sleep_s", (1e-3, 1e-4), r"^RuntimeConfig.poll_sleep_s must be \(first, longest\)"),
-    ("close_timeout_s", 0, r"^RuntimeConfig.close_timeout_s must be > 0, got 0$"),
+    ("close_timeout_s", 0, r"^RuntimeConfig.close_timeout_s must be > 0 seconds, got 0$"),
+    ("device_wait_timeout_s", -1, r"^RuntimeConfig.device_wait_timeout_s must be > 0 seconds, got -1$"),
+    ("max_outstanding", 4, r"^RuntimeConfig.max_outstanding=4 must be >= ring_slots=8"),
 ])
 def test_config_rules(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -159,48 +161,6 @@ def test_async_with_and_cancelled_await_keeps_the_request() -> None:
             assert (await done) is done
 
     asyncio.run(main())
-
-
-def test_copies_that_raise_the_word_themselves_skip_the_signal_only_when_nothing_else_is_in_flight() -> None:
-    """Poller._raise_for, with a stand-in route that claims to raise the device word (as RESIDENT does on
-    a GPU): a request gets (word, seq) only while every earlier request in flight is one such copy; a
-    request behind a copy on another route gets none, and then the host signal covers both."""
-    with _runtime(strategy=Strategy.ZERO_COPY) as rt:
-        worker, publisher = rt.workers[0], rt._publisher
-        worker._routes.raises_on_device = frozenset({Strategy.ZERO_COPY})
-        publisher.device_word = 0xD0  # any nonzero "address": the host routes never dereference it
-        raised: list[tuple[int, int] | None] = []
-        signals: list[int] = []
-        gate = threading.Event()
-        real_issue, real_signal = worker._routes.issue, publisher.signal
-
-        def issue(strategy, plans, after, emit, raise_on_landed=None, posted_task=None):
-            raised.append(raise_on_landed)
-            if strategy is Strategy.GATHER_DMA:
-                gate.wait(10)  # held in flight until the next request has been dispatched
-            return real_issue(strategy, plans, after, emit, raise_on_landed, posted_task)
-
-        def signal(events, watermark):
-            signals.append(watermark)
-            real_signal(events, watermark)
-
-        worker._routes.issue, publisher.signal = issue, signal
-        for seq in (1, 2):
-            assert rt.post_recall(np.array([seq]), np.array([seq]), tag=seq).wait(timeout=10)
-        assert raised == [(0xD0, 1), (0xD0, 2)] and signals == []  # the copies raised the word: no signal
-        with pytest.raises(TransferError, match="seq=3"):  # a bad id
-            rt.post_recall(np.array([999]), np.array([0]), tag=3).wait(timeout=10)
-        assert signals == [3]  # a failed request is signalled by the host
-        slow = rt.post_recall(np.array([4]), np.array([4]), tag=4, strategy=Strategy.GATHER_DMA)
-        while len(raised) < 3:
-            time.sleep(1e-3)
-        fast = rt.post_recall(np.array([5]), np.array([5]), tag=5)
-        while fast.transfer is None:  # dispatched (its raise decided) while seq 4 is still in flight
-            time.sleep(1e-3)
-        gate.set()
-        assert slow.wait(timeout=10) and fast.wait(timeout=10)
-        assert raised[2:] == [(0xD0, 4), None]  # seq 5 was behind a copy that does not raise: no raise
-        assert signals[-1] == 5  # the host signal covered it
 
 
 def test_the_fast_lane_posts_resident_requests_before_the_poller_builds_anything() -> None:

@@ -32,12 +32,12 @@ class _TaskRing:
     def seq(self) -> int:
         return int(self.ctrl[tr.CTRL_SEQ])
 
-    def reader(self, fast: np.ndarray, raise_at: int):
+    def reader(self, fast: np.ndarray, raise_at: int, raise_slots: int = 4):
         def forward(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out, spin):
             k, stopped = tr.forward(
                 spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
-                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data, raise_at, out, ids_out,
-                slots_out)
+                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data, raise_at, raise_slots, out,
+                ids_out, slots_out)
             if k > 0:  # the stop word read behind the last promise
                 self.stopped = stopped
             return k
@@ -67,13 +67,16 @@ def test_the_lane_posts_valid_requests_and_leaves_each_it_cannot_take_to_the_reg
         doorbell.publish(np.array(ids), np.array(slots), tag=10 + seq)
         fast[(seq - 1) % 8] = seq
     ring.ctrl[tr.CTRL_STOPPED] = 7  # what the kernel last wrote: returned to the caller as read after the promise
-    rungs = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0xAB))
+    rungs = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0xA0, raise_slots=2))
     assert [(r.seq, r.task, r.tag) for r in rungs] == [(1, 1, 11), (2, 2, 12), (3, 0, 13), (4, 3, 14)]
     assert rungs[2].error is None and rungs[2].host_ids.tolist() == [4, 4]  # read alone, the regular way
     assert ring.task(1) == (1, tr.H2D, 3) and ring.task(2) == (2, tr.H2D, 1)
     assert ring.ids[0, :3].tolist() == [3, 9, 60] and ring.ids[0, CAP : CAP + 3].tolist() == [0, 1, 2]
     assert ring.ids[1, 0] == 5 and ring.ids[1, CAP] == 7
-    assert ring.entries[0, tr.ENTRY_RAISE_AT] == 0xAB and ring.entries[:2, tr.ENTRY_RAISE_TO].tolist() == [1, 2]
+    # each task sets its own request's wait word (base + 8 * ((seq - 1) % raise_slots)) to that seq
+    assert ring.entries[:3, tr.ENTRY_RAISE_AT].tolist() == [0xA0, 0xA8, 0xA8]
+    assert ring.entries[:3, tr.ENTRY_RAISE_TO].tolist() == [1, 2, 4]
+    assert fast.tolist() == [0, 0, 3, 0, 0, 0, 0, 0]  # the lane cleared the marks of what it took
     assert ring.ctrl[tr.CTRL_PROMISED] == 3 and ring.stopped == 7 and ring.seq == 3
 
 
