@@ -248,7 +248,7 @@ def main() -> None:
     for strategy in STRATEGIES:
         rt = open_rt(strategy)
         try:
-            results["meta"]["stream_mem_ops"] = bool(rt._publisher.stream_ops)
+            results["meta"]["stream_mem_ops"] = bool(rt._publisher.waits_on_device)
             # the two clocks drift apart by microseconds per second: align them right before each section
             section(results, f"clock_{strategy.value}", calibrate_clock)
             offset = results[f"clock_{strategy.value}"].get("offset_ns", float("nan"))

@@ -6,7 +6,7 @@ set -u
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-$PWD/pytest_benchmark_out}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" CUDA_MODULE_LOADING=EAGER
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 { nvidia-smi --query-gpu=name,driver_version --format=csv; date -u; echo "sha ${PULSEIO_GIT_SHA:-unknown}"; } > "$OUT/env.txt"
 timeout -s ABRT 250 python -m pytest tests/pulseio/test_transfer_benchmarks.py -m gpu -p no:cacheprovider \
   --benchmark-enable --benchmark-group-by=param:block_bytes,param:count --benchmark-columns=min,median,mean,rounds \

@@ -11,7 +11,6 @@ OUT=${OUT:-$PWD/runtime_gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # device waits + a kernel first launched under lazy module loading deadlocked on the H200
-export CUDA_MODULE_LOADING=EAGER
 : > "$OUT/steps.txt"
 
 source benchmarks/_steps.sh

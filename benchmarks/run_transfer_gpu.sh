@@ -7,7 +7,7 @@
 set -u
 OUT=${OUT:-benchmarks/results/latest}
 mkdir -p "$OUT"
-export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 CUDA_MODULE_LOADING=EAGER
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv
   python3 -c "import torch, numba, numpy; print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"
   echo "git sha ${PULSEIO_GIT_SHA:-unknown}"; date -u; } | tee "$OUT/transfer_env.txt"

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
-
-# Before torch starts CUDA: kernels first launched while a stream waits on a pulseio completion word
-# deadlock under lazy module loading (seen on the H200); tests load every module up front.
-os.environ.setdefault("CUDA_MODULE_LOADING", "EAGER")
 
 
 def _cuda_available() -> bool:

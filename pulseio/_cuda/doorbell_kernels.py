@@ -23,11 +23,11 @@ from cuda.bindings import driver as cu  # noqa: E402
 from numba import cuda, int64  # noqa: E402
 
 from .._native.layout import COUNT, HEADER_WORDS, SEQ, STAMP, STATUS, STATUS_BAD_COUNT, STATUS_OK, TAG  # noqa: E402
+from ..errors import InvalidRequestError
 from . import (
     _numba_compat,  # noqa: F401  (must precede numba.cuda)
     driver,  # noqa: E402
 )
-from ..errors import InvalidRequestError
 from .driver import wait_value
 from .launch import PackedKernel, array_args
 from .sysmem import globaltimer

@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import pytest
+
 from pulseio import InterruptPump, TransferError
 from pulseio.interrupts import Completion
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
-import time
 
 import numpy as np
 import pytest
