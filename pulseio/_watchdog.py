@@ -1,9 +1,11 @@
-"""Watchdog: gives up on device waits that outlive their deadline, from a thread that never calls the driver.
+"""Watchdog: the thread that lets go of device waits, and never calls the driver.
 
-A stream that waits for a request's word is released only by a store to that word. If the request
-can never land (its publish never runs, the poller died, the GPU faulted), the stream and everything
-that waits for the whole device behind it would hang. The watchdog calls `expire(item)` for every
-armed item still armed at its deadline; the Runtime then fails the request and sets its word.
+A stream that waits for a request's word is released only by a store to that word, and the resident
+copier it depends on stays up (holding SMs, and keeping a device synchronize or a cudaFree waiting)
+until the wait is let go. The watchdog looks at every armed item every `poll_s` (while any is armed):
+once `landed(item)` it calls `release(item)`; if the item reaches its deadline first, `expire(item)`
+(the Runtime fails the request and sets its word). Neither depends on any other pulseio thread, so a
+thread stuck in a driver call (behind a cudaFree that waits for the copier) cannot hold a copier up.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from typing import Any
 
 
 class Watchdog:
-    """Calls expire(item) on its own thread once an armed key reaches its deadline without `disarm`."""
+    """Watches armed items on its own thread; see the module doc."""
 
-    def __init__(self, expire: Callable[[Any], None]) -> None:
-        self._expire = expire
+    def __init__(self, *, landed: Callable[[Any], bool], release: Callable[[Any], None],
+                 expire: Callable[[Any], None], poll_s: float = 1e-3) -> None:
+        self._landed, self._release, self._expire = landed, release, expire
+        self._poll_s = poll_s
         self._armed: dict[int, tuple[float, Any]] = {}  # key -> (deadline on time.monotonic, item)
         self._cond = threading.Condition()
         self._closed = False
@@ -38,19 +42,21 @@ class Watchdog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed:
-                    now = time.monotonic()
-                    due = [k for k, (deadline, _) in self._armed.items() if deadline <= now]
-                    if due:
-                        break
-                    nearest = min((d for d, _ in self._armed.values()), default=now + 1.0)
-                    self._cond.wait(max(nearest - now, 1e-3))
+                while not self._armed and not self._closed:
+                    self._cond.wait()
                 if self._closed:
                     return
-                items = [self._armed.pop(k)[1] for k in due]
-                self.expired += len(items)
-            for item in items:
-                self._expire(item)
+                armed = list(self._armed.items())
+            now = time.monotonic()
+            for key, (deadline, item) in armed:
+                if self._landed(item):
+                    self.disarm(key)
+                    self._release(item)
+                elif deadline <= now:
+                    self.disarm(key)
+                    self.expired += 1
+                    self._expire(item)
+            time.sleep(self._poll_s)
 
     def close(self) -> None:
         with self._cond:

@@ -38,6 +38,7 @@ class RouteSet(Protocol):
 
     available: frozenset[Strategy]
     inline: frozenset[Strategy]  # strategies cheap enough to issue on the submitting thread
+    posted: frozenset[Strategy]  # strategies whose unordered issue is a thread-safe post with no driver call
     raises_on_device: frozenset[Strategy]  # strategies whose copier sets the `raise_on_landed` word itself
     resident: Any  # the RESIDENT route's copier (its `forwarder` is the doorbell's fast lane), or None
 

@@ -29,7 +29,7 @@ from .errors import ClosedError, InvalidRequestError, WouldBlock
 from .inflight import InFlight, Issue
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, make_plan
-from .transfer import Transfer
+from .transfer import Transfer, TransferState
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +152,13 @@ class DmaEngine:
     def submit(
         self, plan: TransferPlan, *, strategy: Strategy = Strategy.AUTO, tag: Any = None,
         stream_ordered: bool = True, raise_on_landed: tuple[int, int] | None = None,
-        posted_task: int | None = None,
+        posted_task: int | None = None, launch_here: bool = True,
     ) -> Transfer:
         """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed.
+
+        A route whose issue is a post (RESIDENT, unordered) is issued on this thread: a few stores, no
+        driver call, no lock another issuer holds. launch_here=False: never issue a launch route here
+        either (the doorbell's poller, which must never block in a driver call, passes it).
 
         raise_on_landed: (address of an int64 the copier can store to, value). If the chosen strategy
         is in `raises_on_device`, the copier stores value there once the data has landed, with no
@@ -197,8 +201,9 @@ class DmaEngine:
             item = _Queued(transfer, plan, after, raise_on_landed, posted_task)
             # Issue on this thread when the route is only a launch and nothing is queued ahead:
             # one thread hop less per transfer. Never waits: if the worker is issuing, queue.
-            inline = (
-                self.config.inline_issue and strategy in self._routes.inline and self._queued == 0
+            posted = strategy in self._routes.posted and after is None
+            inline = posted or (
+                launch_here and self.config.inline_issue and strategy in self._routes.inline and self._queued == 0
                 and self._issue_lock.acquire(blocking=False)
             )
             if not inline:
@@ -208,12 +213,14 @@ class DmaEngine:
             try:
                 self._issue([item])
             finally:
-                self._issue_lock.release()
+                if not posted:
+                    self._issue_lock.release()
         return transfer
 
     # -- the worker ------------------------------------------------------------------------
 
     def _work(self) -> None:
+        batch: list[_Queued] = []
         try:
             self._routes.bind_thread()
             carry: _Queued | None = None
@@ -227,11 +234,12 @@ class DmaEngine:
                     self._issue(batch)
                 with self._lock:
                     self._queued -= len(batch)
+                batch = []
         except BaseException as exc:  # noqa: BLE001 - a dead worker must fail what it holds, whatever killed it
-            self._die(exc)
+            self._die(exc, batch + ([carry] if carry is not None else []))
 
-    def _die(self, cause: BaseException) -> None:
-        """The worker thread died: fail every transfer queued for it, and every later submit."""
+    def _die(self, cause: BaseException, held: list[_Queued]) -> None:
+        """The worker thread died: fail the transfers it held or had queued, and every later submit."""
         error = ClosedError(f"this DmaEngine's worker thread died ({cause!r}); close the engine")
         error.__cause__ = cause
         log.error("%s", error, exc_info=cause)
@@ -239,10 +247,11 @@ class DmaEngine:
             self._dead = error
         while True:
             try:
-                item = self._queue.get_nowait()
+                held.append(self._queue.get_nowait())
             except queue.Empty:
-                return
-            if item is not _STOP and not item.transfer.done():
+                break
+        for item in held:
+            if item is not _STOP and item.transfer.state is TransferState.QUEUED:
                 with self._lock:
                     self._failed += 1
                 item.transfer._set_failed(error)

@@ -58,6 +58,7 @@ class _HostRoutes:
     )
     inline = frozenset({Strategy.RESIDENT})  # a post; the other host routes do the copying themselves
     raises_on_device = frozenset({Strategy.RESIDENT})  # the serving thread stores the word, as the kernel does
+    posted = frozenset({Strategy.RESIDENT})  # an unordered issue is a post into the task ring
 
     def __init__(self, host: HostPool, device: DevicePool, config: DmaConfig) -> None:
         self._host = host.blocks  # [num_blocks, block_bytes] uint8

@@ -190,7 +190,8 @@ class Poller:
         while True:
             try:
                 transfer = worker.submit(plan, strategy=strategy, tag=f"doorbell seq={seq}", stream_ordered=False,
-                                         raise_on_landed=(self._words.address(seq), seq), posted_task=posted_task)
+                                         raise_on_landed=(self._words.address(seq), seq), posted_task=posted_task,
+                                         launch_here=False)  # this thread never blocks in a driver call
                 completion.transfer = transfer
                 return transfer
             except WouldBlock:  # the worker has max_inflight transfers: wait for room, not fail

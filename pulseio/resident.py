@@ -56,6 +56,7 @@ class TaskRing:
         self.forwarded = 0  # tasks the doorbell's fast lane posted
         self._hold_lock = threading.Lock()
         self._holds = 0  # device waits outstanding (CTRL_HOLD mirrors it for the server)
+        tr.store_hold(self._ctrl_host, 0)  # compiled now, not on the first device wait
 
     # -- posting -------------------------------------------------------------------------------------
 
@@ -150,6 +151,13 @@ class TaskRing:
     @property
     def held(self) -> bool:
         return self._holds > 0
+
+    def describe(self) -> str:
+        """The ring's state in one line, for errors about a task that did not land."""
+        ctrl = self._ctrl
+        return (f"task ring: last task posted {int(ctrl[tr.CTRL_SEQ])}, promised {int(ctrl[tr.CTRL_PROMISED])}, "
+                f"landed up to {int(self._done.max())}, device waits holding the server {self._holds}, "
+                f"server generation that last offered to stop {int(ctrl[tr.CTRL_STOPPED])}")
 
     def event(self, seq: int) -> TaskEvent:
         return TaskEvent(self, seq)

@@ -116,7 +116,8 @@ class Runtime:
             self._resident = all(w.resident is not None for w in self.workers)
             self._poller = Poller(self.doorbell, self.workers, self._words, plan=self._plan,
                                   latency_samples=config.latency_samples)
-            self._watchdog = Watchdog(self._expire)
+            self._watchdog = Watchdog(landed=lambda c: self._words.reached(c.seq), release=self._unhold,
+                                      expire=self._expire)
         except BaseException:
             for part in reversed(self._parts):
                 part.close()
@@ -287,22 +288,27 @@ class Runtime:
             completion.transfer.device_wait(stream)
 
     def _hold(self, completion: Completion) -> None:
-        """Keep the request's copier up until it finishes, and arm the watchdog (once per request)."""
+        """Keep the request's copier up until the request's word is set, and arm the watchdog (once per
+        request). Let go by the watchdog when it sees the word set, or when the request finishes."""
         seq = completion.seq
         with self._lock:
             if seq in self._held:
                 return
             self._held.add(seq)
-        copier = self.workers[seq % len(self.workers)].resident
-        copier.hold()
+        self._copier(seq).hold()
         self._watchdog.arm(seq, self.config.device_wait_timeout_s, completion)
-        completion.add_done_callback(lambda c: self._unhold(c, copier))
+        completion.add_done_callback(self._unhold)
 
-    def _unhold(self, completion: Completion, copier: Any) -> None:
-        self._watchdog.disarm(completion.seq)
-        copier.unhold()
+    def _unhold(self, completion: Completion) -> None:
         with self._lock:
+            if completion.seq not in self._held:
+                return
             self._held.discard(completion.seq)
+        self._watchdog.disarm(completion.seq)
+        self._copier(completion.seq).unhold()
+
+    def _copier(self, seq: int) -> Any:
+        return self.workers[seq % len(self.workers)].resident
 
     def _expire(self, completion: Completion) -> None:
         """The watchdog's call: `completion` is still unfinished at its deadline. Fail it, set its word."""
@@ -311,9 +317,11 @@ class Runtime:
         stage = "never reached a copier (its slots were not written)" if self._poller.cancel(completion) else (
             "was handed to the copier and has not landed: its copy may still write its slots")
         error = TransferError(
-            f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}, "
-            f"{completion.num_blocks} blocks) did not land within device_wait_timeout_s="
-            f"{self.config.device_wait_timeout_s} s and {stage}; the waiting streams were released")
+            f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}"
+            f"{f', {completion.num_blocks} blocks' if completion.num_blocks else ''}) did not land within "
+            f"device_wait_timeout_s="
+            f"{self.config.device_wait_timeout_s} s and {stage}; the waiting streams were released "
+            f"[{self._copier(completion.seq).describe()}]")
         log.error("%s", error)
         self._poller.fail(completion, error)
 

@@ -86,6 +86,9 @@ class ResidentCopier(TaskRing):
             if self._ctrl[tr.CTRL_STOPPED] == self._gen:
                 self._launch()
 
+    def describe(self) -> str:
+        return f"{super().describe()}, current generation {self._gen}, launches {self.launches}"
+
     def _post_on_stream(self, stream_handle: int, entry_at: int, word: int) -> None:
         write_value(stream_handle, entry_at, word)
 
