@@ -56,7 +56,7 @@ def main() -> int:
     parser.add_argument("--min-posts", type=int, default=10_000)
     parser.add_argument("--out", default="soak.json")
     args = parser.parse_args()
-    faulthandler.dump_traceback_later(args.seconds + 240, exit=True)  # a hang: every thread's stack, then exit
+    faulthandler.dump_traceback_later(args.seconds + 120, exit=True)  # a hang: every thread's stack, then exit
     rng = np.random.default_rng(0)
     cfg = pulseio.RuntimeConfig(device="cuda", host_blocks=32768, device_slots=8192, block_bytes=8192,
                                 max_blocks_per_request=2048, ring_slots=64, device_wait_timeout_s=30.0)
