@@ -75,6 +75,9 @@ def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: p
     steps, k = 16, 64
     slots = [torch.arange(i * k, (i + 1) * k, device="cuda") for i in range(steps)]
     scores = torch.rand(steps, CFG.host_blocks, device="cuda")
+    # the consumer's own kernels once first: under lazy module loading a kernel's first launch waits for the
+    # device (here: the sleep below), which is the caller's sync, not pulseio's
+    rt.device_pool.slots.index_select(0, torch.topk(scores[0], k).indices)
     torch.cuda.synchronize()
     outs, posted = [], []
     torch.cuda.set_sync_debug_mode("error")
