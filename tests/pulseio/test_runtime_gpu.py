@@ -77,7 +77,8 @@ def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: p
     scores = torch.rand(steps, CFG.host_blocks, device="cuda")
     # the consumer's own kernels once first: under lazy module loading a kernel's first launch waits for the
     # device (here: the sleep below), which is the caller's sync, not pulseio's
-    rt.device_pool.slots.index_select(0, torch.topk(scores[0], k).indices)
+    torch.topk(scores[0], k)
+    rt.device_pool.slots.index_select(0, slots[0])
     torch.cuda.synchronize()
     outs, posted = [], []
     torch.cuda.set_sync_debug_mode("error")
