@@ -33,7 +33,8 @@ class Watchdog:
     def arm(self, key: int, timeout: float, item: Any) -> None:
         with self._cond:
             self._armed[key] = (time.monotonic() + timeout, item)
-            self._cond.notify()
+            if len(self._armed) == 1:  # otherwise the thread is polling already
+                self._cond.notify()
 
     def disarm(self, key: int) -> None:
         with self._cond:

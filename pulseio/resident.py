@@ -136,17 +136,20 @@ class TaskRing:
 
     def hold(self) -> None:
         """A device wait is about to depend on a task of this ring: keep the server up until `unhold`.
-        Starts it first if it had stopped, on the calling thread, so that once a stream waits, landing
-        the task needs no driver call (see `pulseio/runtime.py`)."""
+        The first hold starts it if it had stopped, on the calling thread and under the hold lock, so that
+        once a stream waits, landing the task needs no driver call (see `pulseio/runtime.py`). No stream
+        waits on this ring while there is no hold, so that launch never waits behind one of ours."""
         with self._hold_lock:
             self._holds += 1
-            tr.store_hold(self._ctrl_host, self._holds)  # store, full fence, then the server check below
-        self._ensure_serving()
+            if self._holds == 1:
+                tr.store_hold(self._ctrl_host, 1)  # store, full fence, then the server check
+                self._ensure_serving()
 
     def unhold(self) -> None:
         with self._hold_lock:
             self._holds -= 1
-            tr.store_hold(self._ctrl_host, self._holds)
+            if self._holds == 0:
+                tr.store_hold(self._ctrl_host, 0)
 
     @property
     def held(self) -> bool:

@@ -289,7 +289,7 @@ class Runtime:
 
     def _hold(self, completion: Completion) -> None:
         """Keep the request's copier up until the request's word is set, and arm the watchdog (once per
-        request). Let go by the watchdog when it sees the word set, or when the request finishes."""
+        request). The watchdog lets go once it sees the word set (every way a request ends sets it)."""
         seq = completion.seq
         with self._lock:
             if seq in self._held:
@@ -297,14 +297,12 @@ class Runtime:
             self._held.add(seq)
         self._copier(seq).hold()
         self._watchdog.arm(seq, self.config.device_wait_timeout_s, completion)
-        completion.add_done_callback(self._unhold)
 
     def _unhold(self, completion: Completion) -> None:
         with self._lock:
             if completion.seq not in self._held:
                 return
             self._held.discard(completion.seq)
-        self._watchdog.disarm(completion.seq)
         self._copier(completion.seq).unhold()
 
     def _copier(self, seq: int) -> Any:
@@ -313,7 +311,7 @@ class Runtime:
     def _expire(self, completion: Completion) -> None:
         """The watchdog's call: `completion` is still unfinished at its deadline. Fail it, set its word."""
         if completion.done():
-            return
+            return self._unhold(completion)
         stage = "never reached a copier (its slots were not written)" if self._poller.cancel(completion) else (
             "was handed to the copier and has not landed: its copy may still write its slots")
         error = TransferError(
@@ -324,6 +322,7 @@ class Runtime:
             f"[{self._copier(completion.seq).describe()}]")
         log.error("%s", error)
         self._poller.fail(completion, error)
+        self._unhold(completion)
 
     def _future(self, completion: Completion) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
