@@ -75,7 +75,8 @@ def main() -> int:
         while time.monotonic() - start < args.seconds or counts["posts"] < args.min_posts:
             k = int(np.exp(rng.uniform(0, np.log(2048))))
             strategy, stream = STRATEGIES[int(rng.integers(0, 5))], streams[step % 2]
-            pattern = RARE[int(rng.integers(0, len(RARE)))] if step % RARE_EVERY == 0 else CHEAP[int(rng.integers(0, 4))]
+            rare = step % RARE_EVERY == 0
+            pattern = RARE[int(rng.integers(0, len(RARE)))] if rare else CHEAP[int(rng.integers(0, len(CHEAP)))]
             with torch.cuda.stream(stream):  # chosen on the GPU, as a selection kernel would
                 ids = torch.randperm(cfg.host_blocks, device="cuda")[:k]
                 slots = torch.randperm(4096, device="cuda")[:k]

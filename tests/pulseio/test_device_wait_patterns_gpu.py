@@ -33,7 +33,7 @@ def _run(case: tuple[str, str, int, str]) -> dict:
         proc = subprocess.run([sys.executable, str(CASE), *map(str, case)], capture_output=True, text=True,
                               timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as exc:
-        return {"case": case, "ok": False, "why": "killed after %d s" % TIMEOUT_S, "log": str(exc.stderr)[-4000:]}
+        return {"case": case, "ok": False, "why": f"killed after {TIMEOUT_S} s", "log": str(exc.stderr)[-4000:]}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     ok = proc.returncode == 0 and result.get("ok", False)
