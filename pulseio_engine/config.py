@@ -14,6 +14,7 @@ class Architecture(Enum):
     """Model families the engine runs."""
 
     LLAMA = "llama"    # Llama 2/3, SmolLM2
+    QWEN2 = "qwen2"    # Llama + biases on the q, k and v projections (Qwen2, Qwen2.5)
     QWEN3 = "qwen3"    # Llama + per-head RMSNorm on q and k
 
 
@@ -53,7 +54,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama/Qwen3 decoder. `head_dim` may differ from hidden_size // num_heads (Qwen3)."""
+    """Shape of a Llama/Qwen2/Qwen3 decoder. `head_dim` may differ from hidden_size // num_heads (Qwen3)."""
 
     architecture: Architecture
     vocab_size: int
@@ -90,6 +91,10 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         return self.architecture is Architecture.QWEN3
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.architecture is Architecture.QWEN2
 
     @property
     def q_size(self) -> int:

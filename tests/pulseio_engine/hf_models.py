@@ -14,7 +14,7 @@ VOCAB = 256
 
 
 def write_tiny_checkpoint(path: Path, arch: str, *, seed: int = 0, rope_scaling: bool = True):  # noqa: ANN201
-    """Save a tiny random `arch` ('qwen3' | 'llama') model as safetensors; returns the HF model (fp32, eval).
+    """Save a tiny random `arch` ('qwen3' | 'qwen2' | 'llama') model as safetensors; returns the HF model (fp32, eval).
     Llama gets Llama 3 rope scaling (original context 64, so it matters) unless `rope_scaling=False`."""
     transformers = __import__("transformers")
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
@@ -23,6 +23,10 @@ def write_tiny_checkpoint(path: Path, arch: str, *, seed: int = 0, rope_scaling:
     if arch == "qwen3":
         # head_dim 32 != hidden / heads (16): the Qwen3 case
         config = transformers.Qwen3Config(head_dim=32, rope_theta=1e6, tie_word_embeddings=False, **common)
+    elif arch == "qwen2":
+        # q/k/v biases; tied embeddings as in Qwen2.5-0.5B
+        config = transformers.Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                          tie_word_embeddings=True, **common)
     else:
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
