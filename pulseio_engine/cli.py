@@ -6,6 +6,7 @@
     pulseio-engine fetch-smollm2
     pulseio-engine fetch --model qwen2.5-coder-0.5b
     pulseio-engine generate --model qwen2.5-coder-0.5b --prompt "def fibonacci(n):"
+    pulseio-engine calibrate --model smollm2 --out heads.json
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 
 from .bench import BenchMode, run_bench
+from .calibration import CalibrationConfig, calibrate_checkpoint
 from .config import DType
 from .engine import Engine
 from .errors import EngineError
@@ -80,6 +82,17 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    config = CalibrationConfig(sink_tokens=args.sink_tokens, local_tokens=args.local_tokens)
+    heads = calibrate_checkpoint(args.model, num_prompts=args.prompts, prompt_len=args.prompt_len, config=config,
+                                 device=args.device)
+    heads.save(Path(args.out))
+    print(f"best heads:  {list(heads.best)}\nworst heads: {list(heads.worst)}\n"
+          f"two halves of the prompts agree on {heads.extra['agreement_best']:.0%} of best heads, "
+          f"{heads.extra['agreement_worst']:.0%} of worst heads\nwrote {args.out}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pulseio-engine", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -121,6 +134,16 @@ def _parser() -> argparse.ArgumentParser:
     fm.add_argument("--model", required=True, choices=sorted(MODELS))
     fm.add_argument("--cache", help="cache directory (default $PULSEIO_CACHE or ~/.cache/pulseio)")
     fm.set_defaults(func=_fetch)
+
+    c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)")
+    c.add_argument("--model", required=True, help="fetchable model, .gguf or checkpoint dir (needs a tokenizer)")
+    c.add_argument("--out", required=True, help="JSON file for the layer -> best/worst head map")
+    c.add_argument("--prompts", type=int, default=4, help="prompts cut from the calibration text (>= 2)")
+    c.add_argument("--prompt-len", type=int, default=512)
+    c.add_argument("--sink-tokens", type=int, default=16)
+    c.add_argument("--local-tokens", type=int, default=32)
+    c.add_argument("--device", default="cpu")
+    c.set_defaults(func=_calibrate)
     return p
 
 
