@@ -19,6 +19,8 @@ from .block_table import PAD_BLOCK
 
 
 class BlockDigests:
+    """Key max/min per (layer, block, digested KV head), on the KV cache's device."""
+
     def __init__(self, *, num_layers: int, num_blocks: int, num_kv_heads: int, head_dim: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str, heads: tuple[int, ...] | None = None) -> None:
         """`heads`: the one KV head digested per layer (SoloHead), or None for every KV head (Quest)."""
