@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-PAD = -1
+from .selection import PAD
 
 
 @dataclass(frozen=True)
