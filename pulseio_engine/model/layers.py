@@ -1,4 +1,4 @@
-"""Compute building blocks shared by Llama and Qwen3 (torch only), numerically as Hugging Face does:
+"""Compute building blocks shared by Llama, Qwen2 and Qwen3 (torch only), numerically as Hugging Face does:
 RMSNorm in fp32 then cast, rotary embeddings with the rotate_half convention, SwiGLU.
 
 A decoder layer is `pre_attention` -> KV write + attention -> `post_attention`. The two halves are
@@ -30,12 +30,13 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def pre_attention(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  input_norm: torch.Tensor, qkv: torch.Tensor, q_norm: torch.Tensor | None,
-                  k_norm: torch.Tensor | None, eps: float, num_heads: int, num_kv_heads: int,
-                  head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x: [T, H] -> q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D]."""
+                  input_norm: torch.Tensor, qkv: torch.Tensor, qkv_bias: torch.Tensor | None,
+                  q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, num_heads: int,
+                  num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: [T, H] -> q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D].
+    qkv_bias: [(Hq + 2 Hkv) D] (Qwen2) or None."""
     t = x.shape[0]
-    q, k, v = F.linear(rms_norm(x, input_norm, eps), qkv).split(
+    q, k, v = F.linear(rms_norm(x, input_norm, eps), qkv, qkv_bias).split(
         [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
     q = q.view(t, num_heads, head_dim)
     k = k.view(t, num_kv_heads, head_dim)

@@ -1,4 +1,4 @@
-"""The Llama / Qwen3 decoder, as per-layer steps over a `BatchState`.
+"""The Llama / Qwen2 / Qwen3 decoder, as per-layer steps over a `BatchState`.
 
     state = model.begin(...)                 # embed
     for layer in range(num_layers):
@@ -7,7 +7,8 @@
 
 The model owns no per-batch state: each batch carries its hidden states, positions, slots,
 attention metadata, KV cache and next layer, so two batches interleave layer by layer freely.
-Qwen3 differs from Llama only by the per-head RMSNorm on q and k before RoPE.
+Qwen2 differs from Llama only by biases on the q, k and v projections, Qwen3 only by the
+per-head RMSNorm on q and k before RoPE.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ class CausalLM:
         decode = isinstance(state.attention, DecodeAttention)
         pre, post = self._decode_halves if decode else (pre_attention, post_attention)
         q, k, v = pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
-                      w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+                      w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads,
+                      cfg.head_dim)
         state.kv.write(layer_idx, k, v, state.kv_rows)
         if decode:
             meta = state.attention

@@ -22,6 +22,7 @@ class LayerWeights:
     post_norm: torch.Tensor           # [H]
     gate_up: torch.Tensor             # [2 I, H]: gate rows, then up rows
     down: torch.Tensor                # [H, I]
+    qkv_bias: torch.Tensor | None = None  # [(Hq + 2 Hkv) D] (Qwen2)
     q_norm: torch.Tensor | None = None    # [D] (Qwen3)
     k_norm: torch.Tensor | None = None    # [D] (Qwen3)
 
@@ -36,7 +37,7 @@ class ModelWeights:
     @classmethod
     def from_hf_names(cls, config: ModelConfig, get: Callable[[str], torch.Tensor], *,
                       dtype: torch.dtype, device: torch.device | str) -> ModelWeights:
-        """`get(name)` returns the tensor stored under a Hugging Face Llama/Qwen3 parameter name."""
+        """`get(name)` returns the tensor stored under a Hugging Face Llama/Qwen2/Qwen3 parameter name."""
 
         def load(name: str) -> torch.Tensor:
             return get(name).to(device=device, dtype=dtype)
@@ -66,6 +67,8 @@ class ModelWeights:
             }
             if config.qk_norm:
                 expected[f"layers.{i}.q_norm"] = (lw.q_norm, (d,))
+            if config.qkv_bias:
+                expected[f"layers.{i}.qkv_bias"] = (lw.qkv_bias, (config.q_size + 2 * config.kv_size,))
         for name, (tensor, shape) in expected.items():
             if tensor is None or tuple(tensor.shape) != shape:
                 found = None if tensor is None else tuple(tensor.shape)
@@ -84,6 +87,8 @@ def _layer(config: ModelConfig, get: Callable[[str], torch.Tensor]) -> LayerWeig
     qkv = torch.cat([get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"),
                      get("self_attn.v_proj.weight")])
     gate_up = torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")])
+    qkv_bias = torch.cat([get("self_attn.q_proj.bias"), get("self_attn.k_proj.bias"),
+                          get("self_attn.v_proj.bias")]) if config.qkv_bias else None
     return LayerWeights(
         input_norm=get("input_layernorm.weight"),
         qkv=qkv,
@@ -91,6 +96,7 @@ def _layer(config: ModelConfig, get: Callable[[str], torch.Tensor]) -> LayerWeig
         post_norm=get("post_attention_layernorm.weight"),
         gate_up=gate_up,
         down=get("mlp.down_proj.weight"),
+        qkv_bias=qkv_bias,
         q_norm=get("self_attn.q_norm.weight") if config.qk_norm else None,
         k_norm=get("self_attn.k_norm.weight") if config.qk_norm else None,
     )

@@ -62,6 +62,7 @@ def random_weights(config: ModelConfig, *, dtype: torch.dtype, device: torch.dev
             input_norm=ones(h), qkv=matrix(config.q_size + 2 * config.kv_size, h), o=matrix(h, config.q_size),
             post_norm=ones(h), gate_up=matrix(2 * config.intermediate_size, h),
             down=matrix(h, config.intermediate_size),
+            qkv_bias=matrix(1, config.q_size + 2 * config.kv_size)[0] if config.qkv_bias else None,
             q_norm=ones(d) if config.qk_norm else None, k_norm=ones(d) if config.qk_norm else None,
         )
         for _ in range(config.num_layers)

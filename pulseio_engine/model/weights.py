@@ -15,7 +15,7 @@ from ..config import Architecture, ModelConfig, RopeScaling
 from ..errors import UnsupportedModelError
 from .params import ModelWeights
 
-_MODEL_TYPES = {"llama": Architecture.LLAMA, "qwen3": Architecture.QWEN3}
+_MODEL_TYPES = {"llama": Architecture.LLAMA, "qwen2": Architecture.QWEN2, "qwen3": Architecture.QWEN3}
 
 
 def read_hf_config(path: Path) -> ModelConfig:
@@ -62,6 +62,8 @@ def _refuse_options(d: dict[str, Any], source: str) -> None:
         "mlp_bias": (d.get("mlp_bias", False), False),
         "use_sliding_window": (d.get("use_sliding_window", False), False),
     }
+    if d.get("model_type") == "qwen2":
+        del found["attention_bias"]   # Qwen2 always has q/k/v biases (none on o), whatever this key says
     for key, (value, wanted) in found.items():
         if value != wanted:
             raise UnsupportedModelError(f"{source}: {key}={value!r} is not supported (only {wanted!r})")

@@ -8,7 +8,7 @@ import pytest
 from hf_models import write_tiny_checkpoint
 
 
-@pytest.fixture(scope="session", params=["qwen3", "llama"])
+@pytest.fixture(scope="session", params=["qwen3", "qwen2", "llama"])
 def tiny_hf(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     """(path, transformers model) of a tiny random checkpoint, for each architecture."""
     path: Path = tmp_path_factory.mktemp(f"tiny_{request.param}")

@@ -14,7 +14,7 @@ VOCAB = 256
 
 
 def write_tiny_checkpoint(path: Path, arch: str, *, seed: int = 0, rope_scaling: bool = True):  # noqa: ANN201
-    """Save a tiny random `arch` ('qwen3' | 'llama') model as safetensors; returns the HF model (fp32, eval).
+    """Save a tiny random `arch` ('qwen3' | 'qwen2' | 'llama') model as safetensors; returns the HF model (fp32, eval).
     Llama gets Llama 3 rope scaling (original context 64, so it matters) unless `rope_scaling=False`."""
     transformers = __import__("transformers")
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
@@ -23,6 +23,10 @@ def write_tiny_checkpoint(path: Path, arch: str, *, seed: int = 0, rope_scaling:
     if arch == "qwen3":
         # head_dim 32 != hidden / heads (16): the Qwen3 case
         config = transformers.Qwen3Config(head_dim=32, rope_theta=1e6, tie_word_embeddings=False, **common)
+    elif arch == "qwen2":
+        # q/k/v biases; tied embeddings as in Qwen2.5-0.5B
+        config = transformers.Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                          tie_word_embeddings=True, **common)
     else:
         rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -64,3 +68,26 @@ def prefill_logits(engine: Engine, prompt: list[int], chunk: int) -> torch.Tenso
         rows.append(engine.model.forward(state))
         seq.num_computed += length
     return torch.cat(rows)
+
+
+def generate_like_transformers(gguf_path: Path, prompt: str, n: int, capsys) -> dict:  # noqa: ANN001
+    """Run `pulseio-engine generate --json` greedily on a .gguf and assert that its prompt ids and `n` new
+    tokens equal those of `transformers` loading the same file (its own GGUF reader and dequantization,
+    fp32, CPU). Returns our JSON output."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # needs `accelerate` for GGUF files
+
+    from pulseio_engine.cli import main
+
+    assert main(["generate", "--model", str(gguf_path), "--prompt", prompt, "--max-new-tokens", str(n),
+                 "--device", "cpu", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)
+    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    assert ours["prompt_ids"] == ids[0].tolist()
+    ref = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    with torch.no_grad():
+        out = ref.generate(ids, max_new_tokens=n, do_sample=False)
+    assert ours["output_ids"] == out[0, ids.shape[1]:].tolist()
+    return ours

@@ -83,8 +83,9 @@ def test_bad_token_ids_are_refused() -> None:
 def test_unsupported_architecture_names_what_it_found(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral",
                                                       "architectures": ["MistralForCausalLM"]}))
-    with pytest.raises(UnsupportedModelError, match=r"model_type 'mistral' \(architectures \['MistralForCausalLM'\]\) "
-                                                    r"is not supported; supported model types: \['llama', 'qwen3'\]"):
+    with pytest.raises(UnsupportedModelError,
+                       match=r"model_type 'mistral' \(architectures \['MistralForCausalLM'\]\) "
+                             r"is not supported; supported model types: \['llama', 'qwen2', 'qwen3'\]"):
         Engine.from_model(str(tmp_path), device="cpu")
 
 

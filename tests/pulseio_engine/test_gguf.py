@@ -44,8 +44,9 @@ def write_gguf(path: Path, hf_model, arch: str) -> None:  # noqa: ANN001
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
@@ -63,12 +64,14 @@ def write_gguf(path: Path, hf_model, arch: str) -> None:  # noqa: ANN001
     w.close()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_gguf_logits_match_transformers(tmp_path: Path, arch: str) -> None:
     hf = write_tiny_checkpoint(tmp_path / "hf", arch, rope_scaling=False)
     write_gguf(tmp_path / "tiny.gguf", hf, arch)
     config, weights = load_gguf(tmp_path / "tiny.gguf", dtype=torch.float32, device="cpu")
-    assert config.tie_word_embeddings == hf.config.tie_word_embeddings and config.head_dim == hf.config.head_dim
+    assert config.tie_word_embeddings == hf.config.tie_word_embeddings
+    c = hf.config
+    assert config.head_dim == (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
     assert torch.equal(weights.layers[0].qkv[: config.q_size], hf.model.layers[0].self_attn.q_proj.weight), \
         "the llama.cpp q/k permutation must be undone"
     engine = Engine(EngineConfig(config), weights)
@@ -88,5 +91,5 @@ def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'gpt2' is not supported; supported: "
-                                                    r"\['llama', 'qwen3'\]"):
+                                                    r"\['llama', 'qwen2', 'qwen3'\]"):
         load_gguf(tmp_path / "gpt2.gguf", dtype=torch.float32, device="cpu")

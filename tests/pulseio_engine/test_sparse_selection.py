@@ -1,0 +1,169 @@
+"""Block digests, scores, top-k selection and selected-minus-resident, each against a plain-Python
+loop over the same definition (tests/pulseio_engine/sparse_reference.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sparse_reference import ref_digest, ref_recall, ref_scores, ref_select
+
+from pulseio_engine.config import SparseConfig, SparseMode
+from pulseio_engine.kv.digests import BlockDigests
+from pulseio_engine.kv.residency import apply_recall, plan_recall
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+from pulseio_engine.kv.selection import group_query, score_blocks, select_blocks, select_for_layer
+
+BS = 16
+HKV, G, D = 2, 3, 8
+
+
+def _digests(heads: tuple[int, ...] | None = None, num_blocks: int = 12) -> BlockDigests:
+    return BlockDigests(num_layers=2, num_blocks=num_blocks, num_kv_heads=HKV, head_dim=D, block_size=BS,
+                        dtype=torch.float32, device="cpu", heads=heads)
+
+
+def _append(digests: BlockDigests, keys: dict[int, list[torch.Tensor]], table: list[int],
+            start: int, n: int, gen: torch.Generator) -> None:
+    """Append n tokens at positions start.. of one sequence (physical blocks `table`), both layers."""
+    k = torch.randn((n, HKV, D), generator=gen)
+    slots = torch.tensor([table[p // BS] * BS + p % BS for p in range(start, start + n)])
+    for layer in range(2):
+        digests.update(layer, k * (layer + 1), slots)
+    for i, p in enumerate(range(start, start + n)):
+        keys.setdefault(table[p // BS], []).append(k[i])
+        if p % BS == 0:
+            keys[table[p // BS]] = [k[i]]   # a block's first token starts it afresh
+
+
+@pytest.mark.parametrize("heads", [None, (1, 0)])
+def test_digests_cover_exactly_the_filled_tokens(heads: tuple[int, ...] | None) -> None:
+    """Chunked prefill (7, 20 tokens), then decode one token at a time; two sequences interleaved; then
+    a freed block is reused by a third sequence and must forget its old keys."""
+    gen = torch.Generator().manual_seed(0)
+    digests, keys = _digests(heads), {}
+    tables = {0: [3, 5, 9], 1: [4, 1, 7]}
+    lens = {0: 0, 1: 0}
+    for sid, n in [(0, 7), (1, 20), (0, 20), (1, 1), (0, 1), (0, 1), (1, 13), (0, 5)]:
+        _append(digests, keys, tables[sid], lens[sid], n, gen)
+        lens[sid] += n
+        for block in tables[sid][: -(-lens[sid] // BS)]:
+            for layer in range(2):
+                want_max, want_min = ref_digest(keys[block], heads, layer)
+                assert torch.equal(digests.max[layer, block], want_max * (layer + 1)), (sid, block, layer)
+                assert torch.equal(digests.min[layer, block], want_min * (layer + 1)), (sid, block, layer)
+    _append(digests, keys, [5], 0, 3, gen)          # block 5 (sequence 0's second block) is reused
+    want_max, _ = ref_digest(keys[5], heads, 0)
+    assert len(keys[5]) == 3 and torch.equal(digests.max[0, 5], want_max)
+    assert digests.width == (HKV if heads is None else 1)
+
+
+def test_scores_equal_the_quest_formula_summed_over_the_group() -> None:
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn((3, HKV * G, D), generator=gen)
+    a, b = torch.randn((2, 3, 10, HKV, D), generator=gen)
+    dmax, dmin = torch.maximum(a, b), torch.minimum(a, b)
+    for head in (None, 0, 1):
+        heads = list(range(HKV)) if head is None else [head]
+        got = score_blocks(*group_query(q, HKV, head), dmax[:, :, heads], dmin[:, :, heads])
+        want = ref_scores(q, dmax, dmin, HKV, heads)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+CONTEXTS = [1, 15, 16, 17, 64, 65, 100, 160, 161, 250]   # shorter than, equal to and longer than the budget
+
+
+@pytest.mark.parametrize("sink,local", [(1, 2), (0, 1), (2, 3)])
+def test_selection_matches_the_reference(sink: int, local: int) -> None:
+    config = SparseConfig(token_budget=6 * BS, sink_blocks=sink, local_blocks=local)
+    gen = torch.Generator().manual_seed(2)
+    nb = 16
+    scores = torch.randn((len(CONTEXTS), 2, nb), generator=gen)
+    scores[8, 1] = torch.randint(0, 3, (nb,), generator=gen).float()     # many ties, 11 blocks
+    scores[-1, 0] = 0.0                                                  # all tied
+    got = select_blocks(scores, torch.tensor(CONTEXTS), config)
+    assert got.shape == (len(CONTEXTS), 2, config.budget_blocks) and got.dtype == torch.int64
+    for b, ctx in enumerate(CONTEXTS):
+        for s in range(2):
+            assert got[b, s].tolist() == ref_select(scores[b, s].tolist(), ctx, config), (ctx, s)
+
+
+def test_short_contexts_select_everything_and_ties_go_to_the_lower_block() -> None:
+    config = SparseConfig(token_budget=4 * BS, sink_blocks=1, local_blocks=1)
+    scores = torch.zeros((2, 1, 3))   # 3 block columns, fewer than the budget of 4
+    got = select_blocks(scores, torch.tensor([33, 5]), config)
+    assert got.tolist() == [[[0, 1, 2, -1]], [[0, -1, -1, -1]]]
+    tied = torch.zeros((1, 1, 10))
+    got = select_blocks(tied, torch.tensor([10 * BS]), config)
+    assert got.tolist() == [[[0, 1, 2, 9]]], "sink 0, local 9, then the lowest tied middle blocks"
+
+
+@pytest.mark.parametrize("mode", list(SparseMode))
+def test_select_for_layer_uses_the_mode_heads(mode: SparseMode) -> None:
+    heads = RetrievalHeads(HKV, best=(1, 0), worst=(0, 1)).heads_for(mode)
+    config = SparseConfig(token_budget=3 * BS, sink_blocks=1, local_blocks=1)
+    digests, keys, gen = _digests(heads), {}, torch.Generator().manual_seed(3)
+    table = [2, 6, 8, 10, 11]
+    _append(digests, keys, table, 0, 70, gen)
+    q = torch.randn((1, HKV * G, D), generator=gen)
+    for layer in range(2):
+        got = select_for_layer(digests, layer, q, torch.tensor([table]), torch.tensor([70]), config)
+        assert got.shape == (1, HKV if heads is None else 1, 3)
+        head_ids = list(range(HKV)) if heads is None else [heads[layer]]
+        dmax = torch.stack([ref_digest(keys[p], None, 0)[0] for p in table])[None] * (layer + 1)
+        dmin = torch.stack([ref_digest(keys[p], None, 0)[1] for p in table])[None] * (layer + 1)
+        want = ref_scores(q, dmax, dmin, HKV, head_ids)
+        for s in range(got.shape[1]):
+            assert got[0, s].tolist() == ref_select(want[0, s].tolist(), 70, config)
+
+
+def test_recall_plan_matches_the_reference() -> None:
+    gen = torch.Generator().manual_seed(4)
+    rows, nb, k, num_slots = 6, 20, 5, 7
+    for trial in range(20):
+        resident = torch.full((rows, nb), -1, dtype=torch.long)
+        selected = torch.full((rows, k), -1, dtype=torch.long)
+        for r in range(rows):
+            held = torch.randperm(nb, generator=gen)[: int(torch.randint(0, num_slots + 1, (1,), generator=gen))]
+            resident[r, held] = torch.randperm(num_slots, generator=gen)[: len(held)]
+            n_sel = int(torch.randint(0, k + 1, (1,), generator=gen))
+            selected[r, :n_sel] = torch.randperm(nb, generator=gen)[:n_sel].sort().values
+        plan = plan_recall(selected, resident, num_slots)
+        for r in range(rows):
+            want = ref_recall(selected[r].tolist(), resident[r].tolist(), num_slots)
+            got = (plan.blocks[r].tolist(), plan.slots[r].tolist(), plan.evicted[r].tolist(),
+                   plan.selected_slots[r].tolist())
+            assert got == want, (trial, r)
+        after = apply_recall(resident, plan)
+        valid = selected >= 0
+        assert torch.equal(after.gather(1, selected.clamp(min=0))[valid], plan.selected_slots[valid])
+        for r in range(rows):
+            slots = [s for s in after[r].tolist() if s >= 0]
+            assert len(slots) == len(set(slots)), "no slot is held twice"
+
+
+def test_recall_needs_a_slot_per_selected_block() -> None:
+    with pytest.raises(ValueError, match=r"^num_slots \(3\) must be at least the selection width K \(4\)"):
+        plan_recall(torch.zeros((1, 4), dtype=torch.long), torch.full((1, 8), -1), 3)
+
+
+def test_sparse_config_states_its_rules() -> None:
+    with pytest.raises(ValueError, match=r"token_budget \(100\) must be a multiple of block_size \(16\); "
+                                         r"use 96 or 112"):
+        SparseConfig(token_budget=100)
+    with pytest.raises(ValueError, match=r"\(32 tokens = 2 blocks\) must cover sink_blocks \+ local_blocks"):
+        SparseConfig(token_budget=32, sink_blocks=1, local_blocks=2)
+    with pytest.raises(TypeError, match=r"SparseConfig.mode must be a SparseMode, got 'quest'"):
+        SparseConfig(mode="quest")
+
+
+def test_retrieval_heads_round_trip_and_validate(tmp_path) -> None:  # noqa: ANN001
+    heads = RetrievalHeads(4, best=(3, 1), worst=(0, 2), extra={"agreement": 0.5})
+    heads.save(tmp_path / "heads.json")
+    loaded = RetrievalHeads.load(tmp_path / "heads.json")
+    assert loaded == heads and loaded.extra == {"agreement": 0.5}
+    assert loaded.heads_for(SparseMode.SOLOHEAD_REVERSED) == (0, 2) and loaded.heads_for(SparseMode.QUEST) is None
+    with pytest.raises(ValueError, match=r"^RetrievalHeads.best holds \[4\], not KV heads in \[0, 4\)$"):
+        RetrievalHeads(4, best=(4, 1), worst=(0, 2))
+    (tmp_path / "bad.json").write_text('{"best": [1]}')
+    with pytest.raises(ValueError, match=r"lacks \['num_kv_heads', 'worst'\]; write it with `pulseio-engine "):
+        RetrievalHeads.load(tmp_path / "bad.json")
