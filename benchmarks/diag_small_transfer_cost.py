@@ -18,7 +18,7 @@ import numpy as np
 import pulseio
 from pulseio import DevicePool, DmaEngine, HostBackend, HostPool, Strategy
 from pulseio.bench.timing import sustained_seconds
-from pulseio.resident import HostResidentCopier, TaskRing
+from pulseio._resident import HostResidentCopier, TaskRing
 
 BLOCK = 8 << 10
 

@@ -4,7 +4,7 @@ The submitting thread validates a transfer (raising at once on bad input) and, w
 only a launch and nothing is queued ahead, issues it right there; otherwise the worker thread
 drains the queue, merges queued transfers of one route into one issue (many small recalls, one
 DMA), and enqueues their device work. What an issue leaves running goes to `InFlight`, which the
-thread that needs a transfer finished works through itself (see `pulseio.inflight`).
+thread that needs a transfer finished works through itself (see `pulseio._inflight`).
 
 Which route wins (the bench measures it on each machine): the copy engine moves large
 contiguous buffers at the link's limit without using SMs, but pays ~2 us per copy, so for
@@ -26,7 +26,7 @@ from typing import Any
 
 from .config import DmaConfig
 from .errors import ClosedError, InvalidRequestError, WouldBlock
-from .inflight import InFlight, Issue
+from ._inflight import InFlight, Issue
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, make_plan
 from .transfer import Transfer, TransferState

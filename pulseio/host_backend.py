@@ -14,10 +14,10 @@ from ._native.task_ring import MAX_TASK_BLOCKS
 from .backend import Pending
 from .config import DmaConfig
 from .doorbell import Doorbell
-from .host_producer import HostProducer
+from ._host_producer import HostProducer
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, merge_plans, pieces
-from .resident import HostResidentCopier
+from ._resident import HostResidentCopier
 
 _RING_SLOTS = 16  # RESIDENT tasks in flight, as on the GPU
 

@@ -56,14 +56,14 @@ from ._wait_words import WaitWords
 from ._watchdog import Watchdog
 from .backend import Backend
 from .config import RuntimeConfig
-from .devices import open_backend
+from ._devices import open_backend
 from .dma import DmaEngine, DmaStatistics
 from .doorbell import Doorbell, DoorbellStatistics, RingLayout
 from .errors import ClosedError, InvalidRequestError, TransferError, WouldBlock
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, make_plan
-from .poller import LatencySummary, Poller
+from ._poller import LatencySummary, Poller
 
 log = logging.getLogger(__name__)
 

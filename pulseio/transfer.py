@@ -14,7 +14,7 @@ from typing import Any
 
 from ._once import FinishOnce, Latch
 from .errors import PulseInternalError, TransferError
-from .inflight import InFlight
+from ._inflight import InFlight
 from .plan import Direction, Strategy
 
 

@@ -1,4 +1,4 @@
-"""ResidentCopier: the resident copy kernel as a server of a `pulseio.resident.TaskRing`.
+"""ResidentCopier: the resident copy kernel as a server of a `pulseio._resident.TaskRing`.
 
 Posting a task is a few stores into pinned memory and one fenced load: no driver call, no event
 (`TaskRing.post`). A task's completion is a `TaskEvent`, which stands in for a torch.cuda.Event
@@ -19,7 +19,7 @@ import torch
 
 from .._native import task_ring as tr
 from ..errors import CudaError, PulseInternalError
-from ..resident import TaskRing
+from .._resident import TaskRing
 from . import resident_kernel as rk
 from .driver import wait_value, write_value
 from .kernels import THREADS_PER_CTA

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..config import AutoPolicy, DmaConfig
-from ..devices import open_backend
+from .._devices import open_backend
 from ..dma import DmaEngine
 from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy

@@ -9,7 +9,7 @@ import pytest
 from pulseio._once import Latch
 from pulseio.backend import Pending
 from pulseio.errors import PulseInternalError
-from pulseio.inflight import InFlight, Issue
+from pulseio._inflight import InFlight, Issue
 
 
 class _Event:

@@ -11,7 +11,7 @@ from pulseio import DevicePool, DmaEngine, HostBackend, HostPool, Strategy, Tran
 from pulseio._wait_words import WaitWords
 from pulseio.interrupts import Completion
 from pulseio.plan import Direction, make_plan
-from pulseio.poller import Poller
+from pulseio._poller import Poller
 from pulseio.testing import ManualDoorbell
 
 

@@ -1,4 +1,4 @@
-"""The RESIDENT route's task ring on the CPU backend (`pulseio.resident`): the same ring and host protocol
+"""The RESIDENT route's task ring on the CPU backend (`pulseio._resident`): the same ring and host protocol
 as on the GPU, served by a thread, so posting, slot reuse, waiting and stamping run in CI."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from pulseio._native import task_ring as tr
 from pulseio.doorbell import Doorbell, RingLayout
 from pulseio.host_backend import HostBackend
-from pulseio.resident import HostResidentCopier
+from pulseio._resident import HostResidentCopier
 
 
 def _copier(slots: int = 4, cap: int = 8):
