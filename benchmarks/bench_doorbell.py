@@ -153,7 +153,7 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
     stages = {}
     if all(t is not None for t in task_landed):
         stages = {
-            "seen_to_submit_host_us": pct([(d.transfer.submitted_at * 1e9 - d.seen_ns) / 1e3 for d in posted]),
+            "seen_to_submit_host_us": pct([(d.transfer.submitted_ns - d.seen_ns) / 1e3 for d in posted]),
             "publish_to_task_landed_us": pct([(t - d.published_ns) / 1e3 for t, d in zip(task_landed, posted)]),
             "task_landed_to_consumer_us": pct([(landed[i] - t) / 1e3 for i, t in enumerate(task_landed)]),
         }
@@ -161,8 +161,8 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
         **stages,
         "publish_to_seen_us": pct([(d.seen_ns - (d.published_ns - offset_ns)) / 1e3 for d in posted]),
         "publish_to_landed_us": pct([(landed[i] - d.published_ns) / 1e3 for i, d in enumerate(posted)]),
-        "post_to_seen_host_us": pct([(d.seen_ns - d.posted_ns) / 1e3 for d in posted]),
-        "post_to_landed_host_us": pct([(d.landed_ns - d.posted_ns) / 1e3 for d in posted]),
+        "post_to_seen_host_us": pct([(d.seen_ns - d.submitted_ns) / 1e3 for d in posted]),
+        "post_to_landed_host_us": pct([(d.finished_ns - d.submitted_ns) / 1e3 for d in posted]),
     }
 
 

@@ -31,7 +31,7 @@ async def decode(rt: pulseio.Runtime, device: str) -> None:
         expected = rt.host_pool.view(torch.float32, 2048)[ids.cpu(), 0]
         assert torch.equal(landed.cpu(), expected), "recalled blocks differ from the host copies"
         print(f"step {step}: recalled {done.num_blocks} blocks (seq {done.seq}) in "
-              f"{(done.landed_ns - done.posted_ns) / 1e3:.0f} us")
+              f"{(done.finished_ns - done.submitted_ns) / 1e3:.0f} us")
 
 
 async def main() -> None:

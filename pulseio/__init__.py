@@ -12,6 +12,7 @@ from .doorbell import DoorbellStatistics as DoorbellStatistics
 from .doorbell import RingLayout as RingLayout
 from .doorbell import Rung as Rung
 from .errors import ClosedError as ClosedError
+from .errors import ConfigError as ConfigError
 from .errors import CudaError as CudaError
 from .errors import DeviceUnavailableError as DeviceUnavailableError
 from .errors import InvalidRequestError as InvalidRequestError
@@ -19,7 +20,9 @@ from .errors import PoolTooSmallError as PoolTooSmallError
 from .errors import PulseError as PulseError
 from .errors import PulseInternalError as PulseInternalError
 from .errors import TransferError as TransferError
+from .errors import WaitTimeout as WaitTimeout
 from .errors import WouldBlock as WouldBlock
+from .handle import Handle as Handle
 from .host_backend import HostBackend as HostBackend
 from .interrupts import Completion as Completion
 from .interrupts import InterruptPump as InterruptPump

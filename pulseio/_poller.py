@@ -161,7 +161,7 @@ class Poller:
         if completion is None:  # published without post_recall/expect_published: nobody waits for it
             completion = Completion(seq=rung.seq, tag=rung.tag, device_waiter=_unheld, awaiter=_unheld)
         completion.published_ns, completion.seen_ns = rung.published_ns, rung.seen_ns
-        self._to_seen.append(rung.seen_ns - completion.posted_ns)
+        self._to_seen.append(rung.seen_ns - completion.submitted_ns)
         error = rung.error
         if error is None and completion.tag is not None and completion.tag != rung.tag:
             error = (f"doorbell request seq={rung.seq} carries tag {rung.tag} but the request posted as seq "
@@ -230,8 +230,8 @@ class Poller:
                 self._counts["bytes"] += completion.nbytes
             else:
                 self._counts["failed"] += 1
-        if error is None and completion.landed_ns is not None:
-            self._to_landed.append(completion.landed_ns - completion.posted_ns)
+        if error is None and completion.finished_ns is not None:
+            self._to_landed.append(completion.finished_ns - completion.submitted_ns)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 

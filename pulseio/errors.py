@@ -7,6 +7,14 @@ class PulseError(Exception):
     """Base of every error pulseio raises on purpose."""
 
 
+class ConfigError(PulseError, ValueError):
+    """A configuration value breaks its rule (the message names the field, the value and the rule)."""
+
+
+class WaitTimeout(PulseError, TimeoutError):
+    """A wait ran out of time; what it waited for goes on (`Handle.wait`, `post_recall(timeout=)`)."""
+
+
 class InvalidRequestError(PulseError, ValueError):
     """A transfer or pool request breaks a rule (ids out of range, duplicate slots, mismatched lengths...)."""
 

@@ -20,29 +20,21 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from ._once import FinishOnce, Latch
+from ._once import Latch
+from .handle import Handle
 from .plan import Strategy
 
 
-class Completion(FinishOnce):
-    """One recall request: data landed (`done()` and no exception) or failed, never both.
-
-    `wait(timeout)` returning False changes nothing: the copy may still be running, and every
-    buffer it may write stays reserved until it has finished.
-    """
+class Completion(Handle):
+    """One recall request of a Runtime (a `pulseio.Handle`): landed or failed, never both. Doorbell
+    requests add the producer's and the poller's stamps (published_ns on the device clock, seen_ns)."""
 
     def __init__(self, *, seq: int, tag: int | None, device_waiter: Callable[[Completion, Any], None],
                  awaiter: Callable[[Completion], Any], strategy: Strategy = Strategy.AUTO) -> None:
-        super().__init__()
-        self.seq = seq
-        self.tag = tag  # the request tag (from the caller, or from the payload once read)
+        super().__init__(seq=seq, tag=tag)
         self.strategy = strategy  # as posted: AUTO resolves per request, once its size is known
-        self.posted_ns = time.perf_counter_ns()  # when the request was posted (or expected)
         self.published_ns: int | None = None  # the producer's stamp (%globaltimer on the GPU)
         self.seen_ns: int | None = None  # perf_counter_ns when the poller read the request
-        self.landed_ns: int | None = None  # perf_counter_ns when pulseio saw the data land
-        self.num_blocks = 0
-        self.nbytes = 0
         self.transfer: Any = None  # the pulseio.Transfer carrying it, once submitted
         self._issued = Latch()  # set once its copies are enqueued, or it finished
         self._device_waiter = device_waiter
@@ -53,10 +45,7 @@ class Completion(FinishOnce):
         return f"<Completion seq={self.seq} tag={self.tag!r} {self.num_blocks} blocks {state}>"
 
     def device_wait(self, stream: Any = None) -> None:
-        """Make a CUDA stream (default: current) run its later work only once this request's blocks have
-        landed. Raises at once if the request already failed. The Runtime's module doc has the contract
-        (which routes never wait on the host, and what a wait released by the watchdog means).
-        On the host backend this waits on the host, as `Transfer.device_wait` does."""
+        """See `pulseio.Handle`; the doorbell's contract is in `pulseio.runtime`."""
         if self._exception is not None:
             raise self._exception
         self._device_waiter(self, stream)
@@ -65,11 +54,8 @@ class Completion(FinishOnce):
         """Wait (GIL released) until the copies are enqueued or the request finished; False on timeout."""
         return self._issued.wait(timeout)
 
-    def __await__(self) -> Generator[Any, None, Completion]:
-        """Await until done; returns self or raises the request's error. Cancelling the await leaves
-        the request running."""
-        yield from self._awaiter(self).__await__()
-        return self
+    def _future(self) -> Any:
+        return self._awaiter(self)
 
     # -- called by pulseio's threads -----------------------------------------------------------
 
@@ -83,7 +69,6 @@ class Completion(FinishOnce):
         with self._lock:
             if self._finished.is_set():
                 return False
-            self.landed_ns = time.perf_counter_ns()
             self._issued.set()
             callbacks = self._finish_locked(exception)
         for fn in callbacks:

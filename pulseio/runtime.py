@@ -59,7 +59,8 @@ from .config import RuntimeConfig
 from ._devices import open_backend
 from .dma import DmaEngine, DmaStatistics
 from .doorbell import Doorbell, DoorbellStatistics, RingLayout
-from .errors import ClosedError, InvalidRequestError, TransferError, WouldBlock
+from .errors import ClosedError, InvalidRequestError, TransferError, WaitTimeout, WouldBlock
+from .handle import settle
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, make_plan
@@ -269,9 +270,11 @@ class Runtime:
         """See the module doc's contract."""
         timeout = self.config.device_wait_timeout_s
         if completion.done() or not self._publisher.waits_on_device:
-            if not completion.wait(timeout):
+            try:
+                completion.wait(timeout)
+            except WaitTimeout as exc:
                 raise TransferError(f"doorbell request seq={completion.seq} tag={completion.tag} has not landed "
-                                    f"within device_wait_timeout_s={timeout} s (waited on the host)")
+                                    f"within device_wait_timeout_s={timeout} s (waited on the host)") from exc
             return
         if completion.strategy is Strategy.RESIDENT:
             self._hold(completion)
@@ -331,7 +334,7 @@ class Runtime:
             if pump is None:
                 pump = self._pumps[loop] = InterruptPump(loop.call_soon_threadsafe)
         future = loop.create_future()
-        pump.watch(completion, lambda c: _settle(future, c))
+        pump.watch(completion, lambda c: settle(future, c))
         return future
 
     # -- statistics and lifecycle ------------------------------------------------------------------
@@ -395,16 +398,6 @@ class Runtime:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close)
-
-
-def _settle(future: asyncio.Future[Any], completion: Completion) -> None:
-    if future.done():  # the await was cancelled; the request itself runs on
-        return
-    error = completion.exception()
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(completion)
 
 
 def open_runtime(config: RuntimeConfig | None = None, *, backend: Backend | None = None) -> Runtime:

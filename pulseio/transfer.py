@@ -8,11 +8,11 @@ can wait on `device_event` without the host waiting for the GPU.
 from __future__ import annotations
 
 import enum
-import time
 from collections.abc import Callable
 from typing import Any
 
-from ._once import FinishOnce, Latch
+from ._once import Latch
+from .handle import Handle
 from .errors import PulseInternalError, TransferError
 from ._inflight import InFlight
 from .plan import Direction, Strategy
@@ -39,28 +39,19 @@ _NEXT = {
 }
 
 
-class Transfer(FinishOnce):
-    """One transfer. Created by `DmaEngine.submit`; resolved by pulseio's threads."""
+class Transfer(Handle):
+    """One transfer (a `pulseio.Handle`). Created by `DmaEngine.submit`; resolved by pulseio's threads."""
 
-    __slots__ = (
-        "_inflight", "seq", "tag", "direction", "strategy", "num_blocks", "nbytes", "submitted_at", "finished_at",
-        "device_event", "_state", "_issued", "_issued_callbacks",
-    )
+    __slots__ = ("_inflight", "direction", "strategy", "device_event", "_state", "_issued", "_issued_callbacks")
 
     def __init__(
-        self, *, seq: int, tag: Any, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int,
+        self, *, seq: int, tag: int | None, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int,
         inflight: InFlight | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(seq=seq, tag=tag, num_blocks=num_blocks, nbytes=nbytes)
         self._inflight = inflight
-        self.seq = seq
-        self.tag = tag
         self.direction = direction
         self.strategy = strategy
-        self.num_blocks = num_blocks
-        self.nbytes = nbytes
-        self.submitted_at = time.perf_counter()
-        self.finished_at: float | None = None
         self.device_event: Any = None  # torch.cuda.Event once ISSUED on a GPU backend
         self._state = TransferState.QUEUED
         self._issued = Latch()
@@ -75,11 +66,6 @@ class Transfer(FinishOnce):
     @property
     def state(self) -> TransferState:
         return self._state
-
-    @property
-    def latency_s(self) -> float | None:
-        """Seconds from submit to landed, once done."""
-        return None if self.finished_at is None else self.finished_at - self.submitted_at
 
     def done(self) -> bool:
         """True once finished (landed or failed). Never waits; finishes what has already landed."""
@@ -156,7 +142,6 @@ class Transfer(FinishOnce):
     def _finish(self, state: TransferState, exception: BaseException | None) -> None:
         with self._lock:
             self._move(state)
-            self.finished_at = time.perf_counter()
             issued_callbacks, self._issued_callbacks = self._issued_callbacks, None
             self._issued.set()
             callbacks = self._finish_locked(exception)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pulseio import InterruptPump, TransferError
+from pulseio import InterruptPump, TransferError, WaitTimeout
 from pulseio.interrupts import Completion
 
 
@@ -17,9 +17,11 @@ def _completion(seq: int = 1) -> Completion:
 
 def test_completion_wait_timeout_then_done() -> None:
     c = _completion()
-    assert not c.done() and c.wait(timeout=0.01) is False
+    with pytest.raises(WaitTimeout):
+        c.wait(timeout=0.01)
+    assert not c.done()
     threading.Timer(0.01, c._finish, args=(None,)).start()
-    assert c.wait(timeout=5) is True and c.done() and c.exception() is None and c.landed_ns is not None
+    assert c.wait(timeout=5) is c and c.done() and c.exception() is None and c.finished_ns is not None
 
 
 def test_completion_failure_reaches_waiter_and_callbacks_once() -> None:

@@ -1,4 +1,4 @@
-"""Latch and FinishOnce: every waiter wakes, timeouts change nothing, finishing twice is a bug."""
+"""Latch and Handle: every waiter wakes, timeouts change nothing, finishing twice is a bug."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 import pytest
 
 from pulseio import PulseInternalError
-from pulseio._once import FinishOnce, Latch
+from pulseio import WaitTimeout
+from pulseio._once import Latch
+from pulseio.handle import Handle
 
 
 def test_latch_wakes_every_waiter_and_times_out_unset() -> None:
@@ -28,17 +30,19 @@ def test_latch_wakes_every_waiter_and_times_out_unset() -> None:
     assert latch.wait(timeout=0) and latch.wait()
 
 
-def test_finish_once_runs_callbacks_once_and_refuses_a_second_finish() -> None:
-    handle = FinishOnce()
+def test_a_handle_runs_callbacks_once_and_refuses_a_second_finish() -> None:
+    handle = Handle(seq=1, tag=None)
     calls: list[object] = []
     handle.add_done_callback(calls.append)
-    assert handle.wait(timeout=0.01) is False and not handle.done()
+    with pytest.raises(WaitTimeout, match=r"has not finished after 0.01 s; it goes on"):
+        handle.wait(timeout=0.01)
+    assert not handle.done() and handle.finished_ns is None
     error = ValueError("boom")
     with handle._lock:
         callbacks = handle._finish_locked(error)
     for fn in callbacks:
         fn(handle)
-    assert calls == [handle] and handle.done() and handle.exception() is error
+    assert calls == [handle] and handle.done() and handle.exception() is error and handle.latency_s >= 0.01
     with pytest.raises(ValueError, match="boom"):
         handle.wait()
     with pytest.raises(PulseInternalError, match="finished twice"), handle._lock:

@@ -118,8 +118,10 @@ def test_timeout_leaves_the_request_running() -> None:
     with pulseio.open_runtime(cfg, backend=backend) as rt:
         rt.host_pool.blocks[:] = 3
         done = rt.post_recall(np.array([1]), np.array([2]))
-        assert done.wait(timeout=0.01) is False and not done.done()
-        assert done.wait(timeout=10) and rt.device_pool.slots[2, 0] == 3
+        with pytest.raises(pulseio.WaitTimeout):
+            done.wait(timeout=0.01)
+        assert not done.done()
+        assert done.wait(timeout=10) is done and rt.device_pool.slots[2, 0] == 3
 
 
 def test_direct_recall_shares_the_completion_path() -> None:
