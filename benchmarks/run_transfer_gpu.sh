@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
-# The transfer core on one GPU: its gpu tests, the per-stage diagnostics (copy kernel alone per CTA
-# budget, gather per thread, engine rate and latency; DIAG=0 skips them), then `pulseio bench`
-# (JSON + plot + table).
+# The transfer core on one GPU: its gpu tests, then `pulseio bench` (JSON + plot + table).
 # Run from the repo root; raw output goes under $OUT. The device copy of the tree has no .git: pass
 # PULSEIO_GIT_SHA=<commit> so records carry it.
 set -u
@@ -14,9 +12,5 @@ export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 timeout -s ABRT 150 python3 -X faulthandler -m pytest -q -o faulthandler_timeout=60 -m gpu \
   tests/pulseio/test_cuda_transfer.py tests/pulseio/test_kernels_sim.py tests/pulseio/test_cuda_buffer_ring.py -x 2>&1 \
   | tail -40 | tee "$OUT/transfer_gpu_tests.txt"
-if [ "${DIAG:-1}" != 0 ]; then
-  timeout -s ABRT 120 python3 -X faulthandler benchmarks/diag_transfer.py --json "$OUT/diag_transfer.json" 2>&1 \
-    | grep -v "pinning" | tee "$OUT/diag_transfer.txt"
-fi
 timeout -s ABRT 300 python3 -X faulthandler -m pulseio.cli bench --no-progress --verbose ${BENCH_ARGS:-} \
   --json "$OUT/bench_transfer.json" --plot "$OUT/bench_transfer.png" 2>&1 | tee "$OUT/bench_transfer.txt"

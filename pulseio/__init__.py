@@ -1,10 +1,11 @@
 """pulseio: move scattered KV-cache blocks between pinned host memory and the GPU at the link's limit."""
 
+from ._devices import open_backend as open_backend
+from ._poller import LatencySummary as LatencySummary
 from .backend import Backend as Backend
 from .config import AutoPolicy as AutoPolicy
 from .config import DmaConfig as DmaConfig
 from .config import RuntimeConfig as RuntimeConfig
-from ._devices import open_backend as open_backend
 from .dma import DmaEngine as DmaEngine
 from .dma import DmaStatistics as DmaStatistics
 from .doorbell import Doorbell as Doorbell
@@ -32,7 +33,6 @@ from .memory import HostPool as HostPool
 from .plan import Direction as Direction
 from .plan import Strategy as Strategy
 from .plan import TransferPlan as TransferPlan
-from ._poller import LatencySummary as LatencySummary
 from .runtime import Runtime as Runtime
 from .runtime import RuntimeStatistics as RuntimeStatistics
 from .runtime import open_runtime as open_runtime

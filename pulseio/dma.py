@@ -24,9 +24,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ._inflight import InFlight, Issue
 from .config import DmaConfig
 from .errors import ClosedError, InvalidRequestError, WouldBlock
-from ._inflight import InFlight, Issue
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, make_plan
 from .transfer import Transfer, TransferState

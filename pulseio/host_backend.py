@@ -10,14 +10,14 @@ from typing import Any
 
 import torch
 
+from ._host_producer import HostProducer
 from ._native.task_ring import MAX_TASK_BLOCKS
+from ._resident import HostResidentCopier
 from .backend import Pending
 from .config import DmaConfig
 from .doorbell import Doorbell
-from ._host_producer import HostProducer
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, TransferPlan, merge_plans, pieces
-from ._resident import HostResidentCopier
 
 _RING_SLOTS = 16  # RESIDENT tasks in flight, as on the GPU
 

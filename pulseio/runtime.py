@@ -52,11 +52,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._devices import open_backend
+from ._poller import LatencySummary, Poller
 from ._wait_words import WaitWords
 from ._watchdog import Watchdog
 from .backend import Backend
 from .config import RuntimeConfig
-from ._devices import open_backend
 from .dma import DmaEngine, DmaStatistics
 from .doorbell import Doorbell, DoorbellStatistics, RingLayout
 from .errors import ClosedError, InvalidRequestError, TransferError, WaitTimeout, WouldBlock
@@ -64,7 +65,6 @@ from .handle import settle
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
 from .plan import Direction, Strategy, make_plan
-from ._poller import LatencySummary, Poller
 
 log = logging.getLogger(__name__)
 

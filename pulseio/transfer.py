@@ -11,10 +11,10 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-from ._once import Latch
-from .handle import Handle
-from .errors import PulseInternalError, TransferError
 from ._inflight import InFlight
+from ._once import Latch
+from .errors import PulseInternalError, TransferError
+from .handle import Handle
 from .plan import Direction, Strategy
 
 

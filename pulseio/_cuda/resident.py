@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from .._native import task_ring as tr
-from ..errors import CudaError, PulseInternalError
 from .._resident import TaskRing
+from ..errors import CudaError, PulseInternalError
 from . import resident_kernel as rk
 from .driver import wait_value, write_value
 from .kernels import THREADS_PER_CTA

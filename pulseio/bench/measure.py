@@ -131,8 +131,8 @@ def measure_under_load(
     """Recall back-to-back while a bf16 GEMM runs on another stream; report both rates.
 
     The GEMM's clock depends on its recent past: on the H200 it ran at ~1.62 ms back-to-back (at the
-    700 W cap, SM clock ~1500 MHz) but ~1.41 ms after some tens of ms of idle SMs (1980 MHz); see
-    benchmarks/diag_gemm_clock.py. So every run, alone or loaded, starts after the same `idle_s` of
+    700 W cap, SM clock ~1500 MHz) but ~1.41 ms after some tens of ms of idle SMs (1980 MHz; measured
+    with nvidia-smi, benchmarks/results/README.md). So every run, alone or loaded, starts after the same `idle_s` of
     idle GPU; `pairs` loaded runs alternate with runs alone, each loaded run is compared with the
     mean of the runs alone just before and after it, and the slowdown is the median of those ratios.
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..config import AutoPolicy, DmaConfig
 from .._devices import open_backend
+from ..config import AutoPolicy, DmaConfig
 from ..dma import DmaEngine
 from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy

@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
+from pulseio._inflight import InFlight, Issue
 from pulseio._once import Latch
 from pulseio.backend import Pending
 from pulseio.errors import PulseInternalError
-from pulseio._inflight import InFlight, Issue
 
 
 class _Event:

@@ -7,8 +7,7 @@ import time
 
 import pytest
 
-from pulseio import PulseInternalError
-from pulseio import WaitTimeout
+from pulseio import PulseInternalError, WaitTimeout
 from pulseio._once import Latch
 from pulseio.handle import Handle
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from pulseio import DevicePool, DmaEngine, HostBackend, HostPool, Strategy, TransferError
+from pulseio._poller import Poller
 from pulseio._wait_words import WaitWords
 from pulseio.interrupts import Completion
 from pulseio.plan import Direction, make_plan
-from pulseio._poller import Poller
 from pulseio.testing import ManualDoorbell
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 
 from pulseio._native import task_ring as tr
+from pulseio._resident import HostResidentCopier
 from pulseio.doorbell import Doorbell, RingLayout
 from pulseio.host_backend import HostBackend
-from pulseio._resident import HostResidentCopier
 
 
 def _copier(slots: int = 4, cap: int = 8):
