@@ -139,7 +139,7 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
     for i in range(-5, iters):
         with torch.cuda.stream(stream):
             torch.cuda._sleep(1_000_000)  # ~0.5 ms: all of the step is enqueued before the publish runs
-        done = rt.post_recall(ids_all[max(i, 0)], slots, stream=stream, tag=i)
+        done = rt.post_recall(host_ids=ids_all[max(i, 0)], device_slots=slots, stream=stream, tag=i)
         done.device_wait(stream)
         if i >= 0:
             stamp[1, 1, nstream](stamps, i)
@@ -176,9 +176,11 @@ def bandwidth(rt: pulseio.Runtime, strategy: Strategy, steps: int, k: int = 2048
         torch.cuda.synchronize()
         start = time.perf_counter()
         if path == "doorbell":
-            done = [rt.post_recall(ids_dev[i], slots_dev, strategy=strategy, tag=i) for i in range(steps)]
+            done = [rt.post_recall(host_ids=ids_dev[i], device_slots=slots_dev, strategy=strategy, tag=i)
+                    for i in range(steps)]
         else:
-            done = [rt.recall(ids_host[i], slots_host, strategy=strategy, stream_ordered=False) for i in range(steps)]
+            done = [rt.recall(host_ids=ids_host[i], device_slots=slots_host, strategy=strategy, stream_ordered=False)
+                    for i in range(steps)]
         for d in done:
             d.wait(timeout=60)
         seconds = time.perf_counter() - start
@@ -205,9 +207,10 @@ def blocked(rt: pulseio.Runtime, steps: int, k: int) -> dict:
                 ids = torch.topk(scores, k).indices  # [k] int64, cuda
                 t0 = time.perf_counter()
                 if path == "doorbell":
-                    d = rt.post_recall(ids, slots_dev, stream=stream, tag=i)
+                    d = rt.post_recall(host_ids=ids, device_slots=slots_dev, stream=stream, tag=i)
                 else:
-                    d = rt.recall(ids.cpu().numpy(), slots_host)  # .cpu() waits for the GEMM and top-k
+                    # .cpu() waits for the GEMM and top-k
+                    d = rt.recall(host_ids=ids.cpu().numpy(), device_slots=slots_host)
                 d.device_wait(stream)
                 inside.append((time.perf_counter() - t0) * 1e6)
                 rt.device_pool.slots.index_select(0, slots_dev).sum()  # consume

@@ -43,7 +43,7 @@ def direct_traffic(rt: pulseio.Runtime, stop: threading.Event, counts: dict, rng
         k = int(rng.integers(1, 256))
         ids = rng.choice(rt.host_pool.num_blocks, size=k, replace=False)
         slots = 6144 + rng.choice(2048, size=k, replace=False)
-        t = rt.recall(ids, slots, strategy=pulseio.Strategy(STRATEGIES[int(rng.integers(0, 5))]))
+        t = rt.recall(host_ids=ids, device_slots=slots, strategy=pulseio.Strategy(STRATEGIES[int(rng.integers(0, 5))]))
         t.wait(60)
         got = rt.device_pool.slots[torch.from_numpy(slots).to("cuda")].cpu()
         counts["direct"] += 1
@@ -80,7 +80,7 @@ def main() -> int:
             with torch.cuda.stream(stream):  # chosen on the GPU, as a selection kernel would
                 ids = torch.randperm(cfg.host_blocks, device="cuda")[:k]
                 slots = torch.randperm(4096, device="cuda")[:k]
-            done = rt.post_recall(ids, slots, stream=stream, strategy=pulseio.Strategy(strategy), tag=step)
+            done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, strategy=pulseio.Strategy(strategy), tag=step)
             done.device_wait(stream)
             out = PATTERNS[pattern](done, rt.device_pool.slots, slots, stream)
             stream.synchronize()

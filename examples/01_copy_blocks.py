@@ -29,17 +29,17 @@ def main() -> None:
     rng = np.random.default_rng(0)
     try:
         with pulseio.DmaEngine(host, device) as dma:
-            dma.recall([0], [0]).wait()  # warm-up: loads the compiled id validation and the kernels
+            dma.recall(host_ids=[0], device_slots=[0]).wait()  # warm-up: loads the compiled id validation and the kernels
             for strategy in sorted(dma.available, key=lambda s: s.value):
                 ids = rng.choice(host.num_blocks, args.blocks, replace=False)  # scattered host blocks
                 slots = rng.choice(device.num_slots, args.blocks, replace=False)
                 start = time.perf_counter()
-                dma.recall(ids, slots, strategy=strategy).wait()
+                dma.recall(host_ids=ids, device_slots=slots, strategy=strategy).wait()
                 seconds = time.perf_counter() - start
                 landed = device.slots[torch.from_numpy(slots).to(device.slots.device)].cpu()
                 assert torch.equal(landed, host.blocks[torch.from_numpy(ids)]), f"{strategy.value}: wrong bytes"
                 back = rng.choice(host.num_blocks, args.blocks, replace=False)
-                dma.offload(slots, back, strategy=strategy).wait()
+                dma.offload(device_slots=slots, host_ids=back, strategy=strategy).wait()
                 assert torch.equal(host.blocks[torch.from_numpy(back)], landed), f"{strategy.value}: offload"
                 mb = args.blocks * args.block_bytes / 1e6
                 print(f"{backend.name:>5} {strategy.value:>10}: {mb:.1f} MB recalled in {seconds * 1e3:.2f} ms, "

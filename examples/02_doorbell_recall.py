@@ -23,7 +23,7 @@ async def decode(rt: pulseio.Runtime, device: str) -> None:
     for step in range(STEPS):
         query = torch.randn(64, device=device)
         ids = torch.topk(digests @ query, K).indices  # [K] int64, on the device: the "selection kernel"
-        done = rt.post_recall(ids, slots, tag=step)  # enqueues the publish; never waits
+        done = rt.post_recall(host_ids=ids, device_slots=slots, tag=step)  # enqueues the publish; never waits
         if device == "cuda":
             done.device_wait()  # kernels enqueued after this run once the blocks have landed
         await done  # the event loop is woken by the interrupt pump

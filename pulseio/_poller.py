@@ -189,7 +189,7 @@ class Poller:
         seq = completion.seq
         while True:
             try:
-                transfer = worker.submit(plan, strategy=strategy, tag=f"doorbell seq={seq}", stream_ordered=False,
+                transfer = worker._submit(plan, strategy=strategy, tag=seq, stream_ordered=False,
                                          raise_on_landed=(self._words.address(seq), seq), posted_task=posted_task,
                                          launch_here=False)  # this thread never blocks in a driver call
                 completion.transfer = transfer

@@ -21,14 +21,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ._inflight import InFlight, Issue
 from .config import DmaConfig
-from .errors import ClosedError, InvalidRequestError, WouldBlock
+from .errors import ClosedError, InvalidRequestError, WaitTimeout, WouldBlock
 from .memory import DevicePool, HostPool
-from .plan import Direction, Strategy, TransferPlan, make_plan
+from .plan import Direction, IdArray, Strategy, TransferPlan, make_plan
 from .transfer import Transfer, TransferState
 
 log = logging.getLogger(__name__)
@@ -118,30 +119,47 @@ class DmaEngine:
     # -- submitting ------------------------------------------------------------------------
 
     def recall(
-        self, host_ids: Any, device_slots: Any, *, strategy: Strategy = Strategy.AUTO, tag: Any = None,
-        stream_ordered: bool = True,
+        self, *, host_ids: IdArray, device_slots: IdArray, strategy: Strategy = Strategy.AUTO,
+        tag: int | None = None, stream_ordered: bool = True, timeout: float | None = None,
     ) -> Transfer:
-        """Copy host blocks host_ids[b] into device slots device_slots[b] ([n] integer ids, host). Never waits.
+        """Copy host blocks host_ids[b] into device slots device_slots[b] ([n] integer ids, host).
 
-        stream_ordered: the copy starts only after work already enqueued on the caller's current
-        stream (which may still read the destination slots).
+        Waits (GIL released) only while DmaConfig.max_inflight transfers are in flight, raising WaitTimeout
+        after `timeout` s; `recall_nowait` raises WouldBlock instead. stream_ordered: the copy starts only
+        after work already enqueued on the caller's current stream (which may still read the slots).
         """
         plan = self._plan(Direction.H2D, host_ids, device_slots)
-        return self.submit(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
+        return self.submit(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered, timeout=timeout)
+
+    def recall_nowait(
+        self, *, host_ids: IdArray, device_slots: IdArray, strategy: Strategy = Strategy.AUTO,
+        tag: int | None = None, stream_ordered: bool = True,
+    ) -> Transfer:
+        """`recall`, raising WouldBlock rather than waiting for room. Never waits."""
+        plan = self._plan(Direction.H2D, host_ids, device_slots)
+        return self.submit_nowait(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
 
     def offload(
-        self, device_slots: Any, host_ids: Any, *, strategy: Strategy = Strategy.AUTO, tag: Any = None,
-        stream_ordered: bool = True,
+        self, *, device_slots: IdArray, host_ids: IdArray, strategy: Strategy = Strategy.AUTO,
+        tag: int | None = None, stream_ordered: bool = True, timeout: float | None = None,
     ) -> Transfer:
-        """Copy device slots device_slots[b] into host blocks host_ids[b]. Never waits.
+        """Copy device slots device_slots[b] into host blocks host_ids[b]; waits as `recall` does.
 
         stream_ordered: the copy reads the slots only after work already enqueued on the caller's
         current stream (which may still be writing them).
         """
         plan = self._plan(Direction.D2H, host_ids, device_slots)
-        return self.submit(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
+        return self.submit(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered, timeout=timeout)
 
-    def _plan(self, direction: Direction, host_ids: Any, device_slots: Any) -> TransferPlan:
+    def offload_nowait(
+        self, *, device_slots: IdArray, host_ids: IdArray, strategy: Strategy = Strategy.AUTO,
+        tag: int | None = None, stream_ordered: bool = True,
+    ) -> Transfer:
+        """`offload`, raising WouldBlock rather than waiting for room. Never waits."""
+        plan = self._plan(Direction.D2H, host_ids, device_slots)
+        return self.submit_nowait(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
+
+    def _plan(self, direction: Direction, host_ids: IdArray, device_slots: IdArray) -> TransferPlan:
         return make_plan(
             direction, host_ids, device_slots,
             num_host_blocks=self.host.num_blocks,
@@ -150,9 +168,31 @@ class DmaEngine:
         )
 
     def submit(
-        self, plan: TransferPlan, *, strategy: Strategy = Strategy.AUTO, tag: Any = None,
-        stream_ordered: bool = True, raise_on_landed: tuple[int, int] | None = None,
-        posted_task: int | None = None, launch_here: bool = True,
+        self, plan: TransferPlan, *, strategy: Strategy = Strategy.AUTO, tag: int | None = None,
+        stream_ordered: bool = True, timeout: float | None = None,
+    ) -> Transfer:
+        """Queue a validated plan; waits (GIL released, finishing landed transfers) while max_inflight are
+        in flight, WaitTimeout after `timeout` s. Raises ClosedError once closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.submit_nowait(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
+            except WouldBlock as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(f"no room for a transfer within {timeout} s: {exc}") from exc
+                if not self._inflight.reclaim():
+                    time.sleep(20e-6)
+
+    def submit_nowait(
+        self, plan: TransferPlan, *, strategy: Strategy = Strategy.AUTO, tag: int | None = None,
+        stream_ordered: bool = True,
+    ) -> Transfer:
+        """`submit`, raising WouldBlock past max_inflight. Never waits."""
+        return self._submit(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
+
+    def _submit(
+        self, plan: TransferPlan, *, strategy: Strategy, tag: int | None, stream_ordered: bool,
+        raise_on_landed: tuple[int, int] | None = None, posted_task: int | None = None, launch_here: bool = True,
     ) -> Transfer:
         """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed.
 

@@ -7,12 +7,19 @@ submitting thread, before anything is queued: a bad request raises and leaves no
 from __future__ import annotations
 
 import enum
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+if TYPE_CHECKING:
+    import torch
+
 from ._native import validate as _native
 from .errors import InvalidRequestError, PoolTooSmallError
+
+
+IdArray = Union[np.ndarray, "torch.Tensor", Sequence[int]]  # [n] integer ids, on the host
 
 
 class Direction(enum.Enum):

@@ -64,7 +64,7 @@ from .errors import ClosedError, InvalidRequestError, TransferError, WaitTimeout
 from .handle import settle
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
-from .plan import Direction, Strategy, make_plan
+from .plan import Direction, IdArray, Strategy, make_plan
 
 log = logging.getLogger(__name__)
 
@@ -134,45 +134,60 @@ class Runtime:
 
     # -- posting (the submitting thread: never waits on the GPU) -----------------------------------
 
-    def post_recall_nowait(self, block_ids: Any, device_slots: Any, *, count: Any = None, tag: int = 0,
+    def post_recall_nowait(self, *, host_ids: Any, device_slots: Any, count: Any = None, tag: int = 0,
                            stream: Any = None, strategy: Strategy | None = None) -> Completion:
-        """Recall host blocks block_ids[b] into device slots device_slots[b], b < count, ids decided on
-        the device: enqueues the publish kernel on `stream` (default: current) and returns at once.
+        """Recall host blocks host_ids[b] into device slots device_slots[b], b < count, ids decided on the
+        device: enqueues the publish kernel on `stream` (default: current) and returns at once.
 
-        block_ids, device_slots: [>= count] int64, on the runtime's device (host on the CPU backend).
+        host_ids, device_slots: [>= count] int64, on the runtime's device (host on the CPU backend).
         count: int, or a [1] int64 device tensor written by the selecting kernel, or None (all ids).
         tag: an int the request carries (errors name it). Raises WouldBlock when ring_slots requests
         are posted and not yet read (a further publish could overwrite one), or max_outstanding are
         posted and not yet finished.
         """
-        count = self._check_post(block_ids, device_slots, count, tag)
+        count = self._check_post(host_ids, device_slots, count, tag)
         strategy = self._strategy(strategy)
         with self._lock:
             self._admit(1)
             completion = self._completion(self._ticket + 1, tag, strategy)
             self._poller.expect(completion)
             try:
-                self._publisher.post(block_ids, device_slots, count, tag, stream)
+                self._publisher.post(host_ids, device_slots, count, tag, stream)
             except BaseException:
                 self._poller.forget(completion.seq)
                 raise
             self._ticket += 1
         return completion
 
-    def post_recall(self, block_ids: Any, device_slots: Any, *, count: Any = None, tag: int = 0,
+    def post_recall(self, *, host_ids: Any, device_slots: Any, count: Any = None, tag: int = 0,
                     stream: Any = None, strategy: Strategy | None = None, timeout: float | None = None
                     ) -> Completion:
-        """`post_recall_nowait`, waiting (for the poller, GIL released) while the ring is full; raises
-        WouldBlock after `timeout` seconds."""
+        """`post_recall_nowait`, waiting (GIL released) while the ring or the outstanding requests are
+        full; raises WaitTimeout after `timeout` seconds. In a coroutine use `post_recall_async`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                return self.post_recall_nowait(block_ids, device_slots, count=count, tag=tag, stream=stream,
-                                               strategy=strategy)
-            except WouldBlock:
+                return self.post_recall_nowait(host_ids=host_ids, device_slots=device_slots, count=count, tag=tag,
+                                               stream=stream, strategy=strategy)
+            except WouldBlock as exc:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise
+                    raise WaitTimeout(f"no room to post within {timeout} s: {exc}") from exc
                 time.sleep(20e-6)
+
+    async def post_recall_async(self, *, host_ids: Any, device_slots: Any, count: Any = None, tag: int = 0,
+                                stream: Any = None, strategy: Strategy | None = None,
+                                timeout: float | None = None) -> Completion:
+        """`post_recall` for a coroutine: while there is no room it yields to the event loop, not blocks it."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            try:
+                return self.post_recall_nowait(host_ids=host_ids, device_slots=device_slots, count=count, tag=tag,
+                                               stream=stream, strategy=strategy)
+            except WouldBlock as exc:
+                if deadline is not None and loop.time() >= deadline:
+                    raise WaitTimeout(f"no room to post within {timeout} s: {exc}") from exc
+                await asyncio.sleep(50e-6)
 
     def expect_published(self, n: int = 1, *, strategy: Strategy | None = None) -> list[Completion]:
         """Completions for the next n requests that a kernel of yours publishes itself (calling
@@ -188,27 +203,29 @@ class Runtime:
         return completions
 
     def wait_ring_space(self, n: int = 1, *, timeout: float | None = None) -> None:
-        """Wait until n more requests can be posted; raises WouldBlock on timeout."""
+        """Wait until n more requests can be posted (before `expect_published`); WaitTimeout on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
                 with self._lock:
                     self._admit(n)
                 return
-            except WouldBlock:
+            except WouldBlock as exc:
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise
+                    raise WaitTimeout(f"no room for {n} requests within {timeout} s: {exc}") from exc
             time.sleep(20e-6)
 
-    def recall(self, host_ids: Any, device_slots: Any, *, tag: Any = None, strategy: Strategy | None = None,
-               stream_ordered: bool = True) -> Completion:
-        """Recall with ids already on the host ([n] integer ids): straight to an I/O worker, no ring."""
+    def recall(self, *, host_ids: IdArray, device_slots: IdArray, tag: int | None = None,
+               strategy: Strategy | None = None, stream_ordered: bool = True,
+               timeout: float | None = None) -> Completion:
+        """Recall with ids already on the host ([n] integer ids): straight to an I/O worker, no ring. Waits
+        as `DmaEngine.recall` does (only for room among the transfers in flight)."""
         with self._lock:
             self._check_open()
             self._direct += 1
             worker = self.workers[self._direct % len(self.workers)]
-        transfer = worker.recall(host_ids, device_slots, strategy=strategy or self.config.strategy, tag=tag,
-                                 stream_ordered=stream_ordered)
+        transfer = worker.recall(host_ids=host_ids, device_slots=device_slots, strategy=strategy or self.config.strategy,
+                                 tag=tag, stream_ordered=stream_ordered, timeout=timeout)
         completion = Completion(seq=0, tag=tag, device_waiter=lambda c, s: c.transfer.device_wait(s),
                                 awaiter=self._future, strategy=transfer.strategy)
         completion.transfer, completion.num_blocks, completion.nbytes = transfer, transfer.num_blocks, transfer.nbytes
@@ -220,7 +237,7 @@ class Runtime:
             raise TypeError(f"tag must be an int (the ring stores int64), got {tag!r}")
         length = min(len(ids), len(slots))
         if self.backend.device.type == "cuda":
-            for name, t in (("block_ids", ids), ("device_slots", slots)):
+            for name, t in (("host_ids", ids), ("device_slots", slots)):
                 if not (t.is_cuda and str(t.dtype) == "torch.int64" and t.is_contiguous()):
                     raise InvalidRequestError(f"{name} must be a contiguous int64 CUDA tensor, got {t.dtype} "
                                               f"on {t.device}")

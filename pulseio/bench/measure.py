@@ -79,10 +79,10 @@ class IdSets:
         sets = len(self.host)
         if direction is Direction.H2D:
             return lambda i: engine.recall(
-                self.host[i % sets], self.slots[i % sets], strategy=strategy, stream_ordered=False
+                host_ids=self.host[i % sets], device_slots=self.slots[i % sets], strategy=strategy, stream_ordered=False
             )
         return lambda i: engine.offload(
-            self.slots[i % sets], self.host[i % sets], strategy=strategy, stream_ordered=False
+            device_slots=self.slots[i % sets], host_ids=self.host[i % sets], strategy=strategy, stream_ordered=False
         )
 
 
@@ -93,11 +93,11 @@ def verify_transfer(engine: DmaEngine, ids: IdSets, direction: Direction, strate
     if direction is Direction.H2D:
         engine.device.slots.index_fill_(0, slots, _POISON)
         synchronize(engine.device.slots.device)
-        engine.recall(ids.host[0], ids.slots[0], strategy=strategy).wait()
+        engine.recall(host_ids=ids.host[0], device_slots=ids.slots[0], strategy=strategy).wait()
         landed = engine.device.slots.index_select(0, slots).cpu()
         return bool(torch.equal(landed, engine.host.blocks.index_select(0, host_ids)))
     engine.host.blocks.index_fill_(0, host_ids, _POISON)
-    engine.offload(ids.slots[0], ids.host[0], strategy=strategy).wait()
+    engine.offload(device_slots=ids.slots[0], host_ids=ids.host[0], strategy=strategy).wait()
     expected = engine.device.slots.index_select(0, slots).cpu()
     return bool(torch.equal(engine.host.blocks.index_select(0, host_ids), expected))
 

@@ -47,7 +47,7 @@ def main(pattern: str, strategy_name: str, k: int, temperature: str) -> dict:
             slots_np = rng.choice(4096, size=k, replace=False).astype(np.int64)
             ids, slots = torch.from_numpy(ids_np).to("cuda"), torch.from_numpy(slots_np).to("cuda")  # copies only
             t0 = time.perf_counter()
-            done = rt.post_recall(ids, slots, stream=stream, tag=step)
+            done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, tag=step)
             done.device_wait(stream)
             out = consume(done, pool, slots, stream)
             stream.synchronize()

@@ -46,13 +46,13 @@ def test_recall_and_offload_are_bit_exact(backend, strategy: Strategy, block_byt
                 others = torch.ones(device.num_slots, dtype=torch.bool, device="cuda")
                 others[slots_t] = False
                 before = device.slots[others].clone()
-                engine.recall(ids, slots, strategy=strategy).wait(timeout=30)
+                engine.recall(host_ids=ids, device_slots=slots, strategy=strategy).wait(timeout=30)
                 assert torch.equal(device.slots[slots_t].cpu(), host.blocks[torch.from_numpy(ids)])
                 assert torch.equal(device.slots[others], before), "a slot outside the request was written"
 
                 back = rng.choice(host.num_blocks, count, replace=False)
                 host.blocks[torch.from_numpy(back)] = 0x5A
-                engine.offload(slots, back, strategy=strategy).wait(timeout=30)
+                engine.offload(device_slots=slots, host_ids=back, strategy=strategy).wait(timeout=30)
                 assert torch.equal(host.blocks[torch.from_numpy(back)], device.slots[slots_t].cpu())
     finally:
         host.close()
@@ -66,7 +66,7 @@ def test_many_small_recalls_merge_and_stay_exact(backend) -> None:
             slots = rng.permutation(device.num_slots)
             ids = rng.choice(host.num_blocks, device.num_slots, replace=False)
             transfers = [
-                engine.recall(ids[i : i + 16], slots[i : i + 16], strategy=strategy, stream_ordered=False)
+                engine.recall(host_ids=ids[i : i + 16], device_slots=slots[i : i + 16], strategy=strategy, stream_ordered=False)
                 for i in range(0, device.num_slots, 16)
                 for strategy in [Strategy.ZERO_COPY]
             ]
@@ -87,7 +87,7 @@ def test_offload_waits_for_work_on_the_current_stream(backend) -> None:
                 host.blocks[:8].fill_(0)
                 torch.cuda._sleep(20_000_000)  # a long kernel ahead of the write, on the current stream
                 device.slots[:8].fill_(7)
-                engine.offload(np.arange(8), np.arange(8), strategy=strategy).wait(timeout=30)
+                engine.offload(device_slots=np.arange(8), host_ids=np.arange(8), strategy=strategy).wait(timeout=30)
                 assert bool((host.blocks[:8] == 7).all()), strategy
     finally:
         host.close()
@@ -100,7 +100,7 @@ def test_device_wait_orders_the_consumer_stream(backend, strategy: Strategy) -> 
         with pulseio.DmaEngine(host, device) as engine:
             ids, slots = np.arange(100, 164), np.arange(64)
             device.slots[:64].fill_(0)
-            t = engine.recall(ids, slots, strategy=strategy)
+            t = engine.recall(host_ids=ids, device_slots=slots, strategy=strategy)
             t.device_wait()
             total = device.slots[:64].to(torch.int64).sum()  # runs on the consumer stream after the wait
             assert int(total) == int(host.blocks[100:164].to(torch.int64).sum())
@@ -126,13 +126,13 @@ def test_resident_kernel_stops_when_idle_and_restarts_on_the_next_post(backend) 
             for _ in range(3):
                 time.sleep(0.01)  # > idle: the kernel has exited
                 ids = rng.choice(host.num_blocks, 64, replace=False)
-                engine.recall(ids, np.arange(64), strategy=Strategy.RESIDENT, stream_ordered=False).wait(timeout=30)
+                engine.recall(host_ids=ids, device_slots=np.arange(64), strategy=Strategy.RESIDENT, stream_ordered=False).wait(timeout=30)
                 assert torch.equal(device.slots[:64].cpu(), host.blocks[torch.from_numpy(ids)])
             assert copier.launches >= launches + 3
             slots = rng.permutation(device.num_slots)[:640]
             ids = rng.choice(host.num_blocks, 640, replace=False)
             device.slots.index_fill_(0, torch.from_numpy(slots).cuda(), 0xA5)
-            transfers = [engine.recall(ids[i : i + 16], slots[i : i + 16], strategy=Strategy.RESIDENT,
+            transfers = [engine.recall(host_ids=ids[i : i + 16], device_slots=slots[i : i + 16], strategy=Strategy.RESIDENT,
                                        stream_ordered=False) for i in range(0, 640, 16)]
             transfers[-1].device_wait()
             landed = device.slots[torch.from_numpy(slots).cuda()].cpu()  # consumer stream, after the wait

@@ -36,7 +36,7 @@ def test_recall_then_offload_round_trips_bit_exact(pools, strategy: Strategy) ->
             untouched = np.setdiff1d(np.arange(device.num_slots), slots)
             before = device.slots[untouched].clone()
             device.slots[slots] = POISON
-            t = engine.recall(ids, slots, strategy=strategy, tag=("recall", count))
+            t = engine.recall(host_ids=ids, device_slots=slots, strategy=strategy, tag=("recall", count))
             assert t.wait(timeout=10)
             assert t.state is TransferState.DONE and t.strategy is strategy and t.nbytes == count * 256
             assert torch.equal(device.slots[slots], host.blocks[ids])
@@ -44,7 +44,7 @@ def test_recall_then_offload_round_trips_bit_exact(pools, strategy: Strategy) ->
 
             back = rng.choice(host.num_blocks, count, replace=False)
             host.blocks[back] = POISON
-            assert engine.offload(slots, back, strategy=strategy).wait(timeout=10)
+            assert engine.offload(device_slots=slots, host_ids=back, strategy=strategy).wait(timeout=10)
             assert torch.equal(host.blocks[back], device.slots[slots])
 
 
@@ -53,9 +53,9 @@ def test_a_rejected_request_leaves_every_destination_untouched(pools) -> None:
     before = device.slots.clone()
     with pulseio.DmaEngine(host, device) as engine:
         with pytest.raises(pulseio.InvalidRequestError, match="out of range"):
-            engine.recall([1, 2, 9999], [0, 1, 2])
+            engine.recall(host_ids=[1, 2, 9999], device_slots=[0, 1, 2])
         with pytest.raises(pulseio.InvalidRequestError, match="repeat a destination"):
-            engine.recall([1, 2, 3], [0, 1, 1])
+            engine.recall(host_ids=[1, 2, 3], device_slots=[0, 1, 1])
         assert engine.statistics().submitted == 0
     assert torch.equal(device.slots, before)
 
@@ -72,7 +72,7 @@ def test_a_posted_task_is_a_resident_task(pools) -> None:
     with pulseio.DmaEngine(host, device) as engine:
         plan = engine._plan(Direction.H2D, [1], [1])
         with pytest.raises(pulseio.InvalidRequestError, match=r"^posted_task=3 is a RESIDENT task, the strategy"):
-            engine.submit(plan, strategy=Strategy.ZERO_COPY, posted_task=3)
+            engine._submit(plan, strategy=Strategy.ZERO_COPY, tag=None, stream_ordered=False, posted_task=3)
         assert engine.statistics().submitted == 0
 
 
@@ -80,9 +80,9 @@ def test_queued_transfers_merge_and_statistics_add_up(pools) -> None:
     host, device = pools
     gate = threading.Event()
     with pulseio.DmaEngine(host, device, DmaConfig(merge_blocks=64)) as engine:
-        blocker = engine.recall([0], [0], strategy=Strategy.GATHER_DMA)
+        blocker = engine.recall(host_ids=[0], device_slots=[0], strategy=Strategy.GATHER_DMA)
         blocker.add_issued_callback(lambda _: gate.wait(5))  # hold the worker so the next ones queue up
-        small = [engine.recall([8 * i + j for j in range(8)], [8 * i + j for j in range(8)],
+        small = [engine.recall(host_ids=[8 * i + j for j in range(8)], device_slots=[8 * i + j for j in range(8)],
                                strategy=Strategy.GATHER_DMA) for i in range(1, 9)]
         gate.set()
         for t in small:
@@ -98,7 +98,7 @@ def test_callbacks_run_once_and_late_callbacks_run_at_once(pools) -> None:
     host, device = pools
     seen: list[int] = []
     with pulseio.DmaEngine(host, device) as engine:
-        t = engine.recall([5], [5])
+        t = engine.recall(host_ids=[5], device_slots=[5])
         t.add_done_callback(lambda tr: seen.append(tr.seq))
         t.wait(timeout=10)
         t.add_done_callback(lambda tr: seen.append(-tr.seq))
@@ -106,20 +106,23 @@ def test_callbacks_run_once_and_late_callbacks_run_at_once(pools) -> None:
     assert t.latency_s is not None and t.latency_s >= 0
 
 
-def test_would_block_past_max_inflight_and_closed_after_close(pools) -> None:
+def test_past_max_inflight_nowait_raises_and_the_waiting_form_waits(pools) -> None:
     host, device = pools
     gate = threading.Event()
     engine = pulseio.DmaEngine(host, device, DmaConfig(max_inflight=2))
-    first = engine.recall([0], [0])
+    first = engine.recall(host_ids=[0], device_slots=[0])
     first.add_issued_callback(lambda _: gate.wait(5))
-    engine.recall([1], [1])
+    engine.recall(host_ids=[1], device_slots=[1])
     with pytest.raises(pulseio.WouldBlock, match=r"2 transfers in flight, the limit is DmaConfig.max_inflight=2"):
-        engine.recall([2], [2])
-    gate.set()
+        engine.recall_nowait(host_ids=[2], device_slots=[2])
+    with pytest.raises(pulseio.WaitTimeout, match=r"^no room for a transfer within 0.05 s: 2 transfers in flight"):
+        engine.offload(device_slots=[2], host_ids=[2], timeout=0.05)
+    threading.Timer(0.05, gate.set).start()
+    assert engine.recall(host_ids=[2], device_slots=[2], timeout=10).wait(timeout=10)  # waits for room
     engine.close()
     assert first.done()
     with pytest.raises(pulseio.ClosedError):
-        engine.recall([3], [3])
+        engine.recall(host_ids=[3], device_slots=[3])
 
 
 def test_a_failing_route_fails_only_its_transfers(pools, monkeypatch) -> None:
@@ -133,11 +136,11 @@ def test_a_failing_route_fails_only_its_transfers(pools, monkeypatch) -> None:
             return real_issue(strategy, plans, after, emit, raise_on_landed, posted_task)
 
         monkeypatch.setattr(engine._routes, "issue", flaky)
-        bad = engine.recall([1], [1], tag="bad")
+        bad = engine.recall(host_ids=[1], device_slots=[1], tag="bad")
         with pytest.raises(pulseio.TransferError, match=r"tag='bad' failed: copy engine on fire"):
             bad.wait(timeout=10)
         assert bad.state is TransferState.FAILED
-        good = engine.recall([2], [2], tag="good")  # the engine keeps serving
+        good = engine.recall(host_ids=[2], device_slots=[2], tag="good")  # the engine keeps serving
         assert good.wait(timeout=10) and torch.equal(device.slots[2], host.blocks[2])
         assert engine.statistics().failed == 1
 

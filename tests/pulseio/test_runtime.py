@@ -40,7 +40,7 @@ def test_config_rules(field: str, value: object, message: str) -> None:
 
 def test_post_recall_lands_the_blocks_and_reports_statistics() -> None:
     with _runtime() as rt:
-        done = rt.post_recall(np.array([5, 7, 9]), np.array([0, 1, 2]), tag=11)
+        done = rt.post_recall(host_ids=np.array([5, 7, 9]), device_slots=np.array([0, 1, 2]), tag=11)
         assert done.wait(timeout=10) and done.tag == 11 and done.seq == 1
         assert rt.device_pool.slots[:3, 0].tolist() == [5, 7, 9]
         done.device_wait()  # host backend: returns once landed
@@ -55,7 +55,7 @@ def test_post_recall_lands_the_blocks_and_reports_statistics() -> None:
 )
 def test_every_strategy_serves_posted_recalls(strategy: Strategy) -> None:
     with _runtime(strategy=strategy) as rt:
-        done = rt.post_recall(np.array([3, 4, 200]), np.array([10, 11, 12]), count=2)
+        done = rt.post_recall(host_ids=np.array([3, 4, 200]), device_slots=np.array([10, 11, 12]), count=2)
         assert done.wait(timeout=10) and done.num_blocks == 2
         assert rt.device_pool.slots[10:13, 0].tolist()[:2] == [3, 4]
 
@@ -63,10 +63,10 @@ def test_every_strategy_serves_posted_recalls(strategy: Strategy) -> None:
 @pytest.mark.parametrize("strategy", [Strategy.AUTO, Strategy.RESIDENT])  # RESIDENT: the fast lane
 def test_errors_travel_to_their_own_waiter_and_the_runtime_keeps_serving(strategy: Strategy) -> None:
     with _runtime(strategy=strategy) as rt:
-        bad_id = rt.post_recall(np.array([1, 999]), np.array([0, 1]), tag=21)
-        dup = rt.post_recall(np.array([1, 2]), np.array([4, 4]), tag=22)
-        bad_count = rt.post_recall(np.arange(4), np.arange(4), count=torch.tensor([99]), tag=23)
-        good = rt.post_recall(np.array([8]), np.array([9]), tag=24)
+        bad_id = rt.post_recall(host_ids=np.array([1, 999]), device_slots=np.array([0, 1]), tag=21)
+        dup = rt.post_recall(host_ids=np.array([1, 2]), device_slots=np.array([4, 4]), tag=22)
+        bad_count = rt.post_recall(host_ids=np.arange(4), device_slots=np.arange(4), count=torch.tensor([99]), tag=23)
+        good = rt.post_recall(host_ids=np.array([8]), device_slots=np.array([9]), tag=24)
         with pytest.raises(TransferError, match=r"^doorbell request seq=1 tag=21: host_ids\[1\] = 999 is out of range"):
             bad_id.wait(timeout=10)
         with pytest.raises(TransferError, match=r"^doorbell request seq=2 tag=22: device_slots must not repeat"):
@@ -80,18 +80,18 @@ def test_errors_travel_to_their_own_waiter_and_the_runtime_keeps_serving(strateg
 def test_post_rules_raise_on_the_submitting_thread() -> None:
     with _runtime() as rt:
         with pytest.raises(pulseio.InvalidRequestError, match=r"^count=5 must be within 0..2"):
-            rt.post_recall(np.arange(2), np.arange(2), count=5)
+            rt.post_recall(host_ids=np.arange(2), device_slots=np.arange(2), count=5)
         with pytest.raises(TypeError, match=r"^tag must be an int"):
-            rt.post_recall(np.arange(2), np.arange(2), tag="x")  # type: ignore[arg-type]
+            rt.post_recall(host_ids=np.arange(2), device_slots=np.arange(2), tag="x")  # type: ignore[arg-type]
 
 
 def test_full_ring_raises_would_block_and_close_fails_the_unpublished() -> None:
     rt = _runtime(close_timeout_s=0.05)
     expected = rt.expect_published(8)  # nobody publishes them: the ring is full
     with pytest.raises(WouldBlock, match=r"^8 requests are posted and not yet read by the poller"):
-        rt.post_recall_nowait(np.arange(1), np.arange(1))
-    with pytest.raises(WouldBlock):
-        rt.post_recall(np.arange(1), np.arange(1), timeout=0.01)
+        rt.post_recall_nowait(host_ids=np.arange(1), device_slots=np.arange(1))
+    with pytest.raises(pulseio.WaitTimeout, match=r"^no room to post within 0.01 s: 8 requests are posted"):
+        rt.post_recall(host_ids=np.arange(1), device_slots=np.arange(1), timeout=0.01)
     rt.doorbell.publish(np.array([3]), np.array([5]), tag=77)  # a kernel of ours publishes seq 1
     assert expected[0].wait(timeout=10) and expected[0].tag == 77
     rt.wait_ring_space(1, timeout=10)  # the poller read seq 1: room for one more
@@ -107,7 +107,7 @@ def test_close_fails_requests_never_published() -> None:
     with pytest.raises(ClosedError, match="closed before this request was published"):
         never.wait(timeout=1)
     with pytest.raises(ClosedError, match=r"^this Runtime is closed$"):
-        rt.post_recall(np.arange(1), np.arange(1))
+        rt.post_recall(host_ids=np.arange(1), device_slots=np.arange(1))
     rt.close()  # idempotent
 
 
@@ -117,7 +117,7 @@ def test_timeout_leaves_the_request_running() -> None:
     cfg = dataclasses.replace(SMALL, block_bytes=64)
     with pulseio.open_runtime(cfg, backend=backend) as rt:
         rt.host_pool.blocks[:] = 3
-        done = rt.post_recall(np.array([1]), np.array([2]))
+        done = rt.post_recall(host_ids=np.array([1]), device_slots=np.array([2]))
         with pytest.raises(pulseio.WaitTimeout):
             done.wait(timeout=0.01)
         assert not done.done()
@@ -126,7 +126,7 @@ def test_timeout_leaves_the_request_running() -> None:
 
 def test_direct_recall_shares_the_completion_path() -> None:
     with _runtime() as rt:
-        done = rt.recall([10, 11], [0, 1], tag="direct")
+        done = rt.recall(host_ids=[10, 11], device_slots=[0, 1], tag="direct")
         assert done.wait(timeout=10) and rt.device_pool.slots[:2, 0].tolist() == [10, 11]
         assert done.seq == 0 and rt.statistics().completed == 1
 
@@ -134,8 +134,8 @@ def test_direct_recall_shares_the_completion_path() -> None:
 def test_await_in_asyncio_and_uvloop() -> None:
     async def main(rt: pulseio.Runtime) -> list[int]:
         loop_name = type(asyncio.get_running_loop()).__module__
-        posted = [rt.post_recall(np.array([i]), np.array([i]), tag=i) for i in range(6)]
-        bad = rt.post_recall(np.array([10_000]), np.array([7]), tag=99)
+        posted = [rt.post_recall(host_ids=np.array([i]), device_slots=np.array([i]), tag=i) for i in range(6)]
+        bad = rt.post_recall(host_ids=np.array([10_000]), device_slots=np.array([7]), tag=99)
         results = await asyncio.gather(*posted)
         with pytest.raises(TransferError, match="tag=99"):
             await bad
@@ -154,7 +154,7 @@ def test_async_with_and_cancelled_await_keeps_the_request() -> None:
         backend = DelayedBackend(max_delay_s=0.1)
         backend.delay = lambda: 0.1  # type: ignore[method-assign]
         async with pulseio.open_runtime(SMALL, backend=backend) as rt:
-            done = rt.post_recall(np.array([1]), np.array([2]))
+            done = rt.post_recall(host_ids=np.array([1]), device_slots=np.array([2]))
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(done, timeout=0.01)
             assert not done.done()
@@ -169,9 +169,9 @@ def test_the_fast_lane_posts_resident_requests_before_the_poller_builds_anything
     request still completes in order with the right bytes."""
     with _runtime(strategy=Strategy.RESIDENT, ring_slots=16) as rt:
         copier = rt.workers[0].resident
-        done = [rt.post_recall(np.array([i, i + 100]), np.array([2 * i, 2 * i + 1]), tag=i) for i in range(1, 9)]
-        bad = rt.post_recall(np.array([1, 9999]), np.array([0, 1]), tag=9)
-        after = rt.post_recall(np.array([250]), np.array([63]), tag=10)
+        done = [rt.post_recall(host_ids=np.array([i, i + 100]), device_slots=np.array([2 * i, 2 * i + 1]), tag=i) for i in range(1, 9)]
+        bad = rt.post_recall(host_ids=np.array([1, 9999]), device_slots=np.array([0, 1]), tag=9)
+        after = rt.post_recall(host_ids=np.array([250]), device_slots=np.array([63]), tag=10)
         assert all(d.wait(timeout=10) for d in done) and after.wait(timeout=10)
         with pytest.raises(TransferError, match=r"^doorbell request seq=9 tag=9: host_ids\[1\] = 9999 is out of range"):
             bad.wait(timeout=10)

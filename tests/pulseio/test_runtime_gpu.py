@@ -44,7 +44,7 @@ def test_gpu_chosen_ids_land_bit_exact(rt: pulseio.Runtime, strategy: Strategy) 
         ids = torch.randperm(CFG.host_blocks, device="cuda")[:300]  # [300] int64, cuda: "selected" blocks
         slots = torch.randperm(CFG.device_slots, device="cuda")[:300]
         rt.device_pool.slots.index_fill_(0, slots, 0xA5)
-    done = rt.post_recall(ids, slots, stream=stream, strategy=strategy, tag=5)
+    done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, strategy=strategy, tag=5)
     out = _consume(rt, done, slots, stream)
     stream.synchronize()
     assert done.wait(timeout=10) and done.num_blocks == 300
@@ -57,9 +57,9 @@ def test_device_count_and_invalid_id_fail_only_their_request(rt: pulseio.Runtime
     ids = torch.tensor([1, 2, CFG.host_blocks + 7, 3], device="cuda")
     slots = torch.arange(4, device="cuda")
     count = torch.tensor([2], device="cuda")  # decided on the GPU: only the first two ids
-    short = rt.post_recall(ids, slots, count=count, tag=1, strategy=strategy)
-    bad = rt.post_recall(ids, slots, tag=2, strategy=strategy)
-    after = rt.post_recall(ids[:2], slots[2:4], tag=3, strategy=strategy)
+    short = rt.post_recall(host_ids=ids, device_slots=slots, count=count, tag=1, strategy=strategy)
+    bad = rt.post_recall(host_ids=ids, device_slots=slots, tag=2, strategy=strategy)
+    after = rt.post_recall(host_ids=ids[:2], device_slots=slots[2:4], tag=3, strategy=strategy)
     assert short.wait(timeout=10) and short.num_blocks == 2
     with pytest.raises(TransferError, match=r"^doorbell request seq=\d+ tag=2: host_ids\[2\] = 4103 is out of range"):
         bad.wait(timeout=10)
@@ -88,7 +88,7 @@ def test_select_ring_recall_consume_loop_never_syncs_the_submitting_thread(rt: p
             start = time.perf_counter()
             for i in range(steps):
                 ids = torch.topk(scores[i], k).indices  # [k] int64, cuda: the selection kernel
-                done = rt.post_recall(ids, slots[i], stream=stream, tag=i, strategy=strategy)
+                done = rt.post_recall(host_ids=ids, device_slots=slots[i], stream=stream, tag=i, strategy=strategy)
                 done.device_wait(stream)  # enqueued long before the copy is issued
                 outs.append((ids, rt.device_pool.slots.index_select(0, slots[i])))
                 posted.append(done)
@@ -110,7 +110,7 @@ def test_publish_captured_in_a_cuda_graph(rt: pulseio.Runtime) -> None:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-        first = rt.post_recall(ids, slots, stream=stream, tag=0)  # the ticket of the first replay
+        first = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, tag=0)  # the ticket of the first replay
     completions = [first]
     for replay in range(3):
         if replay:
@@ -127,7 +127,7 @@ def test_publish_captured_in_a_cuda_graph(rt: pulseio.Runtime) -> None:
 def test_statistics_and_close_release_everything() -> None:
     with pulseio.open_runtime(dataclasses.replace(CFG, close_timeout_s=0.5)) as rt:
         ids = torch.arange(8, device="cuda")
-        done = [rt.post_recall(ids, ids, tag=i) for i in range(10)]
+        done = [rt.post_recall(host_ids=ids, device_slots=ids, tag=i) for i in range(10)]
         assert all(d.wait(timeout=10) for d in done)
         stats = rt.statistics()
         assert (stats.completed, stats.failed, stats.lost) == (10, 0, 0)

@@ -43,12 +43,12 @@ def test_every_way_to_wait_works_on_every_strategy(strategy: Strategy) -> None:
         }
         for i, (name, wait) in enumerate(ways.items()):
             ids, slots = np.array([10 + i, 20 + i]), np.array([2 * i, 2 * i + 1])
-            done = rt.post_recall(ids, slots, strategy=strategy, tag=i)
+            done = rt.post_recall(host_ids=ids, device_slots=slots, strategy=strategy, tag=i)
             wait(done)
             assert done.done() and done.exception() is None, name
             assert rt.device_pool.slots[2 * i, 0] == 10 + i and rt.device_pool.slots[2 * i + 1, 0] == 20 + i, name
         with pulseio.DmaEngine(rt.host_pool, rt.device_pool) as dma:
-            transfer = dma.recall(np.array([77]), np.array([40]), strategy=strategy)
+            transfer = dma.recall(host_ids=np.array([77]), device_slots=np.array([40]), strategy=strategy)
             transfer.device_wait()  # on the host backend: waits on the host (it hung for launch routes)
             assert transfer.done() and rt.device_pool.slots[40, 0] == 77
 
@@ -67,7 +67,7 @@ def _until(predicate: Any, timeout: float = 10) -> None:
 def test_a_dead_poller_fails_what_it_had_not_served_and_every_later_call() -> None:
     rt = _runtime(strategy=Strategy.GATHER_DMA)
     try:
-        assert rt.post_recall(np.array([1]), np.array([1])).wait(timeout=10)
+        assert rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1])).wait(timeout=10)
         real = rt.doorbell.wait_rung
         gate = threading.Event()
 
@@ -77,13 +77,13 @@ def test_a_dead_poller_fails_what_it_had_not_served_and_every_later_call() -> No
 
         rt.doorbell.wait_rung = broken  # type: ignore[method-assign]
         time.sleep(0.2)  # the poller's current wait (real) times out; its next call is the broken one
-        pending = [rt.post_recall(np.array([2 + i]), np.array([2 + i])) for i in range(3)]
+        pending = [rt.post_recall(host_ids=np.array([2 + i]), device_slots=np.array([2 + i])) for i in range(3)]
         gate.set()
         for c in pending:
             with pytest.raises(TransferError, match=r"poller thread died \(RuntimeError\(.injected"):
                 c.wait(timeout=10)
         with pytest.raises(PulseError, match=r"^pulseio's poller thread died"):
-            rt.post_recall(np.array([9]), np.array([9]))
+            rt.post_recall(host_ids=np.array([9]), device_slots=np.array([9]))
         rt.doorbell.wait_rung = real  # type: ignore[method-assign]
     finally:
         rt.close()
@@ -99,13 +99,13 @@ def test_a_dead_dma_worker_fails_its_queued_transfers_and_later_submits() -> Non
             raise RuntimeError("injected: a bug in the worker")
 
         dma._issue = broken_issue  # type: ignore[method-assign]
-        transfers = [dma.recall(np.array([i]), np.array([i]), strategy=Strategy.GATHER_DMA) for i in range(3)]
+        transfers = [dma.recall(host_ids=np.array([i]), device_slots=np.array([i]), strategy=Strategy.GATHER_DMA) for i in range(3)]
         gate.set()
         for t in transfers:
             with pytest.raises(TransferError):
                 t.wait(timeout=10)
         with pytest.raises(ClosedError, match=r"worker thread died \(RuntimeError\(.injected"):
-            dma.recall(np.array([5]), np.array([5]), strategy=Strategy.GATHER_DMA)
+            dma.recall(host_ids=np.array([5]), device_slots=np.array([5]), strategy=Strategy.GATHER_DMA)
         stats = dma.statistics()
         assert stats.submitted == stats.completed + stats.failed
 
@@ -142,7 +142,7 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met() -> N
     publisher = rt._publisher = _HeldPublisher(rt._publisher)
     try:
         rt.device_pool.slots[3] = 0xEE  # poison: the cancelled request must leave it so
-        done = rt.post_recall(np.array([7]), np.array([3]), tag=4)
+        done = rt.post_recall(host_ids=np.array([7]), device_slots=np.array([3]), tag=4)
         done.device_wait()
         (address, seq), = publisher.waits
         assert address == rt._words.address(done.seq) and not rt._words.reached(seq)
@@ -152,7 +152,7 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met() -> N
             done.wait(timeout=10)
         assert rt._words.reached(seq) and not rt.workers[0].resident.held  # the stream is let go
         publisher.release()  # the publish runs after all: the request must not be copied now
-        after = rt.post_recall(np.array([8]), np.array([4]), tag=5)
+        after = rt.post_recall(host_ids=np.array([8]), device_slots=np.array([4]), tag=5)
         publisher.release()
         assert after.wait(timeout=10) and rt.device_pool.slots[3, 0] == 0xEE and rt.device_pool.slots[4, 0] == 8
         stats = rt.statistics()
@@ -165,7 +165,7 @@ def test_a_hold_is_let_go_once_the_word_is_set() -> None:
     rt = _runtime(strategy=Strategy.RESIDENT)
     rt._publisher = _HeldPublisher(rt._publisher)
     try:
-        done = rt.post_recall(np.array([7]), np.array([3]))
+        done = rt.post_recall(host_ids=np.array([7]), device_slots=np.array([3]))
         done.device_wait()
         copier = rt.workers[0].resident
         assert copier.held
@@ -181,10 +181,10 @@ def test_close_under_load_returns_in_time_and_leaves_nothing_pending(strategy: S
     rt = _runtime(strategy=strategy, close_timeout_s=1.0, ring_slots=64, device_wait_timeout_s=0.2)
     rt._publisher = publisher = _HeldPublisher(rt._publisher)
     rng = np.random.default_rng(0)
-    posted = [rt.post_recall(rng.choice(256, 8, replace=False), rng.choice(64, 8, replace=False))
+    posted = [rt.post_recall(host_ids=rng.choice(256, 8, replace=False), device_slots=rng.choice(64, 8, replace=False))
               for _ in range(40)]
     publisher.release()
-    never = [rt.post_recall(np.array([1]), np.array([1])) for _ in range(3)]  # publishes that never run
+    never = [rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1])) for _ in range(3)]  # publishes that never run
     for c in never:
         if strategy is Strategy.RESIDENT:
             c.device_wait()  # a wait on the word: close must release it
@@ -218,7 +218,7 @@ def test_without_numba_the_runtime_works_on_the_slower_path() -> None:
         with pulseio.open_runtime(cfg) as rt:
             rt.host_pool.blocks[:] = 5
             for strategy in (pulseio.Strategy.AUTO, pulseio.Strategy.RESIDENT, pulseio.Strategy.ZERO_COPY):
-                done = rt.post_recall(np.array([1, 2]), np.array([3, 4]), strategy=strategy)
+                done = rt.post_recall(host_ids=np.array([1, 2]), device_slots=np.array([3, 4]), strategy=strategy)
                 done.device_wait()
                 assert done.wait(10) and int(rt.device_pool.slots[4, 0]) == 5
         print("ok")

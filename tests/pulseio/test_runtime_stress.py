@@ -31,7 +31,7 @@ def test_10k_posts_from_many_threads_complete_with_their_own_data() -> None:
                 slot = p * PER_PRODUCER + i
                 block = rng.integers(0, 4096, size=1)
                 chosen[slot] = block[0]
-                c = rt.post_recall(block, np.array([slot]), tag=slot)
+                c = rt.post_recall(host_ids=block, device_slots=np.array([slot]), tag=slot)
                 c.add_done_callback(lambda c: (order_lock.acquire(), order.append(c.seq), order_lock.release()))
                 posted[p].append(c)
 

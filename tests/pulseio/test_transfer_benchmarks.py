@@ -36,7 +36,7 @@ def _run(benchmark, device: str, strategy: Strategy, count: int, block_bytes: in
         with pulseio.DmaEngine(host, pool, DmaConfig(merge_blocks=count)) as dma:
             def recall() -> None:
                 i = next(rounds) % len(ids)
-                dma.recall(ids[i], slots, strategy=strategy, stream_ordered=False).wait()
+                dma.recall(host_ids=ids[i], device_slots=slots, strategy=strategy, stream_ordered=False).wait()
 
             benchmark(recall)
             i = (next(rounds) - 1) % len(ids)
