@@ -31,12 +31,13 @@ def main() -> int:
             for k in (1, 64, 256):
                 ids = rng.choice(1024, size=k, replace=False)
                 slots = rng.choice(512, size=k, replace=False)
-                rt.recall(host_ids=ids, device_slots=slots, strategy=pulseio.Strategy(strategy)).wait(60)  # direct: a copy kernel
+                how = pulseio.Strategy(strategy)
+                rt.recall(host_ids=ids, device_slots=slots, strategy=how).wait(60)  # direct: a copy kernel
                 torch.cuda.synchronize()
                 wrong += int(not torch.equal(rt.device_pool.slots[torch.from_numpy(slots)].cpu(),
                                              rt.host_pool.blocks[torch.from_numpy(ids)]))
                 gpu_ids, gpu_slots = torch.from_numpy(ids).cuda(), torch.from_numpy(slots).cuda()
-                rt.post_recall(host_ids=gpu_ids, device_slots=gpu_slots, strategy=pulseio.Strategy(strategy)).wait(60)  # publish kernel
+                rt.post_recall(host_ids=gpu_ids, device_slots=gpu_slots, strategy=how).wait(60)  # the publish kernel
                 torch.cuda.synchronize()
                 wrong += int(not torch.equal(rt.device_pool.slots[torch.from_numpy(slots)].cpu(),
                                              rt.host_pool.blocks[torch.from_numpy(ids)]))

@@ -80,7 +80,8 @@ def main() -> int:
             with torch.cuda.stream(stream):  # chosen on the GPU, as a selection kernel would
                 ids = torch.randperm(cfg.host_blocks, device="cuda")[:k]
                 slots = torch.randperm(4096, device="cuda")[:k]
-            done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, strategy=pulseio.Strategy(strategy), tag=step)
+            done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, tag=step,
+                                  strategy=pulseio.Strategy(strategy))
             done.device_wait(stream)
             out = PATTERNS[pattern](done, rt.device_pool.slots, slots, stream)
             stream.synchronize()
