@@ -68,3 +68,16 @@ def _gpu_free(device: str) -> MemoryBudget | None:
         return None
     free, _ = torch.cuda.mem_get_info(torch.device(device))
     return MemoryBudget(free, f"free memory of {device}")
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache of cpu0 (Linux sysfs), or None where it cannot be read."""
+    sizes = []
+    try:
+        for entry in os.scandir("/sys/devices/system/cpu/cpu0/cache"):
+            if entry.name.startswith("index"):
+                with open(os.path.join(entry.path, "size")) as f:
+                    sizes.append(parse_bytes(f.read()))
+    except (OSError, ValueError):
+        return None
+    return max(sizes, default=None)
