@@ -16,8 +16,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from .cliargs import (
-    DEBUG_HELP, OneLineParser, UsageError, choice_list, device_name, int_at_least, int_list, progress_enabled,
-    require_device, run_command,
+    DEBUG_HELP,
+    OneLineParser,
+    UsageError,
+    check_writable,
+    choice_list,
+    device_name,
+    int_at_least,
+    int_list,
+    progress_enabled,
+    require_device,
+    run_command,
 )
 from .config import DmaConfig
 from .machine import MEMORY_LIMIT_ENV
@@ -83,8 +92,9 @@ def _options(args: argparse.Namespace, device: str):  # noqa: ANN202 (BenchOptio
     try:
         return BenchOptions(
             device=device, strategies=tuple(Strategy(s) for s in args.strategies),
-            directions=tuple(Direction(d) for d in args.directions), window=args.window, under_load=not args.no_load, progress=progress_enabled(args.progress),
-            verbose=args.verbose, dma=dma, **sweep,
+            directions=tuple(Direction(d) for d in args.directions), window=args.window,
+            under_load=not args.no_load, progress=progress_enabled(args.progress), verbose=args.verbose, dma=dma,
+            **sweep,
         )
     except ValueError as exc:
         raise UsageError(args.prog, str(exc)) from None
@@ -96,6 +106,9 @@ def _bench(args: argparse.Namespace) -> int:
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError(args.prog, f"--plot {plot} needs matplotlib, which is not installed; "
                                     "pip install 'pulseio[plot]', or pass --no-save")
+    if not args.no_save:
+        check_writable(args.prog, "--json", args.json)
+        check_writable(args.prog, "--plot", args.plot)
     options = _options(args, device)
     from .bench import run_bench
     from .bench.report import format_table, write_json, write_plot

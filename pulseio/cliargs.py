@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 DEBUG_HELP = "show the Python traceback of an error instead of one line"
 
@@ -183,3 +184,16 @@ def require_device(prog: str, device: str) -> str:
 def progress_enabled(requested: bool) -> bool:
     """Progress bars only where a person watches: stderr is a terminal and not turned off."""
     return requested and sys.stderr.isatty() and not os.environ.get("PULSEIO_NO_PROGRESS")
+
+
+def check_writable(prog: str, option: str, path: Path) -> None:
+    """Refuse, before any work, an output path that cannot be written (its folders may not exist yet)."""
+    if path.exists() and (path.is_dir() or not os.access(path, os.W_OK)):
+        what = "is a directory" if path.is_dir() else "is not writable"
+        raise UsageError(prog, f"{option} {path} {what}; pass a file path you can write")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(prog, f"{option} {path} cannot be written: {parent} is not a writable directory; "
+                               "pass a path you can write")

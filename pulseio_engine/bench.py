@@ -12,8 +12,8 @@ back on the device (no host sync), one CUDA graph replay per step.
 
 from __future__ import annotations
 
-import time
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
@@ -29,7 +29,6 @@ from .kv.handoff import RandomKV
 from .model.checkpoint import ModelSource, open_model
 from .preflight import check_fits, estimate
 from .request import SamplingParams
-
 
 _CPU_WORKLOAD_END = "one eager decode step per step on the CPU (no CUDA graphs)."
 

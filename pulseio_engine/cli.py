@@ -18,8 +18,17 @@ import sys
 from pathlib import Path
 
 from pulseio.cliargs import (
-    DEBUG_HELP, OneLineParser, UsageError, device_name, float_at_least, int_at_least, non_empty_text,
-    progress_enabled, require_device, run_command,
+    DEBUG_HELP,
+    OneLineParser,
+    UsageError,
+    check_writable,
+    device_name,
+    float_at_least,
+    int_at_least,
+    non_empty_text,
+    progress_enabled,
+    require_device,
+    run_command,
 )
 from pulseio.machine import MEMORY_LIMIT_ENV
 
@@ -91,6 +100,8 @@ def _prompt_ids(prog: str, args: argparse.Namespace, source: ModelSource) -> lis
 def _bench(args: argparse.Namespace) -> int:
     prog = args.prog
     device = require_device(prog, args.device)
+    if args.json is not None:
+        check_writable(prog, "--json", args.json)
     source = _open(args.model, args.progress)
     result = run_bench(source, mode=BenchMode(args.mode), batch_size=args.batch_size,
                        context_len=args.context_len, steps=args.steps, warmup=args.warmup, device=device,

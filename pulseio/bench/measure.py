@@ -121,7 +121,8 @@ def measure_transfers(
     verified = verify_transfer(engine, ids, direction, strategy)
     rate = nbytes / seconds
     return _record(
-        "recall" if direction is Direction.H2D else "offload", (label or strategy).value, direction, block_bytes, count, rate, info,
+        "recall" if direction is Direction.H2D else "offload", (label or strategy).value, direction, block_bytes,
+        count, rate, info,
         fraction_of_peak=rate / 1e9 / peak if peak else None, latency_us=latency, verified=verified,
         chosen=strategy.value if label is not None else None,
     )

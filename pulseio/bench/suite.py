@@ -11,9 +11,9 @@ import torch
 from ..config import AutoPolicy, DmaConfig
 from ..devices import open_backend
 from ..dma import DmaEngine
-from ..memory import DevicePool, HostPool
 from ..errors import PoolTooSmallError
 from ..machine import gib, last_level_cache_bytes, memory_budget
+from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy
 from .measure import IdSets, RunInfo, measure_peak, measure_transfers, measure_under_load, with_peak_fraction
 from .records import BenchRecord, run_metadata
@@ -21,7 +21,8 @@ from .records import BenchRecord, run_metadata
 log = logging.getLogger(__name__)
 
 _MEASURES_CPU = ("host memory copies (no GPU: HostBackend moves blocks within RAM); not PCIe. The peak is "
-                 "the fastest copy of 64 MiB (or 2 x the last-level cache) or more, so copies a cache holds do not set it")
+                 "the fastest copy of 64 MiB (or 2 x the last-level cache) or more, so copies a cache holds "
+                 "do not set it")
 _MEASURES_GPU = "PCIe transfers between pinned host memory and the GPU; the peak is the fastest single copy"
 _STRATEGIES = (Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED)
 
