@@ -59,7 +59,8 @@ def test_bench_refuses_qwen3_14b_before_allocating(no_weights: None) -> None:
         run_bench("qwen3-14b", batch_size=64, context_len=4000, steps=100, device="cpu", progress=False)
 
 
-def test_a_small_run_passes_a_lowered_limit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_small_run_passes_a_lowered_limit(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PULSEIO_MEMORY_LIMIT", "1G")
     assert cli.main(["generate", "--model", "tiny", "--device", "cpu", "--prompt-ids", "1,2",
                      "--max-new-tokens", "2"]) == 0
