@@ -1,4 +1,4 @@
-"""Shared pytest setup: `gpu` tests are skipped where torch sees no CUDA device."""
+"""Shared pytest setup: `gpu` tests are skipped, saying why, where torch sees no CUDA device."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ def _cuda_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _cuda_available():
         return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU; run on the device machine")
+    import torch
+
+    build = "this torch is a CPU-only build" if torch.version.cuda is None else "torch sees no GPU"
+    skip_gpu = pytest.mark.skip(reason=f"needs a CUDA GPU ({build})")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
