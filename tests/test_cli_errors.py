@@ -128,7 +128,7 @@ def test_the_real_entry_points_print_one_line(module: str, argv: list[str]) -> N
 
 
 def test_debug_shows_the_traceback() -> None:
-    with pytest.raises(ValueError, match="neither a name"):
+    with pytest.raises(ValueError, match="neither a preset"):
         pulseio_engine.cli.main(["generate", "--model", "no-such-model", "--prompt", "x", "--debug"])
 
 

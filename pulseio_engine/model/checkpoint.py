@@ -75,8 +75,8 @@ def open_model(spec: str, *, progress: bool = False) -> ModelSource:
     if path.is_dir():
         return ModelSource(spec, read_hf_config(path), False, path)
     raise UnsupportedModelError(
-        f"model {spec!r} is neither a name ({', '.join(model_names())}), a checkpoint directory with "
-        "config.json, nor a .gguf file; pass one of those"
+        f"model {spec!r} is neither a preset or model name ({', '.join(model_names())}), a checkpoint "
+        "directory with config.json, nor a .gguf file; pass one of those"
     )
 
 
