@@ -33,8 +33,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Triton's bindings (nanobind) print a "leaked N instances/types/functions" report at interpreter exit,
 # after the test summary, because Triton keeps module-level objects alive until then; it reads like a
-# failure and is not one. Once pytest is done, stderr goes through a filter that drops exactly those
-# report lines and passes everything else (a real error at shutdown still shows).
+# failure and is not one. Once pytest is done (at exit: pytest restores its captured stderr after the
+# unconfigure hooks), stderr goes through a filter that drops exactly those report lines and passes
+# everything else (a real error at shutdown still shows). PULSEIO_SHOW_NANOBIND_LEAKS=1 keeps them.
 _NANOBIND_FILTER = r"""
 import sys
 report = ("nanobind: leaked ", " - leaked ", " - ... skipped remainder", "nanobind: this is likely caused",
@@ -47,6 +48,12 @@ for line in sys.stdin:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    import atexit
+
+    atexit.register(_filter_nanobind_leak_report)
+
+
+def _filter_nanobind_leak_report() -> None:
     import subprocess
     import sys
 
