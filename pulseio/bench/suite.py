@@ -11,7 +11,7 @@ import torch
 from ..config import AutoPolicy, DmaConfig
 from ..devices import open_backend
 from ..dma import DmaEngine
-from ..errors import PoolTooSmallError
+from ..errors import InsufficientMemoryError
 from ..machine import gib, last_level_cache_bytes, memory_budget
 from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy
@@ -157,7 +157,7 @@ def check_bench_memory(options: BenchOptions, on_gpu: bool, device: str) -> None
     for where, need in needs:
         budget = memory_budget(where)
         if budget is not None and need > budget.nbytes:
-            raise PoolTooSmallError(
+            raise InsufficientMemoryError(
                 f"this run needs {gib(need)} of {where} memory (peak copies of up to {peak} B, a host pool "
                 f"of {gib(pools)}, device slots of {gib(slots)}), more than the {gib(budget.nbytes)} it has "
                 f"({budget.source}); pass smaller --block-sizes, --counts, --host-pool-bytes or --peak-max-bytes"

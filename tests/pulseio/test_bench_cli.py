@@ -61,3 +61,17 @@ def test_table_reports_the_gemm_control_and_the_spread_of_the_runs_alone() -> No
     ])
     assert "none: no recall (control), GEMM slowed +0.1% (runs alone within 1.0%)" in table
     assert "batched:  53.00 GB/s (0.96 of peak), GEMM slowed +2.5% (runs alone within 2.0%)" in table
+
+
+def test_bench_memory_check_refuses_before_allocating(monkeypatch) -> None:
+    import pytest
+
+    import pulseio
+    from pulseio.bench import BenchOptions
+    from pulseio.bench.suite import check_bench_memory
+
+    monkeypatch.setenv("PULSEIO_MEMORY_LIMIT", "64M")
+    options = BenchOptions(device="cpu", block_sizes=(65536,), counts=(64,), host_pool_bytes=128 << 20)
+    with pytest.raises(pulseio.InsufficientMemoryError, match=r"more than the 0\.06 GiB it has "
+                                                              r"\(PULSEIO_MEMORY_LIMIT=64M\); pass smaller"):
+        check_bench_memory(options, on_gpu=False, device="cpu")
