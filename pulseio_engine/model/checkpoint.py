@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -44,6 +45,7 @@ class ModelSource:
     random: bool
     path: Path | None = None
     gguf_reader: object | None = None   # the parsed GGUF file, reused to load the weights
+    progress: bool = False              # say on stderr what takes seconds (parsing, tokenizer conversion)
 
     @cached_property
     def tokenizer(self) -> Tokenizer | None:
@@ -52,6 +54,7 @@ class ModelSource:
             return ByteTokenizer()
         assert self.path is not None
         if self.gguf_reader is not None:
+            _say(self.progress, f"tokenizer of {self.path.name} (converted on first use, ~4 s, then cached)")
             return HFTokenizer.from_gguf(self.path, self.config.eos_token_ids)
         return HFTokenizer.from_dir(self.path, self.config.eos_token_ids) if has_tokenizer_files(self.path) else None
 
@@ -70,14 +73,20 @@ def open_model(spec: str, *, progress: bool = False) -> ModelSource:
         return ModelSource(spec, PRESETS[spec], random=True)
     path = REAL_MODELS[spec](progress) if spec in REAL_MODELS else Path(spec).expanduser()
     if path.is_file() and path.suffix == ".gguf":
+        _say(progress, f"reading {path.name} ({path.stat().st_size / 1e6:.0f} MB)")
         reader = open_gguf(path)
-        return ModelSource(spec, gguf_model_config(reader, source=str(path)), False, path, reader)
+        return ModelSource(spec, gguf_model_config(reader, source=str(path)), False, path, reader, progress)
     if path.is_dir():
-        return ModelSource(spec, read_hf_config(path), False, path)
+        return ModelSource(spec, read_hf_config(path), False, path, progress=progress)
     raise UnsupportedModelError(
         f"model {spec!r} is neither a preset or model name ({', '.join(model_names())}), a checkpoint "
         "directory with config.json, nor a .gguf file; pass one of those"
     )
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(f"pulseio-engine: {text}", file=sys.stderr)
 
 
 def load_checkpoint(spec: str | ModelSource, *, dtype: torch.dtype, device: torch.device | str, seed: int = 0,
