@@ -27,7 +27,7 @@ from .kv.block_table import blocks_for
 from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
 from .model.checkpoint import ModelSource, open_model
-from .preflight import check_fits, estimate
+from .preflight import check_fits, estimate, fixes_for
 from .request import SamplingParams
 
 _CPU_WORKLOAD_END = "one eager decode step per step on the CPU (no CUDA graphs)."
@@ -154,9 +154,8 @@ def _preflight(source: ModelSource, device: str, batch: int, context_len: int, m
                     kv_tokens=num_blocks * CacheConfig().block_size, batch=batch,
                     prefill_tokens=SchedulerConfig().max_prefill_tokens)
     need = replace(need, activations=need.activations + 2 * copy_bytes)
-    fixes = f"use a smaller --model than {source.spec} (tiny, smollm2), fewer --batch-size or --context-len"
     check_fits(need, device=device, what=f"{source.spec} batch {batch} x {max_len} tokens",
-               fixes=fixes + (", or --device cuda on a machine with a GPU" if device == "cpu" else ""))
+               fixes=fixes_for(source.spec, device, "fewer --batch-size or --context-len"))
 
 
 def _status(progress: bool, text: str) -> None:

@@ -34,13 +34,13 @@ from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, run_bench
 from .config import CacheConfig, DType
+from .engine import TORCH_DTYPES, Engine
 from .fetch import fetch_smollm2
 from .model.checkpoint import ModelSource, model_names, open_model
-from .preflight import check_fits, estimate
+from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
 
 PROG = "pulseio-engine"
-_DTYPE_BYTES = {DType.FLOAT32: 4, DType.BFLOAT16: 2, DType.FLOAT16: 2}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,14 +58,11 @@ def _generate(args: argparse.Namespace) -> int:
         raise UsageError(prog, f"the prompt's {len(prompt)} tokens + --max-new-tokens {args.max_new_tokens} "
                                f"exceed {source.spec}'s context of {limit} positions; shorten one of them")
     kv_tokens = CacheConfig().cpu_default_tokens if device == "cpu" else len(prompt) + args.max_new_tokens
-    need = estimate(source.config, dtype_bytes=_DTYPE_BYTES[dtype], kv_tokens=kv_tokens, batch=1,
+    need = estimate(source.config, dtype_bytes=TORCH_DTYPES[dtype].itemsize, kv_tokens=kv_tokens, batch=1,
                     prefill_tokens=min(len(prompt), 2048))
     check_fits(need, device=device, what=f"{source.spec} ({dtype.value})",
-               fixes=_fixes(source.spec, device, "a shorter prompt"))
-    from .engine import Engine
-
+               fixes=fixes_for(source.spec, device, "a shorter prompt"))
     _note_random(source)
-
     engine = Engine.from_model(source, device=device, dtype=dtype, seed=args.seed,
                                progress=progress_enabled(args.progress))
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -136,20 +133,13 @@ def _dtype(name: str | None, device: str) -> DType:
     return DType(name) if name else (DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32)
 
 
-def _fixes(spec: str, device: str, smaller: str) -> str:
-    fixes = [f"use a smaller --model than {spec} (tiny, smollm2)", smaller]
-    if device == "cpu":
-        fixes.append("or --device cuda on a machine with a GPU")
-    return ", ".join(fixes)
-
-
 def _note_random(source: ModelSource) -> None:
     if source.random:
         print(f"{PROG}: note: {source.spec} is a preset with random weights: its output is noise (fine for speed "
               "and plumbing); for real text use --model smollm2", file=sys.stderr)
 
 
-def model_help() -> str:
+def _model_help() -> str:
     return (f"a name ({', '.join(model_names())}; the presets have random weights, smollm2 is fetched on first use), "
             "a Hugging Face checkpoint directory, or a .gguf file")
 
@@ -169,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
                        epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
-    g.add_argument("--model", required=True, help=model_help())
+    g.add_argument("--model", required=True, help=_model_help())
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", type=non_empty_text, help="prompt text (needs a tokenizer)")
     src.add_argument("--prompt-ids", type=_token_ids, help="prompt token ids, comma or space separated")
@@ -185,7 +175,7 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="decode step time vs the memory roofline",
                        epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
-    b.add_argument("--model", default="qwen3-14b", help=model_help())
+    b.add_argument("--model", default="qwen3-14b", help=_model_help())
     b.add_argument("--mode", choices=[m.value for m in BenchMode], default=BenchMode.VANILLA.value,
                    help="vanilla: all KV on the device, full attention")
     b.add_argument("--batch-size", type=int_at_least(1), default=64, help="sequences decoded together")

@@ -59,6 +59,14 @@ def estimate(config: ModelConfig, *, dtype_bytes: int, kv_tokens: int, batch: in
     return MemoryNeed(weight_bytes(config, dtype_bytes), kv, act)
 
 
+def fixes_for(spec: str, device: str, *smaller: str) -> str:
+    """What a user can change: a smaller model, the run-specific `smaller` options, a GPU."""
+    fixes = [f"use a smaller --model than {spec} (tiny, smollm2)", *smaller]
+    if device == "cpu":
+        fixes.append("or --device cuda on a machine with a GPU")
+    return ", ".join(fixes)
+
+
 def check_fits(need: MemoryNeed, *, device: str, what: str, fixes: str,
                budget: MemoryBudget | None = None) -> None:
     """Raise InsufficientMemoryError if `need` exceeds `device`'s budget (see pulseio.machine).
