@@ -22,11 +22,20 @@ class UsageError(Exception):
         self.prog = prog
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows the default of options that take a value (not of flags, nor a default of None)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.nargs == 0 or action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with help showing every default and errors raised as UsageError (no usage dump)."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]

