@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from enum import Enum
 
 import torch
@@ -99,7 +99,7 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     max_len = context_len + warmup + steps + 3
     num_blocks = 1 + batch_size * blocks_for(max_len, CacheConfig().block_size)
     copy_bytes = (2 << 30) if dev.type == "cuda" else (256 << 20)
-    _preflight(source, device, batch_size, context_len, max_len, num_blocks, copy_bytes)
+    _preflight(source, device, batch_size, context_len, max_len, num_blocks)
     _status(progress, f"measuring {device} copy bandwidth ({copy_bytes >> 20} MiB copies)")
     bandwidth = measure_copy_bandwidth_sync(dev, copy_bytes)
     _status(progress, f"building {source.spec} and its KV cache ({batch_size} x {max_len} tokens)")
@@ -142,7 +142,8 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
 
 
 def _preflight(source: ModelSource, device: str, batch: int, context_len: int, max_len: int,
-               num_blocks: int, copy_bytes: int) -> None:
+               num_blocks: int) -> None:
+    """The context and the memory of the run (the copy-bandwidth buffers are freed before the model is built)."""
     limit = source.config.max_position_embeddings
     if max_len > limit:
         raise PromptTooLongError(
@@ -153,7 +154,6 @@ def _preflight(source: ModelSource, device: str, batch: int, context_len: int, m
     need = estimate(source.config, dtype_bytes=TORCH_DTYPES[dtype].itemsize,
                     kv_tokens=num_blocks * CacheConfig().block_size, batch=batch,
                     prefill_tokens=SchedulerConfig().max_prefill_tokens)
-    need = replace(need, activations=need.activations + 2 * copy_bytes)
     check_fits(need, device=device, what=f"{source.spec} batch {batch} x {max_len} tokens",
                fixes=fixes_for(source.spec, device, "fewer --batch-size or --context-len"))
 
