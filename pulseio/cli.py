@@ -101,6 +101,9 @@ def _options(args: argparse.Namespace, device: str):  # noqa: ANN202 (BenchOptio
 
 
 def _bench(args: argparse.Namespace) -> int:
+    # warnings only: INFO lines of the libraries below (numba's "add pending dealloc") would follow the table
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
     device = require_device(args.prog, args.device)
     plot = None if args.no_save else args.plot
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
@@ -129,7 +132,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     return run_command(PROG, _parser(), argv, _bench)
 
 
