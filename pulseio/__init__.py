@@ -16,6 +16,7 @@ from .errors import ClosedError as ClosedError
 from .errors import ConfigError as ConfigError
 from .errors import CudaError as CudaError
 from .errors import DeviceUnavailableError as DeviceUnavailableError
+from .errors import InsufficientMemoryError as InsufficientMemoryError
 from .errors import InvalidRequestError as InvalidRequestError
 from .errors import PoolTooSmallError as PoolTooSmallError
 from .errors import PulseError as PulseError

@@ -36,7 +36,8 @@ class AutoPolicy:
         """Build from `pulseio bench` records (dicts with strategy, direction, block_bytes, num_blocks, gbps)."""
         fastest: dict[tuple[Direction, int, int], tuple[float, Strategy]] = {}
         for r in records:
-            if r.get("kind", "recall") != "recall" or r.get("under_load") or r["strategy"] == Strategy.AUTO.value:
+            scattered = r.get("kind", "recall") in ("recall", "offload")
+            if not scattered or r.get("under_load") or r["strategy"] == Strategy.AUTO.value:
                 continue
             key = (Direction(r["direction"]), int(r["block_bytes"]), int(r["num_blocks"]))
             if key not in fastest or r["gbps"] > fastest[key][0]:

@@ -23,6 +23,10 @@ class PoolTooSmallError(InvalidRequestError):
     """A request needs more blocks, slots or staging room than the pool or machine has."""
 
 
+class InsufficientMemoryError(PoolTooSmallError, MemoryError):
+    """The machine (host RAM or GPU memory) has less room than a pool or buffer asks for; nothing was allocated."""
+
+
 class CudaError(PulseError):
     """A CUDA driver call failed: `call` is the function, `code` the CUresult number, `name` its name."""
 

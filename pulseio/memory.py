@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .backend import Backend, HostMemory
-from .errors import ClosedError, InvalidRequestError, PoolTooSmallError
+from .errors import ClosedError, InsufficientMemoryError, InvalidRequestError
 
 _MIN_BLOCK = 16
 
@@ -54,7 +54,7 @@ class HostPool:
         nbytes = num_blocks * block_bytes
         available = _available_host_bytes()
         if available is not None and nbytes > available:
-            raise PoolTooSmallError(
+            raise InsufficientMemoryError(
                 f"a host pool of {num_blocks} x {block_bytes} B needs {nbytes / 2**30:.2f} GiB, "
                 f"the machine has {available / 2**30:.2f} GiB available"
             )

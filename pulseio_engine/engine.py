@@ -21,7 +21,7 @@ from .errors import PromptTooLongError
 from .kv.block_table import BlockAllocator, blocks_for
 from .kv.cache import KVCache, kv_bytes_per_token
 from .kv.handoff import KVSource
-from .model.checkpoint import load_checkpoint
+from .model.checkpoint import ModelSource, load_checkpoint
 from .model.llama import CausalLM
 from .model.params import ModelWeights
 from .model.tokenizer import Tokenizer
@@ -67,15 +67,15 @@ class Engine:
         self._steps = self._prefill_tokens = self._decode_tokens = 0
 
     @classmethod
-    def from_model(cls, model: str, *, device: str | None = None, dtype: DType | None = None,
+    def from_model(cls, model: str | ModelSource, *, device: str | None = None, dtype: DType | None = None,
                    cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                    max_model_len: int | None = None, use_cuda_graphs: bool = True,
-                   compile_decode: bool | None = None, seed: int = 0) -> Engine:
-        """`model`: preset name, checkpoint directory or .gguf file. Defaults: CUDA + bf16 when a GPU
-        is present, else CPU + fp32."""
+                   compile_decode: bool | None = None, seed: int = 0, progress: bool = False) -> Engine:
+        """`model`: preset name, checkpoint directory, .gguf file, or `open_model`'s result. Defaults: CUDA +
+        bf16 when a GPU is present, else CPU + fp32. `progress`: bars while the weights load."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or (DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32)
-        ckpt = load_checkpoint(model, dtype=TORCH_DTYPES[dtype], device=device, seed=seed)
+        ckpt = load_checkpoint(model, dtype=TORCH_DTYPES[dtype], device=device, seed=seed, progress=progress)
         config = EngineConfig(ckpt.config, cache or CacheConfig(), scheduler or SchedulerConfig(), device, dtype,
                               max_model_len, use_cuda_graphs, compile_decode)
         return cls(config, ckpt.weights, tokenizer=ckpt.tokenizer, seed=seed)

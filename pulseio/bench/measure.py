@@ -30,9 +30,10 @@ class RunInfo:
 
 
 def measure_peak(
-    backend: Backend, sizes: list[int], info: RunInfo, tick: Callable[[BenchRecord], None]
+    backend: Backend, sizes: list[int], info: RunInfo, tick: Callable[[BenchRecord], None], volume: float = 1.0
 ) -> list[BenchRecord]:
-    """One contiguous copy per call, back-to-back, for each size and direction."""
+    """One contiguous copy per call, back-to-back, for each size and direction; `volume` scales the
+    bytes moved per measurement (1.0: 4 GiB)."""
     largest = max(sizes)
     host_memory = backend.alloc_host(largest, label="peak buffer")
     try:
@@ -43,7 +44,7 @@ def measure_peak(
         device = backend.alloc_device(largest, label="peak buffer")
         records = []
         for size in sizes:
-            reps = reps_for(size, target_bytes=4 << 30, lo=10, hi=2000)
+            reps = reps_for(size, target_bytes=int(volume * (4 << 30)), lo=10, hi=2000)
             for direction in (Direction.H2D, Direction.D2H):
                 src, dst = (host, device) if direction is Direction.H2D else (device, host)
                 seconds = copy_seconds(
@@ -104,21 +105,24 @@ def verify_transfer(engine: DmaEngine, ids: IdSets, direction: Direction, strate
 
 def measure_transfers(
     engine: DmaEngine, ids: IdSets, direction: Direction, strategy: Strategy, *, window: int,
-    peak: float, info: RunInfo, label: Strategy | None = None,
+    peak: float, info: RunInfo, label: Strategy | None = None, volume: float = 1.0,
 ) -> BenchRecord:
-    """Sustained rate (window in flight), isolated latency, and a bit-exact check for one config."""
+    """Sustained rate (window in flight), isolated latency, and a bit-exact check for one config;
+    `volume` scales the bytes moved (1.0: 512 MiB, 64 MiB for PER_BLOCK)."""
     count, block_bytes = len(ids.host[0]), engine.host.block_bytes
     nbytes = count * block_bytes
     submit = ids.submitter(engine, direction, strategy)
     warm_up(submit, _WARMUP_S)
     slow = strategy is Strategy.PER_BLOCK
-    reps = reps_for(nbytes, target_bytes=(64 << 20) if slow else (512 << 20), lo=3 if slow else 10, hi=2000)
+    target = int(volume * ((64 << 20) if slow else (512 << 20)))
+    reps = reps_for(nbytes, target_bytes=target, lo=3 if slow else 10, hi=2000)
     seconds = sustained_seconds(submit, reps, window)
     latency = median_latency_us(submit, 3 if slow else 15)
     verified = verify_transfer(engine, ids, direction, strategy)
     rate = nbytes / seconds
     return _record(
-        "recall", (label or strategy).value, direction, block_bytes, count, rate, info,
+        "recall" if direction is Direction.H2D else "offload", (label or strategy).value, direction, block_bytes,
+        count, rate, info,
         fraction_of_peak=rate / 1e9 / peak if peak else None, latency_us=latency, verified=verified,
         chosen=strategy.value if label is not None else None,
     )

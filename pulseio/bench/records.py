@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class BenchRecord:
-    kind: str  # "peak" (one contiguous copy) or "recall" (scattered blocks)
+    kind: str  # "peak" (one contiguous copy), "recall" (scattered blocks, h2d) or "offload" (d2h)
     strategy: str  # "single_copy" for peak records
     direction: str  # "h2d" | "d2h"
     block_bytes: int  # copy size for peak records

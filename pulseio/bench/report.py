@@ -18,9 +18,11 @@ def _size(n: int) -> str:
 
 def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
     lines = [f"device: {meta['device']}   git: {meta['git_sha']}   date: {meta['date']}"]
+    if meta.get("measures"):
+        lines.append(f"measures: {meta['measures']}")
     peaks = meta.get("peak_gbps", {})
     lines.append("single-copy peak: " + ", ".join(f"{d.upper()} {g:.1f} GB/s" for d, g in peaks.items()))
-    recall = [r for r in records if r.kind == "recall" and not r.under_load]
+    recall = [r for r in records if r.kind != "peak" and not r.under_load]
     strategies = list(dict.fromkeys(r.strategy for r in recall))
     counts = sorted({r.num_blocks for r in recall})
     for direction in ("h2d", "d2h"):
@@ -71,25 +73,29 @@ def write_plot(path: Path, meta: dict, records: Sequence[BenchRecord]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recall = [r for r in records if r.kind == "recall" and not r.under_load]
+    recall = [r for r in records if r.kind != "peak" and not r.under_load]
     panels = sorted({(r.direction, r.block_bytes) for r in recall}, key=lambda p: (p[0] != "h2d", p[1]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.4), squeeze=False, sharey=True)
+    markers = "osD^vP*X"
     for ax, (direction, block_bytes) in zip(axes[0], panels):
         rows = [r for r in recall if r.direction == direction and r.block_bytes == block_bytes]
-        for strategy in dict.fromkeys(r.strategy for r in rows):
+        for i, strategy in enumerate(dict.fromkeys(r.strategy for r in rows)):
             pts = sorted((r.num_blocks, r.gbps) for r in rows if r.strategy == strategy)
-            ax.plot(*zip(*pts), marker="o", label=strategy, linestyle="--" if strategy == "auto" else "-")
+            ax.plot(*zip(*pts), marker=markers[i % len(markers)], label=strategy,
+                    linestyle="--" if strategy == "auto" else "-", alpha=0.85)
         peak = meta.get("peak_gbps", {}).get(direction)
         if peak:
             ax.axhline(peak, color="black", linewidth=1, linestyle=":", label=f"single-copy peak {peak:.1f}")
         ax.set_xscale("log", base=2)
+        ax.set_yscale("log")   # rates span decades (per_block against the rest)
         ax.set_title(f"{direction.upper()}, {_size(block_bytes)} blocks")
         ax.set_xlabel("blocks per transfer")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("GB/s")
     axes[0][0].legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"pulseio bench — {meta['device']} ({meta['git_sha']}, {meta['date'][:10]})", fontsize=9)
-    fig.tight_layout()
+    what = "PCIe" if "PCIe transfers" in meta.get("measures", "PCIe transfers") else "host memory copies (no GPU)"
+    fig.suptitle(f"pulseio bench: {what}\n{meta['device']}, {meta['git_sha']}, {meta['date'][:10]}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -36,6 +36,15 @@ def _reader(path: Path):  # noqa: ANN202
     return gguf.GGUFReader(str(path))
 
 
+def open_gguf(path: Path):  # noqa: ANN201 (gguf.GGUFReader, imported lazily)
+    """Parse `path` once (metadata and tensor index; ~2 s for SmolLM2); refuses a file that is not GGUF."""
+    try:
+        return _reader(path)
+    except (ValueError, OSError, KeyError, IndexError) as exc:
+        raise UnsupportedModelError(f"{path} is not a readable GGUF file ({exc}); pass a llama.cpp .gguf "
+                                    "file, a checkpoint directory or a preset name") from exc
+
+
 def _field(reader, key: str, default=None):  # noqa: ANN001, ANN202
     field = reader.fields.get(key)
     if field is None:
@@ -87,12 +96,16 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def load_gguf(path: Path, *, dtype: torch.dtype, device: torch.device | str) -> tuple[ModelConfig, ModelWeights]:
+def load_gguf(path: Path, *, dtype: torch.dtype, device: torch.device | str, reader=None,  # noqa: ANN001
+              progress: bool = False) -> tuple[ModelConfig, ModelWeights]:
+    """`reader`: the file as `open_gguf` parsed it (parsed here if None); `progress`: a bar per tensor."""
     from gguf.quants import dequantize
+    from tqdm import tqdm
 
-    reader = _reader(path)
+    reader = reader if reader is not None else open_gguf(path)
     config = gguf_model_config(reader, source=str(path))
     tensors = {_hf_name(t.name): t for t in reader.tensors}
+    bar = tqdm(total=len(tensors), desc=f"loading {path.name}", unit="tensor", disable=not progress, leave=False)
 
     def get(name: str) -> torch.Tensor:
         if name not in tensors:
@@ -103,6 +116,8 @@ def load_gguf(path: Path, *, dtype: torch.dtype, device: torch.device | str) -> 
             w = _unpermute(w, config.num_heads)
         elif config.architecture is Architecture.LLAMA and name.endswith("k_proj.weight"):
             w = _unpermute(w, config.num_kv_heads)
+        bar.update()
         return torch.from_numpy(np.array(w, dtype=np.float32))   # a writable copy, off the mmap
 
-    return config, ModelWeights.from_hf_names(config, get, dtype=dtype, device=device)
+    with bar:
+        return config, ModelWeights.from_hf_names(config, get, dtype=dtype, device=device)

@@ -47,7 +47,10 @@ def preset_config(name: str) -> ModelConfig:
 
 
 def random_weights(config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str,
-                   seed: int = 0, std: float = 0.02) -> ModelWeights:
+                   seed: int = 0, std: float = 0.02, progress: bool = False) -> ModelWeights:
+    """N(0, std^2) matrices and unit norms; `progress`: a bar per layer (a 14B model takes minutes on CPU)."""
+    from tqdm import tqdm
+
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def matrix(rows: int, cols: int) -> torch.Tensor:
@@ -65,7 +68,8 @@ def random_weights(config: ModelConfig, *, dtype: torch.dtype, device: torch.dev
             qkv_bias=matrix(1, config.q_size + 2 * config.kv_size)[0] if config.qkv_bias else None,
             q_norm=ones(d) if config.qk_norm else None, k_norm=ones(d) if config.qk_norm else None,
         )
-        for _ in range(config.num_layers)
+        for _ in tqdm(range(config.num_layers), desc="random weights", unit="layer", disable=not progress,
+                      leave=False)
     ]
     embed = matrix(config.vocab_size, h)
     lm_head = embed if config.tie_word_embeddings else matrix(config.vocab_size, h)

@@ -38,13 +38,30 @@ class HFTokenizer:
 
     @classmethod
     def from_gguf(cls, path: Path, eos_token_ids: tuple[int, ...]) -> HFTokenizer:
-        return cls(_auto_tokenizer()(str(path.parent), gguf_file=path.name), eos_token_ids)
+        """Built from the file's vocabulary (~4 s for SmolLM2), then kept as tokenizer files in
+        `<file>.tokenizer/` when that folder can be written, which later runs read in ~0.1 s."""
+        cache, stamp = _tokenizer_cache(path)
+        if (cache / "stamp").is_file() and (cache / "stamp").read_text() == stamp:
+            return cls(_auto_tokenizer()(str(cache)), eos_token_ids)
+        tokenizer = _auto_tokenizer()(str(path.parent), gguf_file=path.name)
+        try:
+            tokenizer.save_pretrained(str(cache))
+            (cache / "stamp").write_text(stamp)
+        except OSError:
+            pass   # a read-only folder: the next run converts again, nothing else differs
+        return cls(tokenizer, eos_token_ids)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok(text)["input_ids"])
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
+
+
+def _tokenizer_cache(path: Path) -> tuple[Path, str]:
+    """(folder, stamp): the stamp names the file's size and mtime, so a replaced file is converted again."""
+    st = path.stat()
+    return path.with_name(path.name + ".tokenizer"), f"{path.name} {st.st_size} {st.st_mtime_ns}"
 
 
 def has_tokenizer_files(path: Path) -> bool:

@@ -22,7 +22,19 @@ def read_hf_config(path: Path) -> ModelConfig:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise UnsupportedModelError(f"{path}: no config.json; expected a Hugging Face checkpoint directory")
-    return model_config_from_hf(json.loads(config_file.read_text()), source=str(path))
+    try:
+        values = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UnsupportedModelError(f"{config_file} is not valid JSON ({exc}); pass a Hugging Face checkpoint "
+                                    "directory whose config.json is intact") from exc
+    if not isinstance(values, dict):
+        raise UnsupportedModelError(f"{config_file} holds a JSON {type(values).__name__}, not an object; "
+                                    "pass a Hugging Face checkpoint directory")
+    try:
+        return model_config_from_hf(values, source=str(path))
+    except KeyError as exc:
+        raise UnsupportedModelError(f"{config_file} has no {exc.args[0]!r}; pass a complete Hugging Face "
+                                    "config.json") from exc
 
 
 def model_config_from_hf(d: dict[str, Any], *, source: str = "config") -> ModelConfig:

@@ -39,9 +39,9 @@ def test_bench_tiny_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_errors_exit_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "no-such-model", "--prompt", "x"]) == 2
-    assert "neither a preset" in capsys.readouterr().err
+    assert "is neither a preset or model name (tiny, " in capsys.readouterr().err
     assert main(["generate", "--model", "tiny", "--prompt-ids", "1", "--max-new-tokens", "5000"]) == 2
-    assert "exceeds the model's limit of 4096" in capsys.readouterr().err
+    assert "exceed tiny's context of 4096 positions" in capsys.readouterr().err
 
 
 def test_fetch_uses_the_cache_without_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
