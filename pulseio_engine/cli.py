@@ -137,9 +137,6 @@ def _fetch(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     prog = args.prog
     check_writable(prog, "--out", args.out)
-    if args.sink_tokens + args.local_tokens >= args.prompt_len:
-        raise UsageError(prog, f"--sink-tokens {args.sink_tokens} + --local-tokens {args.local_tokens} leave no middle "
-                               f"in --prompt-len {args.prompt_len}; use longer prompts or smaller windows")
     config = CalibrationConfig(sink_tokens=args.sink_tokens, local_tokens=args.local_tokens)
     heads = calibrate_checkpoint(args.model, num_prompts=args.prompts, prompt_len=args.prompt_len, config=config,
                                  device=require_device(prog, args.device))
