@@ -42,7 +42,7 @@ async def main() -> None:
         rt.host_pool.view(torch.float32, 2048)[:] = torch.randn(HOST_BLOCKS, 2048)
         await decode(rt, device)
         stats = rt.statistics()
-        print(f"{stats.completed} recalls, {stats.bytes_moved >> 10} KiB, {stats.poll_wakeups} poller wake-ups, "
+        print(f"{stats.completed} recalls, {stats.bytes_moved >> 10} KiB, {stats.doorbell.wakeups} poller wake-ups, "
               f"post->landed p50 {stats.post_to_landed.p50_us:.0f} us on {rt.backend.name}")
 
 

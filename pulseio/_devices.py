@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .backend import Backend
-from .errors import DeviceUnavailableError
+from .errors import ConfigError, DeviceUnavailableError
 from .host_backend import HostBackend
 
 
@@ -23,4 +23,4 @@ def open_backend(device: str = "auto") -> Backend:
                 f"the CUDA backend needs cuda-python and numba-cuda ({exc}); install pulseio[cuda]"
             ) from exc
         return CudaBackend(device)
-    raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")

@@ -20,6 +20,7 @@ import torch
 
 from ._native import task_ring as tr
 from .backend import HostMemory, Pending
+from .errors import ConfigError
 from .plan import Direction, TransferPlan, pieces
 
 _LINE = 16  # int64 words per 128-byte line
@@ -39,7 +40,7 @@ class TaskRing:
 
     def __init__(self, alloc_host: Callable[..., HostMemory], *, slots: int, cap: int) -> None:
         if not 1 <= cap <= tr.MAX_TASK_BLOCKS:
-            raise ValueError(f"a resident task holds 1..{tr.MAX_TASK_BLOCKS} blocks, got cap={cap}")
+            raise ConfigError(f"a resident task holds 1..{tr.MAX_TASK_BLOCKS} blocks, got cap={cap}")
         self.slots, self.cap = slots, cap
         entries_at = _LINE
         done_at = entries_at + _lines(tr.ENTRY_WORDS * slots)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .backend import HostMemory
+from .errors import ConfigError
 
 RELEASED = 1 << 62  # at close: every wait, whatever its seq, is released (the driver compares cyclically)
 
@@ -26,7 +27,7 @@ class WaitWords:
 
     def __init__(self, memory: HostMemory, slots: int) -> None:
         if slots < 1:
-            raise ValueError(f"WaitWords needs at least one slot, got {slots}")
+            raise ConfigError(f"WaitWords needs at least one slot, got {slots}")
         self._memory: HostMemory | None = memory
         self.slots = slots
         self._words = memory.tensor.numpy().view(np.int64)[:slots]  # [slots] int64, host

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import ConfigError
 from .plan import Direction, Strategy
 
 
@@ -82,9 +83,9 @@ class DmaConfig:
         for name in ("staging_bytes", "zero_copy_ctas", "resident_idle_us", "max_inflight", "merge_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"DmaConfig.{name} must be a positive int, got {value!r}")
+                raise ConfigError(f"DmaConfig.{name} must be a positive int, got {value!r}")
         if not isinstance(self.staging_buffers, int) or self.staging_buffers < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"DmaConfig.staging_buffers must be >= 2 so gather and DMA overlap, got {self.staging_buffers!r}"
             )
 
@@ -126,18 +127,18 @@ class RuntimeConfig:
         for name, low in minimum.items():
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"RuntimeConfig.{name} must be an int >= {low}, got {value!r}")
+                raise ConfigError(f"RuntimeConfig.{name} must be an int >= {low}, got {value!r}")
         if self.block_bytes % 16:
-            raise ValueError(f"RuntimeConfig.block_bytes must be a multiple of 16, got {self.block_bytes}")
+            raise ConfigError(f"RuntimeConfig.block_bytes must be a multiple of 16, got {self.block_bytes}")
         if not isinstance(self.strategy, Strategy):
-            raise ValueError(f"RuntimeConfig.strategy must be a pulseio.Strategy, got {self.strategy!r}")
+            raise ConfigError(f"RuntimeConfig.strategy must be a pulseio.Strategy, got {self.strategy!r}")
         low, high = self.poll_sleep_s
         if not 0 < low <= high:
-            raise ValueError(f"RuntimeConfig.poll_sleep_s must be (first, longest) with 0 < first <= longest, "
+            raise ConfigError(f"RuntimeConfig.poll_sleep_s must be (first, longest) with 0 < first <= longest, "
                              f"got {self.poll_sleep_s!r}")
         for name in ("close_timeout_s", "device_wait_timeout_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"RuntimeConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
+                raise ConfigError(f"RuntimeConfig.{name} must be > 0 seconds, got {getattr(self, name)!r}")
         if self.max_outstanding < self.ring_slots:
-            raise ValueError(f"RuntimeConfig.max_outstanding={self.max_outstanding} must be >= ring_slots="
+            raise ConfigError(f"RuntimeConfig.max_outstanding={self.max_outstanding} must be >= ring_slots="
                              f"{self.ring_slots}: a request stays outstanding from its post until it finishes")

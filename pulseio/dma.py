@@ -45,7 +45,7 @@ class DmaStatistics:
     in_flight: int
     bytes_moved: int
     issues: int  # issues that completed: < completed when transfers were merged
-    by_strategy: dict[str, int]  # transfers completed per strategy
+    by_strategy: dict[Strategy, int]  # transfers completed per strategy
 
 
 @dataclass(slots=True)
@@ -373,7 +373,7 @@ class DmaEngine:
             return DmaStatistics(
                 submitted=self._submitted, completed=self._completed, failed=self._failed,
                 in_flight=self._submitted - self._completed - self._failed, bytes_moved=self._bytes,
-                issues=self._issues, by_strategy={s.value: n for s, n in self._by_strategy.items()},
+                issues=self._issues, by_strategy=dict(self._by_strategy),
             )
 
     def close(self) -> None:

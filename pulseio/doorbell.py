@@ -58,7 +58,7 @@ from ._native.layout import (
     slot_words,
 )
 from .backend import HostMemory
-from .errors import ClosedError, WouldBlock
+from .errors import ClosedError, ConfigError, WouldBlock
 
 _HEADER_BYTES = 128  # word 0: the CPU producers' counter; the rest reserved (own cache line)
 
@@ -72,9 +72,9 @@ class RingLayout:
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, int) or self.capacity < 2:
-            raise ValueError(f"a doorbell ring needs capacity >= 2 slots, got {self.capacity!r}")
+            raise ConfigError(f"a doorbell ring needs capacity >= 2 slots, got {self.capacity!r}")
         if not isinstance(self.max_blocks, int) or self.max_blocks < 1:
-            raise ValueError(f"a doorbell slot needs max_blocks >= 1, got {self.max_blocks!r}")
+            raise ConfigError(f"a doorbell slot needs max_blocks >= 1, got {self.max_blocks!r}")
 
     @property
     def slot_words(self) -> int:

@@ -98,10 +98,25 @@ class DevicePool:
         self.slots = backend.alloc_device(num_slots * block_bytes, label="device pool").view(
             num_slots, block_bytes
         )  # [num_slots, block_bytes] uint8, backend.device
+        self._closed = False
 
     @property
     def device_ptr(self) -> int:
+        if self._closed:
+            raise ClosedError("this DevicePool is closed")
         return self.slots.data_ptr()
+
+    def close(self) -> None:
+        """Drop the pool's memory (the allocator reuses it once the device is done with it). Call only once no
+        transfer uses the pool (the DmaEngine closes first)."""
+        self._closed = True
+        self.slots = self.slots[:0]
+
+    def __enter__(self) -> DevicePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def view(self, dtype: torch.dtype, *shape: int) -> torch.Tensor:
         """The pool as [num_slots, *shape] of dtype (shape must fill a block exactly)."""

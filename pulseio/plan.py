@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 from ._native import validate as _native
 from .errors import InvalidRequestError, PoolTooSmallError
 
-
 IdArray = Union[np.ndarray, "torch.Tensor", Sequence[int]]  # [n] integer ids, on the host
 
 

@@ -78,15 +78,12 @@ class RuntimeStatistics:
     failed: int
     in_flight: int
     bytes_moved: int
-    poll_wakeups: int  # poller waits that ended with requests
-    spurious_wakeups: int  # poller waits that timed out with none
-    lost: int  # requests overwritten in the ring before the poller read them (0 unless misused)
     loop_wakeups: int  # call_soon_threadsafe calls made by the interrupt pumps
     device_waits_expired: int  # requests the watchdog failed to release a waiting stream
     post_to_seen: LatencySummary
     post_to_landed: LatencySummary
-    doorbell: DoorbellStatistics
-    dma: tuple[DmaStatistics, ...]
+    doorbell: DoorbellStatistics  # the ring: wake-ups, spurious wake-ups, requests lost to a lap
+    dma: tuple[DmaStatistics, ...]  # one per I/O worker
 
 
 class Runtime:
@@ -364,7 +361,6 @@ class Runtime:
         return RuntimeStatistics(
             submitted=submitted, completed=poller.completed, failed=poller.failed,
             in_flight=submitted - poller.completed - poller.failed, bytes_moved=poller.bytes_moved,
-            poll_wakeups=ring.wakeups, spurious_wakeups=ring.spurious_wakeups, lost=ring.lost,
             loop_wakeups=loop_wakeups, device_waits_expired=self._watchdog.expired,
             post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
             doorbell=ring, dma=tuple(w.statistics() for w in self.workers))

@@ -46,7 +46,7 @@ def test_post_recall_lands_the_blocks_and_reports_statistics() -> None:
         done.device_wait()  # host backend: returns once landed
         stats = rt.statistics()
     assert (stats.submitted, stats.completed, stats.failed, stats.in_flight) == (1, 1, 0, 0)
-    assert stats.bytes_moved == 3 * 64 and stats.poll_wakeups >= 1
+    assert stats.bytes_moved == 3 * 64 and stats.doorbell.wakeups >= 1
     assert stats.post_to_landed.count == 1 and stats.post_to_landed.p50_us > 0
 
 
@@ -180,4 +180,4 @@ def test_the_fast_lane_posts_resident_requests_before_the_poller_builds_anything
             assert rt.device_pool.slots[2 * i, 0] == i and rt.device_pool.slots[2 * i + 1, 0] == i + 100
         assert rt.device_pool.slots[63, 0] == 250
         stats = rt.statistics()
-        assert (stats.completed, stats.failed) == (9, 1) and stats.dma[0].by_strategy == {"resident": 9}
+        assert (stats.completed, stats.failed) == (9, 1) and stats.dma[0].by_strategy == {Strategy.RESIDENT: 9}

@@ -130,7 +130,7 @@ def test_statistics_and_close_release_everything() -> None:
         done = [rt.post_recall(host_ids=ids, device_slots=ids, tag=i) for i in range(10)]
         assert all(d.wait(timeout=10) for d in done)
         stats = rt.statistics()
-        assert (stats.completed, stats.failed, stats.lost) == (10, 0, 0)
+        assert (stats.completed, stats.failed, stats.doorbell.lost) == (10, 0, 0)
         assert stats.post_to_seen.count == 10 and np.isfinite(stats.post_to_landed.p50_us)
         (never,) = rt.expect_published(1)
         waiter = torch.cuda.Stream()
