@@ -29,7 +29,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     try:
         with pulseio.DmaEngine(host, device) as dma:
-            dma.recall(host_ids=[0], device_slots=[0]).wait()  # warm-up: loads the compiled id validation and the kernels
+            dma.recall(host_ids=[0], device_slots=[0]).wait()  # warm-up: compiles id validation, loads kernels
             for strategy in sorted(dma.available, key=lambda s: s.value):
                 ids = rng.choice(host.num_blocks, args.blocks, replace=False)  # scattered host blocks
                 slots = rng.choice(device.num_slots, args.blocks, replace=False)

@@ -22,5 +22,5 @@ def open_backend(device: str = "auto") -> Backend:
             raise DeviceUnavailableError(
                 f"the CUDA backend needs cuda-python and numba-cuda ({exc}); install pulseio[cuda]"
             ) from exc
-        return CudaBackend(device)
+        return CudaBackend(device)  # type: ignore[return-value]  # a structural match (see backend.py)
     raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")

@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +84,7 @@ class Poller:
         self._thread = threading.Thread(target=self._run, name="pulseio-poller", daemon=True)
         self._thread.start()
 
-    def _open_lane(self):  # type: ignore[no-untyped-def]
+    def _open_lane(self) -> Any:
         """The fast lane: with one worker, RESIDENT requests are read, validated and posted as resident
         tasks by one compiled call (`task_ring.forward`) before any Python object is made for them."""
         copier = self._workers[0].resident
@@ -181,7 +182,7 @@ class Poller:
         worker = self._workers[rung.seq % len(self._workers)]
         transfer = self._submit(worker, plan, strategy, completion, rung.task or None)
         if transfer is not None:
-            transfer.add_issued_callback(lambda t, c=completion: c._set_issued())
+            transfer.add_issued_callback(lambda _, c=completion: c._set_issued())  # type: ignore[misc]
             self.track(completion, transfer)
 
     def _submit(self, worker: DmaEngine, plan: TransferPlan, strategy: Strategy, completion: Completion,
@@ -255,5 +256,5 @@ class Poller:
                                 post_to_landed=LatencySummary.of(list(self._to_landed)))
 
 
-def _unheld(completion: Completion, *_: object) -> object:
+def _unheld(completion: Completion, *_: object) -> Any:
     raise PulseInternalError(f"{completion!r} was published without being posted: nobody holds it to wait on")

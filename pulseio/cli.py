@@ -14,6 +14,7 @@ import logging
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .cliargs import (
     DEBUG_HELP,
@@ -81,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 def _options(args: argparse.Namespace, device: str):  # noqa: ANN202 (BenchOptions, imported lazily)
     from .bench import BenchOptions
 
-    sweep = dict(_FULL if args.full or device != "cpu" else _QUICK_CPU)
+    sweep: dict[str, Any] = dict(_FULL if args.full or device != "cpu" else _QUICK_CPU)
     given = ("block_sizes", "counts", "peak_max_bytes", "host_pool_bytes")
     sweep.update({k: v for k in given if (v := getattr(args, k)) is not None})
     dma = DmaConfig()
@@ -126,7 +127,7 @@ def _bench(args: argparse.Namespace) -> int:
     print(format_table(meta, records))
     if not args.no_save:
         write_json(args.json, meta, records)
-        write_plot(plot, meta, records)
+        write_plot(plot, meta, records)  # type: ignore[arg-type]  # set whenever saving
         print(f"\nrecords: {args.json}\nplot: {plot}")
     return 1 if any(r.verified is False for r in records) else 0
 

@@ -132,8 +132,8 @@ class RuntimeConfig:
             raise ConfigError(f"RuntimeConfig.block_bytes must be a multiple of 16, got {self.block_bytes}")
         if not isinstance(self.strategy, Strategy):
             raise ConfigError(f"RuntimeConfig.strategy must be a pulseio.Strategy, got {self.strategy!r}")
-        low, high = self.poll_sleep_s
-        if not 0 < low <= high:
+        first, longest = self.poll_sleep_s
+        if not 0 < first <= longest:
             raise ConfigError(f"RuntimeConfig.poll_sleep_s must be (first, longest) with 0 < first <= longest, "
                              f"got {self.poll_sleep_s!r}")
         for name in ("close_timeout_s", "device_wait_timeout_s"):

@@ -236,7 +236,11 @@ class Doorbell:
             self._check_open()
             args = (self.base, self.words, self.layout.capacity, self.layout.slot_words, self.layout.blocks_per_slot,
                     self._next, self._out, self._ids, self._slots)
-            k = int((reader or self._ring.read)(*args) if spin is None else reader(*args, spin))
+            if spin is None:
+                k = int((reader or self._ring.read)(*args))
+            else:
+                assert reader is not None, "a spin is passed to a lane only"
+                k = int(reader(*args, spin))
             if k <= 0:
                 return []
             seen = time.perf_counter_ns()

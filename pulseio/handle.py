@@ -104,7 +104,11 @@ class Handle:
         """A future of the running loop that settles when this finishes (one loop wake-up per handle)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self.add_done_callback(lambda h: loop.call_soon_threadsafe(settle, future, h))
+
+        def on_done(handle: Handle) -> None:
+            loop.call_soon_threadsafe(settle, future, handle)
+
+        self.add_done_callback(on_done)
         return future
 
     def _finish_locked(self, exception: BaseException | None) -> list[Callable[[Any], None]]:

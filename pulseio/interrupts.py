@@ -117,6 +117,7 @@ class InterruptPump:
 
 def run_async(main: Coroutine[Any, Any, Any]) -> Any:
     """Run a coroutine to completion on a new event loop: uvloop's when installed, else asyncio's."""
+    loop: asyncio.AbstractEventLoop
     try:
         import uvloop
 

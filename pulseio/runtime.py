@@ -221,8 +221,8 @@ class Runtime:
             self._check_open()
             self._direct += 1
             worker = self.workers[self._direct % len(self.workers)]
-        transfer = worker.recall(host_ids=host_ids, device_slots=device_slots, strategy=strategy or self.config.strategy,
-                                 tag=tag, stream_ordered=stream_ordered, timeout=timeout)
+        transfer = worker.recall(host_ids=host_ids, device_slots=device_slots, tag=tag, stream_ordered=stream_ordered,
+                                 strategy=strategy or self.config.strategy, timeout=timeout)
         completion = Completion(seq=0, tag=tag, device_waiter=lambda c, s: c.transfer.device_wait(s),
                                 awaiter=self._future, strategy=transfer.strategy)
         completion.transfer, completion.num_blocks, completion.nbytes = transfer, transfer.num_blocks, transfer.nbytes

@@ -3,6 +3,7 @@ while a bf16 GEMM runs on another stream. Each returns BenchRecords; none prints
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -47,9 +48,8 @@ def measure_peak(
             reps = reps_for(size, target_bytes=int(volume * (4 << 30)), lo=10, hi=2000)
             for direction in (Direction.H2D, Direction.D2H):
                 src, dst = (host, device) if direction is Direction.H2D else (device, host)
-                seconds = copy_seconds(
-                    lambda s=src[:size], d=dst[:size]: d.copy_(s, non_blocking=True), backend.device, reps
-                )
+                s, d = src[:size], dst[:size]
+                seconds = copy_seconds(functools.partial(d.copy_, s, non_blocking=True), backend.device, reps)
                 records.append(_record("peak", "single_copy", direction, size, 1, size / seconds, info))
                 tick(records[-1])
         del device

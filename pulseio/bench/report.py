@@ -54,7 +54,7 @@ def format_table(meta: dict, records: Sequence[BenchRecord]) -> str:
                 noise = f" (runs alone within {100 * (max(r.gemm_ms_alone) / min(r.gemm_ms_alone) - 1):.1f}%)"
             what = (f"{r.gbps:6.2f} GB/s ({r.fraction_of_peak:4.2f} of peak)" if r.strategy != "none"
                     else "no recall (control)")
-            lines.append(f"  {r.strategy:>12}: {what}, GEMM slowed {100 * r.gemm_slowdown:+.1f}%{noise}")
+            lines.append(f"  {r.strategy:>12}: {what}, GEMM slowed {100 * (r.gemm_slowdown or 0.0):+.1f}%{noise}")
     if any(r.verified is False for r in records):
         lines.append("")
         lines.append("! = data check FAILED: recalled bytes differ from what was written")

@@ -116,7 +116,7 @@ def reps_for(nbytes: int, *, target_bytes: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, target_bytes // max(nbytes, 1)))
 
 
-def copy_seconds(copy: Callable[[], None], device: torch.device, reps: int) -> float:
+def copy_seconds(copy: Callable[[], object], device: torch.device, reps: int) -> float:
     """Seconds per call of `copy` over `reps` back-to-back calls (after one warm-up)."""
     copy()
     synchronize(device)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-Pattern = Callable[[Any, torch.Tensor, torch.cuda.Stream], torch.Tensor]
+Pattern = Callable[[Any, torch.Tensor, torch.Tensor, torch.cuda.Stream], torch.Tensor]
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

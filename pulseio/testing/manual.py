@@ -60,5 +60,5 @@ class DelayedBackend(HostBackend):
             time.sleep(self.delay())
             return issue(*args, **kwargs)
 
-        routes.issue = delayed_issue
+        routes.issue = delayed_issue  # type: ignore[method-assign]
         return routes
