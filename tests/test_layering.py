@@ -3,6 +3,10 @@
 - `pulseio/**` never imports `pulseio_engine`.
 - Only `pulseio/_cuda/**` imports `cuda` (cuda-python); only it and `pulseio/_native/**` (CPU numba) import `numba`.
 - `pulseio_engine/**` never imports `cuda`, `numba` or `pulseio._cuda`.
+- The private CUDA layer builds on a fixed set of core modules (below), and only `pulseio/_devices.py`
+  (which opens a backend) imports it: the rest of pulseio reaches the GPU through the Backend seam.
+- The engine uses only pulseio's public names: `from pulseio import X` with X exported by
+  `pulseio/__init__.py`, or a public (not underscored) module; never a private one.
 """
 
 from __future__ import annotations
@@ -59,3 +63,41 @@ def test_engine_layering(path: Path) -> None:
 
 def test_layering_walk_sees_files() -> None:
     assert _sources("pulseio"), "no pulseio sources found: the layering test would pass vacuously"
+
+
+# What pulseio/_cuda may build on: the seam it implements, the shared vocabulary, the task ring's host half
+# and the compiled layouts. A new entry here is a design decision, not a fix for a failing test.
+CUDA_MAY_USE = {"pulseio.backend", "pulseio.config", "pulseio.doorbell", "pulseio.errors", "pulseio.memory",
+                "pulseio.plan", "pulseio._resident", "pulseio._native", "pulseio._native.layout",
+                "pulseio._native.task_ring"}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "pulseio" / "_cuda").glob("*.py")), ids=lambda p: p.name)
+def test_the_cuda_layer_builds_on_the_core_modules_it_is_allowed(path: Path) -> None:
+    core = {n for n in _imports(path) if n.startswith("pulseio.") and not n.startswith("pulseio._cuda")}
+    assert core <= CUDA_MAY_USE, f"{path.name} imports {sorted(core - CUDA_MAY_USE)} from pulseio's core"
+
+
+@pytest.mark.parametrize("path", _sources("pulseio"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_backend_opener_imports_the_cuda_layer(path: Path) -> None:
+    if "_cuda" in path.relative_to(ROOT).parts or path.name == "_devices.py":
+        return
+    assert not [n for n in _imports(path) if n.startswith("pulseio._cuda")], (
+        f"{path} imports pulseio._cuda: reach the GPU through the Backend seam (pulseio/backend.py)")
+
+
+@pytest.mark.parametrize("path", _sources("pulseio_engine"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_engine_uses_only_public_pulseio_names(path: Path) -> None:
+    import pulseio
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "pulseio":
+            missing = [a.name for a in node.names if not hasattr(pulseio, a.name)]
+            assert not missing, f"{path}: {missing} are not pulseio's public names"
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        for name in names:
+            parts = name.split(".")
+            assert parts[0] != "pulseio" or not any(p.startswith("_") for p in parts[1:]), (
+                f"{path}: imports the private {name}; use pulseio's public names")
