@@ -10,33 +10,8 @@ wait words and the watchdog, and one interrupt pump per event loop.
         done.device_wait()                             # the consumer stream waits on the GPU
         ...                                            # or: done.wait(), done.done(), `await done`
 
-The device-wait contract
-------------------------
-`device_wait(stream)` makes later work on `stream` run only once the request's blocks are in their
-slots, or once the request has failed (then `exception()` says why and the slots hold whatever they
-held, possibly part of the copy). No wait can hang the process:
-
-* A stream that waits on the device for work the host has yet to enqueue deadlocks the context
-  as soon as any thread makes a driver call that waits for the whole device (a kernel's first
-  launch under lazy loading, Triton loading a kernel, cudaFree / `empty_cache()`, a device
-  synchronize): that call waits for the stream, and our next driver call waits for that call.
-  So no device wait here ever depends on a driver call still to be made.
-* RESIDENT requests (and AUTO, which in the doorbell path means RESIDENT wherever the backend has a
-  resident copier) never wait on the host: the stream waits for the request's wait word in pinned
-  host memory, and the resident copy kernel, held up while any such wait is outstanding (started by
-  `device_wait` itself if it had stopped), stores the word when the data lands. Between the publish
-  and the word there is no driver call: the poller posts the task with plain stores.
-* Every other strategy needs driver calls after the publish (a launch, a memcpy), so its
-  `device_wait` first waits on the host, GIL released, until the copy is enqueued (which needs the
-  publish to have run), then makes the stream wait for the copy's event.
-* The watchdog: a request a stream waits for that has not finished `device_wait_timeout_s` after the
-  wait was enqueued is failed (`TransferError` naming it, its strategy and the stage it was stuck at)
-  and its word set, so the stream moves on. If it had not reached a copier yet it never will, and its
-  slots are untouched; if it had (only a GPU fault or a pulseio bug keeps a running copier from
-  landing it), its copy may still write the slots later: treat them as garbage.
-* A host-side wait for a non-RESIDENT copy to be enqueued is bounded by the same timeout, then raises.
-* `device_wait` cannot be captured in a CUDA graph (it raises): a replay would wait for the same
-  request again. Publishing from a graph (`publish_device`, `expect_published`) is fine.
+The device-wait contract (what `Completion.device_wait` guarantees, and the watchdog) is in
+`pulseio/_device_waits.py`.
 
 Closing fails the requests whose publishes have not run within `close_timeout_s`, lets the copies in
 flight land, sets every wait word (no stream waits on us any longer), and frees the ring and the
@@ -52,15 +27,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._device_waits import DeviceWaits
 from ._devices import open_backend
 from ._poller import LatencySummary, Poller
 from ._wait_words import WaitWords
-from ._watchdog import Watchdog
 from .backend import Backend
 from .config import RuntimeConfig
 from .dma import DmaEngine, DmaStatistics
 from .doorbell import Doorbell, DoorbellStatistics, RingLayout
-from .errors import ClosedError, InvalidRequestError, TransferError, WaitTimeout, WouldBlock
+from .errors import ClosedError, InvalidRequestError, WaitTimeout, WouldBlock
 from .handle import settle
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
@@ -96,7 +71,6 @@ class Runtime:
         self._ticket = 0  # seqs handed out: the device counter reaches it once every publish ran
         self._direct = 0
         self._closed = False
-        self._held: set[int] = set()  # seqs a stream waits for on the device, not yet finished
         self._pumps: dict[Any, InterruptPump] = {}
         self._parts: list[Any] = []  # built so far, closed in reverse if construction fails
         try:
@@ -114,8 +88,8 @@ class Runtime:
             self._resident = all(w.resident is not None for w in self.workers)
             self._poller = Poller(self.doorbell, self.workers, self._words, plan=self._plan,
                                   latency_samples=config.latency_samples)
-            self._watchdog = Watchdog(landed=lambda c: self._words.reached(c.seq), release=self._unhold,
-                                      expire=self._expire)
+            self._waits = DeviceWaits(self._publisher, self._words, self._poller, self.workers,
+                                      timeout_s=config.device_wait_timeout_s)
         except BaseException:
             for part in reversed(self._parts):
                 part.close()
@@ -277,69 +251,8 @@ class Runtime:
     # -- completions -------------------------------------------------------------------------------
 
     def _completion(self, seq: int, tag: int | None, strategy: Strategy) -> Completion:
-        return Completion(seq=seq, tag=tag, device_waiter=self._device_wait, awaiter=self._future,
+        return Completion(seq=seq, tag=tag, device_waiter=self._waits.device_wait, awaiter=self._future,
                           strategy=strategy)
-
-    def _device_wait(self, completion: Completion, stream: Any) -> None:
-        """See the module doc's contract."""
-        timeout = self.config.device_wait_timeout_s
-        if completion.done() or not self._publisher.waits_on_device:
-            try:
-                completion.wait(timeout)
-            except WaitTimeout as exc:
-                raise TransferError(f"doorbell request seq={completion.seq} tag={completion.tag} has not landed "
-                                    f"within device_wait_timeout_s={timeout} s (waited on the host)") from exc
-            return
-        if completion.strategy is Strategy.RESIDENT:
-            self._hold(completion)
-            self._publisher.wait_word(stream, self._words.address(completion.seq), completion.seq)
-            return
-        if not completion.wait_issued(timeout):
-            raise TransferError(
-                f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}) was not "
-                f"enqueued within device_wait_timeout_s={timeout} s: has its publish run? (nothing was enqueued "
-                "on the stream; the request goes on)")
-        if completion.exception() is not None:
-            raise completion.exception()  # type: ignore[misc]
-        if completion.transfer is not None:  # None: it finished with nothing to copy
-            completion.transfer.device_wait(stream)
-
-    def _hold(self, completion: Completion) -> None:
-        """Keep the request's copier up until the request's word is set, and arm the watchdog (once per
-        request). The watchdog lets go once it sees the word set (every way a request ends sets it)."""
-        seq = completion.seq
-        with self._lock:
-            if seq in self._held:
-                return
-            self._held.add(seq)
-        self._copier(seq).hold()
-        self._watchdog.arm(seq, self.config.device_wait_timeout_s, completion)
-
-    def _unhold(self, completion: Completion) -> None:
-        with self._lock:
-            if completion.seq not in self._held:
-                return
-            self._held.discard(completion.seq)
-        self._copier(completion.seq).unhold()
-
-    def _copier(self, seq: int) -> Any:
-        return self.workers[seq % len(self.workers)].resident
-
-    def _expire(self, completion: Completion) -> None:
-        """The watchdog's call: `completion` is still unfinished at its deadline. Fail it, set its word."""
-        if completion.done():
-            return self._unhold(completion)
-        stage = "never reached a copier (its slots were not written)" if self._poller.cancel(completion) else (
-            "was handed to the copier and has not landed: its copy may still write its slots")
-        error = TransferError(
-            f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}"
-            f"{f', {completion.num_blocks} blocks' if completion.num_blocks else ''}) did not land within "
-            f"device_wait_timeout_s="
-            f"{self.config.device_wait_timeout_s} s and {stage}; the waiting streams were released "
-            f"[{self._copier(completion.seq).describe()}]")
-        log.error("%s", error)
-        self._poller.fail(completion, error)
-        self._unhold(completion)
 
     def _future(self, completion: Completion) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -361,7 +274,7 @@ class Runtime:
         return RuntimeStatistics(
             submitted=submitted, completed=poller.completed, failed=poller.failed,
             in_flight=submitted - poller.completed - poller.failed, bytes_moved=poller.bytes_moved,
-            loop_wakeups=loop_wakeups, device_waits_expired=self._watchdog.expired,
+            loop_wakeups=loop_wakeups, device_waits_expired=self._waits.expired,
             post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
             doorbell=ring, dma=tuple(w.statistics() for w in self.workers))
 
@@ -381,7 +294,7 @@ class Runtime:
         for worker in self.workers:
             worker.close()  # lets the copies in flight land
         self._words.release_all()  # no stream waits on us any longer
-        self._watchdog.close()
+        self._waits.close()
         drained = self._publisher.drain_sync(max(deadline - time.monotonic(), 0.1))
         for part in reversed(self._parts):
             if isinstance(part, DmaEngine):

@@ -137,9 +137,14 @@ class _HeldPublisher:
         self._real.close()
 
 
+def _hold_publishes(rt: pulseio.Runtime) -> _HeldPublisher:
+    publisher = rt._publisher = rt._waits._publisher = _HeldPublisher(rt._publisher)
+    return publisher
+
+
 def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met() -> None:
     rt = _runtime(strategy=Strategy.RESIDENT, device_wait_timeout_s=0.2)
-    publisher = rt._publisher = _HeldPublisher(rt._publisher)
+    publisher = _hold_publishes(rt)
     try:
         rt.device_pool.slots[3] = 0xEE  # poison: the cancelled request must leave it so
         done = rt.post_recall(host_ids=np.array([7]), device_slots=np.array([3]), tag=4)
@@ -163,7 +168,7 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met() -> N
 
 def test_a_hold_is_let_go_once_the_word_is_set() -> None:
     rt = _runtime(strategy=Strategy.RESIDENT)
-    rt._publisher = _HeldPublisher(rt._publisher)
+    _hold_publishes(rt)
     try:
         done = rt.post_recall(host_ids=np.array([7]), device_slots=np.array([3]))
         done.device_wait()
@@ -179,7 +184,7 @@ def test_a_hold_is_let_go_once_the_word_is_set() -> None:
 @pytest.mark.parametrize("strategy", [Strategy.RESIDENT, Strategy.GATHER_DMA])
 def test_close_under_load_returns_in_time_and_leaves_nothing_pending(strategy: Strategy) -> None:
     rt = _runtime(strategy=strategy, close_timeout_s=1.0, ring_slots=64, device_wait_timeout_s=0.2)
-    rt._publisher = publisher = _HeldPublisher(rt._publisher)
+    publisher = _hold_publishes(rt)
     rng = np.random.default_rng(0)
     posted = [rt.post_recall(host_ids=rng.choice(256, 8, replace=False), device_slots=rng.choice(64, 8, replace=False))
               for _ in range(40)]

@@ -1,0 +1,127 @@
+"""DeviceWaits: how a doorbell request's `device_wait` is carried out, so that none can hang the process.
+
+`device_wait(stream)` makes later work on `stream` run only once the request's blocks are in their
+slots, or once the request has failed (then `exception()` says why and the slots hold whatever they
+held, possibly part of the copy). No wait can hang the process:
+
+* A stream that waits on the device for work the host has yet to enqueue deadlocks the context
+  as soon as any thread makes a driver call that waits for the whole device (a kernel's first
+  launch under lazy loading, Triton loading a kernel, cudaFree / `empty_cache()`, a device
+  synchronize): that call waits for the stream, and our next driver call waits for that call.
+  So no device wait here ever depends on a driver call still to be made.
+* RESIDENT requests (and AUTO, which in the doorbell path means RESIDENT wherever the backend has a
+  resident copier) never wait on the host: the stream waits for the request's wait word in pinned
+  host memory, and the resident copy kernel, held up while any such wait is outstanding (started by
+  `device_wait` itself if it had stopped), stores the word when the data lands. Between the publish
+  and the word there is no driver call: the poller posts the task with plain stores.
+* Every other strategy needs driver calls after the publish (a launch, a memcpy), so its
+  `device_wait` first waits on the host, GIL released, until the copy is enqueued (which needs the
+  publish to have run), then makes the stream wait for the copy's event.
+* The watchdog: a request a stream waits for that has not finished `device_wait_timeout_s` after the
+  wait was enqueued is failed (`TransferError` naming it, its strategy and the stage it was stuck at)
+  and its word set, so the stream moves on. If it had not reached a copier yet it never will, and its
+  slots are untouched; if it had (only a GPU fault or a pulseio bug keeps a running copier from
+  landing it), its copy may still write the slots later: treat them as garbage.
+* A host-side wait for a non-RESIDENT copy to be enqueued is bounded by the same timeout, then raises.
+* `device_wait` cannot be captured in a CUDA graph (it raises): a replay would wait for the same
+  request again. Publishing from a graph (`publish_device`, `expect_published`) is fine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ._poller import Poller
+from ._wait_words import WaitWords
+from ._watchdog import Watchdog
+from .backend import Publisher
+from .dma import DmaEngine
+from .errors import TransferError, WaitTimeout
+from .interrupts import Completion
+from .plan import Strategy
+
+log = logging.getLogger(__name__)
+
+
+class DeviceWaits:
+    """Carries out `Completion.device_wait` for a Runtime's doorbell requests; owns the watchdog."""
+
+    def __init__(self, publisher: Publisher, words: WaitWords, poller: Poller, workers: Sequence[DmaEngine], *,
+                 timeout_s: float) -> None:
+        self._publisher, self._words, self._poller, self._workers = publisher, words, poller, workers
+        self._timeout = timeout_s
+        self._lock = threading.Lock()
+        self._held: set[int] = set()  # seqs a stream waits for on the device whose copier is held up
+        self._watchdog = Watchdog(landed=lambda c: words.reached(c.seq), release=self._unhold, expire=self._expire)
+
+    @property
+    def expired(self) -> int:
+        """Requests the watchdog failed to release a waiting stream."""
+        return self._watchdog.expired
+
+    def device_wait(self, completion: Completion, stream: Any) -> None:
+        """See the module doc."""
+        timeout = self._timeout
+        if completion.done() or not self._publisher.waits_on_device:
+            try:
+                completion.wait(timeout)
+            except WaitTimeout as exc:
+                raise TransferError(f"doorbell request seq={completion.seq} tag={completion.tag} has not landed "
+                                    f"within device_wait_timeout_s={timeout} s (waited on the host)") from exc
+            return
+        if completion.strategy is Strategy.RESIDENT:
+            self._hold(completion)
+            self._publisher.wait_word(stream, self._words.address(completion.seq), completion.seq)
+            return
+        if not completion.wait_issued(timeout):
+            raise TransferError(
+                f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}) was not "
+                f"enqueued within device_wait_timeout_s={timeout} s: has its publish run? (nothing was enqueued "
+                "on the stream; the request goes on)")
+        error = completion.exception()
+        if error is not None:
+            raise error
+        if completion.transfer is not None:  # None: it finished with nothing to copy
+            completion.transfer.device_wait(stream)
+
+    def _hold(self, completion: Completion) -> None:
+        """Keep the request's copier up until the request's word is set, and arm the watchdog (once per
+        request). The watchdog lets go once it sees the word set (every way a request ends sets it)."""
+        seq = completion.seq
+        with self._lock:
+            if seq in self._held:
+                return
+            self._held.add(seq)
+        self._copier(seq).hold()
+        self._watchdog.arm(seq, self._timeout, completion)
+
+    def _unhold(self, completion: Completion) -> None:
+        with self._lock:
+            if completion.seq not in self._held:
+                return
+            self._held.discard(completion.seq)
+        self._copier(completion.seq).unhold()
+
+    def _copier(self, seq: int) -> Any:
+        return self._workers[seq % len(self._workers)].resident
+
+    def _expire(self, completion: Completion) -> None:
+        """The watchdog's call: `completion` is still unfinished at its deadline. Fail it, set its word."""
+        if completion.done():
+            return self._unhold(completion)
+        stage = "never reached a copier (its slots were not written)" if self._poller.cancel(completion) else (
+            "was handed to the copier and has not landed: its copy may still write its slots")
+        blocks = f", {completion.num_blocks} blocks" if completion.num_blocks else ""
+        error = TransferError(
+            f"doorbell request seq={completion.seq} tag={completion.tag} ({completion.strategy.value}{blocks}) did "
+            f"not land within device_wait_timeout_s={self._timeout} s and {stage}; the waiting streams were "
+            f"released [{self._copier(completion.seq).describe()}]")
+        log.error("%s", error)
+        self._poller.fail(completion, error)
+        self._unhold(completion)
+
+    def close(self) -> None:
+        self._watchdog.close()
