@@ -36,9 +36,9 @@ from pulseio.cliargs import (
 from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, run_bench
+from .calibration import CalibrationConfig, calibrate_checkpoint
 from .config import CacheConfig, DType
 from .engine import TORCH_DTYPES, Engine
-from .calibration import CalibrationConfig, calibrate_checkpoint
 from .fetch import MODELS, fetch_model, fetch_smollm2
 from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for

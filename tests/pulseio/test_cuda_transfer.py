@@ -66,7 +66,8 @@ def test_many_small_recalls_merge_and_stay_exact(backend) -> None:
             slots = rng.permutation(device.num_slots)
             ids = rng.choice(host.num_blocks, device.num_slots, replace=False)
             transfers = [
-                engine.recall(host_ids=ids[i : i + 16], device_slots=slots[i : i + 16], strategy=strategy, stream_ordered=False)
+                engine.recall(host_ids=ids[i : i + 16], device_slots=slots[i : i + 16], strategy=strategy,
+                              stream_ordered=False)
                 for i in range(0, device.num_slots, 16)
                 for strategy in [Strategy.ZERO_COPY]
             ]
@@ -126,13 +127,15 @@ def test_resident_kernel_stops_when_idle_and_restarts_on_the_next_post(backend) 
             for _ in range(3):
                 time.sleep(0.01)  # > idle: the kernel has exited
                 ids = rng.choice(host.num_blocks, 64, replace=False)
-                engine.recall(host_ids=ids, device_slots=np.arange(64), strategy=Strategy.RESIDENT, stream_ordered=False).wait(timeout=30)
+                engine.recall(host_ids=ids, device_slots=np.arange(64), strategy=Strategy.RESIDENT,
+                              stream_ordered=False).wait(timeout=30)
                 assert torch.equal(device.slots[:64].cpu(), host.blocks[torch.from_numpy(ids)])
             assert copier.launches >= launches + 3
             slots = rng.permutation(device.num_slots)[:640]
             ids = rng.choice(host.num_blocks, 640, replace=False)
             device.slots.index_fill_(0, torch.from_numpy(slots).cuda(), 0xA5)
-            transfers = [engine.recall(host_ids=ids[i : i + 16], device_slots=slots[i : i + 16], strategy=Strategy.RESIDENT,
+            transfers = [engine.recall(host_ids=ids[i : i + 16], device_slots=slots[i : i + 16],
+                                       strategy=Strategy.RESIDENT,
                                        stream_ordered=False) for i in range(0, 640, 16)]
             transfers[-1].device_wait()
             landed = device.slots[torch.from_numpy(slots).cuda()].cpu()  # consumer stream, after the wait

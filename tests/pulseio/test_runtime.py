@@ -169,7 +169,8 @@ def test_the_fast_lane_posts_resident_requests_before_the_poller_builds_anything
     request still completes in order with the right bytes."""
     with _runtime(strategy=Strategy.RESIDENT, ring_slots=16) as rt:
         copier = rt.workers[0].resident
-        done = [rt.post_recall(host_ids=np.array([i, i + 100]), device_slots=np.array([2 * i, 2 * i + 1]), tag=i) for i in range(1, 9)]
+        done = [rt.post_recall(host_ids=np.array([i, i + 100]), device_slots=np.array([2 * i, 2 * i + 1]), tag=i)
+                for i in range(1, 9)]
         bad = rt.post_recall(host_ids=np.array([1, 9999]), device_slots=np.array([0, 1]), tag=9)
         after = rt.post_recall(host_ids=np.array([250]), device_slots=np.array([63]), tag=10)
         assert all(d.wait(timeout=10) for d in done) and after.wait(timeout=10)

@@ -99,7 +99,8 @@ def test_a_dead_dma_worker_fails_its_queued_transfers_and_later_submits() -> Non
             raise RuntimeError("injected: a bug in the worker")
 
         dma._issue = broken_issue  # type: ignore[method-assign]
-        transfers = [dma.recall(host_ids=np.array([i]), device_slots=np.array([i]), strategy=Strategy.GATHER_DMA) for i in range(3)]
+        transfers = [dma.recall(host_ids=np.array([i]), device_slots=np.array([i]), strategy=Strategy.GATHER_DMA)
+                     for i in range(3)]
         gate.set()
         for t in transfers:
             with pytest.raises(TransferError):
@@ -189,7 +190,8 @@ def test_close_under_load_returns_in_time_and_leaves_nothing_pending(strategy: S
     posted = [rt.post_recall(host_ids=rng.choice(256, 8, replace=False), device_slots=rng.choice(64, 8, replace=False))
               for _ in range(40)]
     publisher.release()
-    never = [rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1])) for _ in range(3)]  # publishes that never run
+    # publishes that never run
+    never = [rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1])) for _ in range(3)]
     for c in never:
         if strategy is Strategy.RESIDENT:
             c.device_wait()  # a wait on the word: close must release it
