@@ -11,7 +11,6 @@ fixed ids area, where the gather kernel reads them through UVA.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import Counter
@@ -25,19 +24,19 @@ from .._native.task_ring import MAX_TASK_BLOCKS
 from ..backend import Pending
 from ..config import DmaConfig
 from ..doorbell import Doorbell
-from ..errors import DeviceUnavailableError, PoolTooSmallError, PulseInternalError
+from ..errors import DeviceUnavailableError, PoolTooSmallError
 from ..memory import DevicePool, HostPool
 from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
 from . import driver
+from .buffers import ID_BYTES as _ID
+from .buffers import BufferRing
 from .doorbell_kernels import DevicePublisher
 from .hostmem import PinnedBuffer
 from .launch import BlockArray, CopyBlocksLauncher
 from .resident import ResidentCopier
 
 log = logging.getLogger(__name__)
-_ID = 8  # bytes per id (int64)
 _ID_BUFFERS = 16  # zero-copy id buffers: one per transfer in flight before an issuer must reclaim
-_LOST_BUFFER_S = 30.0
 
 
 def _words(rows: torch.Tensor) -> torch.Tensor:
@@ -88,72 +87,6 @@ class CudaBackend:
         return DevicePublisher(self.device, self.context, doorbell.device_ptr, layout.capacity, layout.slot_words)
 
 
-class _BufferRing:
-    """Pinned (and optionally device-twin) buffers handed out by a free queue. Each goes back when
-    the piece that used it has finished; an issuer that finds none free finishes the oldest piece
-    in flight itself (`reclaim`), so a ring never waits on another thread to make progress."""
-
-    def __init__(
-        self, backend: CudaBackend, count: int, nbytes: int, on_device: bool, label: str,
-        reclaim: Callable[[], bool],
-    ) -> None:
-        self._reclaim = reclaim
-        self.pinned = [backend.alloc_host(nbytes, label=label) for _ in range(count)]
-        device = backend.device if on_device else None
-        self.device = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(count)] if device else []
-        self._free: queue.SimpleQueue[int] = queue.SimpleQueue()
-        for i in range(count):
-            self._free.put(i)
-
-    def releaser(self, index: int) -> Callable[[], None]:
-        return lambda: self._free.put(index)
-
-    def lease(self, emit: Callable[[Pending], None], record: Callable[[], Any]) -> _Lease:
-        """`with ring.lease(...) as index`: a free buffer's index. If the body raises, copies it already
-        enqueued may still touch the buffer: it goes back only once the stream has passed them (or
-        never, if even that fails)."""
-        return _Lease(self, emit, record)
-
-    def _take(self) -> int:
-        while True:
-            try:
-                return self._free.get_nowait()
-            except queue.Empty:
-                if self._reclaim():
-                    continue
-            try:  # nothing left in flight to finish: a piece being finished on another thread frees one
-                return self._free.get(timeout=_LOST_BUFFER_S)
-            except queue.Empty:
-                raise PulseInternalError(
-                    f"no buffer of this ring came back in {_LOST_BUFFER_S} s with nothing in flight"
-                ) from None
-
-    def close(self) -> None:
-        for buffer in self.pinned:
-            buffer.close()
-
-
-class _Lease:
-    """The context manager `_BufferRing.lease` returns (a class: @contextmanager costs ~2 us a use)."""
-
-    __slots__ = ("_ring", "_emit", "_record", "_index")
-
-    def __init__(self, ring: _BufferRing, emit: Callable[[Pending], None], record: Callable[[], Any]) -> None:
-        self._ring, self._emit, self._record = ring, emit, record
-
-    def __enter__(self) -> int:
-        self._index = self._ring._take()
-        return self._index
-
-    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
-        if kind is None:
-            return
-        try:
-            self._emit(Pending(self._record(), self._ring.releaser(self._index)))
-        except Exception:
-            log.error("a pinned buffer was not recycled after a failed issue; the ring has one less")
-
-
 class CudaRoutes:
     available = frozenset(
         {Strategy.PER_BLOCK, Strategy.GATHER_DMA, Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED}
@@ -183,11 +116,11 @@ class CudaRoutes:
         # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
         self.stage_seconds: Counter[str] = Counter()
         self._capacity = max(1, config.staging_bytes // self._bb)
-        self._staging = _BufferRing(
+        self._staging = BufferRing(
             backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging", reclaim
         )
         self._id_capacity = config.merge_blocks
-        self._ids = _BufferRing(backend, _ID_BUFFERS, 2 * self._id_capacity * _ID, False, "id ring", reclaim)
+        self._ids = BufferRing(backend, _ID_BUFFERS, 2 * self._id_capacity * _ID, False, "id ring", reclaim)
         self._id_views = [b.tensor.numpy().view(np.int64) for b in self._ids.pinned]
         self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
         self._batch = {
@@ -205,6 +138,11 @@ class CudaRoutes:
             backend, self._host_array, self._pool_array, ctas=config.zero_copy_ctas, slots=_ID_BUFFERS,
             cap=min(config.merge_blocks, MAX_TASK_BLOCKS), idle_us=config.resident_idle_us,
         )
+        self._routes = {
+            Strategy.RESIDENT: self._route_resident, Strategy.ZERO_COPY: self._route_zero_copy,
+            Strategy.BATCHED: self._route_batched, Strategy.GATHER_DMA: self._route_gather_dma,
+            Strategy.PER_BLOCK: self._route_per_block,
+        }
 
     # -- RouteSet ------------------------------------------------------------------------------
 
@@ -222,24 +160,31 @@ class CudaRoutes:
         for event in after:
             self.stream.wait_event(event)
         plan = plans[0] if len(plans) == 1 else merge_plans(list(plans))
-        if strategy is Strategy.RESIDENT:
-            # stream-ordered: the copy stream (already waiting on the callers' streams) releases the task
-            self._resident.post_plan(plan, emit, ordered_on=self._stream_handle if after else None,
-                                     raise_on_landed=raise_on_landed, posted_task=posted_task)
-        elif strategy is Strategy.ZERO_COPY:
-            self._zero_copy(plan, emit)
-        elif strategy is Strategy.BATCHED:
-            self._batched(plan)
+        self._routes[strategy](plan, emit, bool(after), raise_on_landed, posted_task)
+
+    # -- the routes: one per strategy, each (plan, emit, ordered, raise_on_landed, posted_task) -------
+
+    def _route_resident(self, plan: TransferPlan, emit: Callable[[Pending], None], ordered: bool,
+                        raise_on_landed: tuple[int, int] | None, posted_task: int | None) -> None:
+        # stream-ordered: the copy stream (already waiting on the callers' streams) releases the task
+        self._resident.post_plan(plan, emit, ordered_on=self._stream_handle if ordered else None,
+                                 raise_on_landed=raise_on_landed, posted_task=posted_task)
+
+    def _route_zero_copy(self, plan: TransferPlan, emit: Callable[[Pending], None], *_: Any) -> None:
+        self._zero_copy(plan, emit)
+
+    def _route_batched(self, plan: TransferPlan, emit: Callable[[Pending], None], *_: Any) -> None:
+        self._batched(plan)
+        emit(Pending(self._record()))
+
+    def _route_gather_dma(self, plan: TransferPlan, emit: Callable[[Pending], None], *_: Any) -> None:
+        with torch.cuda.stream(self.stream):  # torch copies below go to the copy stream
+            self._gather_dma(plan, emit)
+
+    def _route_per_block(self, plan: TransferPlan, emit: Callable[[Pending], None], *_: Any) -> None:
+        with torch.cuda.stream(self.stream):
+            self._per_block(plan)
             emit(Pending(self._record()))
-        else:
-            with torch.cuda.stream(self.stream):  # torch copies below go to the copy stream
-                if strategy is Strategy.GATHER_DMA:
-                    self._gather_dma(plan, emit)
-                elif strategy is Strategy.PER_BLOCK:
-                    self._per_block(plan)
-                    emit(Pending(self._record()))
-                else:
-                    raise ValueError(f"unknown strategy {strategy!r}")
 
     def synchronize(self, event: Any) -> None:
         self._bind_thread()

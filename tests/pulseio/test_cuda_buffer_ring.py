@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("cuda.bindings")
 pytest.importorskip("numba")
 
-from pulseio._cuda.backend import _BufferRing  # noqa: E402
+from pulseio._cuda.buffers import BufferRing  # noqa: E402
 
 
-def _ring(count: int) -> _BufferRing:
-    ring = _BufferRing.__new__(_BufferRing)  # no pinned memory needed to test the bookkeeping
+def _ring(count: int) -> BufferRing:
+    ring = BufferRing.__new__(BufferRing)  # no pinned memory needed to test the bookkeeping
     ring._free = queue.SimpleQueue()
     ring._reclaim = lambda: False
     for i in range(count):
