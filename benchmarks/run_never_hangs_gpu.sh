@@ -2,7 +2,8 @@
 # Issue 11 on one H200: the runtime's GPU tests, every device-wait pattern x strategy x k x cold/warm in fresh
 # processes (tests/pulseio/test_device_wait_patterns_gpu.py), the soak, compute-sanitizer on the kernels,
 # and bench_doorbell (what the fix costs). Run from the repo root:  OUT=/some/dir bash benchmarks/run_never_hangs_gpu.sh
-# QUICK=1: a reduced matrix and a 20 s soak. PARTS (default "tests patterns sanitize soak bench") picks steps
+# QUICK=1: a reduced matrix (PATTERNS_K, a pytest -k; default the k=2048 cold cases) and a 20 s soak
+# (SOAK_S, SOAK_N override the soak's seconds and posts). PARTS (default "tests patterns sanitize soak bench") picks steps
 # (one device call is 10 minutes at most: the full set takes two). Every step has its own timeout; the
 # summary is printed last.
 set -u
@@ -13,8 +14,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 : > "$OUT/steps.txt"
 source benchmarks/_steps.sh
 QUICK=${QUICK:-0}
-SOAK_S=$([ "$QUICK" = 1 ] && echo 20 || echo 130)
-SOAK_N=$([ "$QUICK" = 1 ] && echo 500 || echo 10000)
+SOAK_S=${SOAK_S:-$([ "$QUICK" = 1 ] && echo 20 || echo 130)}
+SOAK_N=${SOAK_N:-$([ "$QUICK" = 1 ] && echo 500 || echo 10000)}
 
 step env 30 bash -c 'nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; nproc;
   echo "git sha ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; date -u; echo "CUDA_MODULE_LOADING=${CUDA_MODULE_LOADING:-<unset>}";
@@ -25,7 +26,7 @@ has tests && step pytest_runtime_gpu 240 python -m pytest -q -rfE -p no:cachepro
   tests/pulseio/test_runtime_gpu.py tests/pulseio/test_cuda_transfer.py
 if ! has patterns; then :
 elif [ "$QUICK" = 1 ]; then
-  step patterns 200 python -m pytest -q -rfE -p no:cacheprovider -k "2048-cold" \
+  step patterns 200 python -m pytest -q -rfE -p no:cacheprovider -k "${PATTERNS_K:-2048-cold}" \
     tests/pulseio/test_device_wait_patterns_gpu.py
 else
   DEVICE_WAIT_JOBS=${DEVICE_WAIT_JOBS:-14} DEVICE_WAIT_RESULTS="$OUT/patterns.jsonl" step patterns 420 python -m pytest -q -rfE -p no:cacheprovider \
