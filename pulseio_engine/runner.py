@@ -8,6 +8,7 @@ eagerly (one sync to read the sampled tokens); decode runs a captured CUDA graph
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ from .model.llama import CausalLM
 from .request import Sequence
 from .sampler import sample_tokens
 from .scheduler import PrefillChunk
+
+if TYPE_CHECKING:
+    from .offload import Offloader
 
 
 class ModelRunner:
@@ -47,7 +51,7 @@ class ModelRunner:
 
     def load_kv(self, seq: Sequence, source: KVSource) -> None:
         """Write KV computed elsewhere into the sequence's blocks."""
-        source.write_into(self.kv, self._block_ids(seq, len(seq.block_table)))
+        source.write_into(self.kv, self.block_ids(seq, len(seq.block_table)))
 
     # ---- prefill --------------------------------------------------------------------------------
 
@@ -63,7 +67,7 @@ class ModelRunner:
             ids.append(np.asarray(seq.token_ids[chunk.start:stop], dtype=np.int64))
             positions.append(pos)
             slots.append(table[pos // bs] * bs + pos % bs)
-            spans.append(PrefillSpan(row, chunk.length, chunk.start, self._block_ids(seq, blocks_for(stop, bs))))
+            spans.append(PrefillSpan(row, chunk.length, chunk.start, self.block_ids(seq, blocks_for(stop, bs))))
             row += chunk.length
             if chunk.samples:
                 rows.append(row - 1)
@@ -102,6 +106,15 @@ class ModelRunner:
             return sample_tokens(self.graphs.logits[:batch], temps, self.generator).tolist()
         return self.graphs.next_tokens[:batch].tolist()
 
+    def decode_offload_sync(self, seqs: Seq[Sequence], offloader: Offloader) -> list[int]:
+        """One eager decode step of offload requests: their offloaded layers attend to hot slots only."""
+        state = self.prepare_decode(seqs)
+        ids = [s.request_id for s in seqs]
+        batch = offloader.begin(ids, state)
+        logits = self.model.forward(state)                        # [B, V]
+        offloader.end(ids, batch)
+        return sample_tokens(logits, [s.sampling.temperature for s in seqs], self.generator).tolist()
+
     def upload_decode(self, seqs: Seq[Sequence]) -> int:
         """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""
         batch = len(seqs)
@@ -128,7 +141,8 @@ class ModelRunner:
             tables[i, :len(ids)] = ids
         return tables
 
-    def _block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:
+    def block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:
+        """[n_blocks] int64 physical blocks of a sequence, on the device."""
         return self._to_device(np.asarray(seq.block_table.block_ids[:n_blocks], dtype=np.int64))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
