@@ -89,10 +89,11 @@ class Engine:
         return cls(config, ckpt.weights, tokenizer=ckpt.tokenizer, seed=seed, retrieval_heads=retrieval_heads)
 
     def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams | None = None, *,
-                    kv: KVSource | None = None, offload: bool = False) -> int:
+                    kv: KVSource | None = None, offload: bool = False, decode_tail: int = 0) -> int:
         """Queue a request; returns its id. With `kv`, the first `kv.num_tokens` prompt tokens arrive
         with their KV computed (disaggregated prefill) and only the rest is run here. With `offload`,
-        its KV lives in the host pool and decode attends to a hot set (`OffloadConfig`).
+        its KV lives in the host pool and decode attends to a hot set (`OffloadConfig`). The last
+        `decode_tail` prompt tokens are fed one per decode step (see `Sequence`).
         Refuses, before any work, a request longer than the model's limit, the KV cache or the host pool."""
         sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
@@ -101,7 +102,8 @@ class Engine:
             self._check_offload(kv)
         rid = next(self._ids)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else self.config.model.eos_token_ids
-        seq = Sequence(rid, prompt, sampling, eos_token_ids=eos, num_computed=kv.num_tokens if kv else 0)
+        seq = Sequence(rid, prompt, sampling, eos_token_ids=eos, num_computed=kv.num_tokens if kv else 0,
+                       decode_tail=decode_tail)
         if offload:
             self.offloader.open(rid, len(prompt) + sampling.max_new_tokens)   # raises OffloadCapacityError
         try:
@@ -123,9 +125,13 @@ class Engine:
         for seq in step.admitted:
             if seq.request_id in self._handoffs:
                 self.runner.load_kv(seq, self._handoffs.pop(seq.request_id))
-        sampled = self._run(step)
+        sampled, logits = self._run(step)
         finished = []
-        for seq, token in sampled:
+        for row, (seq, token) in enumerate(sampled):
+            if seq.num_computed < seq.num_tokens:      # a prompt token follows (decode_tail): keep its logprob
+                logprob = torch.log_softmax(logits[row], dim=-1)[seq.token_ids[seq.num_computed]]
+                seq.forced_logprobs.append(float(logprob))
+                continue
             if seq.append_token(token) is not None:
                 self.scheduler.finish(seq)
                 if self.offloader is not None:
@@ -165,26 +171,29 @@ class Engine:
         return EngineStatistics(s.num_waiting, s.num_running, s.num_free_blocks, self.kv.num_blocks,
                                 self._steps, self._prefill_tokens, self._decode_tokens)
 
-    def _run(self, step: ScheduledStep) -> list[tuple[Sequence, int]]:
+    def _run(self, step: ScheduledStep) -> tuple[list[tuple[Sequence, int]], torch.Tensor | None]:
+        """-> ((sequence, sampled token) pairs, their logits rows [n, V])."""
         if step.prefill:
-            tokens = self.runner.prefill_sync(step.prefill)
+            tokens, logits = self.runner.prefill_sync(step.prefill)
             for chunk in step.prefill:
                 chunk.seq.mark_computed(chunk.length)
                 self._offload_prefilled(chunk)
             self._prefill_tokens += sum(c.length for c in step.prefill)
-            return list(zip([c.seq for c in step.prefill if c.samples], tokens, strict=True))
+            return list(zip([c.seq for c in step.prefill if c.samples], tokens, strict=True)), logits
         if step.decode:
             offloaded = self.offloader.seqs if self.offloader is not None else {}
             normal = [s for s in step.decode if s.request_id not in offloaded]
             sparse = [s for s in step.decode if s.request_id in offloaded]
-            tokens = self.runner.decode_sync(normal) if normal else []
+            tokens, logits = self.runner.decode_sync(normal) if normal else ([], None)
             if sparse:
-                tokens += self.runner.decode_offload_sync(sparse, self.offloader)
+                more, sparse_logits = self.runner.decode_offload_sync(sparse, self.offloader)
+                tokens += more
+                logits = sparse_logits if logits is None else torch.cat([logits, sparse_logits])
             for seq in step.decode:
                 seq.mark_computed(1)
             self._decode_tokens += len(step.decode)
-            return list(zip(normal + sparse, tokens, strict=True))
-        return []
+            return list(zip(normal + sparse, tokens, strict=True)), logits
+        return [], None
 
     def _offload_prefilled(self, chunk: PrefillChunk) -> None:
         """Once an offload request's prompt is in the cache, copy its offloaded layers to the host."""

@@ -76,12 +76,13 @@ class ModelRunner:
                                 to_dev(np.concatenate(slots)), PrefillAttention(tuple(spans)), self.kv,
                                 logit_rows=to_dev(np.asarray(rows, dtype=np.int64)))
 
-    def prefill_sync(self, chunks: Seq[PrefillChunk]) -> list[int]:
-        """Run prompt chunks; returns one sampled token per chunk that reaches its sequence's end."""
+    def prefill_sync(self, chunks: Seq[PrefillChunk]) -> tuple[list[int], torch.Tensor]:
+        """Run prompt chunks; returns one sampled token per chunk that reaches its prefill's end, and
+        those chunks' logits [S, V] fp32."""
         state = self.prepare_prefill(chunks)
         logits = self.model.forward(state)                       # [S, V]
         temps = [c.seq.sampling.temperature for c in chunks if c.samples]
-        return sample_tokens(logits, temps, self.generator).tolist()
+        return sample_tokens(logits, temps, self.generator).tolist(), logits
 
     # ---- decode ---------------------------------------------------------------------------------
 
@@ -92,28 +93,30 @@ class ModelRunner:
         tables = self._table_array(seqs, self.max_blocks_per_seq)
         slots = tables[np.arange(len(seqs)), pos // bs].astype(np.int64) * bs + pos % bs
         attention = DecodeAttention(self._to_device(tables), self._to_device((pos + 1).astype(np.int32)))
-        ids = np.asarray([s.token_ids[-1] for s in seqs], dtype=np.int64)
+        ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
         return self.model.begin(self._to_device(ids), self._to_device(pos), self._to_device(slots),
                                 attention, self.kv)
 
-    def decode_sync(self, seqs: Seq[Sequence]) -> list[int]:
-        """One decode step for every sequence (each has exactly one uncomputed token)."""
+    def decode_sync(self, seqs: Seq[Sequence]) -> tuple[list[int], torch.Tensor]:
+        """One decode step for every sequence (each feeds its token at `num_computed`); returns the
+        sampled tokens and the logits [B, V] fp32 (a view of the graphs' buffer: read it before the next step)."""
         batch = len(seqs)
         bucket = self.upload_decode(seqs)
         self.graphs.run_nowait(bucket)
         temps = [s.sampling.temperature for s in seqs]
+        logits = self.graphs.logits[:batch]
         if any(t > 0 for t in temps):
-            return sample_tokens(self.graphs.logits[:batch], temps, self.generator).tolist()
-        return self.graphs.next_tokens[:batch].tolist()
+            return sample_tokens(logits, temps, self.generator).tolist(), logits
+        return self.graphs.next_tokens[:batch].tolist(), logits
 
-    def decode_offload_sync(self, seqs: Seq[Sequence], offloader: Offloader) -> list[int]:
+    def decode_offload_sync(self, seqs: Seq[Sequence], offloader: Offloader) -> tuple[list[int], torch.Tensor]:
         """One eager decode step of offload requests: their offloaded layers attend to hot slots only."""
         state = self.prepare_decode(seqs)
         ids = [s.request_id for s in seqs]
         batch = offloader.begin(ids, state)
         logits = self.model.forward(state)                        # [B, V]
         offloader.end(ids, batch)
-        return sample_tokens(logits, [s.sampling.temperature for s in seqs], self.generator).tolist()
+        return sample_tokens(logits, [s.sampling.temperature for s in seqs], self.generator).tolist(), logits
 
     def upload_decode(self, seqs: Seq[Sequence]) -> int:
         """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""
@@ -121,7 +124,7 @@ class ModelRunner:
         bucket = self.graphs.bucket_for(batch)
         self.graphs.ensure_captured(bucket)
         self._host_ids.numpy()[:bucket] = 0
-        self._host_ids.numpy()[:batch] = [s.token_ids[-1] for s in seqs]
+        self._host_ids.numpy()[:batch] = [s.token_ids[s.num_computed] for s in seqs]
         self._host_pos.numpy()[:bucket] = 0
         self._host_pos.numpy()[:batch] = [s.num_computed for s in seqs]
         self._host_tables.numpy()[:bucket] = self._table_array(seqs, self.max_blocks_per_seq, rows=bucket)

@@ -172,3 +172,22 @@ def test_engine_memory_footprint_names_its_unit(tiny_qwen3) -> None:
         m = engine.config.model
         assert f.unit_bytes == 2 * BS * m.num_kv_heads * m.head_dim * 4 == engine.offloader.runtime.host_pool.block_bytes
     assert Engine.from_model("tiny", device="cpu").offloader is None
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_decoded_tail_gives_the_tokens_of_a_prefilled_one(tiny_qwen3, offload) -> None:
+    """The last 9 prompt tokens fed one per decode step (an evaluation's question): same greedy output as
+    prefilling them, and one log-probability per fed token, equal to the prefill's own choice where greedy."""
+    path = str(tiny_qwen3[0])
+    prompt, sampling = PROMPTS[0], SamplingParams(max_new_tokens=6, ignore_eos=True)
+    with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=64, dense=1) as engine:
+        whole = _run(engine, [prompt], sampling, [offload])[0]
+        rid = engine.add_request(prompt, sampling, offload=offload, decode_tail=9)
+        seq = engine.scheduler.waiting[-1]
+        outputs = {}
+        while engine.has_unfinished():
+            outputs.update((o.request_id, o.output_ids) for o in engine.step())
+    assert outputs[rid] == whole
+    assert len(seq.forced_logprobs) == 9 and all(lp <= 0 for lp in seq.forced_logprobs)
+    with pytest.raises(ValueError, match=r"decode_tail=37 must be in \[0, 37\): at least one prompt token"):
+        Engine.from_model(path, device="cpu").add_request(prompt, decode_tail=37)
