@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-import pulseio
 import torch
+
+import pulseio
 
 from .attention import paged_decode_attention
 from .config import EngineConfig, OffloadConfig, SparseMode

@@ -69,12 +69,13 @@ class HostStore:
             raise OffloadCapacityError(
                 f"an offload request needs {slots} hot slots, {self._slots.num_free} are free: "
                 f"OffloadConfig.max_seqs offload requests are running; wait for one to finish or raise it")
-        l, s, n = self.num_layers, self.layout.groups, blocks_for(num_tokens, self.layout.block_size)
+        shape = (self.num_layers, self.layout.groups)
+        n = blocks_for(num_tokens, self.layout.block_size)
         unit_ids, slot_ids = self._units.allocate(units), self._slots.allocate(slots)
-        host_map = torch.zeros((l, s, self.max_blocks), dtype=torch.int64)
-        host_map[:, :, :n] = torch.tensor(unit_ids, dtype=torch.int64).view(l, s, n)
-        hot = torch.tensor(slot_ids, dtype=torch.int64).view(l, s, self.budget)
-        resident = torch.full((l, s, self.max_blocks), PAD, dtype=torch.int64)
+        host_map = torch.zeros((*shape, self.max_blocks), dtype=torch.int64)
+        host_map[:, :, :n] = torch.tensor(unit_ids, dtype=torch.int64).view(*shape, n)
+        hot = torch.tensor(slot_ids, dtype=torch.int64).view(*shape, self.budget)
+        resident = torch.full((*shape, self.max_blocks), PAD, dtype=torch.int64)
         return OffloadSeq(host_map.to(self.device), hot.to(self.device), resident.to(self.device),
                           unit_ids, slot_ids)
 
