@@ -49,6 +49,12 @@ class EvalConfig:
         for name in ("context_len", "samples", "token_budget"):
             if getattr(self, name) < 1:
                 raise EngineError(f"EvalConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mode is not EvalMode.VANILLA:
+            self.sparse   # noqa: B018 -- validates the budget before any model is loaded
+
+    @property
+    def sparse(self) -> SparseConfig:
+        return SparseConfig(mode=SparseMode(self.mode.value), token_budget=self.token_budget)
 
 
 def run_eval(model: str, config: EvalConfig, *, heads: RetrievalHeads | None = None,
@@ -79,7 +85,7 @@ def _engine(path: str, config: EvalConfig, heads: RetrievalHeads | None, device:
     blocks = blocks_for(config.context_len + 64, cache.block_size)
     offload = None
     if config.mode is not EvalMode.VANILLA:
-        sparse = SparseConfig(mode=SparseMode(config.mode.value), token_budget=config.token_budget)
+        sparse = config.sparse
         units = (m.num_layers - OffloadConfig().dense_layers) * m.num_kv_heads * blocks   # head-wise: the most
         offload = OffloadConfig(sparse=sparse, recall=config.recall, max_seqs=1, host_blocks=1 + units)
     engine_config = EngineConfig(m, replace(cache, num_blocks=1 + blocks), device=device, dtype=dtype,
