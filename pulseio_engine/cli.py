@@ -7,6 +7,8 @@
     pulseio-engine fetch --model qwen2.5-coder-0.5b
     pulseio-engine generate --model qwen2.5-coder-0.5b --prompt "def fibonacci(n):"
     pulseio-engine calibrate --model smollm2 --out heads.json
+    pulseio-engine eval --model smollm2 --task niah-single --context-len 4096 --samples 20 --mode quest \
+        --token-budget 1024 --json out/niah.json
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from pathlib import Path
 
 from .bench import BenchMode, run_bench
 from .calibration import CalibrationConfig, calibrate_checkpoint
-from .config import DType
+from .config import DType, RecallMode
 from .engine import Engine
 from .errors import EngineError
+from .evaluation.run import EvalConfig, EvalMode, run_eval
+from .evaluation.tasks import Task
 from .fetch import MODELS, fetch_model
+from .kv.retrieval_heads import RetrievalHeads
 from .request import SamplingParams
 
 
@@ -93,6 +98,22 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval(args: argparse.Namespace) -> int:
+    heads = RetrievalHeads.load(Path(args.heads)) if args.heads else None
+    try:
+        config = EvalConfig(Task(args.task), args.context_len, args.samples, EvalMode(args.mode),
+                            args.token_budget, RecallMode(args.recall), args.seed)
+        result = run_eval(args.model, config, heads=heads, device=args.device)
+    except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
+        raise EngineError(str(exc)) from exc
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{result['task']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
+          f"score {result['score']:.4g} over {result['samples']} samples ({result['seconds']:.1f} s)")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pulseio-engine", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -144,6 +165,20 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--local-tokens", type=int, default=32)
     c.add_argument("--device", default="cpu")
     c.set_defaults(func=_calibrate)
+
+    e = sub.add_parser("eval", help="long-context accuracy of a sparse mode (RULER-style tasks, perplexity)")
+    e.add_argument("--model", required=True, help="fetchable model, .gguf or checkpoint dir (needs a tokenizer)")
+    e.add_argument("--task", required=True, choices=[t.value for t in Task])
+    e.add_argument("--context-len", type=int, required=True, help="tokens of context + question")
+    e.add_argument("--samples", type=int, default=10)
+    e.add_argument("--mode", choices=[m.value for m in EvalMode], default=EvalMode.QUEST.value)
+    e.add_argument("--token-budget", type=int, default=2048)
+    e.add_argument("--recall", choices=[r.value for r in RecallMode], default=RecallMode.DOORBELL.value)
+    e.add_argument("--heads", help="retrieval-head JSON of `calibrate` (the solohead modes need it)")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--json", metavar="PATH", help="write the record (score and per-sample results) as JSON")
+    e.set_defaults(func=_eval)
     return p
 
 
