@@ -17,6 +17,7 @@ One offloaded layer of one decode step, all in fixed-shape tensors:
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
@@ -50,7 +51,22 @@ def hot_attention(q: torch.Tensor, hot: torch.Tensor, table: torch.Tensor, conte
     return out.view(b, hq, d)
 
 
+@dataclass(frozen=True)
+class OffloadStatistics:
+    """What the offload path holds and has moved (a snapshot)."""
+
+    unit_bytes: int              # one recalled transfer unit
+    unit_heads: int              # KV heads in a unit: Hkv (shared selection) or 1 (head-wise)
+    requests: int                # offload requests holding host units now
+    host_units_free: int
+    hot_slots_free: int
+    recalls: int                 # recall requests sent to the runtime (one per offloaded layer and step)
+    bytes_recalled: int
+
+
 class Offloader:
+    """Owns the runtime, the host store, the digests and the recaller of the engine's offload requests."""
+
     def __init__(self, config: EngineConfig, *, dtype: torch.dtype, num_blocks: int, max_blocks_per_seq: int,
                  scale: float, heads: RetrievalHeads | None) -> None:
         """num_blocks: the paged cache's blocks (digests are indexed by physical block)."""
@@ -121,6 +137,11 @@ class Offloader:
         """Keep the batch's residency maps for the requests' next steps."""
         for i, rid in enumerate(request_ids):
             self.seqs[rid].resident = batch.resident[i]
+
+    def statistics(self) -> OffloadStatistics:
+        rt = self.runtime.statistics()
+        return OffloadStatistics(self.layout.unit_bytes, self.layout.heads_per_unit, len(self.seqs),
+                                 self.store.units_free, self.store.slots_free, rt.submitted, rt.bytes_moved)
 
     def close(self) -> None:
         self.runtime.close()

@@ -34,6 +34,8 @@ class OffloadSeq:
 
 
 class HostStore:
+    """Views of the runtime's pools as transfer units, and who holds which (see the module doc)."""
+
     def __init__(self, host_blocks: torch.Tensor, device_slots: torch.Tensor, layout: UnitLayout, *,
                  num_layers: int, max_blocks_per_seq: int, budget_blocks: int, dtype: torch.dtype,
                  device: torch.device) -> None:
@@ -52,6 +54,14 @@ class HostStore:
     def units_for(self, num_tokens: int) -> int:
         """Host units a request of `num_tokens` tokens holds."""
         return self.num_layers * self.layout.groups * blocks_for(num_tokens, self.layout.block_size)
+
+    @property
+    def units_free(self) -> int:
+        return self._units.num_free
+
+    @property
+    def slots_free(self) -> int:
+        return self._slots.num_free
 
     @property
     def slots_per_seq(self) -> int:
