@@ -60,6 +60,9 @@ class EvalConfig:
 def run_eval(model: str, config: EvalConfig, *, heads: RetrievalHeads | None = None,
              device: str = "cpu") -> dict[str, Any]:
     """-> the JSON record: task, mode, model, context_len, token_budget, samples, score, per-sample results."""
+    if heads is None and config.mode in (EvalMode.SOLOHEAD, EvalMode.SOLOHEAD_REVERSED):
+        raise EngineError(f"mode {config.mode.value!r} needs the retrieval heads of this model; pass --heads "
+                          f"heads.json (write it with `pulseio-engine calibrate --model {model} --out heads.json`)")
     path = str(fetch_model(model)) if model in MODELS else model
     start = time.monotonic()
     with _engine(path, config, heads, device) as engine:

@@ -38,11 +38,15 @@ def test_string_match_all_is_the_fraction_found() -> None:
     assert string_match_all("ABC", ("abc",)) == 1.0
 
 
-def test_eval_refuses_a_budget_below_the_windows_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_refuses_bad_modes_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["eval", "--model", "no-such-model", "--task", "niah-single", "--context-len", "100",
                "--token-budget", "32"])
     assert rc == 2
     assert "must cover sink_blocks + local_blocks (1 + 2)" in capsys.readouterr().err
+    rc = main(["eval", "--model", "no-such-model", "--task", "niah-single", "--context-len", "100",
+               "--mode", "solohead"])
+    assert rc == 2
+    assert "mode 'solohead' needs the retrieval heads of this model; pass --heads" in capsys.readouterr().err
 
 
 def test_eval_two_samples_on_smollm2(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
