@@ -80,12 +80,7 @@ class Offloader:
         self.dense = offload.dense_layers
         self.layout = UnitLayout.for_mode(model, offload, torch.empty((), dtype=dtype).element_size())
         num_layers = model.num_layers - self.dense
-        per_seq = num_layers * self.layout.groups * sparse.budget_blocks
-        rows = offload.max_seqs * self.layout.groups * sparse.budget_blocks
-        self.runtime = pulseio.open_runtime(pulseio.RuntimeConfig(
-            device="cpu" if config.device == "cpu" else config.device, host_blocks=offload.host_blocks,
-            device_slots=offload.max_seqs * per_seq + 1, block_bytes=self.layout.unit_bytes,
-            max_blocks_per_request=rows, spin_iterations=1, poll_sleep_s=offload.poll_sleep_s))
+        self.runtime = pulseio.open_runtime(_runtime_config(offload, self.layout, num_layers, config.device))
         device = torch.device(config.device)
         self.store = HostStore(self.runtime.host_pool.blocks, self.runtime.device_pool.slots, self.layout,
                                num_layers=num_layers, max_blocks_per_seq=max_blocks_per_seq,
@@ -145,6 +140,17 @@ class Offloader:
 
     def close(self) -> None:
         self.runtime.close()
+
+
+def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int, device: str
+                    ) -> pulseio.RuntimeConfig:
+    """Pools of transfer units: `host_blocks` on the host; on the device every offload request's hot
+    sets (+1: slot 0 is never handed out). One recall moves at most a batch's rows x budget units."""
+    per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
+    return pulseio.RuntimeConfig(
+        device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
+        block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
+        spin_iterations=1, poll_sleep_s=offload.poll_sleep_s)
 
 
 class OffloadBatch:
