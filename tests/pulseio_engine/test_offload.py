@@ -182,7 +182,7 @@ def test_engine_memory_footprint_names_its_unit(tiny_qwen3) -> None:
 @pytest.mark.parametrize("offload", [False, True])
 def test_a_decoded_tail_gives_the_tokens_of_a_prefilled_one(tiny_qwen3, offload) -> None:
     """The last 9 prompt tokens fed one per decode step (an evaluation's question): same greedy output as
-    prefilling them, and one log-probability per fed token, equal to the prefill's own choice where greedy."""
+    prefilling them, and the log-probability of each fed token equal to transformers' teacher-forced one."""
     path = str(tiny_qwen3[0])
     prompt, sampling = PROMPTS[0], SamplingParams(max_new_tokens=6, ignore_eos=True)
     with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=64, dense=1) as engine:
@@ -193,6 +193,10 @@ def test_a_decoded_tail_gives_the_tokens_of_a_prefilled_one(tiny_qwen3, offload)
         while engine.has_unfinished():
             outputs.update((o.request_id, o.output_ids) for o in engine.step())
     assert outputs[rid] == whole
-    assert len(seq.forced_logprobs) == 9 and all(lp <= 0 for lp in seq.forced_logprobs)
+    with torch.no_grad():                      # teacher-forced log-probabilities of transformers' model
+        logits = tiny_qwen3[1](torch.tensor([prompt])).logits[0].float().log_softmax(-1)   # [P, V]
+    n = len(prompt)
+    want = [float(logits[n - 10 + i, prompt[n - 9 + i]]) for i in range(9)]
+    assert seq.forced_logprobs == pytest.approx(want, abs=1e-4)
     with pytest.raises(ValueError, match=r"decode_tail=37 must be in \[0, 37\): at least one prompt token"):
         Engine.from_model(path, device="cpu").add_request(prompt, decode_tail=37)
