@@ -171,6 +171,38 @@ class SparseConfig:
         return self.token_budget // self.block_size
 
 
+class RecallMode(Enum):
+    """How an offload request's selected-but-absent blocks reach the device."""
+
+    DOORBELL = "offload-doorbell"   # ids stay on the device: `Runtime.post_recall(count=...)` + device wait
+    SYNC = "offload-sync"           # ArkVale-like: ids copied to the host, `Runtime.recall`, then a host wait
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """Offload requests: their full KV lives in a host pool (`host_blocks` transfer units); the device
+    keeps layers [0, dense_layers) whole and, for every other layer, `SparseConfig.budget_blocks` hot
+    slots per selecting row (the request for SoloHead, each KV head for Quest). At most `max_seqs`
+    offload requests hold hot slots at once. `poll_sleep_s` is the runtime poller's (first, longest)
+    sleep: short on CPU, where a sleeping poller would add its sleep to every layer."""
+
+    sparse: SparseConfig = field(default_factory=SparseConfig)
+    recall: RecallMode = RecallMode.DOORBELL
+    host_blocks: int = 65536
+    max_seqs: int = 8
+    dense_layers: int = 2
+    poll_sleep_s: tuple[float, float] = (1e-5, 1e-4)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sparse, SparseConfig):
+            raise TypeError(f"OffloadConfig.sparse must be a SparseConfig, got {self.sparse!r}")
+        if not isinstance(self.recall, RecallMode):
+            raise TypeError(f"OffloadConfig.recall must be a RecallMode, got {self.recall!r}")
+        _positive("OffloadConfig", host_blocks=self.host_blocks, max_seqs=self.max_seqs)
+        if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, int) or self.dense_layers < 0:
+            raise ValueError(f"OffloadConfig.dense_layers must be an int >= 0, got {self.dense_layers!r}")
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching: at most `max_num_seqs` running requests; a prefill step processes at
@@ -199,6 +231,7 @@ class EngineConfig:
     max_model_len: int | None = None
     use_cuda_graphs: bool = True
     compile_decode: bool | None = None
+    offload: OffloadConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.dtype, DType):
@@ -212,6 +245,16 @@ class EngineConfig:
                     f"EngineConfig.max_model_len ({self.max_model_len}) must not exceed the model's "
                     f"max_position_embeddings ({self.model.max_position_embeddings})"
                 )
+        if self.offload is not None:
+            self._check_offload(self.offload)
+
+    def _check_offload(self, offload: OffloadConfig) -> None:
+        if offload.sparse.block_size != self.cache.block_size:
+            raise ValueError(f"OffloadConfig.sparse.block_size ({offload.sparse.block_size}) must equal "
+                             f"CacheConfig.block_size ({self.cache.block_size}): selection picks cache blocks")
+        if offload.dense_layers >= self.model.num_layers:
+            raise ValueError(f"OffloadConfig.dense_layers ({offload.dense_layers}) leaves no layer of the "
+                             f"model's {self.model.num_layers} to offload; use fewer dense layers")
 
     @property
     def compile(self) -> bool:

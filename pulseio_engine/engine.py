@@ -16,18 +16,21 @@ from itertools import count
 
 import torch
 
-from .config import CacheConfig, DType, EngineConfig, SchedulerConfig
-from .errors import PromptTooLongError
+from .config import CacheConfig, DType, EngineConfig, OffloadConfig, SchedulerConfig
+from .errors import OffloadCapacityError, PromptTooLongError
 from .kv.block_table import BlockAllocator, blocks_for
 from .kv.cache import KVCache, kv_bytes_per_token
 from .kv.handoff import KVSource
+from .kv.offload_layout import OffloadFootprint
+from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, load_checkpoint
 from .model.llama import CausalLM
 from .model.params import ModelWeights
 from .model.tokenizer import Tokenizer
+from .offload import Offloader
 from .request import RequestOutput, SamplingParams, Sequence
 from .runner import ModelRunner
-from .scheduler import ScheduledStep, Scheduler
+from .scheduler import PrefillChunk, ScheduledStep, Scheduler
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16, DType.FLOAT16: torch.float16}
 
@@ -49,7 +52,8 @@ class Engine:
     """Continuous-batching decode engine over one model and one paged KV cache."""
 
     def __init__(self, config: EngineConfig, weights: ModelWeights, *, tokenizer: Tokenizer | None = None,
-                 seed: int = 0) -> None:
+                 seed: int = 0, retrieval_heads: RetrievalHeads | None = None) -> None:
+        """`retrieval_heads`: the selecting KV head per layer, needed by the SoloHead modes of offload."""
         self.config = config
         self.tokenizer = tokenizer
         dtype = TORCH_DTYPES[config.dtype]
@@ -62,6 +66,9 @@ class Engine:
         self.runner = ModelRunner(self.model, self.kv, max_batch=config.scheduler.max_num_seqs,
                                   max_model_len=config.model_len, use_cuda_graphs=config.use_cuda_graphs,
                                   seed=seed)
+        self.offloader = None if config.offload is None else Offloader(
+            config, dtype=dtype, num_blocks=num_blocks, max_blocks_per_seq=self.runner.max_blocks_per_seq,
+            scale=self.model.scale, heads=retrieval_heads)
         self._ids = count()
         self._handoffs: dict[int, KVSource] = {}
         self._steps = self._prefill_tokens = self._decode_tokens = 0
@@ -70,28 +77,43 @@ class Engine:
     def from_model(cls, model: str | ModelSource, *, device: str | None = None, dtype: DType | None = None,
                    cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                    max_model_len: int | None = None, use_cuda_graphs: bool = True,
-                   compile_decode: bool | None = None, seed: int = 0, progress: bool = False) -> Engine:
+                   compile_decode: bool | None = None, seed: int = 0, progress: bool = False,
+                   offload: OffloadConfig | None = None, retrieval_heads: RetrievalHeads | None = None) -> Engine:
         """`model`: preset name, checkpoint directory, .gguf file, or `open_model`'s result. Defaults: CUDA +
-        bf16 when a GPU is present, else CPU + fp32. `progress`: bars while the weights load."""
+        bf16 when a GPU is present, else CPU + fp32. `progress`: bars while the weights load. `offload`:
+        how offload requests keep their KV (`add_request(offload=True)`); `retrieval_heads`: the
+        calibrated layer -> head map the solohead modes need."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or (DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32)
         ckpt = load_checkpoint(model, dtype=TORCH_DTYPES[dtype], device=device, seed=seed, progress=progress)
         config = EngineConfig(ckpt.config, cache or CacheConfig(), scheduler or SchedulerConfig(), device, dtype,
-                              max_model_len, use_cuda_graphs, compile_decode)
-        return cls(config, ckpt.weights, tokenizer=ckpt.tokenizer, seed=seed)
+                              max_model_len, use_cuda_graphs, compile_decode, offload)
+        return cls(config, ckpt.weights, tokenizer=ckpt.tokenizer, seed=seed, retrieval_heads=retrieval_heads)
 
     def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams | None = None, *,
-                    kv: KVSource | None = None) -> int:
+                    kv: KVSource | None = None, offload: bool = False, decode_tail: int = 0) -> int:
         """Queue a request; returns its id. With `kv`, the first `kv.num_tokens` prompt tokens arrive
-        with their KV computed (disaggregated prefill) and only the rest is run here.
-        Refuses, before any work, a request longer than the model's limit or the KV cache."""
+        with their KV computed (disaggregated prefill) and only the rest is run here. With `offload`,
+        its KV lives in the host pool and decode attends to a hot set (`OffloadConfig`). The last
+        `decode_tail` prompt tokens are fed one per decode step (see `Sequence`).
+        Refuses, before any work, a request longer than the model's limit, the KV cache or the host pool."""
         sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         self._check_request(prompt, sampling)
+        if offload:
+            self._check_offload(kv)
         rid = next(self._ids)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else self.config.model.eos_token_ids
-        seq = Sequence(rid, prompt, sampling, eos_token_ids=eos, num_computed=kv.num_tokens if kv else 0)
-        self.scheduler.add(seq)     # raises KVBudgetError if it could never fit the cache
+        seq = Sequence(rid, prompt, sampling, eos_token_ids=eos, num_computed=kv.num_tokens if kv else 0,
+                       decode_tail=decode_tail)
+        if offload:
+            self.offloader.open(rid, len(prompt) + sampling.max_new_tokens)   # raises OffloadCapacityError
+        try:
+            self.scheduler.add(seq)     # raises KVBudgetError if it could never fit the cache
+        except BaseException:
+            if offload:
+                self.offloader.close_request(rid)
+            raise
         if kv is not None:
             self._handoffs[rid] = kv
         return rid
@@ -105,11 +127,17 @@ class Engine:
         for seq in step.admitted:
             if seq.request_id in self._handoffs:
                 self.runner.load_kv(seq, self._handoffs.pop(seq.request_id))
-        sampled = self._run(step)
+        sampled, logits = self._run(step)
         finished = []
-        for seq, token in sampled:
+        for row, (seq, token) in enumerate(sampled):
+            if seq.num_computed < seq.num_tokens:      # a prompt token follows (decode_tail): keep its logprob
+                logprob = torch.log_softmax(logits[row], dim=-1)[seq.token_ids[seq.num_computed]]
+                seq.forced_logprobs.append(float(logprob))
+                continue
             if seq.append_token(token) is not None:
                 self.scheduler.finish(seq)
+                if self.offloader is not None:
+                    self.offloader.close_request(seq.request_id)
                 finished.append(seq.to_output())
         self._steps += 1
         return finished
@@ -122,25 +150,68 @@ class Engine:
             done.update((out.request_id, out) for out in self.step())
         return [done[i] for i in ids]
 
+    def memory_footprint(self, context_tokens: int) -> OffloadFootprint:
+        """Device bytes one offload request of `context_tokens` tokens needs, and what vanilla would."""
+        if self.offloader is None:
+            raise OffloadCapacityError("memory_footprint describes offload requests; build the engine with "
+                                       "EngineConfig.offload (an OffloadConfig)")
+        return self.offloader.footprint(context_tokens)
+
+    def close(self) -> None:
+        """Stop the offload runtime's threads (a no-op without offload)."""
+        if self.offloader is not None:
+            self.offloader.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def statistics(self) -> EngineStatistics:
         s = self.scheduler.statistics()
         return EngineStatistics(s.num_waiting, s.num_running, s.num_free_blocks, self.kv.num_blocks,
                                 self._steps, self._prefill_tokens, self._decode_tokens)
 
-    def _run(self, step: ScheduledStep) -> list[tuple[Sequence, int]]:
+    def _run(self, step: ScheduledStep) -> tuple[list[tuple[Sequence, int]], torch.Tensor | None]:
+        """-> ((sequence, sampled token) pairs, their logits rows [n, V])."""
         if step.prefill:
-            tokens = self.runner.prefill_sync(step.prefill)
+            tokens, logits = self.runner.prefill_sync(step.prefill)
             for chunk in step.prefill:
                 chunk.seq.mark_computed(chunk.length)
+                self._offload_prefilled(chunk)
             self._prefill_tokens += sum(c.length for c in step.prefill)
-            return list(zip([c.seq for c in step.prefill if c.samples], tokens, strict=True))
+            return list(zip([c.seq for c in step.prefill if c.samples], tokens, strict=True)), logits
         if step.decode:
-            tokens = self.runner.decode_sync(step.decode)
+            offloaded = self.offloader.seqs if self.offloader is not None else {}
+            normal = [s for s in step.decode if s.request_id not in offloaded]
+            sparse = [s for s in step.decode if s.request_id in offloaded]
+            tokens, logits = self.runner.decode_sync(normal) if normal else ([], None)
+            if sparse:
+                more, sparse_logits = self.runner.decode_offload_sync(sparse, self.offloader)
+                tokens += more
+                logits = sparse_logits if logits is None else torch.cat([logits, sparse_logits])
             for seq in step.decode:
                 seq.mark_computed(1)
             self._decode_tokens += len(step.decode)
-            return list(zip(step.decode, tokens, strict=True))
-        return []
+            return list(zip(normal + sparse, tokens, strict=True)), logits
+        return [], None
+
+    def _offload_prefilled(self, chunk: PrefillChunk) -> None:
+        """Once an offload request's prompt is in the cache, copy its offloaded layers to the host."""
+        if self.offloader is None or chunk.seq.request_id not in self.offloader.seqs or not chunk.samples:
+            return
+        n = chunk.start + chunk.length
+        ids = self.runner.block_ids(chunk.seq, blocks_for(n, self.kv.block_size))
+        self.offloader.store_prefill(chunk.seq.request_id, self.kv, ids, n)
+
+    def _check_offload(self, kv: KVSource | None) -> None:
+        if self.offloader is None:
+            raise OffloadCapacityError("add_request(offload=True) needs an engine built with "
+                                       "EngineConfig.offload (an OffloadConfig); pass offload= to from_model")
+        if kv is not None:
+            raise OffloadCapacityError("an offload request cannot take handed-in KV yet (kv=...); "
+                                       "prefill it here or add it without offload")
 
     def _check_request(self, prompt: list[int], sampling: SamplingParams) -> None:
         limit, vocab = self.config.model_len, self.config.model.vocab_size

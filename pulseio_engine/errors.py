@@ -17,3 +17,8 @@ class PromptTooLongError(EngineError, ValueError):
 
 class KVBudgetError(EngineError, ValueError):
     """A request needs more KV blocks than the whole cache holds: it could never be admitted."""
+
+
+class OffloadCapacityError(EngineError, ValueError):
+    """An offload request needs more host-pool units or hot slots than are free, or the engine has no
+    offload configured."""

@@ -60,10 +60,13 @@ class RequestOutput:
 
 class Sequence:
     """One request's mutable state. `token_ids` = prompt + generated; KV exists for the first
-    `num_computed` of them. The last token never has KV until the next forward consumes it."""
+    `num_computed` of them. The last token never has KV until the next forward consumes it.
+    The last `decode_tail` prompt tokens are not prefilled but fed one per decode step (as an
+    evaluation decodes its question); the log-probability each step gave the prompt token that follows
+    it is kept in `forced_logprobs`."""
 
     def __init__(self, request_id: int, prompt_ids: list[int], sampling: SamplingParams,
-                 *, eos_token_ids: tuple[int, ...] = (), num_computed: int = 0) -> None:
+                 *, eos_token_ids: tuple[int, ...] = (), num_computed: int = 0, decode_tail: int = 0) -> None:
         if not prompt_ids:
             raise ValueError(f"request {request_id}: prompt_ids must not be empty")
         if not 0 <= num_computed < len(prompt_ids):
@@ -72,7 +75,12 @@ class Sequence:
                 f"{len(prompt_ids)}; it must cover fewer tokens than the prompt, so that at least the "
                 f"last token (e.g. the first token the prefill instance sampled) is left to feed"
             )
+        if not 0 <= decode_tail < len(prompt_ids) - num_computed:
+            raise ValueError(f"request {request_id}: decode_tail={decode_tail} must be in [0, "
+                             f"{len(prompt_ids) - num_computed}): at least one prompt token is prefilled")
         self.request_id = request_id
+        self.prefill_stop = len(prompt_ids) - decode_tail   # prefill covers [0, prefill_stop)
+        self.forced_logprobs: list[float] = []
         self.token_ids: list[int] = list(prompt_ids)
         self.prompt_len = len(prompt_ids)
         self.sampling = sampling

@@ -8,6 +8,7 @@ eagerly (one sync to read the sampled tokens); decode runs a captured CUDA graph
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ from .model.llama import CausalLM
 from .request import Sequence
 from .sampler import sample_tokens
 from .scheduler import PrefillChunk
+
+if TYPE_CHECKING:
+    from .offload import Offloader
 
 
 class ModelRunner:
@@ -47,7 +51,7 @@ class ModelRunner:
 
     def load_kv(self, seq: Sequence, source: KVSource) -> None:
         """Write KV computed elsewhere into the sequence's blocks."""
-        source.write_into(self.kv, self._block_ids(seq, len(seq.block_table)))
+        source.write_into(self.kv, self.block_ids(seq, len(seq.block_table)))
 
     # ---- prefill --------------------------------------------------------------------------------
 
@@ -63,7 +67,7 @@ class ModelRunner:
             ids.append(np.asarray(seq.token_ids[chunk.start:stop], dtype=np.int64))
             positions.append(pos)
             slots.append(table[pos // bs] * bs + pos % bs)
-            spans.append(PrefillSpan(row, chunk.length, chunk.start, self._block_ids(seq, blocks_for(stop, bs))))
+            spans.append(PrefillSpan(row, chunk.length, chunk.start, self.block_ids(seq, blocks_for(stop, bs))))
             row += chunk.length
             if chunk.samples:
                 rows.append(row - 1)
@@ -72,12 +76,13 @@ class ModelRunner:
                                 to_dev(np.concatenate(slots)), PrefillAttention(tuple(spans)), self.kv,
                                 logit_rows=to_dev(np.asarray(rows, dtype=np.int64)))
 
-    def prefill_sync(self, chunks: Seq[PrefillChunk]) -> list[int]:
-        """Run prompt chunks; returns one sampled token per chunk that reaches its sequence's end."""
+    def prefill_sync(self, chunks: Seq[PrefillChunk]) -> tuple[list[int], torch.Tensor]:
+        """Run prompt chunks; returns one sampled token per chunk that reaches its prefill's end, and
+        those chunks' logits [S, V] fp32."""
         state = self.prepare_prefill(chunks)
         logits = self.model.forward(state)                       # [S, V]
         temps = [c.seq.sampling.temperature for c in chunks if c.samples]
-        return sample_tokens(logits, temps, self.generator).tolist()
+        return sample_tokens(logits, temps, self.generator).tolist(), logits
 
     # ---- decode ---------------------------------------------------------------------------------
 
@@ -88,19 +93,30 @@ class ModelRunner:
         tables = self._table_array(seqs, self.max_blocks_per_seq)
         slots = tables[np.arange(len(seqs)), pos // bs].astype(np.int64) * bs + pos % bs
         attention = DecodeAttention(self._to_device(tables), self._to_device((pos + 1).astype(np.int32)))
-        ids = np.asarray([s.token_ids[-1] for s in seqs], dtype=np.int64)
+        ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
         return self.model.begin(self._to_device(ids), self._to_device(pos), self._to_device(slots),
                                 attention, self.kv)
 
-    def decode_sync(self, seqs: Seq[Sequence]) -> list[int]:
-        """One decode step for every sequence (each has exactly one uncomputed token)."""
+    def decode_sync(self, seqs: Seq[Sequence]) -> tuple[list[int], torch.Tensor]:
+        """One decode step for every sequence (each feeds its token at `num_computed`); returns the
+        sampled tokens and the logits [B, V] fp32 (a view of the graphs' buffer: read it before the next step)."""
         batch = len(seqs)
         bucket = self.upload_decode(seqs)
         self.graphs.run_nowait(bucket)
         temps = [s.sampling.temperature for s in seqs]
+        logits = self.graphs.logits[:batch]
         if any(t > 0 for t in temps):
-            return sample_tokens(self.graphs.logits[:batch], temps, self.generator).tolist()
-        return self.graphs.next_tokens[:batch].tolist()
+            return sample_tokens(logits, temps, self.generator).tolist(), logits
+        return self.graphs.next_tokens[:batch].tolist(), logits
+
+    def decode_offload_sync(self, seqs: Seq[Sequence], offloader: Offloader) -> tuple[list[int], torch.Tensor]:
+        """One eager decode step of offload requests: their offloaded layers attend to hot slots only."""
+        state = self.prepare_decode(seqs)
+        ids = [s.request_id for s in seqs]
+        batch = offloader.begin(ids, state)
+        logits = self.model.forward(state)                        # [B, V]
+        offloader.end(ids, batch)
+        return sample_tokens(logits, [s.sampling.temperature for s in seqs], self.generator).tolist(), logits
 
     def upload_decode(self, seqs: Seq[Sequence]) -> int:
         """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""
@@ -108,7 +124,7 @@ class ModelRunner:
         bucket = self.graphs.bucket_for(batch)
         self.graphs.ensure_captured(bucket)
         self._host_ids.numpy()[:bucket] = 0
-        self._host_ids.numpy()[:batch] = [s.token_ids[-1] for s in seqs]
+        self._host_ids.numpy()[:batch] = [s.token_ids[s.num_computed] for s in seqs]
         self._host_pos.numpy()[:bucket] = 0
         self._host_pos.numpy()[:batch] = [s.num_computed for s in seqs]
         self._host_tables.numpy()[:bucket] = self._table_array(seqs, self.max_blocks_per_seq, rows=bucket)
@@ -128,7 +144,8 @@ class ModelRunner:
             tables[i, :len(ids)] = ids
         return tables
 
-    def _block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:
+    def block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:
+        """[n_blocks] int64 physical blocks of a sequence, on the device."""
         return self._to_device(np.asarray(seq.block_table.block_ids[:n_blocks], dtype=np.int64))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:

@@ -31,8 +31,8 @@ class PrefillChunk:
 
     @property
     def samples(self) -> bool:
-        """True when the chunk reaches the last token, so its logits give the next token."""
-        return self.start + self.length == self.seq.num_tokens
+        """True when the chunk reaches the end of the prefill, so its logits give the next token."""
+        return self.start + self.length == self.seq.prefill_stop
 
 
 @dataclass(frozen=True)
@@ -111,9 +111,9 @@ class Scheduler:
         budget = self.config.max_prefill_tokens
         chunks = []
         for seq in self.running:
-            if seq.num_uncomputed <= 1 or budget == 0:
+            if seq.prefill_stop - seq.num_computed <= 1 or budget == 0:
                 continue
-            length = min(seq.num_uncomputed, budget)
+            length = min(seq.prefill_stop - seq.num_computed, budget)
             chunks.append(PrefillChunk(seq, seq.num_computed, length))
             budget -= length
         return tuple(chunks)

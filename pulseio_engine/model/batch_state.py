@@ -8,6 +8,7 @@ earlier KV). `next_layer` says where the forward stands; the hidden states are t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -33,6 +34,17 @@ class PrefillAttention:
     spans: tuple[PrefillSpan, ...]
 
 
+class LayerAttention(Protocol):
+    """Decode attention that replaces the paged cache's for some layers (offload requests' sparse path):
+    it stores the new K/V itself and returns the attention output."""
+
+    def covers(self, layer: int) -> bool: ...
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [B, Hq, D], k, v: [B, Hkv, D] -> [B, Hq, D]."""
+        ...
+
+
 @dataclass
 class BatchState:
     hidden: torch.Tensor         # [T, H], model dtype
@@ -42,6 +54,7 @@ class BatchState:
     kv: KVCache
     logit_rows: torch.Tensor | None = None   # [S] int64: rows whose logits are wanted; None = all
     next_layer: int = 0
+    sparse: LayerAttention | None = None     # decode batches only: the layers it covers skip the paged cache
 
     @property
     def num_tokens(self) -> int:

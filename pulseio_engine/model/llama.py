@@ -75,12 +75,15 @@ class CausalLM:
         q, k, v = pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
                       w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads,
                       cfg.head_dim)
-        state.kv.write(layer_idx, k, v, state.kv_rows)
-        if decode:
+        if decode and state.sparse is not None and state.sparse.covers(layer_idx):
+            attn = state.sparse.attend(layer_idx, q, k, v)           # offloaded layer: KV kept by `sparse`
+        elif decode:
+            state.kv.write(layer_idx, k, v, state.kv_rows)
             meta = state.attention
             attn = paged_decode_attention(q, state.kv.k(layer_idx), state.kv.v(layer_idx), meta.block_tables,
                                           meta.context_lens, self.scale)
         else:
+            state.kv.write(layer_idx, k, v, state.kv_rows)
             attn = self._prefill_attention(q, state.kv, layer_idx, state.attention)
         state.hidden = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps)
         state.next_layer += 1

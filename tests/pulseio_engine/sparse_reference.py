@@ -75,3 +75,48 @@ def ref_recall(selected: list[int], resident: list[int], num_slots: int
             selected_slots.append(slot)
     pad = [-1] * (len(selected) - len(blocks))
     return blocks + pad, slots + pad, evicted + pad, selected_slots
+
+
+def ref_offload_decode(model, keys: list[torch.Tensor], values: list[torch.Tensor], token: int, position: int,
+                       config: SparseConfig, dense_layers: int, heads: tuple[int, ...] | None
+                       ) -> tuple[torch.Tensor, dict[int, list[list[int]]]]:
+    """One decode step of one request, by definition: dense attention on layers < dense_layers; on the
+    others, digests of every block of this request's keys, Quest scores, `ref_select` per selecting
+    row, and attention over the tokens of the chosen blocks only. keys[l], values[l]: [n, Hkv, D] of
+    the tokens before `position` (the new token's are appended) -> (logits [V] fp32, {layer: rows})."""
+    import torch.nn.functional as F
+
+    from pulseio_engine.model.layers import post_attention, pre_attention, rms_norm
+
+    cfg, w = model.config, model.weights
+    hkv, group, bs = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, config.block_size
+    x = F.embedding(torch.tensor([token]), w.embed)
+    selections: dict[int, list[list[int]]] = {}
+    for layer, lw in enumerate(w.layers):
+        q, k, v = pre_attention(x, torch.tensor([position]), model.rotary.cos, model.rotary.sin, lw.input_norm,
+                                lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, cfg.rms_norm_eps, cfg.num_heads,
+                                hkv, cfg.head_dim)
+        keys[layer] = torch.cat([keys[layer], k])
+        values[layer] = torch.cat([values[layer], v])
+        n = position + 1
+        allowed = torch.ones((hkv, n), dtype=torch.bool)
+        if layer >= dense_layers:
+            rows = list(range(hkv)) if heads is None else [heads[layer]]
+            blocks = [list(keys[layer][i:i + bs]) for i in range(0, n, bs)]
+            dmax = torch.stack([ref_digest(b, None, 0)[0] for b in blocks])[None]     # [1, NB, Hkv, D]
+            dmin = torch.stack([ref_digest(b, None, 0)[1] for b in blocks])[None]
+            scores = ref_scores(q, dmax, dmin, hkv, rows)
+            selections[layer] = [ref_select(scores[0, s].tolist(), n, config) for s in range(len(rows))]
+            token_block = torch.arange(n) // bs
+            for h in range(hkv):
+                chosen = torch.tensor([c for c in selections[layer][h if heads is None else 0] if c >= 0])
+                allowed[h] = torch.isin(token_block, chosen)
+        attn = torch.empty((1, cfg.num_heads, cfg.head_dim))
+        for g in range(cfg.num_heads):
+            h = g // group
+            logit = (keys[layer][:, h].float() @ q[0, g].float()) * cfg.head_dim ** -0.5
+            probs = torch.softmax(logit.masked_fill(~allowed[h], -torch.inf), dim=0)
+            attn[0, g] = probs @ values[layer][:, h].float()
+        x = post_attention(x, attn.to(x.dtype), lw.o, lw.post_norm, lw.gate_up, lw.down, cfg.rms_norm_eps)
+    logits = F.linear(rms_norm(x, w.norm, cfg.rms_norm_eps), w.lm_head).float()[0]
+    return logits, selections

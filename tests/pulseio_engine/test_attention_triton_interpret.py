@@ -57,6 +57,12 @@ CASES = {
         (32, 4, 2, 2),
         1e-5,
     ),
+    # an offload request's head-wise (Quest) hot set: each selecting row is one KV head with its G query heads
+    "quest-hot-row-one-kv-head": (
+        dict(num_q_heads=3, num_kv_heads=1, head_dim=64, block_size=16),
+        (16, 4, 2, 2),
+        1e-5,
+    ),
     "default-config-wide-table": (
         dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64),
         None,

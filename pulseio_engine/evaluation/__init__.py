@@ -1,0 +1,1 @@
+"""Long-context accuracy of the sparse modes: RULER-style tasks generated in code, and perplexity."""

@@ -1,0 +1,122 @@
+"""The full KV of offload requests in a `pulseio.HostPool`, and their hot slots in the `DevicePool`.
+
+Both pools belong to the engine's `pulseio.Runtime` and hold transfer units (`UnitLayout`):
+`[2, block_size, heads_per_unit, head_dim]`, K then V. A request gets, at `open`, one host unit per
+(offloaded layer, selecting row, block) for its whole life and `budget_blocks` hot slots per
+(offloaded layer, selecting row); `OffloadSeq` maps them. The prompt's KV is stored at the end of
+prefill (`store_blocks`), each decoded token's KV as it is computed (`append`), so the host copy is
+always whole and a recall can fetch any block, the one being written included.
+
+Host writes from CUDA tensors go through `Tensor.to` (a synchronous D2H copy): correct, not fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import OffloadCapacityError
+from .block_table import BlockAllocator, blocks_for
+from .offload_layout import UnitLayout
+from .selection import PAD
+
+
+@dataclass
+class OffloadSeq:
+    """One offload request's maps, on the model's device (L = offloaded layers, S = selecting rows)."""
+
+    host_map: torch.Tensor    # [L, S, NB] int64: host unit of each block; 0 (the pool's spare) past its blocks
+    hot: torch.Tensor         # [L, S, K] int64: device slot of each hot-set entry
+    resident: torch.Tensor    # [L, S, NB] int64: hot-set entry holding each block, or -1
+    units: list[int]          # host units held, for `close`
+    slots: list[int]          # device slots held, for `close`
+
+
+class HostStore:
+    """Views of the runtime's pools as transfer units, and who holds which (see the module doc)."""
+
+    def __init__(self, host_blocks: torch.Tensor, device_slots: torch.Tensor, layout: UnitLayout, *,
+                 num_layers: int, max_blocks_per_seq: int, budget_blocks: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        """host_blocks, device_slots: the runtime pools' [n, unit_bytes] uint8 tensors;
+        num_layers: offloaded layers."""
+        self.layout = layout
+        self.num_layers = num_layers
+        self.max_blocks = max_blocks_per_seq
+        self.budget = budget_blocks
+        self.device = device
+        self.host = host_blocks.view(dtype).view(-1, *layout.unit_shape)      # [n_host, 2, bs, hg, D]
+        self.hot = device_slots.view(dtype).view(-1, *layout.unit_shape)      # [n_slots, 2, bs, hg, D]
+        self._units = BlockAllocator(self.host.shape[0])     # unit 0 is never handed out: padding reads it
+        self._slots = BlockAllocator(self.hot.shape[0])
+
+    def units_for(self, num_tokens: int) -> int:
+        """Host units a request of `num_tokens` tokens holds."""
+        return self.num_layers * self.layout.groups * blocks_for(num_tokens, self.layout.block_size)
+
+    @property
+    def units_free(self) -> int:
+        return self._units.num_free
+
+    @property
+    def slots_free(self) -> int:
+        return self._slots.num_free
+
+    @property
+    def slots_per_seq(self) -> int:
+        return self.num_layers * self.layout.groups * self.budget
+
+    def open(self, num_tokens: int) -> OffloadSeq:
+        """Reserve a request's host units and hot slots; refuses, naming the numbers, when they are not free."""
+        units, slots = self.units_for(num_tokens), self.slots_per_seq
+        if not self._units.can_allocate(units):
+            raise OffloadCapacityError(
+                f"an offload request of {num_tokens} tokens needs {units} host units of "
+                f"{self.layout.unit_bytes} B, the host pool has {self._units.num_free} free of "
+                f"{self._units.capacity}; raise OffloadConfig.host_blocks or shorten the request")
+        if not self._slots.can_allocate(slots):
+            raise OffloadCapacityError(
+                f"an offload request needs {slots} hot slots, {self._slots.num_free} are free: "
+                f"OffloadConfig.max_seqs offload requests are running; wait for one to finish or raise it")
+        shape = (self.num_layers, self.layout.groups)
+        n = blocks_for(num_tokens, self.layout.block_size)
+        unit_ids, slot_ids = self._units.allocate(units), self._slots.allocate(slots)
+        host_map = torch.zeros((*shape, self.max_blocks), dtype=torch.int64)
+        host_map[:, :, :n] = torch.tensor(unit_ids, dtype=torch.int64).view(*shape, n)
+        hot = torch.tensor(slot_ids, dtype=torch.int64).view(*shape, self.budget)
+        resident = torch.full((*shape, self.max_blocks), PAD, dtype=torch.int64)
+        return OffloadSeq(host_map.to(self.device), hot.to(self.device), resident.to(self.device),
+                          unit_ids, slot_ids)
+
+    def close(self, seq: OffloadSeq) -> None:
+        self._units.free(seq.units)
+        self._slots.free(seq.slots)
+
+    def store_blocks(self, layer: int, seq: OffloadSeq, blocks: torch.Tensor) -> None:
+        """Write a request's first n blocks of offloaded layer `layer` to the host.
+        blocks: [n, 2, bs, Hkv, D] (the KV cache's layout)."""
+        n, s, hg = blocks.shape[0], self.layout.groups, self.layout.heads_per_unit
+        units = blocks.unflatten(3, (s, hg)).permute(3, 0, 1, 2, 4, 5)       # [S, n, 2, bs, hg, D]
+        ids = seq.host_map[layer, :, :n].reshape(-1).to(self.host.device)    # [S * n]
+        self.host.index_copy_(0, ids, units.reshape(s * n, *self.layout.unit_shape).to(self.host))
+
+    def append(self, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write one new token per request to the host. units: [B, S] host units of the tokens' blocks;
+        offsets: [B] offsets in them; k, v: [B, Hkv, D]."""
+        _write_units(self.host, units.to(self.host.device), offsets.to(self.host.device), k.to(self.host),
+                     v.to(self.host))
+
+    def write_hot(self, slots: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The same token into its block's hot slot. slots: [B, S] device slots; offsets: [B]."""
+        _write_units(self.hot, slots, offsets, k, v)
+
+
+def _write_units(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> None:
+    """pool: [n, 2, bs, hg, D]; units: [B, S]; offsets: [B]; k, v: [B, Hkv, D] with Hkv = S * hg."""
+    _, _, bs, hg, d = pool.shape
+    flat = pool.view(-1, hg, d)                                          # [n * 2 * bs, hg, D]
+    rows = (units * (2 * bs) + offsets[:, None]).reshape(-1)             # [B * S] K rows
+    flat.index_copy_(0, rows, k.reshape(-1, hg, d))
+    flat.index_copy_(0, rows + bs, v.reshape(-1, hg, d))

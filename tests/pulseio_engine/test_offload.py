@@ -1,0 +1,202 @@
+"""Offload requests on CPU: full KV in the pulseio host pool, hot sets recalled through a pulseio
+Runtime (HostBackend), sparse attention over the selection. Against vanilla (a budget covering the
+context), a plain-torch reference of the same selection (a small budget) and the host copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sparse_reference import ref_offload_decode
+
+from pulseio_engine import CacheConfig, Engine, PromptTooLongError, RetrievalHeads, SamplingParams
+from pulseio_engine.config import Architecture, ModelConfig, OffloadConfig, RecallMode, SparseConfig, SparseMode
+from pulseio_engine.errors import OffloadCapacityError
+from pulseio_engine.kv.block_table import blocks_for
+from pulseio_engine.kv.offload_layout import offload_footprint
+from pulseio_engine.model.checkpoint import load_checkpoint
+
+BS = 8
+MODES = [(m, r) for m in SparseMode for r in RecallMode]
+
+
+def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
+    """A stand-in calibration: layer l's best head is l mod Hkv, its worst the next one."""
+    return RetrievalHeads(num_kv_heads, best=tuple(layer % num_kv_heads for layer in range(num_layers)),
+                          worst=tuple((layer + 1) % num_kv_heads for layer in range(num_layers)))
+
+
+def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
+            local: int = 2, host_blocks: int = 4096, **kw) -> Engine:
+    m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
+    offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
+                                                local_blocks=local),
+                            recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense)
+    return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
+                             retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
+
+
+def _run(engine: Engine, prompts: list[list[int]], sampling: SamplingParams, offload: list[bool]) -> list[tuple]:
+    ids = [engine.add_request(p, sampling, offload=o) for p, o in zip(prompts, offload, strict=True)]
+    done = {}
+    while engine.has_unfinished():
+        done.update((out.request_id, out.output_ids) for out in engine.step())
+    return [done[i] for i in ids]
+
+
+PROMPTS = [list(range(20, 57)), list(range(90, 111))]      # 37 and 21 tokens: 5 and 3 blocks of 8
+
+
+@pytest.mark.parametrize("mode,recall", MODES, ids=[f"{m.value}-{r.value}" for m, r in MODES])
+def test_a_budget_covering_the_context_decodes_exactly_as_vanilla(tiny_qwen3, mode, recall) -> None:
+    """Two offload requests and a normal one in one batch; greedy tokens equal vanilla's."""
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    prompts = PROMPTS + [list(range(60, 75))]
+    vanilla = _run(Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS)), prompts, sampling,
+                   [False] * 3)
+    with _engine(path, mode, recall, budget=64, dense=1) as engine:
+        got = _run(engine, prompts, sampling, [True, True, False])
+        stats = engine.offloader.statistics()
+        assert stats.bytes_recalled > 0 and stats.bytes_recalled % stats.unit_bytes == 0, "through pulseio"
+        steps = 11 * 2          # offloaded layers x decode steps: the doorbell posts each, sync skips empty ones
+        assert stats.recalls == steps if recall is RecallMode.DOORBELL else 0 < stats.recalls < steps
+        assert stats.unit_heads == (2 if mode is not SparseMode.QUEST else 1)
+        assert stats.requests == 0 and stats.host_units_free == 4095, "finished requests gave their units back"
+    assert got == vanilla
+
+
+@pytest.mark.parametrize("mode,recall", MODES, ids=[f"{m.value}-{r.value}" for m, r in MODES])
+def test_a_small_budget_equals_the_plain_reference_of_the_same_selection(tiny_qwen3, mode, recall) -> None:
+    """Budget 4 blocks of 8 (sink 1, local 1) over contexts of up to 8 blocks: each decode step's chosen
+    blocks and logits equal `ref_offload_decode`, which recomputes digests, scores and selection by loops."""
+    path = str(tiny_qwen3[0])
+    with _engine(path, mode, recall, budget=4 * BS, dense=1, local=1) as engine:
+        logits_seen: list[torch.Tensor] = []
+        end = engine.model.end
+        engine.model.end = lambda state: logits_seen.append(end(state)) or logits_seen[-1]   # record, pass on
+        for prompt in PROMPTS:
+            engine.add_request(prompt, SamplingParams(max_new_tokens=20, ignore_eos=True), offload=True)
+        engine.step()                                              # prefill both
+        seqs = list(engine.scheduler.running)
+        keys, values = zip(*[_prompt_kv(engine, seq) for seq in seqs], strict=True)
+        heads = engine.offloader.digests.heads
+        moved = 0
+        for _ in range(19):
+            tokens = [(seq.token_ids[-1], seq.num_computed) for seq in seqs]
+            engine.step()
+            for row, (token, position) in enumerate(tokens):
+                want, chosen = ref_offload_decode(engine.model, keys[row], values[row], token, position,
+                                                  engine.offloader.sparse, 1, heads)
+                for layer, rows in chosen.items():
+                    assert engine.offloader.last_selection[layer][row].tolist() == rows, (position, layer)
+                torch.testing.assert_close(logits_seen[-1][row], want, rtol=0, atol=1e-4)
+            moved = engine.offloader.runtime.statistics().bytes_moved
+        assert moved > 0
+
+
+def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # noqa: ANN001
+    n = seq.num_computed
+    ids = torch.tensor(seq.block_table.block_ids[:blocks_for(n, BS)])
+    pairs = [engine.kv.gather(layer, ids, n) for layer in range(engine.kv.num_layers)]
+    return [k.clone() for k, _ in pairs], [v.clone() for _, v in pairs]
+
+
+@pytest.mark.parametrize("mode", list(SparseMode))
+def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode) -> None:
+    path = str(tiny_qwen3[0])
+    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1) as engine:
+        prompt = PROMPTS[0]
+        rid = engine.add_request(prompt, SamplingParams(max_new_tokens=9, ignore_eos=True), offload=True)
+        engine.step()
+        seq = engine.scheduler.running[0]
+        blocks = torch.tensor(seq.block_table.block_ids)
+        oseq = engine.offloader.seqs[rid]
+        store = engine.offloader.store
+        hg = store.layout.heads_per_unit
+        for layer in range(engine.kv.num_layers):     # the host copy of the prompt equals the prefilled cache
+            cache = engine.kv.kv[layer][blocks[:5]].unflatten(3, (-1, hg)).permute(3, 0, 1, 2, 4, 5)
+            host = store.host[oseq.host_map[layer, :, :5]]                 # [S, 5, 2, bs, hg, D]
+            assert torch.equal(host[:, :4], cache[:, :4])
+            assert torch.equal(host[:, 4, :, :len(prompt) % BS], cache[:, 4, :, :len(prompt) % BS])
+        for _ in range(8):
+            engine.step()
+            resident = oseq.resident                                       # [L, S, NB] hot-set entry or -1
+            held = (resident >= 0).nonzero()                               # [n, 3] (layer, row, block)
+            assert len(held) > 0
+            slots = oseq.hot[held[:, 0], held[:, 1], resident[resident >= 0]]
+            units = oseq.host_map[held[:, 0], held[:, 1], held[:, 2]]
+            assert torch.equal(store.hot[slots], store.host[units])
+        assert engine.offloader.last_selection[0].shape[-1] == 3
+
+
+def test_bad_input_is_refused_before_any_work(tiny_qwen3) -> None:
+    path = str(tiny_qwen3[0])
+    with pytest.raises(ValueError, match=r"token_budget \(16 tokens = 2 blocks\) must cover sink_blocks \+ "
+                                         r"local_blocks \(1 \+ 2\)"):
+        SparseConfig(token_budget=16, block_size=8, sink_blocks=1, local_blocks=2)
+    with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=32, host_blocks=20,
+                 max_model_len=128) as engine:
+        free = engine.offloader.store._units.num_free
+        with pytest.raises(PromptTooLongError, match=r"prompt of 120 tokens \+ max_new_tokens 16 = 136 positions "
+                                                     r"exceeds the model's limit of 128"):
+            engine.add_request([1] * 120, SamplingParams(max_new_tokens=16), offload=True)
+        with pytest.raises(OffloadCapacityError, match=r"^an offload request of 80 tokens needs 20 host units of "
+                                                       r"2048 B, the host pool has 19 free of 19; raise "
+                                                       r"OffloadConfig.host_blocks or shorten the request$"):
+            engine.add_request([1] * 70, SamplingParams(max_new_tokens=10), offload=True)
+        assert engine.offloader.store._units.num_free == free and not engine.has_unfinished()
+    with pytest.raises(OffloadCapacityError, match=r"needs an engine built with EngineConfig.offload"):
+        Engine.from_model(path, device="cpu").add_request([1, 2], offload=True)
+    with pytest.raises(ValueError, match=r"SparseMode 'solohead' needs retrieval heads; pass retrieval_heads="):
+        Engine.from_model(path, device="cpu", offload=OffloadConfig(sparse=SparseConfig(mode=SparseMode.SOLOHEAD)))
+    with pytest.raises(ValueError, match=r"OffloadConfig.sparse.block_size \(16\) must equal CacheConfig.block_size "
+                                         r"\(8\)"):
+        Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=8), offload=OffloadConfig())
+
+
+def test_footprint_reports_offload_and_vanilla_device_bytes() -> None:
+    """SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) in bf16, 8K context, budget 2048."""
+    model = ModelConfig(Architecture.LLAMA, 49152, 576, 30, 9, 3, 64, 1536, 8192)
+    for mode, unit in ((SparseMode.SOLOHEAD, 2 * 16 * 3 * 64 * 2), (SparseMode.QUEST, 2 * 16 * 64 * 2)):
+        f = offload_footprint(model, OffloadConfig(sparse=SparseConfig(mode=mode)), elem_bytes=2,
+                              context_tokens=8192)
+        layer = 8192 * 2 * 3 * 64 * 2                       # one layer's K and V, 8K tokens
+        assert f.unit_bytes == unit
+        assert f.vanilla_device_bytes == 30 * layer and f.dense_layer_bytes == 2 * layer
+        assert f.hot_bytes == 28 * 2048 * 2 * 3 * 64 * 2 and f.host_bytes == 28 * layer
+        width = 3 if mode is SparseMode.QUEST else 1
+        assert f.digest_bytes == 28 * 512 * width * 64 * 2 * 2
+        assert f.offload_device_bytes == f.dense_layer_bytes + f.hot_bytes + f.digest_bytes
+    assert 2.5 < f.saving < 4
+
+
+def test_engine_memory_footprint_names_its_unit(tiny_qwen3) -> None:
+    with _engine(str(tiny_qwen3[0]), SparseMode.SOLOHEAD, RecallMode.SYNC, budget=32) as engine:
+        f = engine.memory_footprint(512)
+        m = engine.config.model
+        assert f.unit_bytes == 2 * BS * m.num_kv_heads * m.head_dim * 4
+        assert f.unit_bytes == engine.offloader.runtime.host_pool.block_bytes
+    assert Engine.from_model("tiny", device="cpu").offloader is None
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_a_decoded_tail_gives_the_tokens_of_a_prefilled_one(tiny_qwen3, offload) -> None:
+    """The last 9 prompt tokens fed one per decode step (an evaluation's question): same greedy output as
+    prefilling them, and the log-probability of each fed token equal to transformers' teacher-forced one."""
+    path = str(tiny_qwen3[0])
+    prompt, sampling = PROMPTS[0], SamplingParams(max_new_tokens=6, ignore_eos=True)
+    with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=64, dense=1) as engine:
+        whole = _run(engine, [prompt], sampling, [offload])[0]
+        rid = engine.add_request(prompt, sampling, offload=offload, decode_tail=9)
+        seq = engine.scheduler.waiting[-1]
+        outputs = {}
+        while engine.has_unfinished():
+            outputs.update((o.request_id, o.output_ids) for o in engine.step())
+    assert outputs[rid] == whole
+    with torch.no_grad():                      # teacher-forced log-probabilities of transformers' model
+        logits = tiny_qwen3[1](torch.tensor([prompt])).logits[0].float().log_softmax(-1)   # [P, V]
+    n = len(prompt)
+    want = [float(logits[n - 10 + i, prompt[n - 9 + i]]) for i in range(9)]
+    assert seq.forced_logprobs == pytest.approx(want, abs=1e-4)
+    with pytest.raises(ValueError, match=r"decode_tail=37 must be in \[0, 37\): at least one prompt token"):
+        Engine.from_model(path, device="cpu").add_request(prompt, decode_tail=37)
