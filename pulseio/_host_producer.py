@@ -36,6 +36,9 @@ class HostProducer:
             n = count if isinstance(count, int) else int(np.asarray(count).reshape(-1)[0])
             self._doorbell.publish(np.asarray(ids), np.asarray(slots), tag=tag, count=n)
 
+    def check_ids(self, name: str, ids: Any) -> None:
+        """Any host integer ids do: the producer thread copies them (make_plan validates them later)."""
+
     def wait_word(self, stream: Any, address: int, value: int) -> None:
         raise NotImplementedError("the host backend has no device to wait on")
 

@@ -101,6 +101,9 @@ class Publisher(Protocol):
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
         """Enqueue the publish of ids[:count] -> slots[:count]; never waits."""
 
+    def check_ids(self, name: str, ids: Any) -> None:
+        """Refuse ids the producer cannot publish where they lie (InvalidRequestError naming `name`)."""
+
     def wait_word(self, stream: Any, address: int, value: int) -> None:
         """Enqueue on `stream`: wait until the int64 at `address` reaches value (where waits_on_device)."""
 

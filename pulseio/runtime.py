@@ -207,11 +207,8 @@ class Runtime:
         if not isinstance(tag, int):
             raise TypeError(f"tag must be an int (the ring stores int64), got {tag!r}")
         length = min(len(ids), len(slots))
-        if self.backend.device.type == "cuda":
-            for name, t in (("host_ids", ids), ("device_slots", slots)):
-                if not (t.is_cuda and str(t.dtype) == "torch.int64" and t.is_contiguous()):
-                    raise InvalidRequestError(f"{name} must be a contiguous int64 CUDA tensor, got {t.dtype} "
-                                              f"on {t.device}")
+        self._publisher.check_ids("host_ids", ids)
+        self._publisher.check_ids("device_slots", slots)
         if count is None:
             return length
         if isinstance(count, int) and not 0 <= count <= min(length, self.config.max_blocks_per_request):

@@ -154,6 +154,12 @@ class DevicePublisher:
         length = min(ids.numel(), slots.numel())
         self.launch(stream.cuda_stream, ids.data_ptr(), slots.data_ptr(), length, count_ptr, count_static, tag)
 
+    def check_ids(self, name: str, ids: Any) -> None:
+        """The publish kernel reads ids where they lie: a contiguous int64 tensor on this device."""
+        if not (getattr(ids, "is_cuda", False) and str(ids.dtype) == "torch.int64" and ids.is_contiguous()):
+            what, where = getattr(ids, "dtype", type(ids).__name__), getattr(ids, "device", "the host")
+            raise InvalidRequestError(f"{name} must be a contiguous int64 CUDA tensor, got {what} on {where}")
+
     def wait_word(self, stream: Any, address: int, value: int) -> None:
         """Enqueue on `stream` (default: current): wait until the int64 at `address` reaches value.
 

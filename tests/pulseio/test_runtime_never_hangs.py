@@ -128,6 +128,9 @@ class _HeldPublisher:
         for args in held:
             self._real.post(*args)
 
+    def check_ids(self, name: str, ids: Any) -> None:
+        self._real.check_ids(name, ids)
+
     def wait_word(self, stream: Any, address: int, value: int) -> None:
         self.waits.append((address, value))
 
