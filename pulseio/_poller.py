@@ -27,7 +27,15 @@ import numpy as np
 from ._wait_words import WaitWords
 from .dma import DmaEngine
 from .doorbell import Doorbell, Rung
-from .errors import ClosedError, InvalidRequestError, PulseError, PulseInternalError, TransferError, WouldBlock
+from .errors import (
+    ClosedError,
+    InvalidRequestError,
+    PulseError,
+    PulseInternalError,
+    TransferError,
+    WaitTimeout,
+    WouldBlock,
+)
 from .interrupts import Completion
 from .plan import Strategy, TransferPlan
 from .transfer import Transfer
@@ -133,6 +141,8 @@ class Poller:
             while not self._stop.is_set():
                 try:
                     rungs = self._doorbell.wait_rung(timeout=self._wait_s, lane=self._lane)
+                except WaitTimeout:  # nothing published for a while: look at the stop flag
+                    continue
                 except ClosedError:
                     return
                 for rung in rungs:

@@ -58,7 +58,7 @@ from ._native.layout import (
     slot_words,
 )
 from .backend import HostMemory
-from .errors import ClosedError, ConfigError, WouldBlock
+from .errors import ClosedError, ConfigError, WaitTimeout, WouldBlock
 
 _HEADER_BYTES = 128  # word 0: the CPU producers' counter; the rest reserved (own cache line)
 
@@ -194,7 +194,7 @@ class Doorbell:
         return rungs
 
     def wait_rung(self, timeout: float | None = None, *, lane: Lane | None = None) -> list[Rung]:
-        """Wait until a request is published, then read them all; [] on timeout.
+        """Wait until a request is published, then read them all; raises WaitTimeout after `timeout` s.
 
         Spins `spin_iterations` atomic loads with the GIL released, then sleeps with backoff.
         lane: a compiled reader that does the spinning and takes the leading requests it can serve
@@ -216,7 +216,7 @@ class Doorbell:
                 return rungs
             if deadline is not None and time.monotonic() >= deadline:
                 self._counts["spurious"] += 1
-                return []
+                raise WaitTimeout(f"no request published at seq {self._next} within {timeout} s")
             time.sleep(sleep)
             sleep = min(2 * sleep, self._sleep[1])
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from pulseio import ClosedError, RingLayout, WouldBlock
+from pulseio import ClosedError, RingLayout, WaitTimeout, WouldBlock
 from pulseio._native import ring
 from pulseio.testing import ManualDoorbell
 
@@ -92,7 +92,8 @@ def test_count_beyond_the_arrays_publishes_invalid_ids() -> None:
 def test_wait_rung_times_out_and_counts_spurious_wakeups() -> None:
     bell = ManualDoorbell(capacity=4, spin_iterations=1000)
     start = time.monotonic()
-    assert bell.wait_rung(timeout=0.02) == []
+    with pytest.raises(WaitTimeout, match=r"^no request published at seq 1 within 0.02 s$"):
+        bell.wait_rung(timeout=0.02)
     assert time.monotonic() - start >= 0.02
     assert bell.statistics().spurious_wakeups == 1
 
@@ -118,7 +119,7 @@ def test_spinning_reader_does_not_hold_the_gil() -> None:
         while not stop.is_set():
             counter[0] += 1
 
-    reader = threading.Thread(target=bell.wait_rung, kwargs={"timeout": 0.3})
+    reader = threading.Thread(target=bell.wait_rung, kwargs={"timeout": 5.0})  # ends at the publish below
     reader.start()
     time.sleep(0.02)  # the reader is now inside its long nogil spin
     worker = threading.Thread(target=count)
