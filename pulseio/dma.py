@@ -1,10 +1,9 @@
-"""DmaEngine: the one place a TransferPlan becomes copies and kernels. `submit` never waits.
+"""DmaEngine: the one place a TransferPlan becomes copies and kernels.
 
-The submitting thread validates a transfer (raising at once on bad input) and, when its route is
-only a launch and nothing is queued ahead, issues it right there; otherwise the worker thread
-drains the queue, merges queued transfers of one route into one issue (many small recalls, one
-DMA), and enqueues their device work. What an issue leaves running goes to `InFlight`, which the
-thread that needs a transfer finished works through itself (see `pulseio._inflight`).
+The submitting thread validates a transfer (raising at once on bad input) and hands it to the issuer
+(`pulseio._issuer`: issued right there when its route allows, else by the worker thread, which merges
+queued transfers of one route into one issue). What an issue leaves running goes to `InFlight`, which
+the thread that needs a transfer finished works through itself (see `pulseio._inflight`).
 
 Which route wins (the bench measures it on each machine): the copy engine moves large
 contiguous buffers at the link's limit without using SMs, but pays ~2 us per copy, so for
@@ -19,18 +18,18 @@ a pinned task ring, so issuing one is a few stores (`pulseio/_cuda/resident_kern
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ._inflight import InFlight, Issue
+from ._issuer import Issuer, Queued
 from .config import DmaConfig
 from .errors import ClosedError, InvalidRequestError, WaitTimeout, WouldBlock
 from .memory import DevicePool, HostPool
 from .plan import Direction, IdArray, Strategy, TransferPlan, make_plan
-from .transfer import Transfer, TransferState
+from .transfer import Transfer
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +45,6 @@ class DmaStatistics:
     bytes_moved: int
     issues: int  # issues that completed: < completed when transfers were merged
     by_strategy: dict[Strategy, int]  # transfers completed per strategy
-
-
-@dataclass(slots=True)
-class _Queued:
-    transfer: Transfer
-    plan: TransferPlan
-    after: Any
-    raise_on_landed: tuple[int, int] | None = None
-    posted_task: int | None = None
-
-
-_STOP = object()
 
 
 class DmaEngine:
@@ -86,17 +73,14 @@ class DmaEngine:
         self.config = config or DmaConfig()
         self._inflight = InFlight(self._synchronize, self._query, self._resolve)
         self._routes = host.backend.open_routes(host, device, self.config, self._inflight.reclaim)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._issue_lock = threading.Lock()  # one issuer at a time keeps the copy stream in submit order
-        self._queued = 0  # submitted to the worker, not yet issued
         self._closed = False
         self._dead: BaseException | None = None  # why the worker thread died, once it has
         self._seq = 0
         self._submitted = self._completed = self._failed = self._bytes = self._issues = 0  # under _lock
         self._by_strategy: dict[Strategy, int] = {}  # keyed by member: .value is a Python call per transfer
-        self._worker = threading.Thread(target=self._work, name="pulseio-dma-worker", daemon=True)
-        self._worker.start()
+        self._issuer = Issuer(self._routes, self._inflight, merge_blocks=self.config.merge_blocks,
+                              inline_issue=self.config.inline_issue, on_dead=self._worker_died)
 
     @property
     def available(self) -> frozenset[Strategy]:
@@ -196,9 +180,8 @@ class DmaEngine:
     ) -> Transfer:
         """Queue a validated plan. Raises WouldBlock past max_inflight, ClosedError once closed.
 
-        A route whose issue is a post (RESIDENT, unordered) is issued on this thread: a few stores, no
-        driver call, no lock another issuer holds. launch_here=False: never issue a launch route here
-        either (the doorbell's poller, which must never block in a driver call, passes it).
+        Where it is issued: see `pulseio._issuer`. launch_here=False: never issue a launch route on this
+        thread (the doorbell's poller, which must never block in a driver call, passes it).
 
         raise_on_landed: (address of an int64 the copier can store to, value). If the chosen strategy
         is in `raises_on_device`, the copier stores value there once the data has landed, with no
@@ -238,107 +221,16 @@ class DmaEngine:
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
                 num_blocks=plan.num_blocks, nbytes=plan.nbytes, inflight=self._inflight,
             )
-            item = _Queued(transfer, plan, after, raise_on_landed, posted_task)
-            # Issue on this thread when the route is only a launch and nothing is queued ahead:
-            # one thread hop less per transfer. Never waits: if the worker is issuing, queue.
-            posted = strategy in self._routes.posted and after is None
-            inline = posted or (
-                launch_here and self.config.inline_issue and strategy in self._routes.inline and self._queued == 0
-                and self._issue_lock.acquire(blocking=False)
-            )
-            if not inline:
-                self._queued += 1
-                self._queue.put(item)
-        if inline:
-            try:
-                self._issue([item])
-            finally:
-                if not posted:
-                    self._issue_lock.release()
+        self._issuer.offer(Queued(transfer, plan, after, raise_on_landed, posted_task), launch_here=launch_here)
         return transfer
 
-    # -- the worker ------------------------------------------------------------------------
-
-    def _work(self) -> None:
-        batch: list[_Queued] = []
-        try:
-            self._routes.bind_thread()
-            carry: _Queued | None = None
-            while True:
-                first = carry if carry is not None else self._queue.get()
-                carry = None
-                if first is _STOP:
-                    return
-                batch, carry = self._drain(first)
-                with self._issue_lock:
-                    self._issue(batch)
-                with self._lock:
-                    self._queued -= len(batch)
-                batch = []
-        except BaseException as exc:  # noqa: BLE001 - a dead worker must fail what it holds, whatever killed it
-            self._die(exc, batch + ([carry] if carry is not None else []))
-
-    def _die(self, cause: BaseException, held: list[_Queued]) -> None:
-        """The worker thread died: fail the transfers it held or had queued, and every later submit."""
-        error = ClosedError(f"this DmaEngine's worker thread died ({cause!r}); close the engine")
-        error.__cause__ = cause
-        log.error("%s", error, exc_info=cause)
+    def _worker_died(self, error: ClosedError, held: list[Queued]) -> None:
+        """The issuer's worker died: fail what it held, and every later submit."""
         with self._lock:
             self._dead = error
-        while True:
-            try:
-                held.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
+            self._failed += len(held)
         for item in held:
-            if item is not _STOP and item.transfer.state is TransferState.QUEUED:
-                with self._lock:
-                    self._failed += 1
-                item.transfer._set_failed(error)
-
-    def _drain(self, first: _Queued) -> tuple[list[_Queued], Any]:
-        """Merge queued transfers of the same route behind `first`, up to merge_blocks blocks."""
-        batch, blocks = [first], first.plan.num_blocks
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return batch, None
-            same_route = (
-                item is not _STOP
-                and item.transfer.strategy is first.transfer.strategy
-                and item.plan.direction is first.plan.direction
-                and item.posted_task is None and first.posted_task is None  # posted already: one task each
-            )
-            if not same_route or blocks + item.plan.num_blocks > self.config.merge_blocks:
-                return batch, item
-            batch.append(item)
-            blocks += item.plan.num_blocks
-
-    def _issue(self, batch: list[_Queued]) -> None:
-        first = batch[0]
-        strategy = first.transfer.strategy
-        issue = Issue(batch)
-        if len(batch) == 1:  # the common case (every inline issue): nothing to merge
-            plans = [first.plan]
-            after = [first.after] if first.after is not None else []
-            raise_on_landed = first.raise_on_landed
-        else:
-            plans, after = [q.plan for q in batch], [q.after for q in batch if q.after is not None]
-            raises = [q.raise_on_landed for q in batch if q.raise_on_landed is not None]
-            raise_on_landed = max(raises, key=lambda r: r[1]) if raises else None  # all land before the last piece
-        try:
-            self._routes.issue(
-                strategy, plans, after, lambda pending: self._inflight.piece(issue, pending), raise_on_landed,
-                first.posted_task,
-            )
-        except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
-            log.debug("issue of %d transfers failed", len(batch), exc_info=True)
-            issue.error = exc
-        else:
-            for q in batch:
-                q.transfer._set_issued(issue.device_event)
-        self._inflight.marker(issue)  # after every piece: resolve the batch
+            item.transfer._set_failed(error)
 
     # -- finishing (on whichever thread works through InFlight) ----------------------------
 
@@ -382,8 +274,7 @@ class DmaEngine:
             if self._closed:
                 return
             self._closed = True
-        self._queue.put(_STOP)
-        self._worker.join()
+        self._issuer.close()
         self._inflight.stop()
         self._routes.close()
 

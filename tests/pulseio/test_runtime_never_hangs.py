@@ -98,7 +98,7 @@ def test_a_dead_dma_worker_fails_its_queued_transfers_and_later_submits() -> Non
             gate.wait(10)
             raise RuntimeError("injected: a bug in the worker")
 
-        dma._issue = broken_issue  # type: ignore[method-assign]
+        dma._issuer._issue = broken_issue  # type: ignore[method-assign]
         transfers = [dma.recall(host_ids=np.array([i]), device_slots=np.array([i]), strategy=Strategy.GATHER_DMA)
                      for i in range(3)]
         gate.set()
