@@ -144,6 +144,7 @@ def test_the_lane_spins_for_the_next_request_and_stamps_when_it_saw_it(doorbell:
     assert rung.task == 1 and before <= rung.seen_ns <= time.perf_counter_ns()
 
 
+@pytest.mark.slow
 def test_posters_exclude_each_other_through_the_ticket_lock() -> None:
     """Two threads incrementing a plain (non-atomic) word under tr.lock never lose an update."""
     ctrl, counter = np.zeros(tr.CTRL_WORDS, np.int64), np.zeros(1, np.int64)

@@ -49,6 +49,7 @@ def test_eval_refuses_bad_modes_before_loading(capsys: pytest.CaptureFixture[str
     assert "mode 'solohead' needs the retrieval heads of this model; pass --heads" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_eval_two_samples_on_smollm2(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     try:
         fetch_smollm2()

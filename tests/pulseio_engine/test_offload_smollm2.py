@@ -15,6 +15,8 @@ MODES = [(m, r) for m in SparseMode for r in RecallMode]
 SAMPLING = SamplingParams(max_new_tokens=8, ignore_eos=True)
 CACHE = CacheConfig(num_blocks=16)      # not the CPU default of 16K tokens: the test needs two blocks
 
+pytestmark = pytest.mark.slow  # a real model: the slow half of CI (.ci/run)
+
 
 @pytest.fixture(scope="module")
 def smollm2() -> tuple[Checkpoint, list[int], list[int]]:
