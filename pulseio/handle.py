@@ -22,6 +22,7 @@ reserved until it has finished.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Generator
 from typing import Any, TypeVar
@@ -39,8 +40,6 @@ class Handle:
                  "_finished", "_callbacks")  # one per transfer: keep creation cheap
 
     def __init__(self, *, seq: int, tag: int | None, num_blocks: int = 0, nbytes: int = 0) -> None:
-        import threading
-
         self.seq = seq
         self.tag = tag
         self.num_blocks = num_blocks
