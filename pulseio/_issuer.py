@@ -52,14 +52,18 @@ class Issuer:
         self._lock = threading.Lock()  # _queued
         self._issue_lock = threading.Lock()  # one issuer at a time keeps the copy stream in submit order
         self._queued = 0  # handed to the worker, not yet issued
+        self._closed = False  # set under _lock with the stop marker: nothing is queued behind it
         self._thread = threading.Thread(target=self._work, name="pulseio-dma-worker", daemon=True)
         self._thread.start()
 
     def offer(self, item: Queued, *, launch_here: bool) -> None:
-        """Issue `item` here if its route allows (see the module doc), else queue it for the worker."""
+        """Issue `item` here if its route allows (see the module doc), else queue it for the worker.
+        Raises ClosedError once `close` has begun (the item was neither issued nor queued)."""
         strategy = item.transfer.strategy
         posted = strategy in self._routes.posted and item.after is None
         with self._lock:
+            if self._closed:
+                raise ClosedError("this DmaEngine is closed")
             inline = posted or (
                 launch_here and self._inline_issue and strategy in self._routes.inline and self._queued == 0
                 and self._issue_lock.acquire(blocking=False)
@@ -146,5 +150,7 @@ class Issuer:
 
     def close(self) -> None:
         """Issue what is queued, then stop the worker."""
-        self._queue.put(_STOP)
+        with self._lock:
+            self._closed = True
+            self._queue.put(_STOP)
         self._thread.join()

@@ -221,7 +221,13 @@ class DmaEngine:
                 seq=self._seq, tag=tag, direction=plan.direction, strategy=strategy,
                 num_blocks=plan.num_blocks, nbytes=plan.nbytes, inflight=self._inflight,
             )
-        self._issuer.offer(Queued(transfer, plan, after, raise_on_landed, posted_task), launch_here=launch_here)
+        try:
+            self._issuer.offer(Queued(transfer, plan, after, raise_on_landed, posted_task), launch_here=launch_here)
+        except ClosedError as exc:  # close() began after the check above: the transfer never started
+            with self._lock:
+                self._failed += 1
+            transfer._set_failed(exc)
+            raise
         return transfer
 
     def _worker_died(self, error: ClosedError, held: list[Queued]) -> None:

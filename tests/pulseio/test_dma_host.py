@@ -175,3 +175,16 @@ def test_pool_views_check_the_block_shape() -> None:
     assert pool.view(torch.bfloat16, 2, 16).shape == (4, 2, 16)
     with pytest.raises(pulseio.InvalidRequestError, match=r"takes 128 bytes, blocks here have 64"):
         pool.view(torch.float32, 32)
+
+
+def test_a_submit_racing_close_is_refused_and_counted_not_lost(pools) -> None:
+    """close() may begin between a submit's closed check and its hand-off: the transfer must then fail, not
+    sit in a queue nobody reads (here the issuer is closed first, as a racing close would)."""
+    host, device = pools
+    engine = pulseio.DmaEngine(host, device)
+    engine._issuer.close()
+    with pytest.raises(pulseio.ClosedError, match=r"^this DmaEngine is closed$"):
+        engine.recall(host_ids=[1], device_slots=[1], strategy=Strategy.GATHER_DMA)
+    stats = engine.statistics()
+    assert (stats.submitted, stats.failed, stats.in_flight) == (1, 1, 0)
+    engine.close()
