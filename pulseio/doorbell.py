@@ -103,7 +103,7 @@ class Rung:
     seen_ns: int  # time.perf_counter_ns() when the reader saw it (the fast lane) or copied it
     error: str | None  # why the request cannot be served (lost to a lap, bad count); None if fine
     task: int = 0  # the resident copier task a fast-lane reader already posted it as; 0 if none
-    raised: bool = False  # that task raises the completion word itself when it lands
+    raised: bool = False  # that task sets the request's wait word itself when it lands
 
 
 # A compiled reader: (base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out) -> rows

@@ -93,7 +93,7 @@ class CudaRoutes:
     )
     # issuing is a launch, a driver call or a post: no bulk CPU work
     inline = frozenset({Strategy.ZERO_COPY, Strategy.RESIDENT, Strategy.BATCHED})
-    raises_on_device = frozenset({Strategy.RESIDENT})  # its kernel raises the word when a task lands
+    raises_on_device = frozenset({Strategy.RESIDENT})  # its kernel sets the request's word when a task lands
     posted = frozenset({Strategy.RESIDENT})  # an unordered issue is a post into the task ring: no driver call
 
     def __init__(

@@ -24,7 +24,7 @@ READ_TORN = 2  # the slot was overwritten while it was being read
 # columns of the reader's output rows
 OUT_SEQ, OUT_COUNT, OUT_TAG, OUT_STAMP, OUT_STATUS, OUT_STATE, OUT_OFFSET, OUT_TASK, OUT_RAISED, OUT_SEEN = range(10)
 OUT_COLUMNS = 10  # OUT_TASK: the resident task the fast lane posted the request as (0: none); OUT_RAISED: 1 if
-# that task raises the completion word itself; OUT_SEEN: the fast lane's clock (perf_counter_ns) when it saw
+# that task sets the request's wait word itself; OUT_SEEN: the fast lane's clock (perf_counter_ns) when it saw
 # the request published, 0 where the reader does not stamp it
 
 

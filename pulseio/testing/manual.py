@@ -41,7 +41,7 @@ class ManualDoorbell(Doorbell):
 
 class DelayedBackend(HostBackend):
     """HostBackend whose routes sleep a random 0..max_delay_s before each issue: with several I/O
-    workers, requests land in random order (what the watermark and the pumps must survive)."""
+    workers, requests land in random order (what the wait words and the pumps must survive)."""
 
     def __init__(self, max_delay_s: float = 2e-3, seed: int = 0) -> None:
         self._rng = random.Random(seed)
