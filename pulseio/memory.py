@@ -46,6 +46,14 @@ def _view(tensor: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> t
     return tensor.view(dtype).view(rows, *shape)
 
 
+class _DeviceMapped:
+    """A device address range as `__cuda_array_interface__`, so torch can alias it without a copy."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "strides": None, "version": 3}
+
+
 class HostPool:
     """num_blocks blocks of block_bytes in host memory; pinned and device-mapped on the CUDA backend."""
 
@@ -73,6 +81,17 @@ class HostPool:
     def view(self, dtype: torch.dtype, *shape: int) -> torch.Tensor:
         """The pool as [num_blocks, *shape] of dtype (shape must fill a block exactly)."""
         return _view(self.blocks, dtype, shape)
+
+    def device_view(self, dtype: torch.dtype, *shape: int) -> torch.Tensor:
+        """The pool as [num_blocks, *shape] of dtype on the backend's device, aliasing the host memory:
+        a kernel that writes it stores straight into the pool over the bus, in stream order, with no
+        copy call and no host sync (how a decode step appends its new KV to the host copy). On the
+        host backend this is `view`. Valid until the pool is closed."""
+        if self.backend.device.type == "cpu":
+            return self.view(dtype, *shape)
+        mapped = torch.as_tensor(_DeviceMapped(self.device_ptr, self.num_blocks * self.block_bytes),
+                                 device=self.backend.device)
+        return _view(mapped.view(self.num_blocks, self.block_bytes), dtype, shape)
 
     def close(self) -> None:
         """Unpin the memory. Call only once no transfer uses the pool (the DmaEngine closes first)."""

@@ -82,7 +82,7 @@ class Offloader:
         num_layers = model.num_layers - self.dense
         self.runtime = pulseio.open_runtime(_runtime_config(offload, self.layout, num_layers, config.device))
         device = torch.device(config.device)
-        self.store = HostStore(self.runtime.host_pool.blocks, self.runtime.device_pool.slots, self.layout,
+        self.store = HostStore(self.runtime.host_pool, self.runtime.device_pool, self.layout,
                                num_layers=num_layers, max_blocks_per_seq=max_blocks_per_seq,
                                budget_blocks=sparse.budget_blocks, dtype=dtype, device=device)
         self.digests = BlockDigests(num_layers=model.num_layers, num_blocks=num_blocks,

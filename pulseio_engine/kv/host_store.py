@@ -7,7 +7,9 @@ Both pools belong to the engine's `pulseio.Runtime` and hold transfer units (`Un
 prefill (`store_blocks`), each decoded token's KV as it is computed (`append`), so the host copy is
 always whole and a recall can fetch any block, the one being written included.
 
-Host writes from CUDA tensors go through `Tensor.to` (a synchronous D2H copy): correct, not fast.
+Every write to the host pool goes through its device-mapped view (`HostPool.device_view`): index
+kernels on the model's stream store into pinned memory over the bus, ordered before the recalls
+that read it, with no copy call and no host sync.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+import pulseio
 
 from ..errors import OffloadCapacityError
 from .block_table import BlockAllocator, blocks_for
@@ -36,18 +40,19 @@ class OffloadSeq:
 class HostStore:
     """Views of the runtime's pools as transfer units, and who holds which (see the module doc)."""
 
-    def __init__(self, host_blocks: torch.Tensor, device_slots: torch.Tensor, layout: UnitLayout, *,
+    def __init__(self, host_pool: pulseio.HostPool, device_pool: pulseio.DevicePool, layout: UnitLayout, *,
                  num_layers: int, max_blocks_per_seq: int, budget_blocks: int, dtype: torch.dtype,
                  device: torch.device) -> None:
-        """host_blocks, device_slots: the runtime pools' [n, unit_bytes] uint8 tensors;
+        """host_pool, device_pool: the runtime's pools, in units of `layout.unit_bytes`;
         num_layers: offloaded layers."""
         self.layout = layout
         self.num_layers = num_layers
         self.max_blocks = max_blocks_per_seq
         self.budget = budget_blocks
         self.device = device
-        self.host = host_blocks.view(dtype).view(-1, *layout.unit_shape)      # [n_host, 2, bs, hg, D]
-        self.hot = device_slots.view(dtype).view(-1, *layout.unit_shape)      # [n_slots, 2, bs, hg, D]
+        self.host = host_pool.view(dtype, *layout.unit_shape)                 # [n_host, 2, bs, hg, D], CPU
+        self._host_writes = host_pool.device_view(dtype, *layout.unit_shape)  # the same memory, on `device`
+        self.hot = device_pool.view(dtype, *layout.unit_shape)                # [n_slots, 2, bs, hg, D]
         self._units = BlockAllocator(self.host.shape[0])     # unit 0 is never handed out: padding reads it
         self._slots = BlockAllocator(self.hot.shape[0])
 
@@ -98,14 +103,14 @@ class HostStore:
         blocks: [n, 2, bs, Hkv, D] (the KV cache's layout)."""
         n, s, hg = blocks.shape[0], self.layout.groups, self.layout.heads_per_unit
         units = blocks.unflatten(3, (s, hg)).permute(3, 0, 1, 2, 4, 5)       # [S, n, 2, bs, hg, D]
-        ids = seq.host_map[layer, :, :n].reshape(-1).to(self.host.device)    # [S * n]
-        self.host.index_copy_(0, ids, units.reshape(s * n, *self.layout.unit_shape).to(self.host))
+        ids = seq.host_map[layer, :, :n].reshape(-1)                         # [S * n]
+        self._host_writes.index_copy_(0, ids, units.reshape(s * n, *self.layout.unit_shape)
+                                      .to(self._host_writes.dtype))
 
     def append(self, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write one new token per request to the host. units: [B, S] host units of the tokens' blocks;
         offsets: [B] offsets in them; k, v: [B, Hkv, D]."""
-        _write_units(self.host, units.to(self.host.device), offsets.to(self.host.device), k.to(self.host),
-                     v.to(self.host))
+        _write_units(self._host_writes, units, offsets, k, v)
 
     def write_hot(self, slots: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """The same token into its block's hot slot. slots: [B, S] device slots; offsets: [B]."""

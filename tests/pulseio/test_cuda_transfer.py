@@ -144,3 +144,14 @@ def test_resident_kernel_stops_when_idle_and_restarts_on_the_next_post(backend) 
                 assert t.wait(timeout=30)
     finally:
         host.close()
+
+
+def test_kernels_write_the_host_pool_through_its_device_view(backend) -> None:
+    host, _ = _pools(backend, 4096, num_blocks=64, num_slots=4)
+    view = host.device_view(torch.bfloat16, 2, 1024)                  # [64, 2, 1024] bf16, on the GPU
+    assert view.is_cuda and view.data_ptr() == host.device_ptr
+    values = torch.randn(3, 2, 1024, device="cuda").bfloat16()
+    view.index_copy_(0, torch.tensor([7, 0, 63], device="cuda"), values)
+    torch.cuda.synchronize()
+    assert torch.equal(host.view(torch.bfloat16, 2, 1024)[[7, 0, 63]], values.cpu())
+    host.close()

@@ -188,3 +188,14 @@ def test_a_submit_racing_close_is_refused_and_counted_not_lost(pools) -> None:
     stats = engine.statistics()
     assert (stats.submitted, stats.failed, stats.in_flight) == (1, 1, 0)
     engine.close()
+
+
+def test_a_host_pools_device_view_aliases_the_pool(pools) -> None:
+    host, _ = pools
+    view = host.device_view(torch.int32, 8, 8)                      # [512, 8, 8] int32 over 256 B blocks
+    values = torch.arange(3 * 64, dtype=torch.int32).view(3, 8, 8)
+    view.index_copy_(0, torch.tensor([5, 0, 511]), values)
+    assert view.device == host.backend.device
+    assert torch.equal(host.view(torch.int32, 8, 8)[[5, 0, 511]], values)
+    with pytest.raises(pulseio.InvalidRequestError, match="takes 128 bytes, blocks here have 256"):
+        host.device_view(torch.int32, 4, 8)
