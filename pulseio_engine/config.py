@@ -176,6 +176,8 @@ class RecallMode(Enum):
 
     DOORBELL = "offload-doorbell"   # ids stay on the device: `Runtime.post_recall(count=...)` + device wait
     SYNC = "offload-sync"           # ArkVale-like: ids copied to the host, `Runtime.recall`, then a host wait
+    ALL_ON_GPU = "all-on-gpu"       # no offload (Quest as published): every block stays in the paged cache
+                                    # and attention reads the selected ones there; saves no memory
 
 
 @dataclass(frozen=True)
@@ -184,7 +186,12 @@ class OffloadConfig:
     keeps layers [0, dense_layers) whole and, for every other layer, `SparseConfig.budget_blocks` hot
     slots per selecting row (the request for SoloHead, each KV head for Quest). At most `max_seqs`
     offload requests hold hot slots at once. `poll_sleep_s` is the runtime poller's (first, longest)
-    sleep: short on CPU, where a sleeping poller would add its sleep to every layer."""
+    sleep: short on CPU, where a sleeping poller would add its sleep to every layer.
+
+    `offload_only`: every request of the engine is an offload request, so the paged cache keeps only
+    the dense layers and an offload request's device memory is those, its hot slots and its digests.
+    Otherwise the paged cache keeps every layer for normal requests, and offload requests hold
+    (unused) blocks of the offloaded layers there too."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL
@@ -192,6 +199,7 @@ class OffloadConfig:
     max_seqs: int = 8
     dense_layers: int = 2
     poll_sleep_s: tuple[float, float] = (1e-5, 1e-4)
+    offload_only: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -201,6 +209,8 @@ class OffloadConfig:
         _positive("OffloadConfig", host_blocks=self.host_blocks, max_seqs=self.max_seqs)
         if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, int) or self.dense_layers < 0:
             raise ValueError(f"OffloadConfig.dense_layers must be an int >= 0, got {self.dense_layers!r}")
+        if not isinstance(self.offload_only, bool):
+            raise TypeError(f"OffloadConfig.offload_only must be a bool, got {self.offload_only!r}")
 
 
 @dataclass(frozen=True)
@@ -252,6 +262,9 @@ class EngineConfig:
         if offload.sparse.block_size != self.cache.block_size:
             raise ValueError(f"OffloadConfig.sparse.block_size ({offload.sparse.block_size}) must equal "
                              f"CacheConfig.block_size ({self.cache.block_size}): selection picks cache blocks")
+        if offload.offload_only and offload.recall is RecallMode.ALL_ON_GPU:
+            raise ValueError("OffloadConfig.offload_only keeps only the dense layers on the device, "
+                             "RecallMode.ALL_ON_GPU keeps every layer there; choose one")
         if offload.dense_layers >= self.model.num_layers:
             raise ValueError(f"OffloadConfig.dense_layers ({offload.dense_layers}) leaves no layer of the "
                              f"model's {self.model.num_layers} to offload; use fewer dense layers")

@@ -58,10 +58,13 @@ class Engine:
         self.tokenizer = tokenizer
         dtype = TORCH_DTYPES[config.dtype]
         self.model = CausalLM(config.model, weights, max_len=config.model_len, compile_decode=config.compile)
-        num_blocks = config.cache.num_blocks or _default_num_blocks(config, dtype)
         m = config.model
+        self.offload_only = config.offload is not None and config.offload.offload_only
+        paged_layers = config.offload.dense_layers if self.offload_only else m.num_layers   # type: ignore[union-attr]
+        num_blocks = config.cache.num_blocks or _default_num_blocks(config, dtype, paged_layers)
         self.kv = KVCache(num_layers=m.num_layers, num_blocks=num_blocks, block_size=config.cache.block_size,
-                          num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, dtype=dtype, device=config.device)
+                          num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, dtype=dtype, device=config.device,
+                          paged_layers=paged_layers)
         self.scheduler = Scheduler(config.scheduler, BlockAllocator(num_blocks), config.cache.block_size)
         self.runner = ModelRunner(self.model, self.kv, max_batch=config.scheduler.max_num_seqs,
                                   max_model_len=config.model_len, use_cuda_graphs=config.use_cuda_graphs,
@@ -101,7 +104,10 @@ class Engine:
         prompt = [int(t) for t in prompt_ids]
         self._check_request(prompt, sampling)
         if offload:
-            self._check_offload(kv)
+            self._check_offload()
+        elif self.offload_only:
+            raise OffloadCapacityError("this engine is offload-only (OffloadConfig.offload_only): its paged "
+                                       "cache keeps only the dense layers; add the request with offload=True")
         rid = next(self._ids)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else self.config.model.eos_token_ids
         seq = Sequence(rid, prompt, sampling, eos_token_ids=eos, num_computed=kv.num_tokens if kv else 0,
@@ -126,7 +132,7 @@ class Engine:
         step = self.scheduler.schedule()
         for seq in step.admitted:
             if seq.request_id in self._handoffs:
-                self.runner.load_kv(seq, self._handoffs.pop(seq.request_id))
+                self._load_handoff(seq, self._handoffs.pop(seq.request_id))
         sampled, logits = self._run(step)
         finished = []
         for row, (seq, token) in enumerate(sampled):
@@ -176,7 +182,7 @@ class Engine:
     def _run(self, step: ScheduledStep) -> tuple[list[tuple[Sequence, int]], torch.Tensor | None]:
         """-> ((sequence, sampled token) pairs, their logits rows [n, V])."""
         if step.prefill:
-            tokens, logits = self.runner.prefill_sync(step.prefill)
+            tokens, logits = self.runner.prefill_sync(step.prefill, self.offloader if self.offload_only else None)
             for chunk in step.prefill:
                 chunk.seq.mark_computed(chunk.length)
                 self._offload_prefilled(chunk)
@@ -197,21 +203,29 @@ class Engine:
             return list(zip(normal + sparse, tokens, strict=True)), logits
         return [], None
 
+    def _load_handoff(self, seq: Sequence, source: KVSource) -> None:
+        """Handed-in KV: an offload request's offloaded layers go to the host pool, the rest to its blocks."""
+        if self.offloader is None or seq.request_id not in self.offloader.seqs:
+            self.runner.load_kv(seq, source)
+            return
+        self.runner.load_kv(seq, source, None if self.offloader.on_gpu else range(self.offloader.dense))
+        ids = self.runner.block_ids(seq, len(seq.block_table))
+        self.offloader.load_handoff(seq.request_id, source, self.kv, ids)
+
     def _offload_prefilled(self, chunk: PrefillChunk) -> None:
-        """Once an offload request's prompt is in the cache, copy its offloaded layers to the host."""
-        if self.offloader is None or chunk.seq.request_id not in self.offloader.seqs or not chunk.samples:
+        """Once an offload request's prompt is in the cache, copy its offloaded layers to the host
+        (an offload-only engine's prefill stored them as it went)."""
+        if (self.offloader is None or self.offload_only or chunk.seq.request_id not in self.offloader.seqs
+                or not chunk.samples):
             return
         n = chunk.start + chunk.length
         ids = self.runner.block_ids(chunk.seq, blocks_for(n, self.kv.block_size))
         self.offloader.store_prefill(chunk.seq.request_id, self.kv, ids, n)
 
-    def _check_offload(self, kv: KVSource | None) -> None:
+    def _check_offload(self) -> None:
         if self.offloader is None:
             raise OffloadCapacityError("add_request(offload=True) needs an engine built with "
                                        "EngineConfig.offload (an OffloadConfig); pass offload= to from_model")
-        if kv is not None:
-            raise OffloadCapacityError("an offload request cannot take handed-in KV yet (kv=...); "
-                                       "prefill it here or add it without offload")
 
     def _check_request(self, prompt: list[int], sampling: SamplingParams) -> None:
         limit, vocab = self.config.model_len, self.config.model.vocab_size
@@ -226,9 +240,9 @@ class Engine:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad[:5]}")
 
 
-def _default_num_blocks(config: EngineConfig, dtype: torch.dtype) -> int:
+def _default_num_blocks(config: EngineConfig, dtype: torch.dtype, paged_layers: int) -> int:
     m, bs = config.model, config.cache.block_size
-    per_block = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, dtype) * bs
+    per_block = kv_bytes_per_token(paged_layers, m.num_kv_heads, m.head_dim, dtype) * bs
     if config.device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(config.device))
         return max(2, int(free * config.cache.gpu_memory_fraction) // per_block)

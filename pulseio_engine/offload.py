@@ -16,26 +16,31 @@ One offloaded layer of one decode step, all in fixed-shape tensors:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 import pulseio
 
-from .attention import paged_decode_attention
-from .config import EngineConfig, OffloadConfig, SparseMode
+from .attention import chunk_attention, paged_decode_attention
+from .config import EngineConfig, OffloadConfig, RecallMode, SparseMode
 from .errors import OffloadCapacityError
 from .kv.block_table import blocks_for
 from .kv.cache import KVCache
 from .kv.digests import BlockDigests
+from .kv.handoff import KVSource
 from .kv.host_store import HostStore, OffloadSeq
 from .kv.offload_layout import OffloadFootprint, UnitLayout, offload_footprint
 from .kv.recall import Recaller
 from .kv.residency import apply_recall, plan_recall
 from .kv.retrieval_heads import RetrievalHeads
 from .kv.selection import select_for_layer
-from .model.batch_state import BatchState, DecodeAttention
+from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
+
+
+Selector = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def hot_attention(q: torch.Tensor, hot: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
@@ -80,42 +85,78 @@ class Offloader:
         self.dense = offload.dense_layers
         self.layout = UnitLayout.for_mode(model, offload, torch.empty((), dtype=dtype).element_size())
         num_layers = model.num_layers - self.dense
-        self.runtime = pulseio.open_runtime(_runtime_config(offload, self.layout, num_layers, config.device))
         device = torch.device(config.device)
-        self.store = HostStore(self.runtime.host_pool, self.runtime.device_pool, self.layout,
-                               num_layers=num_layers, max_blocks_per_seq=max_blocks_per_seq,
-                               budget_blocks=sparse.budget_blocks, dtype=dtype, device=device)
+        self.on_gpu = offload.recall is RecallMode.ALL_ON_GPU     # no runtime, no host copy, no hot slots
+        self.runtime = self.store = self.recaller = None
+        if not self.on_gpu:
+            self.runtime = pulseio.open_runtime(_runtime_config(offload, self.layout, num_layers, config.device))
+            self.store = HostStore(self.runtime.host_pool, self.runtime.device_pool, self.layout,
+                                   num_layers=num_layers, max_blocks_per_seq=max_blocks_per_seq,
+                                   budget_blocks=sparse.budget_blocks, dtype=dtype, device=device)
+            self.recaller = Recaller(self.runtime, offload.recall)
         self.digests = BlockDigests(num_layers=model.num_layers, num_blocks=num_blocks,
                                     num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
                                     block_size=sparse.block_size, dtype=dtype, device=device, heads=selecting)
-        self.recaller = Recaller(self.runtime, offload.recall)
         self.model = model
-        self.seqs: dict[int, OffloadSeq] = {}
+        self.seqs: dict[int, OffloadSeq | None] = {}        # None: an all-on-GPU request holds nothing here
         self.last_selection: dict[int, torch.Tensor] = {}   # layer -> [B, S, K] of the last decode step
+        # (layer, q [B, Hq, D], block_tables [B, NB], num_tokens [B]) -> selected blocks [B, S, K]: the
+        # digests' top-k; a benchmark on random weights may drive it with a recall-locality model instead
+        self.selector: Selector = self._select_by_digests
+
+    def _select_by_digests(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
+                           num_tokens: torch.Tensor) -> torch.Tensor:
+        return select_for_layer(self.digests, layer, q, block_tables, num_tokens, self.sparse)
 
     def footprint(self, context_tokens: int) -> OffloadFootprint:
-        return offload_footprint(self.model, self.offload, elem_bytes=self.layout.elem_bytes,
-                                 context_tokens=context_tokens)
+        """(All-on-GPU: every layer whole on the device, plus the digests; nothing on the host.)"""
+        fp = offload_footprint(self.model, self.offload, elem_bytes=self.layout.elem_bytes,
+                               context_tokens=context_tokens)
+        if self.on_gpu:
+            return replace(fp, offload_device_bytes=fp.vanilla_device_bytes + fp.digest_bytes,
+                           dense_layer_bytes=fp.vanilla_device_bytes, hot_bytes=0, host_bytes=0)
+        return fp
 
     def open(self, request_id: int, num_tokens: int) -> None:
         """Reserve host units and hot slots for a request of at most `num_tokens` tokens."""
-        self.seqs[request_id] = self.store.open(num_tokens)
+        self.seqs[request_id] = None if self.store is None else self.store.open(num_tokens)
 
     def close_request(self, request_id: int) -> None:
         seq = self.seqs.pop(request_id, None)
-        if seq is not None:
+        if seq is not None and self.store is not None:
             self.store.close(seq)
 
     def store_prefill(self, request_id: int, kv: KVCache, block_ids: torch.Tensor, num_tokens: int) -> None:
-        """Copy a prefilled prompt's offloaded layers to the host and digest them.
+        """Copy a prefilled prompt's offloaded layers from the paged cache to the host and digest them.
         block_ids: [>= n_blocks] int64 physical blocks on the cache's device."""
-        seq, bs = self.seqs[request_id], kv.block_size
-        n = blocks_for(num_tokens, bs)
-        positions = torch.arange(num_tokens, device=kv.device)
-        slots = block_ids[positions // bs] * bs + positions % bs                # [P]
+        n = blocks_for(num_tokens, kv.block_size)
         for layer in range(self.dense, kv.num_layers):
-            self.store.store_blocks(layer - self.dense, seq, kv.kv[layer][block_ids[:n]])
-            self.digests.update(layer, kv.gather(layer, block_ids, num_tokens)[0], slots)
+            self._store_blocks(request_id, layer, kv.kv[layer][block_ids[:n]], block_ids, num_tokens)
+
+    def load_handoff(self, request_id: int, source: KVSource, kv: KVCache, block_ids: torch.Tensor) -> None:
+        """Handed-in KV (disaggregated prefill): the offloaded layers go straight to the host and the
+        digests, never through the paged cache (all-on-GPU: the engine has put them there; digests only).
+        block_ids: as for `store_prefill`."""
+        n = blocks_for(source.num_tokens, kv.block_size)
+        for layer in range(self.dense, kv.num_layers):
+            blocks = kv.kv[layer][block_ids[:n]] if self.on_gpu else source.layer_blocks(layer, kv)
+            self._store_blocks(request_id, layer, blocks, block_ids, source.num_tokens)
+
+    def _store_blocks(self, request_id: int, layer: int, blocks: torch.Tensor, block_ids: torch.Tensor,
+                      num_tokens: int) -> None:
+        """blocks: [n_blocks, 2, bs, Hkv, D] a request's first blocks of `layer`, whole."""
+        bs = blocks.shape[2]
+        positions = torch.arange(num_tokens, device=blocks.device)
+        slots = block_ids[positions // bs] * bs + positions % bs                # [P]
+        seq = self.seqs[request_id]
+        if self.store is not None and seq is not None:
+            self.store.store_blocks(layer - self.dense, seq, blocks)
+        self.digests.update(layer, blocks[:, 0].flatten(0, 1)[:num_tokens], slots)
+
+    def begin_prefill(self, request_ids: Seq[int], state: BatchState) -> None:
+        """An offload-only engine's prefill batch: its offloaded layers attend and store through
+        `PrefillOffload` (the paged cache has no room for them)."""
+        state.sparse = PrefillOffload(self, [self.seqs[r] for r in request_ids], state)
 
     def begin(self, request_ids: Seq[int], state: BatchState) -> OffloadBatch:
         """The offloaded layers' attention of a decode batch (prepared by the runner, eager)."""
@@ -123,23 +164,30 @@ class Offloader:
         if missing:
             raise OffloadCapacityError(f"requests {missing} are not offload requests (no host units); "
                                        "add them with add_request(..., offload=True)")
-        seqs = [self.seqs[r] for r in request_ids]
+        if self.on_gpu:
+            state.sparse = DeviceSparseBatch(self, state)
+            return state.sparse
+        seqs: list[OffloadSeq] = [self.seqs[r] for r in request_ids]      # type: ignore[misc]
         batch = OffloadBatch(self, state, seqs)
         state.sparse = batch
         return batch
 
-    def end(self, request_ids: Seq[int], batch: OffloadBatch) -> None:
+    def end(self, request_ids: Seq[int], batch: OffloadBatch | DeviceSparseBatch) -> None:
         """Keep the batch's residency maps for the requests' next steps."""
-        for i, rid in enumerate(request_ids):
-            self.seqs[rid].resident = batch.resident[i]
+        if isinstance(batch, OffloadBatch):
+            for i, rid in enumerate(request_ids):
+                self.seqs[rid].resident = batch.resident[i]      # type: ignore[union-attr]
 
     def statistics(self) -> OffloadStatistics:
+        if self.runtime is None or self.store is None:
+            return OffloadStatistics(self.layout.unit_bytes, self.layout.heads_per_unit, len(self.seqs), 0, 0, 0, 0)
         rt = self.runtime.statistics()
         return OffloadStatistics(self.layout.unit_bytes, self.layout.heads_per_unit, len(self.seqs),
                                  self.store.units_free, self.store.slots_free, rt.submitted, rt.bytes_moved)
 
     def close(self) -> None:
-        self.runtime.close()
+        if self.runtime is not None:
+            self.runtime.close()
 
 
 def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int, device: str
@@ -153,27 +201,90 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
         spin_iterations=1, poll_sleep_s=offload.poll_sleep_s)
 
 
-class OffloadBatch:
-    """Per-step tensors of a decode batch of offload requests (L offloaded layers, S rows, K budget)."""
+class PrefillOffload:
+    """The offloaded layers of a prefill batch in an offload-only engine. Per sequence chunk: its new K/V
+    go to the host (through the pool's device view) and the digests; its attention reads earlier
+    chunks back from the host, in the same stream order. One loop iteration per sequence, none per block."""
 
-    def __init__(self, owner: Offloader, state: BatchState, seqs: list[OffloadSeq]) -> None:
+    def __init__(self, owner: Offloader, seqs: list[OffloadSeq], state: BatchState) -> None:
+        meta: PrefillAttention = state.attention     # type: ignore[assignment]
+        self.owner, self.seqs, self.spans = owner, seqs, meta.spans
+
+    def covers(self, layer: int) -> bool:
+        return layer >= self.owner.dense
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        o, li = self.owner, layer - self.owner.dense
+        bs, store = o.sparse.block_size, o.store
+        out = torch.empty_like(q)
+        for seq, span in zip(self.seqs, self.spans, strict=True):
+            rows = slice(span.row_start, span.row_start + span.length)
+            positions = torch.arange(span.pos_start, span.pos_start + span.length, device=q.device)
+            units = seq.host_map[li][:, positions // bs].T                  # [n, S]
+            history = store.read(seq, li, span.pos_start)                   # ([p, Hkv, D], [p, Hkv, D])
+            store.append(units, positions % bs, k[rows], v[rows])
+            o.digests.update(layer, k[rows], span.block_ids[positions // bs] * bs + positions % bs)
+            out[rows] = chunk_attention(q[rows], torch.cat([history[0], k[rows]]),
+                                        torch.cat([history[1], v[rows]]), span.pos_start, o.scale)
+        return out
+
+
+class _DecodeRows:
+    """Where each request of a decode batch stands: its blocks, length and the slot being written."""
+
+    def __init__(self, owner: Offloader, state: BatchState) -> None:
         meta: DecodeAttention = state.attention    # type: ignore[assignment]
         bs = owner.sparse.block_size
         self.owner = owner
         self.block_tables = meta.block_tables.long()                 # [B, NB] physical blocks
         self.num_tokens = meta.context_lens.long()                   # [B], the token being decoded included
-        block = state.positions // bs                                # [B] logical block being written
+        self.block = state.positions // bs                           # [B] logical block being written
         self.offsets = state.positions % bs                          # [B]
-        self.slots = self.block_tables.gather(1, block[:, None])[:, 0] * bs + self.offsets   # [B]
+        self.slots = self.block_tables.gather(1, self.block[:, None])[:, 0] * bs + self.offsets   # [B]
+
+    def covers(self, layer: int) -> bool:
+        return layer >= self.owner.dense
+
+
+class DeviceSparseBatch(_DecodeRows):
+    """The all-on-GPU baseline (Quest as published): the paged cache keeps every block, each offloaded
+    layer attends to its selected blocks there. One attention call per selecting row (S <= Hkv)."""
+
+    def __init__(self, owner: Offloader, state: BatchState) -> None:
+        super().__init__(owner, state)
+        self.kv, self.kv_rows = state.kv, state.kv_rows
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        o, kv = self.owner, self.kv
+        kv.write(layer, k, v, self.kv_rows)
+        o.digests.update(layer, k, self.slots)
+        selected = o.selector(layer, q, self.block_tables, self.num_tokens)     # [B, S, K]
+        o.last_selection[layer] = selected
+        b, s, kk = selected.shape
+        tables = self.block_tables.gather(1, selected.clamp(min=0).view(b, s * kk)).view(b, s, kk).int()
+        count = (selected >= 0).sum(2)                                          # [B, S]
+        context = ((count - 1) * o.sparse.block_size + self.offsets[:, None] + 1).int()
+        hg, gq = kv.num_kv_heads // s, q.shape[1] // s
+        out = torch.empty_like(q)
+        for row in range(s):
+            heads, queries = slice(row * hg, (row + 1) * hg), slice(row * gq, (row + 1) * gq)
+            out[:, queries] = paged_decode_attention(q[:, queries], kv.k(layer)[:, :, heads], kv.v(layer)[:, :, heads],
+                                                     tables[:, row], context[:, row], o.scale)
+        return out
+
+
+class OffloadBatch(_DecodeRows):
+    """Per-step tensors of a decode batch of offload requests (L offloaded layers, S rows, K budget)."""
+
+    def __init__(self, owner: Offloader, state: BatchState, seqs: list[OffloadSeq]) -> None:
+        super().__init__(owner, state)
+        block = self.block
         self.host_map = torch.stack([s.host_map for s in seqs])      # [B, L, S, NB]
         self.hot = torch.stack([s.hot for s in seqs])                # [B, L, S, K]
         self.resident = torch.stack([s.resident for s in seqs])      # [B, L, S, NB]
         s = self.host_map.shape[2]
         self.write_units = self.host_map.gather(3, block[:, None, None, None].expand(-1, self.host_map.shape[1],
                                                                                       s, 1))[..., 0]   # [B, L, S]
-
-    def covers(self, layer: int) -> bool:
-        return layer >= self.owner.dense
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, Hq, D], k, v: [B, Hkv, D] of the tokens being decoded -> attention output [B, Hq, D]."""
@@ -182,7 +293,7 @@ class OffloadBatch:
         kk, bs = o.sparse.budget_blocks, o.sparse.block_size
         o.digests.update(layer, k, self.slots)
         o.store.append(self.write_units[:, li], self.offsets, k, v)
-        selected = select_for_layer(o.digests, layer, q, self.block_tables, self.num_tokens, o.sparse)
+        selected = o.selector(layer, q, self.block_tables, self.num_tokens)
         o.last_selection[layer] = selected                           # [B, S, K]
         rows = selected.reshape(b * s, kk)
         resident = self.resident[:, li].reshape(b * s, nb)

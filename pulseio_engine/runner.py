@@ -16,7 +16,7 @@ import torch
 from .decode_graph import DecodeGraphs
 from .kv.block_table import blocks_for
 from .kv.cache import KVCache
-from .kv.handoff import KVSource
+from .kv.handoff import KVSource, write_into
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention, PrefillSpan
 from .model.llama import CausalLM
 from .request import Sequence
@@ -49,9 +49,9 @@ class ModelRunner:
 
     # ---- handoff -------------------------------------------------------------------------------
 
-    def load_kv(self, seq: Sequence, source: KVSource) -> None:
-        """Write KV computed elsewhere into the sequence's blocks."""
-        source.write_into(self.kv, self.block_ids(seq, len(seq.block_table)))
+    def load_kv(self, seq: Sequence, source: KVSource, layers: range | None = None) -> None:
+        """Write KV computed elsewhere into the sequence's blocks (`layers`: default, all the cache keeps)."""
+        write_into(source, self.kv, self.block_ids(seq, len(seq.block_table)), layers)
 
     # ---- prefill --------------------------------------------------------------------------------
 
@@ -76,10 +76,14 @@ class ModelRunner:
                                 to_dev(np.concatenate(slots)), PrefillAttention(tuple(spans)), self.kv,
                                 logit_rows=to_dev(np.asarray(rows, dtype=np.int64)))
 
-    def prefill_sync(self, chunks: Seq[PrefillChunk]) -> tuple[list[int], torch.Tensor]:
+    def prefill_sync(self, chunks: Seq[PrefillChunk], offloader: Offloader | None = None
+                     ) -> tuple[list[int], torch.Tensor]:
         """Run prompt chunks; returns one sampled token per chunk that reaches its prefill's end, and
-        those chunks' logits [S, V] fp32."""
+        those chunks' logits [S, V] fp32. With `offloader` (an offload-only engine), the offloaded
+        layers store and attend through it."""
         state = self.prepare_prefill(chunks)
+        if offloader is not None:
+            offloader.begin_prefill([c.seq.request_id for c in chunks], state)
         logits = self.model.forward(state)                       # [S, V]
         temps = [c.seq.sampling.temperature for c in chunks if c.samples]
         return sample_tokens(logits, temps, self.generator).tolist(), logits

@@ -29,15 +29,21 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
 
 class KVCache:
     def __init__(self, *, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str,
+                 paged_layers: int | None = None) -> None:
+        """`paged_layers`: only layers [0, paged_layers) have blocks (default: all). The others hold
+        zero blocks, so any write to them fails loudly: an offload-only engine keeps its offloaded
+        layers in the host pool and its hot slots, never here."""
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        # kv[l]: [num_blocks, 2, block_size, Hkv, D]
-        self.kv = [torch.zeros((num_blocks, 2, block_size, num_kv_heads, head_dim), dtype=dtype, device=device)
-                   for _ in range(num_layers)]
+        self.paged_layers = num_layers if paged_layers is None else paged_layers
+        # kv[l]: [num_blocks, 2, block_size, Hkv, D] (0 blocks for l >= paged_layers)
+        self.kv = [torch.zeros((num_blocks if layer < self.paged_layers else 0, 2, block_size, num_kv_heads,
+                                head_dim), dtype=dtype, device=device)
+                   for layer in range(num_layers)]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -75,15 +81,7 @@ class KVCache:
         v = pages[:, 1].reshape(-1, self.num_kv_heads, self.head_dim)[:num_tokens]
         return k, v
 
-    def load_tokens(self, layer: int, block_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write a sequence's first n tokens of K/V (a KV handoff). k, v: [n, Hkv, D]; block_ids: [>= n/bs]."""
-        n = k.shape[0]
-        positions = torch.arange(n, device=self.device)
-        slots = block_ids.to(self.device)[positions // self.block_size] * self.block_size \
-            + positions % self.block_size
-        self.write(layer, k.to(self.device, self.dtype), v.to(self.device, self.dtype), self.rows(slots))
-
     def statistics(self) -> KVCacheStatistics:
-        per_block = self.kv[0][0].numel() * self.kv[0].element_size()
+        per_block = 2 * self.block_size * self.num_kv_heads * self.head_dim * self.kv[0].element_size()
         return KVCacheStatistics(self.num_layers, self.num_blocks, self.block_size,
-                                 per_block * self.num_blocks * self.num_layers, per_block)
+                                 per_block * self.num_blocks * self.paged_layers, per_block)

@@ -107,9 +107,17 @@ class HostStore:
         self._host_writes.index_copy_(0, ids, units.reshape(s * n, *self.layout.unit_shape)
                                       .to(self._host_writes.dtype))
 
+    def read(self, seq: OffloadSeq, layer: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A request's first `num_tokens` K and V of offloaded layer `layer`, gathered on the device from
+        the host pool (stream-ordered after earlier writes) -> ([n, Hkv, D], [n, Hkv, D])."""
+        n = blocks_for(num_tokens, self.layout.block_size)
+        units = self._host_writes[seq.host_map[layer, :, :n]]              # [S, n, 2, bs, hg, D]
+        kv = units.permute(2, 1, 3, 0, 4, 5).flatten(3, 4).flatten(1, 2)   # [2, n * bs, Hkv, D]
+        return kv[0, :num_tokens], kv[1, :num_tokens]
+
     def append(self, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write one new token per request to the host. units: [B, S] host units of the tokens' blocks;
-        offsets: [B] offsets in them; k, v: [B, Hkv, D]."""
+        """Write one new token per row to the host. units: [T, S] host units of the tokens' blocks;
+        offsets: [T] offsets in them; k, v: [T, Hkv, D]."""
         _write_units(self._host_writes, units, offsets, k, v)
 
     def write_hot(self, slots: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

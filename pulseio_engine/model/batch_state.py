@@ -35,13 +35,13 @@ class PrefillAttention:
 
 
 class LayerAttention(Protocol):
-    """Decode attention that replaces the paged cache's for some layers (offload requests' sparse path):
-    it stores the new K/V itself and returns the attention output."""
+    """Attention that replaces the paged cache's for some layers (offload requests: the sparse decode
+    path, and prefill in an offload-only engine): it stores the new K/V itself and returns the output."""
 
     def covers(self, layer: int) -> bool: ...
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q: [B, Hq, D], k, v: [B, Hkv, D] -> [B, Hq, D]."""
+        """q: [T, Hq, D], k, v: [T, Hkv, D] of the batch's tokens -> [T, Hq, D]."""
         ...
 
 
@@ -54,7 +54,7 @@ class BatchState:
     kv: KVCache
     logit_rows: torch.Tensor | None = None   # [S] int64: rows whose logits are wanted; None = all
     next_layer: int = 0
-    sparse: LayerAttention | None = None     # decode batches only: the layers it covers skip the paged cache
+    sparse: LayerAttention | None = None     # the layers it covers skip the paged cache
 
     @property
     def num_tokens(self) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..attention import paged_decode_attention
+from ..attention import chunk_attention, paged_decode_attention
 from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
@@ -75,7 +75,7 @@ class CausalLM:
         q, k, v = pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
                       w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads,
                       cfg.head_dim)
-        if decode and state.sparse is not None and state.sparse.covers(layer_idx):
+        if state.sparse is not None and state.sparse.covers(layer_idx):
             attn = state.sparse.attend(layer_idx, q, k, v)           # offloaded layer: KV kept by `sparse`
         elif decode:
             state.kv.write(layer_idx, k, v, state.kv_rows)
@@ -106,19 +106,9 @@ class CausalLM:
     def _prefill_attention(self, q: torch.Tensor, kv: KVCache, layer: int,
                            meta: PrefillAttention) -> torch.Tensor:
         """q: [T, Hq, D] -> [T, Hq, D]: each span attends causally to its sequence's cached KV."""
-        group = self.config.num_heads // self.config.num_kv_heads
         out = torch.empty_like(q)
         for span in meta.spans:
-            ctx = span.pos_start + span.length
-            k, v = kv.gather(layer, span.block_ids, ctx)                    # [ctx, Hkv, D]
-            k = k.repeat_interleave(group, dim=1).transpose(0, 1)           # [Hq, ctx, D]
-            v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-            qs = q[span.row_start:span.row_start + span.length].transpose(0, 1)   # [Hq, n, D]
-            if span.pos_start == 0:
-                o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=self.scale)
-            else:
-                rows = torch.arange(span.length, device=q.device)[:, None] + span.pos_start
-                mask = torch.arange(ctx, device=q.device)[None, :] <= rows     # [n, ctx]
-                o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=self.scale)
-            out[span.row_start:span.row_start + span.length] = o.transpose(0, 1)
+            rows = slice(span.row_start, span.row_start + span.length)
+            k, v = kv.gather(layer, span.block_ids, span.pos_start + span.length)    # [ctx, Hkv, D]
+            out[rows] = chunk_attention(q[rows], k, v, span.pos_start, self.scale)
         return out

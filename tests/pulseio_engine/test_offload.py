@@ -8,8 +8,16 @@ import pytest
 import torch
 from sparse_reference import ref_offload_decode
 
-from pulseio_engine import CacheConfig, Engine, PromptTooLongError, RetrievalHeads, SamplingParams
-from pulseio_engine.config import Architecture, ModelConfig, OffloadConfig, RecallMode, SparseConfig, SparseMode
+from pulseio_engine import CacheConfig, Engine, KVHandoff, PromptTooLongError, RetrievalHeads, SamplingParams
+from pulseio_engine.config import (
+    Architecture,
+    ModelConfig,
+    OffloadConfig,
+    RecallMode,
+    SchedulerConfig,
+    SparseConfig,
+    SparseMode,
+)
 from pulseio_engine.errors import OffloadCapacityError
 from pulseio_engine.kv.block_table import blocks_for
 from pulseio_engine.kv.offload_layout import offload_footprint
@@ -57,11 +65,15 @@ def test_a_budget_covering_the_context_decodes_exactly_as_vanilla(tiny_qwen3, mo
     with _engine(path, mode, recall, budget=64, dense=1) as engine:
         got = _run(engine, prompts, sampling, [True, True, False])
         stats = engine.offloader.statistics()
-        assert stats.bytes_recalled > 0 and stats.bytes_recalled % stats.unit_bytes == 0, "through pulseio"
         steps = 11 * 2          # offloaded layers x decode steps: the doorbell posts each, sync skips empty ones
-        assert stats.recalls == steps if recall is RecallMode.DOORBELL else 0 < stats.recalls < steps
+        if recall is RecallMode.ALL_ON_GPU:
+            assert stats.recalls == stats.bytes_recalled == 0, "all on the GPU: nothing to recall"
+        else:
+            assert stats.bytes_recalled > 0 and stats.bytes_recalled % stats.unit_bytes == 0, "through pulseio"
+            assert stats.recalls == steps if recall is RecallMode.DOORBELL else 0 < stats.recalls < steps
         assert stats.unit_heads == (2 if mode is not SparseMode.QUEST else 1)
-        assert stats.requests == 0 and stats.host_units_free == 4095, "finished requests gave their units back"
+        assert stats.requests == 0, "finished requests left"
+        assert stats.host_units_free == (0 if recall is RecallMode.ALL_ON_GPU else 4095), "and gave their units back"
     assert got == vanilla
 
 
@@ -90,8 +102,8 @@ def test_a_small_budget_equals_the_plain_reference_of_the_same_selection(tiny_qw
                 for layer, rows in chosen.items():
                     assert engine.offloader.last_selection[layer][row].tolist() == rows, (position, layer)
                 torch.testing.assert_close(logits_seen[-1][row], want, rtol=0, atol=1e-4)
-            moved = engine.offloader.runtime.statistics().bytes_moved
-        assert moved > 0
+            moved = engine.offloader.statistics().bytes_recalled
+        assert (moved > 0) == (recall is not RecallMode.ALL_ON_GPU)
 
 
 def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tensor]]:  # noqa: ANN001
@@ -200,3 +212,59 @@ def test_a_decoded_tail_gives_the_tokens_of_a_prefilled_one(tiny_qwen3, offload)
     assert seq.forced_logprobs == pytest.approx(want, abs=1e-4)
     with pytest.raises(ValueError, match=r"decode_tail=37 must be in \[0, 37\): at least one prompt token"):
         Engine.from_model(path, device="cpu").add_request(prompt, decode_tail=37)
+
+
+def _offload_only(path: str, mode: SparseMode, *, budget: int, prefill_tokens: int = 2048) -> Engine:
+    """`_engine`'s configuration, offload-only: the paged cache keeps the dense layer alone."""
+    m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
+    offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, local_blocks=1),
+                            recall=RecallMode.DOORBELL, host_blocks=4096, max_seqs=3, dense_layers=1,
+                            offload_only=True)
+    return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
+                             retrieval_heads=_heads(m.num_layers, m.num_kv_heads),
+                             scheduler=SchedulerConfig(max_prefill_tokens=prefill_tokens))
+
+
+@pytest.mark.parametrize("prefill_tokens", [2048, 16, 5], ids=["one-chunk", "chunks-of-16", "chunks-of-5"])
+@pytest.mark.parametrize("mode", list(SparseMode), ids=[m.value for m in SparseMode])
+def test_an_offload_only_engine_decodes_as_the_mixed_one_and_keeps_only_dense_layers(
+        tiny_qwen3, mode, prefill_tokens) -> None:
+    """Its prefill stores and attends the offloaded layers through the host pool (earlier chunks read
+    back from it); greedy tokens equal the mixed engine's, whose prefill ran through the paged cache."""
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    with _engine(path, mode, RecallMode.DOORBELL, budget=4 * BS, dense=1, local=1) as mixed:
+        expected = _run(mixed, PROMPTS, sampling, [True, True])
+    with _offload_only(path, mode, budget=4 * BS, prefill_tokens=prefill_tokens) as engine:
+        assert [t.shape[0] for t in engine.kv.kv] == [64] + [0] * (engine.kv.num_layers - 1)
+        assert _run(engine, PROMPTS, sampling, [True, True]) == expected
+        with pytest.raises(OffloadCapacityError, match="offload-only .* add the request with offload=True$"):
+            engine.add_request([1, 2, 3], sampling)
+
+
+def test_handed_in_kv_of_an_offload_request_goes_to_the_host_pool(tiny_qwen3) -> None:
+    """KV computed by a prefill instance, handed to an offload-only engine: the same tokens as the
+    mixed engine prefilling the prompt itself, and the host copy holds the handed-in KV bit for bit."""
+    path = str(tiny_qwen3[0])
+    prompt, sampling = PROMPTS[0], SamplingParams(max_new_tokens=10, ignore_eos=True)
+    prefill = Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS))
+    prefill.add_request(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    prefill.step()
+    seq = prefill.scheduler.running[0]
+    blocks = torch.tensor(seq.block_table.block_ids[:blocks_for(len(prompt), BS)])
+    handoff = KVHandoff(tuple(prefill.kv.gather(layer, blocks, len(prompt)) for layer in range(prefill.kv.num_layers)))
+    first = seq.output_ids[0]
+    with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=4 * BS, dense=1, local=1) as mixed:
+        expected = _run(mixed, [prompt], SamplingParams(max_new_tokens=11, ignore_eos=True), [True])[0]
+    with _offload_only(path, SparseMode.QUEST, budget=4 * BS) as engine:
+        rid = engine.add_request(prompt + [first], sampling, kv=handoff, offload=True)
+        engine.step()                                                # admits, loads, decodes the first token
+        oseq, store = engine.offloader.seqs[rid], engine.offloader.store
+        for layer in range(1, engine.kv.num_layers):
+            k, v = store.read(oseq, layer - 1, len(prompt))
+            assert torch.equal(k, handoff.layers[layer][0]) and torch.equal(v, handoff.layers[layer][1])
+        out = []
+        while engine.has_unfinished():
+            out += engine.step()
+        assert engine.statistics().prefill_tokens == 0
+    assert (first, *out[0].output_ids) == expected
