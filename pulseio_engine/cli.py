@@ -37,9 +37,9 @@ from pulseio.cliargs import (
 )
 from pulseio.machine import MEMORY_LIMIT_ENV
 
-from .bench import BenchMode, run_bench
+from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, calibrate_checkpoint
-from .config import CacheConfig, DType, RecallMode
+from .config import CacheConfig, DType, RecallMode, SparseConfig, SparseMode
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
 from .evaluation.run import EvalConfig, EvalMode, run_eval
@@ -49,6 +49,7 @@ from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
+from .sparse_bench import SparseBenchMode, SparseBenchResult, run_sparse_bench
 
 PROG = "pulseio-engine"
 
@@ -109,17 +110,32 @@ def _bench(args: argparse.Namespace) -> int:
     device = require_device(prog, args.device)
     if args.json is not None:
         check_writable(prog, "--json", args.json)
+    if args.mode != BenchMode.VANILLA.value:
+        try:
+            SparseConfig(token_budget=args.token_budget)
+        except ValueError as exc:       # the budget rules, stated by the config's message
+            raise EngineError(str(exc)) from exc
     source = _open(args.model, args.progress)
-    result = run_bench(source, mode=BenchMode(args.mode), batch_size=args.batch_size,
-                       context_len=args.context_len, steps=args.steps, warmup=args.warmup, device=device,
-                       use_cuda_graphs=not args.no_cuda_graphs, compile_decode=False if args.no_compile else None,
-                       progress=progress_enabled(args.progress))
+    if args.mode == BenchMode.VANILLA.value:
+        result: BenchResult | SparseBenchResult = run_bench(
+            source, mode=BenchMode.VANILLA, batch_size=args.batch_size, context_len=args.context_len,
+            steps=args.steps, warmup=args.warmup, device=device, use_cuda_graphs=not args.no_cuda_graphs,
+            compile_decode=False if args.no_compile else None, progress=progress_enabled(args.progress))
+        keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
+                "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled", "compile_error")
+    else:
+        result = run_sparse_bench(
+            source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
+            steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
+            selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress))
+        keys = ("step_ms", "units_per_step", "recalled_mib_per_step", "unit_bytes", "recall_gbps", "link_peak_gbps",
+                "recall_fraction_of_peak", "recall_host_ms_per_step", "blocked_ms_per_step",
+                "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    for key in ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
-                "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled", "compile_error"):
-        print(f"{key:>20}: {_fmt(getattr(result, key))}")
+    for key in keys:
+        print(f"{key:>24}: {_fmt(getattr(result, key))}")
     print(result.summary())
     return 0
 
@@ -226,8 +242,17 @@ def _parser() -> argparse.ArgumentParser:
                                    "over the device's copy bandwidth), on random KV.",
                        epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
     b.add_argument("--model", default="qwen3-14b", help=_model_help())
-    b.add_argument("--mode", choices=[m.value for m in BenchMode], default=BenchMode.VANILLA.value,
-                   help="vanilla: all KV on the device, full attention")
+    b.add_argument("--mode", choices=[m.value for m in BenchMode] + [m.value for m in SparseBenchMode],
+                   default=BenchMode.VANILLA.value,
+                   help="vanilla: all KV on the device, full attention (CUDA graphs, vs the roofline); "
+                        "quest-all-on-gpu: all KV on the device, Quest selection; offload-sync / offload-doorbell: "
+                        "offload-only requests recalled through pulseio (selection by a measured recall-locality "
+                        "model)")
+    b.add_argument("--token-budget", type=int_at_least(1), default=2048,
+                   help="sparse modes: tokens each request attends to (a multiple of the block size, 16)")
+    b.add_argument("--selection", choices=[SparseMode.SOLOHEAD.value, SparseMode.QUEST.value],
+                   default=SparseMode.SOLOHEAD.value,
+                   help="offload modes: shared selection (one unit per block: all KV heads) or head-wise (Quest)")
     b.add_argument("--batch-size", type=int_at_least(1), default=64, help="sequences decoded together")
     b.add_argument("--context-len", type=int_at_least(1), default=4096, help="tokens of KV per sequence")
     b.add_argument("--steps", type=int_at_least(1), default=100, help="timed decode steps")

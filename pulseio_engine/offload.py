@@ -39,7 +39,6 @@ from .kv.retrieval_heads import RetrievalHeads
 from .kv.selection import select_for_layer
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
 
-
 Selector = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 

@@ -11,6 +11,7 @@ fixed-size tensors, and counts them on the device. Then:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -40,25 +41,49 @@ class Recaller:
         self.runtime = runtime
         self.mode = mode
         self.timeout_s = timeout_s
+        self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
 
     def recall(self, host_units: torch.Tensor, slots: torch.Tensor, need: torch.Tensor, *, tag: int) -> None:
         """Copy host units to device slots where `need`; returns once later device work sees them.
         host_units, slots: [R, K] int64 on the model's device; need: [R, K] bool."""
         ids, dst, count = compact(host_units, slots, need)
-        if self.mode is RecallMode.DOORBELL:
-            done = self.runtime.post_recall(host_ids=ids, device_slots=dst, count=count, tag=tag)
-            done.device_wait()
-        else:
-            n = int(count)                                     # the baseline's sync: ids go to the host
-            if n == 0:
-                return
-            done = self.runtime.recall(host_ids=ids[:n].cpu(), device_slots=dst[:n].cpu(), tag=tag)
-            try:
-                done.wait(self.timeout_s)
-            except pulseio.WaitTimeout as exc:
-                raise RecallError(f"a synchronous recall of {n} units for layer {tag} did not land within "
-                                  f"{self.timeout_s} s") from exc
-            except pulseio.PulseError as exc:
-                raise RecallError(f"the recall for layer {tag} failed: {exc}") from exc
+        done = self._doorbell(ids, dst, count, tag) if self.mode is RecallMode.DOORBELL else \
+            self._sync(ids, dst, count, tag)
+        if done is None:
+            return
         if done.exception() is not None:
             raise RecallError(f"the recall for layer {tag} failed: {done.exception()}") from done.exception()
+
+    def _doorbell(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
+        """Waits only when the ring or the outstanding requests are full (counted in blocked_ns)."""
+        try:
+            done = self.runtime.post_recall_nowait(host_ids=ids, device_slots=dst, count=count, tag=tag)
+        except pulseio.WouldBlock:
+            start = time.perf_counter_ns()
+            done = self.runtime.post_recall(host_ids=ids, device_slots=dst, count=count, tag=tag,
+                                            timeout=self.timeout_s)
+            self.blocked_ns += time.perf_counter_ns() - start
+        done.device_wait()
+        return done
+
+    def _sync(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
+        """Waits for the ids (a device sync) and for the copy (counted in blocked_ns)."""
+        start = time.perf_counter_ns()
+        try:
+            return self._sync_wait(ids, dst, count, tag)
+        finally:
+            self.blocked_ns += time.perf_counter_ns() - start
+
+    def _sync_wait(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
+        n = int(count)                                     # the baseline's sync: ids go to the host
+        if n == 0:
+            return None
+        done = self.runtime.recall(host_ids=ids[:n].cpu(), device_slots=dst[:n].cpu(), tag=tag)
+        try:
+            done.wait(self.timeout_s)
+        except pulseio.WaitTimeout as exc:
+            raise RecallError(f"a synchronous recall of {n} units for layer {tag} did not land within "
+                              f"{self.timeout_s} s") from exc
+        except pulseio.PulseError as exc:
+            raise RecallError(f"the recall for layer {tag} failed: {exc}") from exc
+        return done

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 14 on one H200: the offload path's GPU tests, then `pulseio-engine bench` in the sparse modes
+# (qwen3-14b preset, random weights, handed-in random KV, selection by the shipped recall-locality model).
+#   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
+# Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), BUDGET (2048). Results: $OUT/sparse.tgz.
+set -u
+R=/tmp/sparse-results; rm -rf $R; mkdir -p $R
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PARTS=${PARTS:-"tests bench"}; STEPS=${STEPS:-20}; BUDGET=${BUDGET:-2048}
+CONFIGS=${CONFIGS:-"8x32768 24x8192"}
+{ date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; hostname
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  free -g | head -2; echo "PARTS=$PARTS STEPS=$STEPS BUDGET=$BUDGET CONFIGS=$CONFIGS"; } > $R/meta.txt 2>&1
+finish() { tar czf ${OUT:-/tmp}/sparse.tgz -C $R . ; }
+trap finish EXIT
+
+if [[ " $PARTS " == *" tests "* ]]; then
+  echo "== gpu tests" | tee -a $R/progress.log
+  timeout 420 python -m pytest -q -m gpu -p no:cacheprovider tests/pulseio_engine/test_offload_gpu.py \
+    tests/pulseio/test_cuda_transfer.py::test_kernels_write_the_host_pool_through_its_device_view \
+    tests/pulseio_engine/test_engine_gpu.py > $R/tests.log 2>&1
+  echo "tests rc=$?" | tee -a $R/progress.log; tail -3 $R/tests.log
+fi
+
+if [[ " $PARTS " == *" bench "* ]]; then
+  for cfg in $CONFIGS; do
+    b=${cfg%x*}; ctx=${cfg#*x}
+    for spec in quest-all-on-gpu:quest offload-sync:solohead offload-doorbell:solohead offload-doorbell:quest offload-sync:quest; do
+      mode=${spec%:*}; sel=${spec#*:}; name=${mode}_${sel}_b${b}_ctx${ctx}
+      echo "== $name" | tee -a $R/progress.log
+      timeout 300 python -m pulseio_engine.cli bench --model qwen3-14b --mode $mode --selection $sel \
+        --batch-size $b --context-len $ctx --token-budget $BUDGET --steps $STEPS --warmup 3 \
+        --json $R/$name.json > $R/$name.log 2>&1
+      echo "rc=$? $(tail -1 $R/$name.log)" | tee -a $R/progress.log
+    done
+  done
+fi

@@ -1,0 +1,257 @@
+"""Sparse decode benchmark: offload requests, and the all-on-GPU baseline, on one model.
+
+Modes (`pulseio-engine bench --mode`):
+
+- quest-all-on-gpu: every block stays in the paged cache; each offloaded layer attends to its Quest
+  selection there (`RecallMode.ALL_ON_GPU`). No recall, no memory saving.
+- offload-sync / offload-doorbell: an offload-only engine (the paged cache keeps the dense layers; the
+  other layers live in pinned host memory with a hot set per layer on the GPU). The selected blocks
+  not in the hot set are recalled through pulseio: ids to the host and a host wait (sync), or
+  published from the device with a device wait (doorbell).
+
+Workload: handed-in random KV (`RandomKV`), random prompt tokens, greedy decode, eager steps. On
+random weights the query . digest top-k jumps at random every step, so selection is driven by a
+recall-locality model (`LocalitySelector`) whose per-layer step-to-step overlap of the selected
+middle blocks was measured on real models (`pulseio-engine locality`); the output names the source
+and the figures. The model's layers take the measured layers' overlaps by relative depth.
+
+Measured per mode: step time (wall, engine.step to engine.step, which ends reading the sampled
+tokens); recalled units, MiB and unit size per step; recall GB/s while recalling (bytes over the
+stream time from each layer's post to its data being usable: CUDA events around the recall call)
+next to the host-to-device peak of a contiguous copy measured in the same process; main-thread time
+per step inside recall calls and, of it, time in calls that wait (the sync baseline's id copy and
+host wait; the doorbell's post and device wait, which wait only when the ring is full); GPU bytes
+per request of the engine's actual KV-side tensors (paged cache, hot slots, digests) for a cache
+sized to exactly these requests, next to vanilla's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
+from .engine import Engine
+from .kv.block_table import blocks_for
+from .kv.cache import kv_bytes_per_token
+from .kv.handoff import RandomKV
+from .kv.recall import Recaller
+from .kv.synthetic_selection import LocalitySelector
+from .model.checkpoint import ModelSource, open_model
+from .request import SamplingParams
+
+
+class SparseBenchMode(Enum):
+    QUEST_ALL_ON_GPU = "quest-all-on-gpu"
+    OFFLOAD_SYNC = "offload-sync"
+    OFFLOAD_DOORBELL = "offload-doorbell"
+
+    @property
+    def recall(self) -> RecallMode:
+        return {SparseBenchMode.QUEST_ALL_ON_GPU: RecallMode.ALL_ON_GPU, SparseBenchMode.OFFLOAD_SYNC: RecallMode.SYNC,
+                SparseBenchMode.OFFLOAD_DOORBELL: RecallMode.DOORBELL}[self]
+
+
+@dataclass(frozen=True)
+class Locality:
+    """Per-layer overlap of consecutive selections' middle blocks, and where it was measured."""
+
+    overlap: tuple[float, ...]       # one per measured layer, by depth
+    source: str
+
+    @classmethod
+    def shipped(cls, budget: int) -> Locality:
+        """The measurement shipped with the package (`pulseio-engine locality` runs) closest to `budget`
+        tokens, the longest context among those."""
+        data = json.loads(resources.files("pulseio_engine.data").joinpath("locality.json").read_text())
+        run = min(data["runs"], key=lambda r: (abs(r["token_budget"] - budget), -r["context_len"]))
+        overlap = tuple(float(x) for x in run["overlap"])
+        return cls(overlap, f"{run['model']} {run['mode']} budget {run['token_budget']} context "
+                            f"{run['context_len']}: mean overlap {statistics.fmean(overlap):.3f} over its "
+                            f"{len(overlap)} offloaded layers (pulseio_engine/data/locality.json)")
+
+    def for_layers(self, num_layers: int) -> tuple[float, ...]:
+        """The overlaps of a model with `num_layers` layers, taken by relative depth."""
+        src = len(self.overlap)
+        return tuple(self.overlap[round(i * (src - 1) / max(1, num_layers - 1))] for i in range(num_layers))
+
+
+class TimedRecaller:
+    """A `Recaller` with the main thread's time in it and the stream's time from post to landed."""
+
+    def __init__(self, inner: Recaller, device: torch.device) -> None:
+        self.inner, self.cuda = inner, device.type == "cuda"
+        self.host_ns = 0
+        self.events: list[tuple[Any, Any]] = []
+
+    def recall(self, host_units: torch.Tensor, slots: torch.Tensor, need: torch.Tensor, *, tag: int) -> None:
+        start = torch.cuda.Event(enable_timing=True) if self.cuda else None
+        if start is not None:
+            start.record()
+        t0 = time.perf_counter_ns()
+        self.inner.recall(host_units, slots, need, tag=tag)
+        self.host_ns += time.perf_counter_ns() - t0
+        if start is not None:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.events.append((start, end))
+
+    def take_stream_seconds(self) -> float:
+        """Stream time spent from posts to landed since the last call (synchronizes)."""
+        if not self.events:
+            return 0.0
+        self.events[-1][1].synchronize()
+        seconds = sum(s.elapsed_time(e) for s, e in self.events) / 1e3
+        self.events.clear()
+        return seconds
+
+
+@dataclass(frozen=True)
+class SparseBenchResult:
+    model: str
+    mode: str
+    selection: str                 # quest (head-wise units) or solohead (shared units)
+    device: str
+    batch_size: int
+    context_len: int
+    token_budget: int
+    steps: int
+    step_ms: float                 # median wall time per step
+    step_ms_mean: float
+    tokens_per_s: float
+    unit_bytes: int                # one recalled transfer unit
+    units_per_step: float          # recalled, all layers and requests
+    recalled_mib_per_step: float
+    recall_gbps: float | None      # bytes / stream time from post to landed, while recalling
+    link_peak_gbps: float | None   # contiguous pinned -> device copy, this process
+    recall_fraction_of_peak: float | None
+    recall_host_ms_per_step: float     # main thread inside recall calls
+    blocked_ms_per_step: float         # of it, inside calls that wait (see the module doc)
+    gpu_bytes_per_request: int         # paged cache + hot slots + digests, cache sized to these requests
+    vanilla_gpu_bytes_per_request: int
+    host_bytes_per_request: int
+    locality: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        rate = "" if self.recall_gbps is None else (
+            f", recall {self.recall_gbps:.1f} GB/s = {self.recall_fraction_of_peak:.2f} of {self.link_peak_gbps:.1f}")
+        return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
+                f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
+                f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "
+                f"in recall ({self.blocked_ms_per_step:.2f} blocked), "
+                f"GPU {self.gpu_bytes_per_request / 2**20:.0f} MiB/request "
+                f"(vanilla {self.vanilla_gpu_bytes_per_request / 2**20:.0f})")
+
+
+def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_size: int, context_len: int,
+                     steps: int, token_budget: int = 2048, selection: SparseMode = SparseMode.SOLOHEAD,
+                     warmup: int = 3, device: str | None = None, locality: Locality | None = None,
+                     progress: bool = True, seed: int = 0) -> SparseBenchResult:
+    source = model if isinstance(model, ModelSource) else open_model(model)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if mode is SparseBenchMode.QUEST_ALL_ON_GPU:
+        selection = SparseMode.QUEST
+    m, bs = source.config, CacheConfig().block_size
+    max_len = context_len + warmup + steps + 3
+    per_seq = blocks_for(max_len, bs)
+    sparse = SparseConfig(mode=selection, token_budget=token_budget, block_size=bs)
+    on_gpu = mode is SparseBenchMode.QUEST_ALL_ON_GPU
+    groups = m.num_kv_heads if selection is SparseMode.QUEST else 1
+    host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
+    offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
+                            max_seqs=batch_size, offload_only=not on_gpu)
+    locality = locality or Locality.shipped(token_budget)
+    _status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, budget {token_budget}")
+    engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=False,
+                               cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
+                               scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
+                               offload=offload, retrieval_heads=_any_heads(m.num_layers, m.num_kv_heads))
+    with engine:
+        off = engine.offloader
+        off.selector = LocalitySelector(sparse, locality.for_layers(m.num_layers), rows=groups, device=dev, seed=seed)
+        timed = None
+        if off.recaller is not None:
+            timed = off.recaller = TimedRecaller(off.recaller, dev)     # type: ignore[assignment]
+        gen = torch.Generator().manual_seed(seed)
+        for i in range(batch_size):
+            prompt = torch.randint(0, m.vocab_size, (context_len + 1,), generator=gen).tolist()
+            engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
+                               kv=RandomKV(context_len, seed=seed + i), offload=True)
+        _status(progress, "loading the handed-in KV and running the first decode step")
+        engine.step()
+        for _ in range(warmup):
+            engine.step()
+        blocked0 = _blocked_ns(off)
+        before = off.statistics()
+        if timed is not None:
+            timed.host_ns = 0
+            timed.take_stream_seconds()
+        times, stream_s = [], 0.0
+        for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
+                      unit="step", leave=False):
+            t0 = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - t0)
+            if timed is not None:
+                stream_s += timed.take_stream_seconds()      # after the step: its tokens were read, no stall added
+        after = off.statistics()
+        moved = after.bytes_recalled - before.bytes_recalled
+        peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
+        rate = moved / stream_s / 1e9 if stream_s > 0 and moved else None
+        kv_side = engine.kv.statistics().bytes_total + off.digests.max.nbytes * 2
+        if off.runtime is not None:
+            kv_side += off.runtime.device_pool.slots.nbytes
+        per_token = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, engine.kv.dtype)
+        host = 0 if off.runtime is None else off.runtime.host_pool.blocks.nbytes // batch_size
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        return SparseBenchResult(
+            source.spec, mode.value, selection.value, name, batch_size, context_len, token_budget, steps,
+            statistics.median(times) * 1e3, statistics.fmean(times) * 1e3, batch_size / statistics.fmean(times),
+            off.layout.unit_bytes, moved / off.layout.unit_bytes / steps, moved / 2**20 / steps, rate, peak,
+            None if rate is None or peak is None else rate / peak,
+            0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
+            kv_side // batch_size, per_token * per_seq * bs, host, locality.source)
+
+
+def _blocked_ns(off: Any) -> int:
+    recaller = off.recaller.inner if isinstance(off.recaller, TimedRecaller) else off.recaller
+    return 0 if recaller is None else recaller.blocked_ns
+
+
+def _link_peak(off: Any, device: torch.device, nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """GB/s of a contiguous copy from the runtime's pinned host pool to the device, best of `reps`."""
+    src = off.runtime.host_pool.blocks.view(-1)[:nbytes]
+    dst = torch.empty(src.numel(), dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return src.numel() / best / 1e9
+
+
+def _any_heads(num_layers: int, num_kv_heads: int) -> Any:
+    """SoloHead's layout needs a head per layer; the locality selector ignores which."""
+    from .kv.retrieval_heads import RetrievalHeads
+    return RetrievalHeads(num_kv_heads, best=(0,) * num_layers, worst=(num_kv_heads - 1,) * num_layers)
+
+
+def _status(progress: bool, text: str) -> None:
+    if progress:
+        tqdm.write(f"pulseio-engine bench: {text}", file=sys.stderr)
