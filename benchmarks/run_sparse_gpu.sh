@@ -2,12 +2,13 @@
 # Issue 14 on one H200: the offload path's GPU tests, then `pulseio-engine bench` in the sparse modes
 # (qwen3-14b preset, random weights, handed-in random KV, selection by the shipped recall-locality model).
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
-# Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), BUDGET (2048). Results: $OUT/sparse.tgz.
+# Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048). Results: $OUT/sparse.tgz.
 set -u
 R=/tmp/sparse-results; rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PARTS=${PARTS:-"tests bench"}; STEPS=${STEPS:-20}; BUDGET=${BUDGET:-2048}
 CONFIGS=${CONFIGS:-"8x32768 24x8192"}
+SPECS=${SPECS:-"quest-all-on-gpu:quest offload-sync:solohead offload-doorbell:solohead offload-sync:quest offload-doorbell:quest"}
 { date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; hostname
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -26,7 +27,7 @@ fi
 if [[ " $PARTS " == *" bench "* ]]; then
   for cfg in $CONFIGS; do
     b=${cfg%x*}; ctx=${cfg#*x}
-    for spec in quest-all-on-gpu:quest offload-sync:solohead offload-doorbell:solohead offload-doorbell:quest offload-sync:quest; do
+    for spec in $SPECS; do
       mode=${spec%:*}; sel=${spec#*:}; name=${mode}_${sel}_b${b}_ctx${ctx}
       echo "== $name" | tee -a $R/progress.log
       timeout 300 python -m pulseio_engine.cli bench --model qwen3-14b --mode $mode --selection $sel \
