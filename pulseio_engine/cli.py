@@ -110,6 +110,8 @@ def _bench(args: argparse.Namespace) -> int:
     device = require_device(prog, args.device)
     if args.json is not None:
         check_writable(prog, "--json", args.json)
+    if args.profile is not None:
+        check_writable(prog, "--profile", args.profile)
     if args.mode != BenchMode.VANILLA.value:
         try:
             SparseConfig(token_budget=args.token_budget)
@@ -127,7 +129,8 @@ def _bench(args: argparse.Namespace) -> int:
         result = run_sparse_bench(
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
-            selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress))
+            selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
+            profile=args.profile)
         keys = ("step_ms", "units_per_step", "recalled_mib_per_step", "unit_bytes", "recall_gbps", "link_peak_gbps",
                 "recall_fraction_of_peak", "recall_host_ms_per_step", "blocked_ms_per_step",
                 "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality")
@@ -260,6 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cuda-graphs", action="store_true", help="launch each step's kernels one by one")
     b.add_argument("--no-compile", action="store_true", help="run the decode step's elementwise ops eagerly")
     b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
+    b.add_argument("--profile", metavar="PATH", type=Path, default=None,
+                   help="sparse modes: write a torch.profiler table of the timed steps here")
     _common(b)
     b.set_defaults(func=_bench, prog=b.prog)
 

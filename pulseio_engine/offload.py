@@ -21,6 +21,7 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
 import torch
+from torch.profiler import record_function
 
 import pulseio
 
@@ -257,7 +258,8 @@ class DeviceSparseBatch(_DecodeRows):
         o, kv = self.owner, self.kv
         kv.write(layer, k, v, self.kv_rows)
         o.digests.update(layer, k, self.slots)
-        selected = o.selector(layer, q, self.block_tables, self.num_tokens)     # [B, S, K]
+        with record_function("offload.select"):
+            selected = o.selector(layer, q, self.block_tables, self.num_tokens)     # [B, S, K]
         o.last_selection[layer] = selected
         b, s, kk = selected.shape
         tables = self.block_tables.gather(1, selected.clamp(min=0).view(b, s * kk)).view(b, s, kk).int()
@@ -290,19 +292,25 @@ class OffloadBatch(_DecodeRows):
         o, li = self.owner, layer - self.owner.dense
         b, _, s, nb = self.host_map.shape
         kk, bs = o.sparse.budget_blocks, o.sparse.block_size
-        o.digests.update(layer, k, self.slots)
-        o.store.append(self.write_units[:, li], self.offsets, k, v)
-        selected = o.selector(layer, q, self.block_tables, self.num_tokens)
+        with record_function("offload.store"):
+            o.digests.update(layer, k, self.slots)
+            o.store.append(self.write_units[:, li], self.offsets, k, v)
+        with record_function("offload.select"):
+            selected = o.selector(layer, q, self.block_tables, self.num_tokens)
         o.last_selection[layer] = selected                           # [B, S, K]
         rows = selected.reshape(b * s, kk)
-        resident = self.resident[:, li].reshape(b * s, nb)
-        plan = plan_recall(rows, resident, kk)
-        hot = self.hot[:, li].reshape(b * s, kk)                      # [B*S, K] device slots
-        o.recaller.recall(self.host_map[:, li].reshape(b * s, nb).gather(1, plan.blocks.clamp(min=0)),
-                          hot.gather(1, plan.slots.clamp(min=0)), plan.blocks >= 0, tag=layer)
-        self.resident[:, li] = apply_recall(resident, plan).view(b, s, nb)
-        table = hot.gather(1, plan.selected_slots.clamp(min=0))      # [B*S, K] slots, ascending blocks
-        count = (rows >= 0).sum(1)                                    # [B*S]
-        o.store.write_hot(table.gather(1, (count - 1)[:, None]).view(b, s), self.offsets, k, v)
-        context = (count - 1) * bs + self.offsets.repeat_interleave(s) + 1
-        return hot_attention(q, o.store.hot, table, context, o.scale)
+        with record_function("offload.plan"):
+            resident = self.resident[:, li].reshape(b * s, nb)
+            plan = plan_recall(rows, resident, kk)
+            hot = self.hot[:, li].reshape(b * s, kk)                  # [B*S, K] device slots
+            units = self.host_map[:, li].reshape(b * s, nb).gather(1, plan.blocks.clamp(min=0))
+            slots = hot.gather(1, plan.slots.clamp(min=0))
+        with record_function("offload.recall"):
+            o.recaller.recall(units, slots, plan.blocks >= 0, tag=layer)
+        with record_function("offload.attention"):
+            self.resident[:, li] = apply_recall(resident, plan).view(b, s, nb)
+            table = hot.gather(1, plan.selected_slots.clamp(min=0))  # [B*S, K] slots, ascending blocks
+            count = (rows >= 0).sum(1)                                # [B*S]
+            o.store.write_hot(table.gather(1, (count - 1)[:, None]).view(b, s), self.offsets, k, v)
+            context = (count - 1) * bs + self.offsets.repeat_interleave(s) + 1
+            return hot_attention(q, o.store.hot, table, context, o.scale)

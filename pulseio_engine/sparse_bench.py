@@ -27,6 +27,7 @@ sized to exactly these requests, next to vanilla's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -34,6 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -69,11 +71,12 @@ class Locality:
     source: str
 
     @classmethod
-    def shipped(cls, budget: int) -> Locality:
-        """The measurement shipped with the package (`pulseio-engine locality` runs) closest to `budget`
-        tokens, the longest context among those."""
+    def shipped(cls, budget: int, selection: SparseMode) -> Locality:
+        """The measurement shipped with the package (`pulseio-engine locality` runs) of the same selection
+        if there is one, closest to `budget` tokens, the longest context among those."""
         data = json.loads(resources.files("pulseio_engine.data").joinpath("locality.json").read_text())
-        run = min(data["runs"], key=lambda r: (abs(r["token_budget"] - budget), -r["context_len"]))
+        run = min(data["runs"], key=lambda r: (r["mode"] != selection.value, abs(r["token_budget"] - budget),
+                                               -r["context_len"]))
         overlap = tuple(float(x) for x in run["overlap"])
         return cls(overlap, f"{run['model']} {run['mode']} budget {run['token_budget']} context "
                             f"{run['context_len']}: mean overlap {statistics.fmean(overlap):.3f} over its "
@@ -158,7 +161,8 @@ class SparseBenchResult:
 def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_size: int, context_len: int,
                      steps: int, token_budget: int = 2048, selection: SparseMode = SparseMode.SOLOHEAD,
                      warmup: int = 3, device: str | None = None, locality: Locality | None = None,
-                     progress: bool = True, seed: int = 0) -> SparseBenchResult:
+                     progress: bool = True, seed: int = 0, profile: Path | None = None) -> SparseBenchResult:
+    """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it)."""
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -173,7 +177,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu)
-    locality = locality or Locality.shipped(token_budget)
+    locality = locality or Locality.shipped(token_budget, selection)
     _status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=False,
                                cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
@@ -200,13 +204,16 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             timed.host_ns = 0
             timed.take_stream_seconds()
         times, stream_s = [], 0.0
-        for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
-                      unit="step", leave=False):
-            t0 = time.perf_counter()
-            engine.step()
-            times.append(time.perf_counter() - t0)
-            if timed is not None:
-                stream_s += timed.take_stream_seconds()      # after the step: its tokens were read, no stall added
+        with _profiler(profile, dev) as prof:
+            for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
+                          unit="step", leave=False):
+                t0 = time.perf_counter()
+                engine.step()
+                times.append(time.perf_counter() - t0)
+                if timed is not None:
+                    stream_s += timed.take_stream_seconds()  # after the step: its tokens were read, no stall added
+        if prof is not None and profile is not None:
+            _write_profile(prof, profile, steps)
         after = off.statistics()
         moved = after.bytes_recalled - before.bytes_recalled
         peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
@@ -224,6 +231,24 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             None if rate is None or peak is None else rate / peak,
             0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
             kv_side // batch_size, per_token * per_seq * bs, host, locality.source)
+
+
+def _profiler(path: Path | None, device: torch.device) -> Any:
+    if path is None:
+        return contextlib.nullcontext()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return torch.profiler.profile(activities=activities)
+
+
+def _write_profile(prof: Any, path: Path, steps: int) -> None:
+    averages = prof.key_averages()
+    tables = [f"# {steps} steps; totals over all of them\n"]
+    for key in ("self_cpu_time_total", "self_device_time_total"):
+        tables.append(f"\n## by {key}\n" + averages.table(sort_by=key, row_limit=45, max_name_column_width=70))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(tables))
 
 
 def _blocked_ns(off: Any) -> int:
