@@ -2,7 +2,8 @@
 # Issue 14 on one H200: the offload path's GPU tests, then `pulseio-engine bench` in the sparse modes
 # (qwen3-14b preset, random weights, handed-in random KV, selection by the shipped recall-locality model).
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
-# Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048). Results: $OUT/sparse.tgz.
+# Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
+# PROFILE=1 (a torch.profiler table per run). Results: $OUT/sparse.tgz.
 set -u
 R=/tmp/sparse-results; rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -32,7 +33,7 @@ if [[ " $PARTS " == *" bench "* ]]; then
       echo "== $name" | tee -a $R/progress.log
       timeout 300 python -m pulseio_engine.cli bench --model qwen3-14b --mode $mode --selection $sel \
         --batch-size $b --context-len $ctx --token-budget $BUDGET --steps $STEPS --warmup 3 \
-        --json $R/$name.json > $R/$name.log 2>&1
+        --json $R/$name.json ${PROFILE:+--profile $R/$name.profile.txt} > $R/$name.log 2>&1
       echo "rc=$? $(tail -1 $R/$name.log)" | tee -a $R/progress.log
     done
   done
