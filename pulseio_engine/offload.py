@@ -34,8 +34,8 @@ from .kv.digests import BlockDigests
 from .kv.handoff import KVSource
 from .kv.host_store import HostStore, OffloadSeq
 from .kv.offload_layout import OffloadFootprint, UnitLayout, offload_footprint
-from .kv.recall import Recaller
-from .kv.residency import apply_recall, plan_recall
+from .kv.recall import Recaller, compact
+from .kv.residency import RecallPlan, apply_recall, plan_recall
 from .kv.retrieval_heads import RetrievalHeads
 from .kv.selection import select_for_layer
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
@@ -175,8 +175,7 @@ class Offloader:
     def end(self, request_ids: Seq[int], batch: OffloadBatch | DeviceSparseBatch) -> None:
         """Keep the batch's residency maps for the requests' next steps."""
         if isinstance(batch, OffloadBatch):
-            for i, rid in enumerate(request_ids):
-                self.seqs[rid].resident = batch.resident[i]      # type: ignore[union-attr]
+            batch.write_back()
 
     def statistics(self) -> OffloadStatistics:
         if self.runtime is None or self.store is None:
@@ -255,12 +254,25 @@ class DeviceSparseBatch(_DecodeRows):
         self.kv, self.kv_rows = state.kv, state.kv_rows
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.prepare(layer, q, k, v)
+        return self.finish(layer, q, k, v)
+
+    def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new token, select (nothing to recall: `OffloadBatch.prepare`'s counterpart)."""
         o, kv = self.owner, self.kv
         kv.write(layer, k, v, self.kv_rows)
         o.digests.update(layer, k, self.slots)
         with record_function("offload.select"):
             selected = o.selector(layer, q, self.block_tables, self.num_tokens)     # [B, S, K]
         o.last_selection[layer] = selected
+
+    def write_back(self) -> None:
+        """Nothing to keep between steps: the paged cache holds every block."""
+
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention over the layer's selected blocks, in the paged cache."""
+        o, kv = self.owner, self.kv
+        selected = o.last_selection[layer]
         b, s, kk = selected.shape
         tables = self.block_tables.gather(1, selected.clamp(min=0).view(b, s * kk)).view(b, s, kk).int()
         count = (selected >= 0).sum(2)                                          # [B, S]
@@ -280,6 +292,8 @@ class OffloadBatch(_DecodeRows):
     def __init__(self, owner: Offloader, state: BatchState, seqs: list[OffloadSeq]) -> None:
         super().__init__(owner, state)
         block = self.block
+        self.seqs = seqs
+        self._planned: dict[int, tuple[torch.Tensor, RecallPlan]] = {}
         self.host_map = torch.stack([s.host_map for s in seqs])      # [B, L, S, NB]
         self.hot = torch.stack([s.hot for s in seqs])                # [B, L, S, K]
         self.resident = torch.stack([s.resident for s in seqs])      # [B, L, S, NB]
@@ -289,28 +303,50 @@ class OffloadBatch(_DecodeRows):
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, Hq, D], k, v: [B, Hkv, D] of the tokens being decoded -> attention output [B, Hq, D]."""
+        ids, dst, count = self.prepare(layer, q, k, v)
+        with record_function("offload.recall"):
+            self.owner.recaller.recall(ids, dst, count, tag=layer)
+        return self.finish(layer, q, k, v)
+
+    def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything of `attend` before the recall, device work only: store the new token, select,
+        plan -> the compacted recall (host units, hot slots, count), for `Recaller.recall`."""
         o, li = self.owner, layer - self.owner.dense
         b, _, s, nb = self.host_map.shape
-        kk, bs = o.sparse.budget_blocks, o.sparse.block_size
+        kk = o.sparse.budget_blocks
         with record_function("offload.store"):
             o.digests.update(layer, k, self.slots)
             o.store.append(self.write_units[:, li], self.offsets, k, v)
         with record_function("offload.select"):
             selected = o.selector(layer, q, self.block_tables, self.num_tokens)
         o.last_selection[layer] = selected                           # [B, S, K]
-        rows = selected.reshape(b * s, kk)
         with record_function("offload.plan"):
+            rows = selected.reshape(b * s, kk)
             resident = self.resident[:, li].reshape(b * s, nb)
             plan = plan_recall(rows, resident, kk)
             hot = self.hot[:, li].reshape(b * s, kk)                  # [B*S, K] device slots
             units = self.host_map[:, li].reshape(b * s, nb).gather(1, plan.blocks.clamp(min=0))
-            slots = hot.gather(1, plan.slots.clamp(min=0))
-        with record_function("offload.recall"):
-            o.recaller.recall(units, slots, plan.blocks >= 0, tag=layer)
+            self._planned[layer] = (rows, plan)
+            return compact(units, hot.gather(1, plan.slots.clamp(min=0)), plan.blocks >= 0)
+
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Everything of `attend` after the recall: residency, the new token into its hot slot, attention."""
+        o, li = self.owner, layer - self.owner.dense
+        b, _, s, nb = self.host_map.shape
+        kk, bs = o.sparse.budget_blocks, o.sparse.block_size
+        rows, plan = self._planned.pop(layer)
         with record_function("offload.attention"):
+            resident = self.resident[:, li].reshape(b * s, nb)
             self.resident[:, li] = apply_recall(resident, plan).view(b, s, nb)
+            hot = self.hot[:, li].reshape(b * s, kk)
             table = hot.gather(1, plan.selected_slots.clamp(min=0))  # [B*S, K] slots, ascending blocks
             count = (rows >= 0).sum(1)                                # [B*S]
             o.store.write_hot(table.gather(1, (count - 1)[:, None]).view(b, s), self.offsets, k, v)
             context = (count - 1) * bs + self.offsets.repeat_interleave(s) + 1
             return hot_attention(q, o.store.hot, table, context, o.scale)
+
+    def write_back(self) -> None:
+        """Each request's residency map for its next step (copies, so a graph replay keeps them too)."""
+        for i, seq in enumerate(self.seqs):
+            seq.resident.copy_(self.resident[i])

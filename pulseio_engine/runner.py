@@ -19,6 +19,7 @@ from .kv.cache import KVCache
 from .kv.handoff import KVSource, write_into
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention, PrefillSpan
 from .model.llama import CausalLM
+from .offload_graph import OffloadStepGraph
 from .request import Sequence
 from .sampler import sample_tokens
 from .scheduler import PrefillChunk
@@ -42,6 +43,8 @@ class ModelRunner:
         self._host_ids = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
         self._host_pos = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
         self._host_tables = torch.zeros((bmax, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
+        self._offload_graph: OffloadStepGraph | None = None
+        self.offload_pieces = use_cuda_graphs        # offload steps as pieces (captured on a GPU)
 
     @property
     def device(self) -> torch.device:
@@ -114,13 +117,31 @@ class ModelRunner:
         return self.graphs.next_tokens[:batch].tolist(), logits
 
     def decode_offload_sync(self, seqs: Seq[Sequence], offloader: Offloader) -> tuple[list[int], torch.Tensor]:
-        """One eager decode step of offload requests: their offloaded layers attend to hot slots only."""
+        """One decode step of offload requests: their offloaded layers attend to the selected blocks only.
+        With graphs on, the step runs as `OffloadStepGraph` pieces around the recalls: captured and
+        replayed on a GPU, run eagerly elsewhere (the same work in the same order)."""
+        temps = [s.sampling.temperature for s in seqs]
+        if self.offload_pieces:
+            logits = self._offload_graph_for(seqs, offloader).run()
+            return sample_tokens(logits, temps, self.generator).tolist(), logits
         state = self.prepare_decode(seqs)
         ids = [s.request_id for s in seqs]
         batch = offloader.begin(ids, state)
         logits = self.model.forward(state)                        # [B, V]
         offloader.end(ids, batch)
-        return sample_tokens(logits, [s.sampling.temperature for s in seqs], self.generator).tolist(), logits
+        return sample_tokens(logits, temps, self.generator).tolist(), logits
+
+    def _offload_graph_for(self, seqs: Seq[Sequence], offloader: Offloader) -> OffloadStepGraph:
+        """The batch's step graph with this step's inputs uploaded (captured anew when the batch changes)."""
+        key = tuple(s.request_id for s in seqs)
+        if self._offload_graph is None or self._offload_graph.request_ids != key:
+            self._offload_graph = None                            # let the old pieces' pool go first
+            self._offload_graph = OffloadStepGraph(self.model, self.kv, offloader, key, self.max_blocks_per_seq,
+                                                   capture=self.graphs.use_graphs)
+        pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
+        ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
+        self._offload_graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))
+        return self._offload_graph
 
     def upload_decode(self, seqs: Seq[Sequence]) -> int:
         """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""

@@ -96,12 +96,12 @@ class TimedRecaller:
         self.host_ns = 0
         self.events: list[tuple[Any, Any]] = []
 
-    def recall(self, host_units: torch.Tensor, slots: torch.Tensor, need: torch.Tensor, *, tag: int) -> None:
+    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> None:
         start = torch.cuda.Event(enable_timing=True) if self.cuda else None
         if start is not None:
             start.record()
         t0 = time.perf_counter_ns()
-        self.inner.recall(host_units, slots, need, tag=tag)
+        self.inner.recall(ids, dst, count, tag=tag)
         self.host_ns += time.perf_counter_ns() - t0
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)

@@ -43,10 +43,9 @@ class Recaller:
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
 
-    def recall(self, host_units: torch.Tensor, slots: torch.Tensor, need: torch.Tensor, *, tag: int) -> None:
-        """Copy host units to device slots where `need`; returns once later device work sees them.
-        host_units, slots: [R, K] int64 on the model's device; need: [R, K] bool."""
-        ids, dst, count = compact(host_units, slots, need)
+    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> None:
+        """Copy host units ids[:count] to device slots dst[:count] (from `compact`); returns once later
+        device work sees them. ids, dst: [N] int64, count: [1] int64, on the model's device."""
         done = self._doorbell(ids, dst, count, tag) if self.mode is RecallMode.DOORBELL else \
             self._sync(ids, dst, count, tag)
         if done is None:

@@ -27,9 +27,9 @@ budget near the context), previously selected blocks fill them and the overlap c
 State: each layer's last selection, by batch row: row i is assumed to be the same request as at the
 previous call (a fixed decode batch); a call with another batch size starts that layer afresh, and
 `reset()` forgets every layer. Everything is fixed-shape torch on q's device: no host sync, no
-data-dependent shape, no loop per block or request; randomness comes from one seeded
-`torch.Generator` on that device, so a run is reproducible. (Capturing calls in a CUDA graph would
-need that generator registered with the graph; nothing here does it.)
+data-dependent shape, no loop per block or request; randomness is a counter-based hash of the seed,
+the layer and a per-layer call counter kept on the device, so a run is reproducible and the calls
+can be captured in a CUDA graph (each replay draws afresh).
 """
 
 from __future__ import annotations
@@ -61,13 +61,32 @@ class LocalitySelector:
         self.rows = rows
         self.device = torch.device(device)
         self.seed = seed
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._previous: dict[int, torch.Tensor] = {}     # layer -> [B, S, K] last selection
+        self._previous: dict[int, torch.Tensor] = {}     # layer -> [B, S, K] last selection, updated in place
+        self._calls: dict[int, torch.Tensor] = {}        # layer -> [1] int64 calls so far, on the device
 
     def reset(self) -> None:
         """Forget every layer's previous selection and restart the random stream from the seed."""
         self._previous.clear()
-        self.generator.manual_seed(self.seed)
+        self._calls.clear()
+
+    def _uniform(self, layer: int, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """U[0, 1) fp32 of `shape` from a counter-based hash (splitmix64) of (seed, layer, call, index):
+        reproducible, and safe in a CUDA graph (no generator state: the call counter is a device
+        tensor bumped in place, so each replay draws afresh)."""
+        calls = self._calls.get(layer)
+        if calls is None or calls.device != device:
+            calls = self._calls[layer] = torch.zeros(1, dtype=torch.int64, device=device)
+        calls.add_(1)
+        n = 1
+        for dim in shape:
+            n *= dim
+        x = torch.arange(n, dtype=torch.int64, device=device) + calls * n \
+            + (self.seed * 1_000_003 + layer) * 0x632BE59BD9B4E019
+        for shift, mult in ((30, -4658895280553007687), (27, -7723592293110705685), (31, None)):
+            x = x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))          # a logical shift of int64
+            if mult is not None:
+                x = x * mult
+        return (((x >> 40) & ((1 << 24) - 1)).float() / float(1 << 24)).view(shape)
 
     def __call__(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
                  num_tokens: torch.Tensor) -> torch.Tensor:
@@ -81,7 +100,7 @@ class LocalitySelector:
         real = ids < n                                                                   # [B, 1, W]
         forced = real & ((ids < c.sink_blocks) | (ids >= n - c.local_blocks))
         middle = real & ~forced
-        u = torch.rand((b, self.rows, width + 1), generator=self.generator, device=q.device)
+        u = self._uniform(layer, (b, self.rows, width + 1), q.device)
         u, u_round = u[..., :width], u[..., width:]                                      # [B, S, W], [B, S, 1]
         was = self._was_selected(layer, b, width, q.device)                              # [B, S, W]
         stale = middle & was
@@ -92,7 +111,11 @@ class LocalitySelector:
         top = key.topk(k, dim=2)                                                         # [B, S, K]
         chosen = torch.where(top.values >= 0, top.indices, width).sort(dim=2).values
         selected = torch.where(chosen < width, chosen, PAD)
-        self._previous[layer] = selected
+        prev = self._previous.get(layer)
+        if prev is not None and prev.shape == selected.shape:
+            prev.copy_(selected)                          # in place: a captured graph keeps reading it
+        else:
+            self._previous[layer] = selected.clone()
         return selected
 
     def _was_selected(self, layer: int, b: int, width: int, device: torch.device) -> torch.Tensor:

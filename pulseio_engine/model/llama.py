@@ -67,17 +67,10 @@ class CausalLM:
 
     def layer_step(self, state: BatchState, layer_idx: int) -> None:
         """Run decoder layer `layer_idx` on the batch, in place; layers must run in order."""
-        if layer_idx != state.next_layer:
-            raise ValueError(f"batch is at layer {state.next_layer}, cannot run layer {layer_idx}")
-        cfg, w = self.config, self.weights.layers[layer_idx]
-        decode = isinstance(state.attention, DecodeAttention)
-        pre, post = self._decode_halves if decode else (pre_attention, post_attention)
-        q, k, v = pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
-                      w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads,
-                      cfg.head_dim)
+        q, k, v = self.layer_begin(state, layer_idx)
         if state.sparse is not None and state.sparse.covers(layer_idx):
             attn = state.sparse.attend(layer_idx, q, k, v)           # offloaded layer: KV kept by `sparse`
-        elif decode:
+        elif isinstance(state.attention, DecodeAttention):
             state.kv.write(layer_idx, k, v, state.kv_rows)
             meta = state.attention
             attn = paged_decode_attention(q, state.kv.k(layer_idx), state.kv.v(layer_idx), meta.block_tables,
@@ -85,6 +78,22 @@ class CausalLM:
         else:
             state.kv.write(layer_idx, k, v, state.kv_rows)
             attn = self._prefill_attention(q, state.kv, layer_idx, state.attention)
+        self.layer_end(state, layer_idx, attn)
+
+    def layer_begin(self, state: BatchState, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer `layer_idx` up to its attention: -> q [T, Hq, D], k, v [T, Hkv, D] (normed, rotated).
+        A caller that attends itself (the offload step's graph pieces) finishes with `layer_end`."""
+        if layer_idx != state.next_layer:
+            raise ValueError(f"batch is at layer {state.next_layer}, cannot run layer {layer_idx}")
+        cfg, w = self.config, self.weights.layers[layer_idx]
+        pre = self._decode_halves[0] if isinstance(state.attention, DecodeAttention) else pre_attention
+        return pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
+                   w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+
+    def layer_end(self, state: BatchState, layer_idx: int, attn: torch.Tensor) -> None:
+        """Layer `layer_idx` after its attention ([T, Hq, D]): output projection and MLP, in place."""
+        cfg, w = self.config, self.weights.layers[layer_idx]
+        post = self._decode_halves[1] if isinstance(state.attention, DecodeAttention) else post_attention
         state.hidden = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps)
         state.next_layer += 1
 

@@ -268,3 +268,19 @@ def test_handed_in_kv_of_an_offload_request_goes_to_the_host_pool(tiny_qwen3) ->
             out += engine.step()
         assert engine.statistics().prefill_tokens == 0
     assert (first, *out[0].output_ids) == expected
+
+
+@pytest.mark.parametrize("recall", list(RecallMode), ids=[r.value for r in RecallMode])
+def test_the_step_in_graph_pieces_decodes_as_the_eager_step(tiny_qwen3, recall) -> None:
+    """With graphs on (the default) an offload step runs as `OffloadStepGraph` pieces cut at the
+    recalls; on a CPU they run eagerly, and give the eager step's tokens and residency."""
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=14, ignore_eos=True)
+    results = []
+    for graphs in (True, False):
+        with _engine(path, SparseMode.QUEST, recall, budget=3 * BS, dense=1, local=1,
+                     use_cuda_graphs=graphs) as engine:
+            assert engine.runner.offload_pieces is graphs
+            results.append((_run(engine, PROMPTS, sampling, [True, True]),
+                            engine.offloader.statistics().bytes_recalled))
+    assert results[0] == results[1]
