@@ -9,7 +9,8 @@ Modes (`pulseio-engine bench --mode`):
   not in the hot set are recalled through pulseio: ids to the host and a host wait (sync), or
   published from the device with a device wait (doorbell).
 
-Workload: handed-in random KV (`RandomKV`), random prompt tokens, greedy decode, eager steps. On
+Workload: handed-in random KV (`RandomKV`), random prompt tokens, greedy decode, each step as
+CUDA-graph pieces between the recalls (`OffloadStepGraph`; `use_cuda_graphs=False`: eager). On
 random weights the query . digest top-k jumps at random every step, so selection is driven by a
 recall-locality model (`LocalitySelector`) whose per-layer step-to-step overlap of the selected
 middle blocks was measured on real models (`pulseio-engine locality`); the output names the source
@@ -128,6 +129,7 @@ class SparseBenchResult:
     context_len: int
     token_budget: int
     steps: int
+    cuda_graphs: bool              # the step ran as captured pieces between the recalls
     step_ms: float                 # median wall time per step
     step_ms_mean: float
     tokens_per_s: float
@@ -161,7 +163,8 @@ class SparseBenchResult:
 def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_size: int, context_len: int,
                      steps: int, token_budget: int = 2048, selection: SparseMode = SparseMode.SOLOHEAD,
                      warmup: int = 3, device: str | None = None, locality: Locality | None = None,
-                     progress: bool = True, seed: int = 0, profile: Path | None = None) -> SparseBenchResult:
+                     progress: bool = True, seed: int = 0, profile: Path | None = None,
+                     use_cuda_graphs: bool = True) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it)."""
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -179,7 +182,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                             max_seqs=batch_size, offload_only=not on_gpu)
     locality = locality or Locality.shipped(token_budget, selection)
     _status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, budget {token_budget}")
-    engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=False,
+    engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
                                cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
                                scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
                                offload=offload, retrieval_heads=_any_heads(m.num_layers, m.num_kv_heads))
@@ -226,6 +229,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         return SparseBenchResult(
             source.spec, mode.value, selection.value, name, batch_size, context_len, token_budget, steps,
+            use_cuda_graphs and dev.type == "cuda",
             statistics.median(times) * 1e3, statistics.fmean(times) * 1e3, batch_size / statistics.fmean(times),
             off.layout.unit_bytes, moved / off.layout.unit_bytes / steps, moved / 2**20 / steps, rate, peak,
             None if rate is None or peak is None else rate / peak,
