@@ -80,8 +80,9 @@ class LocalitySelector:
         n = 1
         for dim in shape:
             n *= dim
-        x = torch.arange(n, dtype=torch.int64, device=device) + calls * n \
-            + (self.seed * 1_000_003 + layer) * 0x632BE59BD9B4E019
+        key = (self.seed * 1_000_003 + layer) * 0x632BE59BD9B4E019 % (1 << 64)
+        key -= (key >> 63) << 64                                       # as a signed int64
+        x = torch.arange(n, dtype=torch.int64, device=device) + calls * n + key
         for shift, mult in ((30, -4658895280553007687), (27, -7723592293110705685), (31, None)):
             x = x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))          # a logical shift of int64
             if mult is not None:
