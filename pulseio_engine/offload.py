@@ -192,12 +192,22 @@ class Offloader:
 def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int, device: str
                     ) -> pulseio.RuntimeConfig:
     """Pools of transfer units: `host_blocks` on the host; on the device every offload request's hot
-    sets (+1: slot 0 is never handed out). One recall moves at most a batch's rows x budget units."""
+    sets (+1: slot 0 is never handed out). One recall moves at most a batch's rows x budget units.
+
+    Recalls come once per layer, a fraction of a millisecond apart, so on a GPU the poller spins
+    (GIL-free) before it sleeps and the resident copier stays up between layers rather than being
+    relaunched for each (`RESIDENT_IDLE_US`). On a CPU the poller sleeps at once: spinning would take
+    a core from the decode it serves."""
     per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
+    on_gpu = device.startswith("cuda")
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
         block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
-        spin_iterations=1, poll_sleep_s=offload.poll_sleep_s)
+        spin_iterations=pulseio.RuntimeConfig.spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
+        dma=pulseio.DmaConfig(resident_idle_us=RESIDENT_IDLE_US) if on_gpu else pulseio.DmaConfig())
+
+
+RESIDENT_IDLE_US = 5000   # longer than a decode step's gap between two layers' recalls, and than most steps
 
 
 class PrefillOffload:
