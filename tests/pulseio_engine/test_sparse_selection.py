@@ -7,11 +7,13 @@ import pytest
 import torch
 from sparse_reference import ref_digest, ref_recall, ref_scores, ref_select
 
+from pulseio_engine.attention import paged_decode_attention_reference
 from pulseio_engine.config import SparseConfig, SparseMode
 from pulseio_engine.kv.digests import BlockDigests
 from pulseio_engine.kv.residency import apply_recall, plan_recall
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.kv.selection import group_query, score_blocks, select_blocks, select_for_layer
+from pulseio_engine.offload import hot_attention
 
 BS = 16
 HKV, G, D = 2, 3, 8
@@ -114,6 +116,42 @@ def test_select_for_layer_uses_the_mode_heads(mode: SparseMode) -> None:
         want = ref_scores(q, dmax, dmin, HKV, head_ids)
         for s in range(got.shape[1]):
             assert got[0, s].tolist() == ref_select(want[0, s].tolist(), 70, config)
+
+
+def test_each_query_head_selects_and_reads_through_its_own_kv_head_as_dense_attention_does() -> None:
+    """Anchored on the dense kernel, not on sparse_reference (which could share a wrong head mapping):
+    query head g (of Hq = Hkv * G, G != Hkv) matches only the keys of block 1 + g in KV head g // G, so
+    Quest's row for KV head h must pick exactly the blocks of its own G query heads, and attention over
+    each row's selected hot slots must equal dense paged attention (which reads KV head g // G, as HF does)."""
+    gen = torch.Generator().manual_seed(5)
+    nb, n = 8, 8 * BS
+    config = SparseConfig(token_budget=5 * BS, sink_blocks=1, local_blocks=1)       # 3 middle blocks per row
+    k = 0.1 * torch.randn((n, HKV, D), generator=gen)
+    v = torch.randn((n, HKV, D), generator=gen)
+    q = torch.zeros((1, HKV * G, D))
+    for g in range(HKV * G):                                    # D = 8 >= 6 query heads: one direction each
+        q[0, g, g] = 20.0
+        k[(1 + g) * BS:(2 + g) * BS, g // G, g] += 5.0
+    physical = [4, 9, 2, 7, 1, 8, 3, 6]                         # logical block -> physical id
+    digests = BlockDigests(num_layers=1, num_blocks=10, num_kv_heads=HKV, head_dim=D, block_size=BS,
+                           dtype=torch.float32, device="cpu")
+    positions = torch.arange(n)
+    digests.update(0, k, torch.tensor(physical)[positions // BS] * BS + positions % BS)
+    selected = select_for_layer(digests, 0, q, torch.tensor([physical]), torch.tensor([n]), config)   # [1, S, K]
+    want = [[0] + [1 + g for g in range(h * G, (h + 1) * G)] + [nb - 1] for h in range(HKV)]
+    assert selected[0].tolist() == want
+    blocks = k.view(nb, BS, HKV, D), v.view(nb, BS, HKV, D)
+    kk = config.budget_blocks
+    hot = torch.zeros((1 + HKV * kk, 2, BS, 1, D))                  # slot 0 unused, as in the engine's pool
+    for h in range(HKV):
+        for j, block in enumerate(selected[0, h].tolist()):
+            hot[1 + h * kk + j, 0, :, 0], hot[1 + h * kk + j, 1, :, 0] = blocks[0][block, :, h], blocks[1][block, :, h]
+    table = 1 + torch.arange(HKV * kk).view(HKV, kk)                # [B * S, K] slots of the selected blocks
+    scale = D ** -0.5
+    got = hot_attention(q, hot, table, torch.full((HKV,), kk * BS), scale)
+    dense = paged_decode_attention_reference(q, *blocks, torch.arange(nb, dtype=torch.int32)[None],
+                                             torch.tensor([n], dtype=torch.int32), scale)
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-5)
 
 
 def test_recall_plan_matches_the_reference() -> None:
