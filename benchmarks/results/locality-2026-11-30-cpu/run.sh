@@ -17,7 +17,7 @@ run() {   # model context budget mode heads
 for model in $MODELS; do
   case $model in
     smollm2) heads=benchmarks/results/accuracy-2026-11-30-cpu/heads_smollm2.json; contexts="2048 4096" ;;
-    *) heads=$O/heads_$model.json; contexts="2048"
+    *) heads=$O/heads_$model.json; contexts="2048 4096"
        [ -s "$heads" ] || python -m pulseio_engine.cli calibrate --model "$model" --out "$heads" --prompts 8 \
          --prompt-len 512 > $O/calibrate_$model.log 2>&1 ;;
   esac
