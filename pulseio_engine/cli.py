@@ -10,6 +10,8 @@
     pulseio-engine calibrate --model smollm2 --out heads.json
     pulseio-engine eval --model smollm2 --task niah-single --context-len 4096 --samples 20 --mode quest \
         --token-budget 1024 --json out/niah.json
+    pulseio-engine locality --model smollm2 --context-len 4096 --steps 64 --token-budget 1024 --mode solohead \
+        --heads heads.json --json out/locality.json
 
 Every option is checked before any work; a mistake is one line on stderr and exit code 2.
 Before a model is built, its memory (weights, KV, activations) is checked against the device's.
@@ -39,9 +41,14 @@ from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, calibrate_checkpoint
+<<<<<<< HEAD
 from .config import CacheConfig, DType, RecallMode, SparseConfig, SparseMode
+=======
+from .config import CacheConfig, DType, RecallMode, SparseMode
+>>>>>>> locality
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
+from .evaluation.locality import LocalityConfig, run_locality
 from .evaluation.run import EvalConfig, EvalMode, run_eval
 from .evaluation.tasks import Task
 from .fetch import MODELS, fetch_model, fetch_smollm2
@@ -191,6 +198,28 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _locality(args: argparse.Namespace) -> int:
+    prog = args.prog
+    if args.json is not None:
+        check_writable(prog, "--json", args.json)
+    heads = RetrievalHeads.load(args.heads) if args.heads else None
+    try:
+        config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples)
+        result = run_locality(args.model, config, heads=heads, device=require_device(prog, args.device))
+    except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
+        raise EngineError(str(exc)) from exc
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'layer':>5} {'overlap':>8} {'recall':>7}")
+    for layer, overlap, recall in zip(result["layers"], result["overlap"], result["recall_fraction"]):
+        print(f"{layer:>5} {overlap:>8.3f} {recall:>7.3f}")
+    print(f"{result['model']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
+          f"mean overlap {result['mean_overlap']:.3f}, mean recall {result['mean_recall_fraction']:.3f} of the budget "
+          f"per step ({result['seconds']:.1f} s)")
+    return 0
+
+
 def _open(spec: str, progress: bool) -> ModelSource:
     return open_model(spec, progress=progress_enabled(progress))
 
@@ -221,7 +250,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0],
                       epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval}")
+    sub = p.add_subparsers(dest="command", required=True,
+                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,locality}")
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
                        description="Greedy (or sampled) generation for one prompt.",
@@ -311,6 +341,24 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the record (score and per-sample results) as JSON")
     e.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     e.set_defaults(func=_eval, prog=e.prog)
+
+    lo = sub.add_parser("locality", help="step-to-step overlap of a sparse mode's selections on real text",
+                        description="Decode public-domain text through the sparse offload path and report, per "
+                                    "offloaded layer, how much of each step's middle selection the previous step "
+                                    "had selected, and the fraction of the budget recalled per step.")
+    lo.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
+    lo.add_argument("--context-len", type=int_at_least(64), required=True, help="tokens prefilled before the steps")
+    lo.add_argument("--steps", type=int_at_least(2), default=64, help="decode steps measured (text fed one token each)")
+    lo.add_argument("--token-budget", type=int_at_least(1), default=1024, help="tokens of KV attended per step")
+    lo.add_argument("--mode", choices=[m.value for m in SparseMode], default=SparseMode.SOLOHEAD.value,
+                    help="which heads select: each KV head (quest) or one per layer (solohead)")
+    lo.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
+    lo.add_argument("--samples", type=int_at_least(1), default=1, help="text windows, each one request")
+    lo.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
+    lo.add_argument("--json", metavar="PATH", type=Path, default=None,
+                    help="write the record (per-layer figures) as JSON")
+    lo.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    lo.set_defaults(func=_locality, prog=lo.prog)
     return p
 
 

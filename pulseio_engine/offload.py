@@ -16,7 +16,6 @@ One offloaded layer of one decode step, all in fixed-shape tensors:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
@@ -37,11 +36,8 @@ from .kv.offload_layout import OffloadFootprint, UnitLayout, offload_footprint
 from .kv.recall import Recaller, compact
 from .kv.residency import RecallPlan, apply_recall, plan_recall
 from .kv.retrieval_heads import RetrievalHeads
-from .kv.selection import select_for_layer
+from .kv.selection import BlockSelector, DigestSelector
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
-
-Selector = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
 
 def hot_attention(q: torch.Tensor, hot: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
                   scale: float) -> torch.Tensor:
@@ -100,13 +96,8 @@ class Offloader:
         self.model = model
         self.seqs: dict[int, OffloadSeq | None] = {}        # None: an all-on-GPU request holds nothing here
         self.last_selection: dict[int, torch.Tensor] = {}   # layer -> [B, S, K] of the last decode step
-        # (layer, q [B, Hq, D], block_tables [B, NB], num_tokens [B]) -> selected blocks [B, S, K]: the
-        # digests' top-k; a benchmark on random weights may drive it with a recall-locality model instead
-        self.selector: Selector = self._select_by_digests
-
-    def _select_by_digests(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-                           num_tokens: torch.Tensor) -> torch.Tensor:
-        return select_for_layer(self.digests, layer, q, block_tables, num_tokens, self.sparse)
+        # the digests' top-k; a benchmark on random weights may drive it with a recall-locality model instead
+        self.selector: BlockSelector = DigestSelector(self.digests, sparse)
 
     def footprint(self, context_tokens: int) -> OffloadFootprint:
         """(All-on-GPU: every layer whole on the device, plus the digests; nothing on the host.)"""

@@ -76,7 +76,7 @@ class Locality:
         """The measurement shipped with the package (`pulseio-engine locality` runs) of the same selection
         if there is one, closest to `budget` tokens, the longest context among those."""
         data = json.loads(resources.files("pulseio_engine.data").joinpath("locality.json").read_text())
-        run = min(data["runs"], key=lambda r: (r["mode"] != selection.value, abs(r["token_budget"] - budget),
+        run = min(data["records"], key=lambda r: (r["mode"] != selection.value, abs(r["token_budget"] - budget),
                                                -r["context_len"]))
         overlap = tuple(float(x) for x in run["overlap"])
         return cls(overlap, f"{run['model']} {run['mode']} budget {run['token_budget']} context "

@@ -55,6 +55,8 @@ ENGINE = [
     (["bench", "--model", "qwen3-14b", "--device", "cpu"], "qwen3-14b"),
     (["generate", "--model", "qwen3-14b", "--device", "cpu", "--prompt", "hi"], "qwen3-14b"),
     (["fetch-smollm2", "--cache", "{tmp}/file/cache"], "cache"),
+    (["locality", "--model", "tiny", "--context-len", "256", "--token-budget", "32"], "(32 tokens = 2 blocks)"),
+    (["locality", "--model", "tiny", "--context-len", "256", "--steps", "1"], "got 1"),
     (["teleport"], "'teleport'"),
     ([], "required"),
 ]

