@@ -41,11 +41,7 @@ from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, calibrate_checkpoint
-<<<<<<< HEAD
 from .config import CacheConfig, DType, RecallMode, SparseConfig, SparseMode
-=======
-from .config import CacheConfig, DType, RecallMode, SparseMode
->>>>>>> locality
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
 from .evaluation.locality import LocalityConfig, run_locality

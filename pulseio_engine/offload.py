@@ -39,6 +39,7 @@ from .kv.retrieval_heads import RetrievalHeads
 from .kv.selection import BlockSelector, DigestSelector
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
 
+
 def hot_attention(q: torch.Tensor, hot: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
                   scale: float) -> torch.Tensor:
     """Decode attention over selected hot slots. q: [B, Hq, D]; hot: [n_slots, 2, bs, hg, D];
