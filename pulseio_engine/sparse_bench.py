@@ -29,13 +29,11 @@ sized to exactly these requests, next to vanilla's.
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +42,7 @@ from tqdm import tqdm
 
 from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
 from .engine import Engine
+from .evaluation.locality import LocalityProfile, packaged_profiles
 from .kv.block_table import blocks_for
 from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
@@ -64,29 +63,17 @@ class SparseBenchMode(Enum):
                 SparseBenchMode.OFFLOAD_DOORBELL: RecallMode.DOORBELL}[self]
 
 
-@dataclass(frozen=True)
-class Locality:
-    """Per-layer overlap of consecutive selections' middle blocks, and where it was measured."""
+def default_profile(selection: SparseMode, token_budget: int) -> LocalityProfile:
+    """The shipped locality measurement a preset runs with: of the same selection, Qwen2.5 before
+    SmolLM2 (the closer architecture to the Qwen3 presets), the nearest budget, the longest context."""
+    return min(packaged_profiles(), key=lambda p: (p.mode is not selection, not p.model.startswith("qwen"),
+                                                   abs(p.token_budget - token_budget), -p.context_len))
 
-    overlap: tuple[float, ...]       # one per measured layer, by depth
-    source: str
 
-    @classmethod
-    def shipped(cls, budget: int, selection: SparseMode) -> Locality:
-        """The measurement shipped with the package (`pulseio-engine locality` runs) of the same selection
-        if there is one, closest to `budget` tokens, the longest context among those."""
-        data = json.loads(resources.files("pulseio_engine.data").joinpath("locality.json").read_text())
-        run = min(data["records"], key=lambda r: (r["mode"] != selection.value, abs(r["token_budget"] - budget),
-                                               -r["context_len"]))
-        overlap = tuple(float(x) for x in run["overlap"])
-        return cls(overlap, f"{run['model']} {run['mode']} budget {run['token_budget']} context "
-                            f"{run['context_len']}: mean overlap {statistics.fmean(overlap):.3f} over its "
-                            f"{len(overlap)} offloaded layers (pulseio_engine/data/locality.json)")
-
-    def for_layers(self, num_layers: int) -> tuple[float, ...]:
-        """The overlaps of a model with `num_layers` layers, taken by relative depth."""
-        src = len(self.overlap)
-        return tuple(self.overlap[round(i * (src - 1) / max(1, num_layers - 1))] for i in range(num_layers))
+def describe(profile: LocalityProfile) -> str:
+    return (f"{profile.model} {profile.mode.value} budget {profile.token_budget} context {profile.context_len}: "
+            f"mean overlap {statistics.fmean(profile.overlap):.3f} over its {len(profile.overlap)} offloaded "
+            "layers, stretched by depth (pulseio_engine/data/locality.json)")
 
 
 class TimedRecaller:
@@ -162,7 +149,7 @@ class SparseBenchResult:
 
 def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_size: int, context_len: int,
                      steps: int, token_budget: int = 2048, selection: SparseMode = SparseMode.SOLOHEAD,
-                     warmup: int = 3, device: str | None = None, locality: Locality | None = None,
+                     warmup: int = 3, device: str | None = None, locality: LocalityProfile | None = None,
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it)."""
@@ -180,7 +167,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu)
-    locality = locality or Locality.shipped(token_budget, selection)
+    locality = locality or default_profile(selection, token_budget)
     _status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
                                cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
@@ -188,7 +175,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                                offload=offload, retrieval_heads=_any_heads(m.num_layers, m.num_kv_heads))
     with engine:
         off = engine.offloader
-        off.selector = LocalitySelector(sparse, locality.for_layers(m.num_layers), rows=groups, device=dev, seed=seed)
+        off.selector = LocalitySelector(sparse, locality.overlap_for(m.num_layers, offload.dense_layers), rows=groups,
+                                        device=dev, seed=seed)
         timed = None
         if off.recaller is not None:
             timed = off.recaller = TimedRecaller(off.recaller, dev)     # type: ignore[assignment]
@@ -234,7 +222,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             off.layout.unit_bytes, moved / off.layout.unit_bytes / steps, moved / 2**20 / steps, rate, peak,
             None if rate is None or peak is None else rate / peak,
             0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
-            kv_side // batch_size, per_token * per_seq * bs, host, locality.source)
+            kv_side // batch_size, per_token * per_seq * bs, host, describe(locality))
 
 
 def _profiler(path: Path | None, device: torch.device) -> Any:

@@ -1,0 +1,32 @@
+"""`pulseio-engine bench` in the sparse modes on CPU: what each mode moves, holds and waits for."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulseio_engine.config import SparseMode
+from pulseio_engine.sparse_bench import SparseBenchMode, default_profile, run_sparse_bench
+
+
+@pytest.mark.parametrize("mode", list(SparseBenchMode), ids=[m.value for m in SparseBenchMode])
+def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode) -> None:
+    r = run_sparse_bench("tiny", mode=mode, batch_size=2, context_len=320, steps=4, token_budget=64,
+                         selection=SparseMode.QUEST, device="cpu", progress=False)
+    assert r.steps == 4 and r.step_ms > 0 and not r.cuda_graphs
+    if mode is SparseBenchMode.QUEST_ALL_ON_GPU:
+        assert r.units_per_step == 0 and r.host_bytes_per_request == 0
+        assert r.gpu_bytes_per_request > r.vanilla_gpu_bytes_per_request, "every block, and the digests"
+    else:
+        assert r.units_per_step > 0 and r.recalled_mib_per_step * 2**20 == pytest.approx(
+            r.units_per_step * r.unit_bytes)
+        assert r.gpu_bytes_per_request < r.vanilla_gpu_bytes_per_request, "dense layers and hot slots only"
+        assert r.host_bytes_per_request > 0
+    blocked = r.blocked_ms_per_step
+    assert blocked == 0 if mode is not SparseBenchMode.OFFLOAD_SYNC else blocked > 0
+
+
+def test_presets_select_with_the_closest_shipped_locality() -> None:
+    profile = default_profile(SparseMode.SOLOHEAD, 2048)
+    assert (profile.model, profile.mode, profile.token_budget) == ("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 2048)
+    overlap = profile.overlap_for(40, 2)
+    assert len(overlap) == 40 and overlap[:2] == (1.0, 1.0) and all(0.3 < o < 1 for o in overlap[2:])
