@@ -4,7 +4,7 @@ Each sample is one request: its context is prefilled, its question is fed one to
 (`decode_tail`, so the question goes through the sparse path as in Quest's evaluation), and the answer
 is decoded greedily. Modes other than vanilla make the request an offload request: its KV in the host
 pool, each decode step attending to `token_budget` tokens recalled through pulseio.
-Perplexity: windows of `context_len` tokens of a public-domain text (Shakespeare's plays); the last
+Perplexity: windows of `context_len - 1` tokens of a public-domain text (Shakespeare's plays); the last
 quarter of each window (at most 256 tokens) is fed token by token and scored.
 
 Samples run as concurrent requests of one engine (`run_prompts`, at most `batch` at once), and a
@@ -116,6 +116,7 @@ def run_eval(model: str, config: EvalConfig, *, heads: RetrievalHeads | None = N
     check_heads(config.mode, heads, model)
     ckpt = load_eval_checkpoint(model, device)
     prompts = make_prompts(ckpt.tokenizer, config.task, config.context_len, config.samples, config.seed)
+    check_prompts(prompts, model_len(ckpt.config, config.context_len), model)
     start = time.monotonic()
     with eval_engine(ckpt, config, heads=heads, device=device, batch=batch or len(prompts)) as engine:
         answers = run_prompts(engine, prompts, offload=config.mode is not EvalMode.VANILLA)
@@ -154,13 +155,19 @@ def text_ids(tok: Tokenizer) -> list[int]:
     return tok.encode(Path(fetch_shakespeare()).read_text())
 
 
+def windows_in(text_tokens: int, n: int) -> int:
+    """Disjoint perplexity windows a text of `text_tokens` tokens holds at context `n`."""
+    return text_tokens // (n - 1)
+
+
 def _windows(ids: list[int], n: int, samples: int) -> list[Prompt]:
-    """`samples` disjoint windows of `n` tokens; the last quarter (at most 256 tokens) is scored."""
-    if samples * n > len(ids):
-        raise EngineError(f"{samples} windows of {n} tokens need {samples * n} tokens of text, "
+    """`samples` disjoint windows of n - 1 tokens (the window and the token generated after it take n
+    positions, so n may be the model's whole context); the last quarter (at most 256 tokens) is scored."""
+    if samples > windows_in(len(ids), n):
+        raise EngineError(f"{samples} windows of {n - 1} tokens need {samples * (n - 1)} tokens of text, "
                           f"the text has {len(ids)}; ask for fewer samples or a shorter context")
-    tail = min(256, n // 4)
-    return [Prompt(Task.PERPLEXITY, i, tuple(ids[i * n:(i + 1) * n]), tail, 1) for i in range(samples)]
+    size, tail = n - 1, min(256, n // 4)
+    return [Prompt(Task.PERPLEXITY, i, tuple(ids[i * size:(i + 1) * size]), tail, 1) for i in range(samples)]
 
 
 def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads | None, device: str,
@@ -181,9 +188,24 @@ def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads |
         m, CacheConfig(num_blocks=1 + batch * blocks),
         SchedulerConfig(max_num_seqs=batch, max_prefill_tokens=blocks * cache.block_size), device=device,
         dtype=DType.FLOAT32 if device == "cpu" else DType.BFLOAT16,
-        max_model_len=min(blocks * cache.block_size, m.max_position_embeddings), use_cuda_graphs=False,
+        max_model_len=model_len(m, config.context_len), use_cuda_graphs=False,
         compile_decode=False, offload=offload)
     return Engine(engine_config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
+
+
+def model_len(m: ModelConfig, context_len: int) -> int:
+    """Positions a request of an engine for `context_len` may reach: 64 past it, within the model's own."""
+    return min(blocks_for(context_len + _SLACK, CacheConfig().block_size) * CacheConfig().block_size,
+               m.max_position_embeddings)
+
+
+def check_prompts(prompts: Seq[Prompt], limit: int, model: str) -> None:
+    """Refuse, before any engine runs, a prompt whose answer would pass `limit` positions."""
+    for p in prompts:
+        if len(p.ids) + p.max_new_tokens > limit:
+            raise EngineError(f"{p.task.value} sample {p.index}: {len(p.ids)} prompt tokens + {p.max_new_tokens} "
+                              f"to generate exceed the {limit} positions {model} gets at this context length; "
+                              "this is a bug in the task's sizing (evaluation/tasks.py)")
 
 
 def fitting_batch(m: ModelConfig, context_len: int, sparse: SparseConfig | None, device: str) -> int:

@@ -28,12 +28,15 @@ from .run import (
     EvalMode,
     Prompt,
     check_heads,
+    check_prompts,
     eval_engine,
     load_eval_checkpoint,
     make_prompts,
     make_record,
+    model_len,
     run_prompts,
     text_ids,
+    windows_in,
 )
 from .tasks import Task
 
@@ -118,31 +121,35 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
             "a budget >= the context attends to every token (= vanilla)")
     say(f"{len(table.cells())} engines x {len(table.tasks)} tasks x {table.samples} samples")
     text = text_ids(ckpt.tokenizer) if Task.PERPLEXITY in table.tasks else []
-    records: list[dict[str, Any]] = []
-    for n in table.context_lens:
+    prompts: dict[int, dict[Task, list[Prompt]]] = {}
+    for n in table.context_lens:           # every context's samples first: a sizing error stops the run at once
         t0 = time.monotonic()
-        prompts = {task: make_prompts(ckpt.tokenizer, task, n, _samples(table, task, n, len(text), say),
-                                      table.seed, text=text) for task in table.tasks}
-        say(f"context {n}: {sum(map(len, prompts.values()))} prompts of {len(table.tasks)} tasks made in "
+        prompts[n] = {task: make_prompts(ckpt.tokenizer, task, n, _samples(table, task, n, len(text), say),
+                                         table.seed, text=text) for task in table.tasks}
+        for made in prompts[n].values():
+            check_prompts(made, model_len(ckpt.config, n), model)
+        say(f"context {n}: {sum(map(len, prompts[n].values()))} prompts of {len(table.tasks)} tasks made in "
             f"{time.monotonic() - t0:.1f} s")
-        for cell in [c for c in table.cells() if c.context_len == n]:
-            paths = [_path(out, model, cell, task) for task in table.tasks]
-            if resume and all(p.is_file() for p in paths):
-                say(f"context {n} {cell.name}: done already, kept ({out})")
-                records += [json.loads(p.read_text()) for p in paths]
-                continue
-            records += _run_cell(model, ckpt, table, cell, prompts, out, heads=heads, device=device, say=say)
-            (out / "table.md").write_text(markdown(load_records(out), skipped=table.skipped))
+    records: list[dict[str, Any]] = []
+    for cell in table.cells():
+        paths = [_path(out, model, cell, task) for task in table.tasks]
+        if resume and all(p.is_file() for p in paths):
+            say(f"context {cell.context_len} {cell.name}: done already, kept ({out})")
+            records += [json.loads(p.read_text()) for p in paths]
+            continue
+        records += _run_cell(model, ckpt, table, cell, prompts[cell.context_len], out, heads=heads, device=device,
+                             say=say)
+        (out / "table.md").write_text(markdown(load_records(out), skipped=table.skipped))
     return records
 
 
 def _samples(table: TableConfig, task: Task, n: int, text_tokens: int, say: Callable[[str], None]) -> int:
-    """`table.samples`, except perplexity: at most the disjoint windows of n tokens the text holds."""
-    if task is not Task.PERPLEXITY or table.samples * n <= text_tokens:
+    """`table.samples`, except perplexity: at most the disjoint windows the text holds at context n."""
+    fit = windows_in(text_tokens, n)
+    if task is not Task.PERPLEXITY or table.samples <= fit:
         return table.samples
-    fit = text_tokens // n
     if fit < 1:
-        raise EngineError(f"perplexity at context {n} needs a window of {n} tokens, the text has {text_tokens}; "
+        raise EngineError(f"perplexity at context {n} needs a window of {n - 1} tokens, the text has {text_tokens}; "
                           "leave perplexity out of --task or shorten --context-len")
     say(f"context {n}: perplexity over {fit} windows, not {table.samples}: the text has {text_tokens} tokens")
     return fit
