@@ -12,6 +12,7 @@
         --token-budget 1024 --json out/niah.json
     pulseio-engine locality --model smollm2 --context-len 4096 --steps 64 --token-budget 1024 --mode solohead \
         --heads heads.json --json out/locality.json
+    pulseio-engine eval-table --model smollm2 --context-len 2048,4096 --heads heads.json --out out/smollm2
 
 Every option is checked before any work; a mistake is one line on stderr and exit code 2.
 Before a model is built, its memory (weights, KV, activations) is checked against the device's.
@@ -41,12 +42,11 @@ from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, calibrate_checkpoint
-from .config import CacheConfig, DType, RecallMode, SparseConfig, SparseMode
+from .config import CacheConfig, DType, SparseConfig, SparseMode
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
+from .evaluation.cli import add_parsers as add_eval_parsers
 from .evaluation.locality import LocalityConfig, run_locality
-from .evaluation.run import EvalConfig, EvalMode, run_eval
-from .evaluation.tasks import Task
 from .fetch import MODELS, fetch_model, fetch_smollm2
 from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, model_names, open_model
@@ -175,25 +175,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
-    prog = args.prog
-    if args.json is not None:
-        check_writable(prog, "--json", args.json)
-    heads = RetrievalHeads.load(args.heads) if args.heads else None
-    try:
-        config = EvalConfig(Task(args.task), args.context_len, args.samples, EvalMode(args.mode),
-                            args.token_budget, RecallMode(args.recall), args.seed)
-        result = run_eval(args.model, config, heads=heads, device=require_device(prog, args.device))
-    except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
-        raise EngineError(str(exc)) from exc
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{result['task']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
-          f"score {result['score']:.4g} over {result['samples']} samples ({result['seconds']:.1f} s)")
-    return 0
-
-
 def _locality(args: argparse.Namespace) -> int:
     prog = args.prog
     if args.json is not None:
@@ -247,7 +228,7 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0],
                       epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,locality}")
+                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,eval-table,locality}")
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
                        description="Greedy (or sampled) generation for one prompt.",
@@ -318,25 +299,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     c.set_defaults(func=_calibrate, prog=c.prog)
 
-    e = sub.add_parser("eval", help="long-context accuracy of a sparse mode (RULER-style tasks, perplexity)",
-                       description="Long-context accuracy of a sparse mode: RULER-style tasks generated in code "
-                                   "and perplexity; the question is decoded token by token through the sparse path.")
-    e.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
-    e.add_argument("--task", required=True, choices=[t.value for t in Task], help="which task")
-    e.add_argument("--context-len", type=int_at_least(64), required=True, help="tokens of context + question")
-    e.add_argument("--samples", type=int_at_least(1), default=10, help="samples of the task")
-    e.add_argument("--mode", choices=[m.value for m in EvalMode], default=EvalMode.QUEST.value,
-                   help="full attention, or a sparse selection")
-    e.add_argument("--token-budget", type=int_at_least(1), default=2048, help="tokens of KV attended per step")
-    e.add_argument("--recall", choices=[r.value for r in RecallMode], default=RecallMode.DOORBELL.value,
-                   help="doorbell: ids chosen on the device; sync: ids to the host, then the copy")
-    e.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
-    e.add_argument("--seed", type=int_at_least(0), default=0, help="sample generation seed")
-    e.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
-    e.add_argument("--json", metavar="PATH", type=Path, default=None,
-                   help="write the record (score and per-sample results) as JSON")
-    e.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    e.set_defaults(func=_eval, prog=e.prog)
+    add_eval_parsers(sub, _model_help())
 
     lo = sub.add_parser("locality", help="step-to-step overlap of a sparse mode's selections on real text",
                         description="Decode public-domain text through the sparse offload path and report, per "

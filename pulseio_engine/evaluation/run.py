@@ -1,31 +1,54 @@
 """Accuracy of a sparse mode on long-context tasks: `pulseio-engine eval`.
 
-Each sample runs as one request: its context is prefilled, its question is fed one token per decode
-step (`decode_tail`, so the question goes through the sparse path as in Quest's evaluation), and the
-answer is decoded greedily. Modes other than vanilla make the request an offload request: its KV in
-the host pool, each decode step attending to `token_budget` tokens recalled through pulseio.
-Perplexity: windows of `context_len` tokens of a public-domain text (Shakespeare's plays); the last
+Each sample is one request: its context is prefilled, its question is fed one token per decode step
+(`decode_tail`, so the question goes through the sparse path as in Quest's evaluation), and the answer
+is decoded greedily. Modes other than vanilla make the request an offload request: its KV in the host
+pool, each decode step attending to `token_budget` tokens recalled through pulseio.
+Perplexity: windows of `context_len - 1` tokens of a public-domain text (Shakespeare's plays); the last
 quarter of each window (at most 256 tokens) is fed token by token and scored.
+
+Samples run as concurrent requests of one engine (`run_prompts`, at most `batch` at once), and a
+sample's result does not depend on the batch: each prompt is prefilled alone, in one chunk, exactly
+as it would be on its own, so sharing a batch changes only which decode steps it shares, and decode
+computes every row of a step independently (tested: batched and one-at-a-time outputs are equal).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, RecallMode, SparseConfig, SparseMode
+from pulseio.machine import memory_budget
+
+from ..config import (
+    CacheConfig,
+    DType,
+    EngineConfig,
+    ModelConfig,
+    OffloadConfig,
+    RecallMode,
+    SchedulerConfig,
+    SparseConfig,
+    SparseMode,
+)
 from ..engine import TORCH_DTYPES, Engine
 from ..errors import EngineError
 from ..fetch import MODELS, fetch_model, fetch_shakespeare
 from ..kv.block_table import blocks_for
 from ..kv.retrieval_heads import RetrievalHeads
-from ..model.checkpoint import load_checkpoint
-from ..request import SamplingParams
+from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.tokenizer import Tokenizer
+from ..request import SamplingParams, Sequence
 from .tasks import Task, make_sample, string_match_all
+
+MAX_BATCH = 128     # concurrent requests at most, whatever the memory allows
+_SLACK = 64         # positions past the context: the longest answer (30 tokens) and some room
 
 
 class EvalMode(Enum):
@@ -33,6 +56,10 @@ class EvalMode(Enum):
     QUEST = "quest"
     SOLOHEAD = "solohead"
     SOLOHEAD_REVERSED = "solohead-reversed"
+
+    @property
+    def needs_heads(self) -> bool:
+        return self in (EvalMode.SOLOHEAD, EvalMode.SOLOHEAD_REVERSED)
 
 
 @dataclass(frozen=True)
@@ -57,79 +84,192 @@ class EvalConfig:
         return SparseConfig(mode=SparseMode(self.mode.value), token_budget=self.token_budget)
 
 
-def run_eval(model: str, config: EvalConfig, *, heads: RetrievalHeads | None = None,
-             device: str = "cpu") -> dict[str, Any]:
-    """-> the JSON record: task, mode, model, context_len, token_budget, samples, score, per-sample results."""
-    if heads is None and config.mode in (EvalMode.SOLOHEAD, EvalMode.SOLOHEAD_REVERSED):
-        raise EngineError(f"mode {config.mode.value!r} needs the retrieval heads of this model; pass --heads "
+@dataclass(frozen=True)
+class Prompt:
+    """One sample as token ids: `ids[-tail:]` is fed one token per decode step, then up to
+    `max_new_tokens` are generated. `answers` is empty for perplexity windows."""
+
+    task: Task
+    index: int
+    ids: tuple[int, ...]
+    tail: int
+    max_new_tokens: int
+    answers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Answer:
+    output_ids: list[int]
+    logprobs: list[float]      # of each tail token, given what precedes it
+
+
+def check_heads(mode: EvalMode, heads: RetrievalHeads | None, model: str) -> None:
+    if heads is None and mode.needs_heads:
+        raise EngineError(f"mode {mode.value!r} needs the retrieval heads of this model; pass --heads "
                           f"heads.json (write it with `pulseio-engine calibrate --model {model} --out heads.json`)")
-    path = str(fetch_model(model)) if model in MODELS else model
+
+
+def run_eval(model: str, config: EvalConfig, *, heads: RetrievalHeads | None = None, device: str = "cpu",
+             batch: int | None = None) -> dict[str, Any]:
+    """-> the JSON record: task, mode, model, context_len, token_budget, samples, score, per-sample results.
+    `batch`: concurrent requests at most (None: every sample, as memory allows)."""
+    check_heads(config.mode, heads, model)
+    ckpt = load_eval_checkpoint(model, device)
+    prompts = make_prompts(ckpt.tokenizer, config.task, config.context_len, config.samples, config.seed)
+    check_prompts(prompts, model_len(ckpt.config, config.context_len), model)
     start = time.monotonic()
-    with _engine(path, config, heads, device) as engine:
-        if engine.tokenizer is None:
-            raise EngineError(f"{model} has no tokenizer; evaluation needs text")
-        results = (_perplexity(engine, config) if config.task is Task.PERPLEXITY
-                   else [_answer(engine, config, i) for i in range(config.samples)])
-    if config.task is Task.PERPLEXITY:
-        nll = [-lp for r in results for lp in r.pop("logprobs")]
-        score = math.exp(sum(nll) / len(nll))
-    else:
-        score = sum(r["score"] for r in results) / len(results)
-    return {"task": config.task.value, "mode": config.mode.value, "recall": config.recall.value, "model": model,
-            "context_len": config.context_len, "token_budget": config.token_budget, "samples": config.samples,
-            "score": score, "seconds": round(time.monotonic() - start, 3), "results": results}
+    with eval_engine(ckpt, config, heads=heads, device=device, batch=batch or len(prompts)) as engine:
+        answers = run_prompts(engine, prompts, offload=config.mode is not EvalMode.VANILLA)
+        used = engine.config.scheduler.max_num_seqs
+    return make_record(model, config, prompts, answers, ckpt.tokenizer, time.monotonic() - start, used)
 
 
-def _engine(path: str, config: EvalConfig, heads: RetrievalHeads | None, device: str) -> Engine:
-    """One engine sized for one request of context_len + 64 tokens."""
+def load_eval_checkpoint(model: str, device: str) -> Checkpoint:
+    """The weights (fp32 on CPU, bf16 on CUDA) and tokenizer of a model name, .gguf or directory."""
+    path = str(fetch_model(model)) if model in MODELS else model
     dtype = DType.FLOAT32 if device == "cpu" else DType.BFLOAT16
     ckpt = load_checkpoint(path, dtype=TORCH_DTYPES[dtype], device=device)
+    if ckpt.tokenizer is None:
+        raise EngineError(f"{model} has no tokenizer; evaluation needs text")
+    return ckpt
+
+
+def make_prompts(tok: Tokenizer, task: Task, context_len: int, samples: int, seed: int, *,
+                 text: list[int] | None = None) -> list[Prompt]:
+    """The samples of `task` at `context_len` as token ids (the same for every mode and budget).
+    `text`: `text_ids(tok)`, when the caller already has it."""
+    if task is Task.PERPLEXITY:
+        return _windows(text if text is not None else text_ids(tok), context_len, samples)
+    prompts = []
+    for index in range(samples):
+        sample = make_sample(task, context_len=context_len, seed=seed * 100_003 + index,
+                             count_tokens=lambda text: len(tok.encode(text)))
+        context, question = tok.encode(sample.context), tok.encode(sample.question)
+        prompts.append(Prompt(task, index, tuple(context + question), len(question), sample.max_new_tokens,
+                              sample.answers))
+    return prompts
+
+
+def text_ids(tok: Tokenizer) -> list[int]:
+    """The perplexity text (Shakespeare's plays, public domain) in `tok`'s ids."""
+    return tok.encode(Path(fetch_shakespeare()).read_text())
+
+
+def windows_in(text_tokens: int, n: int) -> int:
+    """Disjoint perplexity windows a text of `text_tokens` tokens holds at context `n`."""
+    return text_tokens // (n - 1)
+
+
+def _windows(ids: list[int], n: int, samples: int) -> list[Prompt]:
+    """`samples` disjoint windows of n - 1 tokens (the window and the token generated after it take n
+    positions, so n may be the model's whole context); the last quarter (at most 256 tokens) is scored."""
+    if samples > windows_in(len(ids), n):
+        raise EngineError(f"{samples} windows of {n - 1} tokens need {samples * (n - 1)} tokens of text, "
+                          f"the text has {len(ids)}; ask for fewer samples or a shorter context")
+    size, tail = n - 1, min(256, n // 4)
+    return [Prompt(Task.PERPLEXITY, i, tuple(ids[i * size:(i + 1) * size]), tail, 1) for i in range(samples)]
+
+
+def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads | None, device: str,
+                batch: int) -> Engine:
+    """An engine for at most `batch` concurrent requests of context_len + 64 tokens (fewer where memory
+    is short: see `fitting_batch`), each prefilled in one chunk. No CUDA graphs and no torch.compile:
+    each configuration builds its own engine, and capturing or compiling would cost more than the few
+    hundred decode steps of a configuration save."""
     m, cache = ckpt.config, CacheConfig()
-    blocks = blocks_for(config.context_len + 64, cache.block_size)
+    blocks = blocks_for(config.context_len + _SLACK, cache.block_size)
+    sparse = None if config.mode is EvalMode.VANILLA else config.sparse
+    batch = min(batch, fitting_batch(m, config.context_len, sparse, device))
     offload = None
-    if config.mode is not EvalMode.VANILLA:
-        sparse = config.sparse
+    if sparse is not None:
         units = (m.num_layers - OffloadConfig().dense_layers) * m.num_kv_heads * blocks   # head-wise: the most
-        offload = OffloadConfig(sparse=sparse, recall=config.recall, max_seqs=1, host_blocks=1 + units)
-    engine_config = EngineConfig(m, replace(cache, num_blocks=1 + blocks), device=device, dtype=dtype,
-                                 max_model_len=min(blocks * cache.block_size, m.max_position_embeddings),
-                                 offload=offload)
+        offload = OffloadConfig(sparse=sparse, recall=config.recall, max_seqs=batch, host_blocks=1 + batch * units)
+    engine_config = EngineConfig(
+        m, CacheConfig(num_blocks=1 + batch * blocks),
+        SchedulerConfig(max_num_seqs=batch, max_prefill_tokens=blocks * cache.block_size), device=device,
+        dtype=DType.FLOAT32 if device == "cpu" else DType.BFLOAT16,
+        max_model_len=model_len(m, config.context_len), use_cuda_graphs=False,
+        compile_decode=False, offload=offload)
     return Engine(engine_config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
 
 
-def _run_one(engine: Engine, prompt: list[int], tail: int, max_new_tokens: int, offload: bool
-             ) -> tuple[list[int], list[float]]:
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=max_new_tokens), offload=offload,
-                             decode_tail=tail)
-    seq = engine.scheduler.waiting[-1]
-    outputs: dict[int, list[int]] = {}
-    while engine.has_unfinished():
-        outputs.update((o.request_id, list(o.output_ids)) for o in engine.step())
-    return outputs[rid], seq.forced_logprobs
+def model_len(m: ModelConfig, context_len: int) -> int:
+    """Positions a request of an engine for `context_len` may reach: 64 past it, within the model's own."""
+    return min(blocks_for(context_len + _SLACK, CacheConfig().block_size) * CacheConfig().block_size,
+               m.max_position_embeddings)
 
 
-def _answer(engine: Engine, config: EvalConfig, index: int) -> dict[str, Any]:
-    tok = engine.tokenizer
-    sample = make_sample(config.task, context_len=config.context_len, seed=config.seed * 100_003 + index,
-                         count_tokens=lambda text: len(tok.encode(text)))
-    context, question = tok.encode(sample.context), tok.encode(sample.question)
-    output, _ = _run_one(engine, context + question, len(question), sample.max_new_tokens,
-                         config.mode is not EvalMode.VANILLA)
-    text = tok.decode(output)
-    return {"index": index, "prompt_tokens": len(context) + len(question), "answers": list(sample.answers),
-            "output": text, "score": string_match_all(text, sample.answers)}
+def check_prompts(prompts: Seq[Prompt], limit: int, model: str) -> None:
+    """Refuse, before any engine runs, a prompt whose answer would pass `limit` positions."""
+    for p in prompts:
+        if len(p.ids) + p.max_new_tokens > limit:
+            raise EngineError(f"{p.task.value} sample {p.index}: {len(p.ids)} prompt tokens + {p.max_new_tokens} "
+                              f"to generate exceed the {limit} positions {model} gets at this context length; "
+                              "this is a bug in the task's sizing (evaluation/tasks.py)")
 
 
-def _perplexity(engine: Engine, config: EvalConfig) -> list[dict[str, Any]]:
-    ids = engine.tokenizer.encode(Path(fetch_shakespeare()).read_text())
-    n, tail = config.context_len, min(256, config.context_len // 4)
-    if config.samples * n > len(ids):
-        raise EngineError(f"{config.samples} windows of {n} tokens need {config.samples * n} tokens of text, "
-                          f"the text has {len(ids)}; ask for fewer samples or a shorter context")
+def fitting_batch(m: ModelConfig, context_len: int, sparse: SparseConfig | None, device: str) -> int:
+    """Requests whose KV fits in half the free memory, at most MAX_BATCH: on the device the paged cache
+    (every layer) and, when sparse, the hot slots; on the host the host pool (the same memory on CPU)."""
+    elem = 4 if device == "cpu" else 2
+    tokens = blocks_for(context_len + _SLACK, CacheConfig().block_size) * CacheConfig().block_size
+    per_token = 2 * m.num_kv_heads * m.head_dim * elem            # K and V of one layer
+    offloaded = m.num_layers - OffloadConfig().dense_layers
+    on_device = m.num_layers * tokens * per_token + (offloaded * sparse.token_budget * per_token if sparse else 0)
+    on_host = offloaded * tokens * per_token if sparse else 0
+    if device == "cpu":
+        needs = [(on_device + on_host, memory_budget("cpu"))]
+    else:
+        needs = [(on_device, memory_budget(device)), (on_host, memory_budget("cpu"))]
+    fits = [b.nbytes // 2 // need for need, b in needs if need and b is not None]
+    return max(1, min([MAX_BATCH, *fits]))
+
+
+def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool) -> list[Answer]:
+    """Run `prompts` as concurrent requests (at most the engine's max_num_seqs at once), in order of
+    admission; -> their answers, in prompt order. Each newly added request is prefilled before the next
+    joins, so its prefill step holds it alone."""
+    limit = engine.config.scheduler.max_num_seqs
+    pending = deque(enumerate(prompts))
+    running: dict[int, tuple[int, Sequence]] = {}
+    answers: list[Answer | None] = [None] * len(prompts)
+
+    def step() -> None:
+        for out in engine.step():
+            index, seq = running.pop(out.request_id)
+            answers[index] = Answer(list(out.output_ids), list(seq.forced_logprobs))
+
+    while pending or running:
+        while pending and len(running) < limit:
+            index, p = pending.popleft()
+            rid = engine.add_request(p.ids, SamplingParams(max_new_tokens=p.max_new_tokens), offload=offload,
+                                     decode_tail=p.tail)
+            seq = engine.scheduler.waiting[-1]
+            running[rid] = (index, seq)
+            while seq in engine.scheduler.waiting or seq.num_computed < seq.prefill_stop:
+                step()
+        step()
+    return answers   # type: ignore[return-value]
+
+
+def score(prompts: Seq[Prompt], answers: Seq[Answer], tok: Tokenizer) -> tuple[float, list[dict[str, Any]]]:
+    """-> (score, per-sample results): string_match_all averaged, or perplexity over every scored token."""
+    if prompts and prompts[0].task is Task.PERPLEXITY:
+        results = [{"index": p.index, "scored_tokens": len(a.logprobs),
+                    "perplexity": math.exp(-sum(a.logprobs) / len(a.logprobs))} for p, a in zip(prompts, answers)]
+        nll = [-lp for a in answers for lp in a.logprobs]
+        return math.exp(sum(nll) / len(nll)), results
     results = []
-    for index in range(config.samples):
-        window = ids[index * n:(index + 1) * n]
-        _, logprobs = _run_one(engine, window, tail, 1, config.mode is not EvalMode.VANILLA)
-        results.append({"index": index, "scored_tokens": len(logprobs),
-                        "perplexity": math.exp(-sum(logprobs) / len(logprobs)), "logprobs": logprobs})
-    return results
+    for p, a in zip(prompts, answers):
+        text = tok.decode(a.output_ids)
+        results.append({"index": p.index, "prompt_tokens": len(p.ids), "answers": list(p.answers), "output": text,
+                        "score": string_match_all(text, p.answers)})
+    return sum(r["score"] for r in results) / len(results), results
+
+
+def make_record(model: str, config: EvalConfig, prompts: Seq[Prompt], answers: Seq[Answer], tok: Tokenizer,
+                seconds: float, batch: int) -> dict[str, Any]:
+    value, results = score(prompts, answers, tok)
+    return {"task": config.task.value, "mode": config.mode.value, "recall": config.recall.value, "model": model,
+            "context_len": config.context_len, "token_budget": config.token_budget, "samples": config.samples,
+            "score": value, "seconds": round(seconds, 3), "batch": batch, "results": results}

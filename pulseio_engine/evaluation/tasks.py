@@ -17,6 +17,7 @@ under the asked length.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,14 +108,33 @@ def _variables(task: Task, rng: random.Random, context_len: int, count_tokens: C
 
 
 def _common_words(task: Task, rng: random.Random, context_len: int, count_tokens: Callable[[str], int]) -> Sample:
-    common, rare = 5, 40
+    """A list where 5 words recur `repeats` times and 40 rare ones once or so. Words and numbers differ in
+    tokens, so `repeats` is scaled from what a first list measured, then lowered until the whole prompt
+    fits with room for the 30-token answer."""
+    common, rare, answer = 5, 40, 30
     question = (f" What are the {common} most common words in the above list? Answer: The top {common} words "
                 "that appear most often in the list are:")
+    header = "Below is a numbered list of words."
     words = _words(rng, common + rare)
+    limit, fixed = context_len - answer - 2, count_tokens(header + question)
     per_word = count_tokens(" 100. " + words[0])
-    slots = max(common * 4 + rare, (context_len - count_tokens(question) - 16) // per_word)
+    slots = max(common * 4 + rare, (limit - fixed) // per_word)
     repeats = max(3, (slots - rare) // common)
-    listed = words[:common] * repeats + [words[common + i % rare] for i in range(max(rare, slots - common * repeats))]
-    rng.shuffle(listed)
-    context = "Below is a numbered list of words. " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed))
-    return Sample(context, question, tuple(words[:common]), 30)
+    extra = [words[common + i % rare] for i in range(max(rare, slots - common * repeats))]
+    order = rng.random()
+
+    def render(repeats: int) -> tuple[str, int]:
+        listed = words[:common] * repeats + extra
+        random.Random(order).shuffle(listed)
+        context = header + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed))
+        return context, count_tokens(context + question)
+
+    for _ in range(2):                  # rescale from the measured cost of a listed word
+        _, used = render(repeats)
+        per_item = (used - fixed) / (common * repeats + len(extra))
+        repeats = max(3, int(((limit - fixed) / per_item - len(extra)) / common))
+    context, used = render(repeats)
+    while used > limit and repeats > 3:
+        repeats = max(3, repeats - max(1, math.ceil((used - limit) / (per_item * common))))
+        context, used = render(repeats)
+    return Sample(context, question, tuple(words[:common]), answer)

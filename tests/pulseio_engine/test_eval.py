@@ -1,13 +1,26 @@
-"""`pulseio-engine eval`: RULER-style samples generated in code, and a 2-sample run on SmolLM2."""
+"""`pulseio-engine eval` and `eval-table`: RULER-style samples generated in code, batched runs equal to
+one-at-a-time runs on the tiny preset, and a 2-sample run on SmolLM2."""
 
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from pulseio_engine.cli import main
+from pulseio_engine.evaluation.run import (
+    MAX_BATCH,
+    EvalConfig,
+    EvalMode,
+    Prompt,
+    eval_engine,
+    fitting_batch,
+    load_eval_checkpoint,
+    run_prompts,
+)
 from pulseio_engine.evaluation.tasks import Task, make_sample, string_match_all
 from pulseio_engine.fetch import FetchError, fetch_smollm2
 
@@ -66,3 +79,94 @@ def test_eval_two_samples_on_smollm2(tmp_path, capsys: pytest.CaptureFixture[str
     assert len(record["results"]) == 2 and 0.0 <= record["score"] <= 1.0
     assert all(r["prompt_tokens"] <= 192 and r["answers"] for r in record["results"])
     assert "niah-single quest budget 64" in capsys.readouterr().out
+
+
+# ---- batching: a sample's result does not depend on what shares its batch ------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt():  # noqa: ANN201
+    return load_eval_checkpoint("tiny", "cpu")
+
+
+def _prompts() -> list[Prompt]:
+    """Random-id prompts of different lengths: answers (tail 8, 6 new tokens) and perplexity-like (1 new)."""
+    rng = random.Random(5)
+    answers = [Prompt(Task.NEEDLE_SINGLE, i, tuple(rng.randrange(256) for _ in range(120 + 37 * i)), 8, 6)
+               for i in range(4)]
+    windows = [Prompt(Task.PERPLEXITY, i, tuple(rng.randrange(256) for _ in range(200)), 24, 1) for i in range(2)]
+    return answers + windows
+
+
+@pytest.mark.parametrize("mode", [EvalMode.VANILLA, EvalMode.QUEST], ids=lambda m: m.value)
+def test_batched_samples_give_the_outputs_of_one_at_a_time(tiny_ckpt, mode: EvalMode) -> None:  # noqa: ANN001
+    prompts = _prompts()
+    config = EvalConfig(Task.NEEDLE_SINGLE, 256, len(prompts), mode, 48)
+    runs = {}
+    for batch in (1, 3, len(prompts)):
+        with eval_engine(tiny_ckpt, config, heads=None, device="cpu", batch=batch) as engine:
+            assert engine.config.scheduler.max_num_seqs == batch
+            runs[batch] = run_prompts(engine, prompts, offload=mode is not EvalMode.VANILLA)
+    alone = runs[1]
+    assert [len(a.output_ids) for a in alone] == [p.max_new_tokens for p in prompts]
+    assert [len(a.logprobs) for a in alone] == [p.tail for p in prompts]
+    for batch, answers in runs.items():
+        assert [a.output_ids for a in answers] == [a.output_ids for a in alone], f"batch {batch}"
+        for a, b in zip(answers, alone):   # a decode step's rows differ from a lone row's in the last bits only
+            assert a.logprobs == pytest.approx(b.logprobs, rel=1e-5, abs=1e-5)
+
+
+def test_the_default_batch_is_capped_by_memory(tiny_ckpt, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    config = EvalConfig(Task.NEEDLE_SINGLE, 4000, 50, EvalMode.QUEST, 512)
+    kv = fitting_batch(tiny_ckpt.config, 4000, config.sparse, "cpu")
+    monkeypatch.setenv("PULSEIO_MEMORY_LIMIT", "16M")
+    small = fitting_batch(tiny_ckpt.config, 4000, config.sparse, "cpu")
+    assert 1 <= small < kv <= MAX_BATCH
+    with eval_engine(tiny_ckpt, config, heads=None, device="cpu", batch=50) as engine:
+        assert engine.config.scheduler.max_num_seqs == small
+
+
+def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """One process, two engines (vanilla, quest 64; quest 512 >= the context is skipped), two tasks batched
+    together; each record equals what `eval` gives the same task alone, one sample at a time."""
+    (tmp_path / "shakespeare").mkdir()
+    (tmp_path / "shakespeare" / "plays.txt").write_text("Be collected: no more amazement. " * 40)
+    monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
+    out = tmp_path / "table"
+    argv = ["eval-table", "--model", "tiny", "--task", "niah-single,perplexity", "--context-len", "384",
+            "--samples", "2", "--mode", "vanilla,quest", "--token-budget", "64,512", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    captured = capsys.readouterr()
+    names = sorted(p.name for p in out.glob("*.json"))
+    assert names == ["tiny_384_niah-single_quest_64.json", "tiny_384_niah-single_vanilla.json",
+                     "tiny_384_perplexity_quest_64.json", "tiny_384_perplexity_vanilla.json"]
+    table = (out / "table.md").read_text()
+    assert table in captured.out
+    assert "| context | budget | vanilla | quest |" in table
+    assert "| 384 | 512 |" in table and "skipped (budget >= context)" in table
+    assert "skip context 384 quest budget 512" in captured.err
+    record = json.loads((out / "tiny_384_niah-single_quest_64.json").read_text())
+    assert {k: record[k] for k in ("task", "mode", "model", "context_len", "token_budget", "samples", "batch")} == {
+        "task": "niah-single", "mode": "quest", "model": "tiny", "context_len": 384, "token_budget": 64,
+        "samples": 2, "batch": 4}
+    alone = tmp_path / "alone.json"
+    assert main(["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "384", "--samples", "2",
+                 "--mode", "quest", "--token-budget", "64", "--batch", "1", "--json", str(alone)]) == 0
+    assert json.loads(alone.read_text())["results"] == record["results"]
+    assert main([*argv, "--resume"]) == 0                      # every cell is there: nothing runs again
+    assert capsys.readouterr().err.count("done already, kept") == 2
+
+
+def test_eval_table_refuses_bad_input_before_loading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["eval-table", "--model", "no-such-model", "--context-len", "256", "--out", str(tmp_path / "o")]
+    assert main([*base, "--token-budget", "100"]) == 2
+    assert "token budget 100: SparseConfig.token_budget (100) must be a multiple of block_size" in \
+        capsys.readouterr().err
+    assert main([*base, "--mode", "quest", "--token-budget", "256,512"]) == 2
+    assert "nothing sparse to run; add a smaller budget" in capsys.readouterr().err
+    assert main([*base, "--mode", "quest,solohead", "--token-budget", "64"]) == 2
+    assert "mode 'solohead' needs the retrieval heads of this model; pass --heads" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert main([*base[:-1], str(tmp_path / "file")]) == 2
+    assert "is a file; pass a folder" in capsys.readouterr().err

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Accuracy table (issue 14) on the device machine: one model, its contexts, every task x mode x budget.
+#   1. put the staged model into the cache (benchmarks/stage_model.py; carry its sets first, one per call)
+#   2. calibrate the retrieval heads, unless HEADS names a heads file
+#   3. `pulseio-engine eval-table` (model loaded once, one engine per context x mode x budget, every task's
+#      samples batched together), progress on the terminal, resumable: run it again and it continues
+#   4. header.txt (device, date, git sha, settings), then everything tarred into $OUT/accuracy.tgz
+#      (+ $OUT/table.md to read at once): the device brings back at most 8 files, so the work folder
+#      ($WORK, default /root/accuracy-$MODEL, kept while the machine stays warm) lies outside $OUT.
+#
+#   OUT=/some/dir MODEL=smollm2 CONTEXTS=2048,4096,8192 bash benchmarks/run_accuracy_gpu.sh
+#   OUT=/some/dir MODEL=qwen2.5-coder-0.5b CONTEXTS=8192,16384 bash benchmarks/run_accuracy_gpu.sh
+# CPU fallback (a small slice, here): DEVICE=cpu CONTEXTS=1024 TASKS=niah-single SAMPLES=4 BUDGETS=256 \
+#   MODES=vanilla,quest OUT=/tmp/acc bash benchmarks/run_accuracy_gpu.sh
+#
+# Settings (environment): MODEL (smollm2), CONTEXTS (2048,4096,8192), TASKS (all five), MODES (all four),
+# BUDGETS (512,1024,2048), SAMPLES (20), BATCH (default: every request of an engine, as memory allows),
+# HEADS (a heads.json; default: calibrate), DEVICE (cuda), STAGE (folder of carried sets, default stage),
+# TABLE_LIMIT_S (480: the eval-table run's limit, so the tarball is always written inside a 10-minute call),
+# CAL_LIMIT_S (180), WORK (the work folder), PULSEIO_GIT_SHA (else `git rev-parse HEAD`).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+MODEL=${MODEL:-smollm2}
+CONTEXTS=${CONTEXTS:-2048,4096,8192}
+TASKS=${TASKS:-niah-single,niah-multikey,variable-tracking,common-words,perplexity}
+MODES=${MODES:-vanilla,quest,solohead,solohead-reversed}
+BUDGETS=${BUDGETS:-512,1024,2048}
+SAMPLES=${SAMPLES:-20}
+DEVICE=${DEVICE:-cuda}
+STAGE=${STAGE:-stage}
+TABLE_LIMIT_S=${TABLE_LIMIT_S:-480}
+OUT=${OUT:-$PWD/accuracy_out}
+WORK=${WORK:-/root/accuracy-$MODEL}
+[ -w "$(dirname "$WORK")" ] || WORK=${TMPDIR:-/tmp}/accuracy-$MODEL
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+say() { printf '[%4ss] %s\n' "$(( $(date +%s) - START ))" "$*" | tee -a "$WORK/progress.log"; }
+pack() {
+  cp "$WORK/table.md" "$OUT/table.md" 2>/dev/null
+  tar czf "$OUT/accuracy.tgz" -C "$(dirname "$WORK")" "$(basename "$WORK")" && say "wrote $OUT/accuracy.tgz"
+}
+trap pack EXIT
+
+{
+  echo "date:    $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  echo "git:     ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  if [ "$DEVICE" = cpu ]; then
+    echo "device:  cpu, $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  else
+    echo "device:  $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+  fi
+  python -c "import sys, torch; print('python: ', sys.version.split()[0], ' torch', torch.__version__)" 2>&1
+  echo "model:   $MODEL  contexts $CONTEXTS  samples $SAMPLES  batch ${BATCH:-all}"
+  echo "tasks:   $TASKS"
+  echo "modes:   $MODES  budgets $BUDGETS  heads ${HEADS:-calibrated here}"
+} > "$WORK/header.txt"
+cat "$WORK/header.txt"
+
+say "stage: put $MODEL from $STAGE/$MODEL into the cache"
+python benchmarks/stage_model.py put "$MODEL" "$STAGE" 2>&1 | tee -a "$WORK/stage.log"
+rc=${PIPESTATUS[0]}
+if [ "$rc" != 0 ]; then
+  say "the model is not in the cache yet (stage_model.py put: exit $rc); carry the missing sets, then run again"
+  exit 1
+fi
+
+if [ -z "${HEADS:-}" ]; then
+  HEADS=$WORK/heads_$MODEL.json
+  if [ -s "$HEADS" ]; then
+    say "heads: $HEADS from an earlier run"
+  else
+    say "heads: calibrating $MODEL (8 prompts of 512 tokens of the calibration text, not eval data)"
+    timeout -k 5 "${CAL_LIMIT_S:-180}" python -m pulseio_engine.cli calibrate --model "$MODEL" --out "$HEADS" --prompts 8 \
+      --prompt-len 512 --device "$DEVICE" > "$WORK/calibrate.log" 2>&1
+    rc=$?
+    tail -3 "$WORK/calibrate.log"
+    [ "$rc" = 0 ] || { say "calibration failed (exit $rc); see calibrate.log"; exit 1; }
+  fi
+else
+  cp "$HEADS" "$WORK/" && HEADS=$WORK/$(basename "$HEADS")
+fi
+
+say "eval-table: $MODEL at $CONTEXTS on $DEVICE (limit ${TABLE_LIMIT_S}s; records in $WORK)"
+timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table --model "$MODEL" --context-len "$CONTEXTS" \
+  --task "$TASKS" --mode "$MODES" --token-budget "$BUDGETS" --samples "$SAMPLES" --heads "$HEADS" \
+  --device "$DEVICE" --out "$WORK" --resume ${BATCH:+--batch "$BATCH"} 2>&1 | tee "$WORK/eval_table.$START.log"
+rc=${PIPESTATUS[0]}
+case $rc in
+  0) say "eval-table done" ;;
+  124|137) say "eval-table stopped at ${TABLE_LIMIT_S}s: the finished cells are kept; run again to continue" ;;
+  *) say "eval-table failed (exit $rc); see eval_table.$START.log" ;;
+esac
+[ "$rc" != 0 ] && [ -s "$WORK/table.md" ] && cat "$WORK/table.md"     # eval-table printed it when it finished
+exit "$rc"

@@ -1,0 +1,129 @@
+"""The `eval` and `eval-table` subcommands of `pulseio-engine` (parsers and handlers).
+
+    pulseio-engine eval --model smollm2 --task niah-single --context-len 4096 --samples 20 --mode quest \
+        --token-budget 1024 --json out/niah.json
+    pulseio-engine eval-table --model smollm2 --context-len 2048,4096 --samples 20 --heads heads.json \
+        --out out/smollm2      # every task x mode x budget: one JSON each, and out/smollm2/table.md
+
+Every option is checked before the model is loaded; a mistake is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from pulseio.cliargs import (
+    DEBUG_HELP,
+    UsageError,
+    check_writable,
+    choice_list,
+    device_name,
+    int_at_least,
+    int_list,
+    require_device,
+)
+
+from ..config import RecallMode
+from ..errors import EngineError
+from ..kv.retrieval_heads import RetrievalHeads
+from .run import EvalConfig, EvalMode, check_heads, run_eval
+from .table import TableConfig, markdown, run_table
+from .tasks import Task
+
+_TASKS = tuple(t.value for t in Task)
+_MODES = tuple(m.value for m in EvalMode)
+_BATCH_HELP = "concurrent requests at most; default: all of them, as far as half the free memory holds their KV"
+
+
+def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
+    e = sub.add_parser("eval", help="long-context accuracy of a sparse mode (RULER-style tasks, perplexity)",
+                       description="Long-context accuracy of a sparse mode: RULER-style tasks generated in code "
+                                   "and perplexity; the question is decoded token by token through the sparse path.")
+    e.add_argument("--model", required=True, help=model_help + " (it needs a tokenizer)")
+    e.add_argument("--task", required=True, choices=_TASKS, help="which task")
+    e.add_argument("--context-len", type=int_at_least(64), required=True, help="tokens of context + question")
+    e.add_argument("--samples", type=int_at_least(1), default=10, help="samples of the task")
+    e.add_argument("--mode", choices=_MODES, default=EvalMode.QUEST.value, help="full attention, or a sparse selection")
+    e.add_argument("--token-budget", type=int_at_least(1), default=2048, help="tokens of KV attended per step")
+    e.add_argument("--json", metavar="PATH", type=Path, default=None,
+                   help="write the record (score and per-sample results) as JSON")
+    _shared(e)
+    e.set_defaults(func=_eval, prog=e.prog)
+
+    t = sub.add_parser("eval-table", help="a grid of evaluations (tasks x contexts x modes x budgets), one model load",
+                       description="A grid of evaluations in one process: the model is loaded once, one engine per "
+                                   "(context, mode, budget) runs every task's samples together. One JSON per "
+                                   "(task, context, mode, budget) in --out, and --out/table.md over every record "
+                                   "there. Sparse modes skip budgets >= the context (they equal vanilla).")
+    t.add_argument("--model", required=True, help=model_help + " (it needs a tokenizer)")
+    t.add_argument("--task", type=choice_list(_TASKS), default=_TASKS, help="tasks, comma-separated")
+    t.add_argument("--context-len", type=int_list(64), required=True, help="context lengths, comma-separated")
+    t.add_argument("--samples", type=int_at_least(1), default=20,
+                   help="samples per task (perplexity: at most the disjoint windows the text holds)")
+    t.add_argument("--mode", type=choice_list(_MODES), default=_MODES, help="modes, comma-separated")
+    t.add_argument("--token-budget", type=int_list(1), default=(512, 1024, 2048),
+                   help="token budgets of the sparse modes, comma-separated")
+    t.add_argument("--out", required=True, type=Path, help="folder for the JSON records and table.md")
+    t.add_argument("--resume", action="store_true", help="keep the records already in --out; run only the rest")
+    _shared(t)
+    t.set_defaults(func=_eval_table, prog=t.prog)
+
+
+def _shared(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recall", choices=[r.value for r in RecallMode], default=RecallMode.DOORBELL.value,
+                   help="doorbell: ids chosen on the device; sync: ids to the host, then the copy")
+    p.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="sample generation seed")
+    p.add_argument("--batch", type=int_at_least(1), default=None, help=_BATCH_HELP)
+    p.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
+def _heads(args: argparse.Namespace) -> RetrievalHeads | None:
+    return RetrievalHeads.load(args.heads) if args.heads else None
+
+
+def _eval(args: argparse.Namespace) -> int:
+    prog = args.prog
+    if args.json is not None:
+        check_writable(prog, "--json", args.json)
+    heads = _heads(args)
+    try:
+        config = EvalConfig(Task(args.task), args.context_len, args.samples, EvalMode(args.mode),
+                            args.token_budget, RecallMode(args.recall), args.seed)
+        result = run_eval(args.model, config, heads=heads, device=require_device(prog, args.device), batch=args.batch)
+    except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
+        raise EngineError(str(exc)) from exc
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{result['task']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
+          f"score {result['score']:.4g} over {result['samples']} samples ({result['seconds']:.1f} s, "
+          f"batch {result['batch']})")
+    return 0
+
+
+def _eval_table(args: argparse.Namespace) -> int:
+    prog = args.prog
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(prog, f"--out {args.out} is a file; pass a folder (it is created if missing)")
+    check_writable(prog, "--out", args.out / "table.md")
+    try:
+        table = TableConfig(tuple(Task(t) for t in args.task), args.context_len, tuple(EvalMode(m) for m in args.mode),
+                            args.token_budget, args.samples, RecallMode(args.recall), args.seed, args.batch)
+    except ValueError as exc:
+        raise UsageError(prog, str(exc)) from exc
+    heads = _heads(args)
+    for mode in table.modes:
+        check_heads(mode, heads, args.model)
+    device = require_device(prog, args.device)
+    start = time.monotonic()
+    say = lambda text: print(f"[{time.monotonic() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
+    records = run_table(args.model, table, args.out, heads=heads, device=device, resume=args.resume, say=say)
+    print(markdown(records, skipped=table.skipped), end="")
+    say(f"done: {len(records)} records and table.md in {args.out}")
+    return 0
