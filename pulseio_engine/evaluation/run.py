@@ -173,9 +173,10 @@ def _windows(ids: list[int], n: int, samples: int) -> list[Prompt]:
 def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads | None, device: str,
                 batch: int) -> Engine:
     """An engine for at most `batch` concurrent requests of context_len + 64 tokens (fewer where memory
-    is short: see `fitting_batch`), each prefilled in one chunk. No CUDA graphs and no torch.compile:
-    each configuration builds its own engine, and capturing or compiling would cost more than the few
-    hundred decode steps of a configuration save."""
+    is short: see `fitting_batch`), each prefilled in one chunk. No torch.compile: each configuration
+    builds its own engine, and compiling would cost more than its few hundred decode steps save. CUDA
+    graphs on a GPU: an eager offload step is host-bound (~80 launches per layer), and `run_prompts`
+    keeps the batch whole so each engine captures once."""
     m, cache = ckpt.config, CacheConfig()
     blocks = blocks_for(config.context_len + _SLACK, cache.block_size)
     sparse = None if config.mode is EvalMode.VANILLA else config.sparse
@@ -188,7 +189,7 @@ def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads |
         m, CacheConfig(num_blocks=1 + batch * blocks),
         SchedulerConfig(max_num_seqs=batch, max_prefill_tokens=blocks * cache.block_size), device=device,
         dtype=DType.FLOAT32 if device == "cpu" else DType.BFLOAT16,
-        max_model_len=model_len(m, config.context_len), use_cuda_graphs=False,
+        max_model_len=model_len(m, config.context_len), use_cuda_graphs=device.startswith("cuda"),
         compile_decode=False, offload=offload)
     return Engine(engine_config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
 
@@ -225,11 +226,23 @@ def fitting_batch(m: ModelConfig, context_len: int, sparse: SparseConfig | None,
     return max(1, min([MAX_BATCH, *fits]))
 
 
-def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool) -> list[Answer]:
+def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool, lockstep: bool | None = None
+                ) -> list[Answer]:
     """Run `prompts` as concurrent requests (at most the engine's max_num_seqs at once), in order of
     admission; -> their answers, in prompt order. Each newly added request is prefilled before the next
-    joins, so its prefill step holds it alone."""
+    joins, so its prefill step holds it alone.
+
+    With CUDA graphs (a GPU), the requests of one task run as a wave in lockstep: each decodes for
+    the same number of steps (the task's longest question and answer; no further than the engine's
+    positions allow), past its EOS and its own max_new_tokens, and its output is cut where it would
+    have stopped. The decode batch then stays whole, so its graph (the offload step's pieces) is
+    captured about once per wave, not once per finishing request; greedy rows are computed
+    independently, so the answers are those of requests that stopped on their own.
+    `lockstep`: force it on or off (default: on when the engine captures graphs)."""
     limit = engine.config.scheduler.max_num_seqs
+    lockstep = engine.runner.graphs.use_graphs if lockstep is None else lockstep
+    steps = {p.task: max(q.tail + q.max_new_tokens for q in prompts if q.task is p.task) for p in prompts}
+    eos = engine.tokenizer.eos_token_ids if engine.tokenizer else engine.config.model.eos_token_ids
     pending = deque(enumerate(prompts))
     running: dict[int, tuple[int, Sequence]] = {}
     answers: list[Answer | None] = [None] * len(prompts)
@@ -237,19 +250,34 @@ def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool) -> list[
     def step() -> None:
         for out in engine.step():
             index, seq = running.pop(out.request_id)
-            answers[index] = Answer(list(out.output_ids), list(seq.forced_logprobs))
+            output = _as_if_stopped(list(out.output_ids), prompts[index].max_new_tokens, eos)
+            answers[index] = Answer(output, list(seq.forced_logprobs))
+
+    def joins(p: Prompt) -> bool:
+        return len(running) < limit and (not lockstep or not running
+                                         or prompts[next(iter(running.values()))[0]].task is p.task)
 
     while pending or running:
-        while pending and len(running) < limit:
+        while pending and joins(pending[0][1]):
             index, p = pending.popleft()
-            rid = engine.add_request(p.ids, SamplingParams(max_new_tokens=p.max_new_tokens), offload=offload,
-                                     decode_tail=p.tail)
+            sampling = SamplingParams(max_new_tokens=p.max_new_tokens)
+            if lockstep:
+                room = engine.config.model_len - len(p.ids)
+                sampling = SamplingParams(max_new_tokens=min(steps[p.task] - p.tail, room), ignore_eos=True)
+            rid = engine.add_request(p.ids, sampling, offload=offload, decode_tail=p.tail)
             seq = engine.scheduler.waiting[-1]
             running[rid] = (index, seq)
             while seq in engine.scheduler.waiting or seq.num_computed < seq.prefill_stop:
                 step()
         step()
     return answers   # type: ignore[return-value]
+
+
+def _as_if_stopped(output: list[int], max_new_tokens: int, eos: Seq[int]) -> list[int]:
+    """The tokens a request that stops at EOS or max_new_tokens would have produced."""
+    output = output[:max_new_tokens]
+    ends = [i for i, token in enumerate(output) if token in eos]
+    return output[:ends[0] + 1] if ends else output
 
 
 def score(prompts: Seq[Prompt], answers: Seq[Answer], tok: Tokenizer) -> tuple[float, list[dict[str, Any]]]:

@@ -16,6 +16,7 @@ from pulseio_engine.evaluation.run import (
     EvalConfig,
     EvalMode,
     Prompt,
+    _as_if_stopped,
     eval_engine,
     fitting_batch,
     load_eval_checkpoint,
@@ -107,6 +108,9 @@ def test_batched_samples_give_the_outputs_of_one_at_a_time(tiny_ckpt, mode: Eval
         with eval_engine(tiny_ckpt, config, heads=None, device="cpu", batch=batch) as engine:
             assert engine.config.scheduler.max_num_seqs == batch
             runs[batch] = run_prompts(engine, prompts, offload=mode is not EvalMode.VANILLA)
+    with eval_engine(tiny_ckpt, config, heads=None, device="cpu", batch=len(prompts)) as engine:
+        # lockstep (what a GPU runs): each task's wave decodes to its longest, outputs cut back
+        runs["lockstep"] = run_prompts(engine, prompts, offload=mode is not EvalMode.VANILLA, lockstep=True)
     alone = runs[1]
     assert [len(a.output_ids) for a in alone] == [p.max_new_tokens for p in prompts]
     assert [len(a.logprobs) for a in alone] == [p.tail for p in prompts]
@@ -170,3 +174,9 @@ def test_eval_table_refuses_bad_input_before_loading(tmp_path: Path, capsys: pyt
     (tmp_path / "file").write_text("")
     assert main([*base[:-1], str(tmp_path / "file")]) == 2
     assert "is a file; pass a folder" in capsys.readouterr().err
+
+
+def test_a_lockstep_output_is_cut_where_the_request_would_have_stopped() -> None:
+    assert _as_if_stopped([5, 6, 2, 7, 2], 4, (2,)) == [5, 6, 2]
+    assert _as_if_stopped([5, 6, 7, 8, 9], 3, (2,)) == [5, 6, 7]
+    assert _as_if_stopped([5, 6], 3, (2, 9)) == [5, 6]
