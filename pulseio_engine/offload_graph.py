@@ -59,14 +59,16 @@ class OffloadStepGraph:
         """One decode step -> logits [B, V] fp32 (a static buffer: read it before the next step)."""
         if not self._graphs:
             self._run_eagerly()
-            if self.capture:
+            logits = self.logits          # this step's; capturing points self.logits at the graph's buffer,
+            if self.capture:              # which holds nothing until the first replay
                 self._capture()
         else:
             for piece, graph in enumerate(self._graphs):
                 graph.replay()
                 self._recall(piece)
-        assert self.logits is not None
-        return self.logits
+            logits = self.logits
+        assert logits is not None
+        return logits
 
     def _run_eagerly(self) -> None:
         pieces = self._pieces()

@@ -284,3 +284,21 @@ def test_the_step_in_graph_pieces_decodes_as_the_eager_step(tiny_qwen3, recall) 
             results.append((_run(engine, PROMPTS, sampling, [True, True]),
                             engine.offloader.statistics().bytes_recalled))
     assert results[0] == results[1]
+
+
+def test_the_step_that_captures_returns_its_own_logits(tiny_qwen3, monkeypatch) -> None:  # noqa: ANN001
+    """The first step of a batch runs eagerly, then captures; capturing re-points `logits` at the graph's
+    output buffer, which holds nothing until a replay, so that step must return its eager logits."""
+    from pulseio_engine.offload_graph import OffloadStepGraph
+
+    def fake_capture(self: OffloadStepGraph) -> None:     # what a capture leaves: an unfilled output buffer
+        self.logits = torch.full_like(self.logits, float("nan"))
+
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1) as engine:
+        expected = _run(engine, PROMPTS, sampling, [True, True])
+    monkeypatch.setattr(OffloadStepGraph, "_capture", fake_capture)
+    with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1) as engine:
+        engine.runner.graphs.use_graphs = True        # pieces "captured" (by the fake) on a CPU
+        assert _run(engine, PROMPTS, sampling, [True, True]) == expected
