@@ -47,6 +47,7 @@ from .kv.block_table import blocks_for
 from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
 from .kv.recall import Recaller
+from .kv.retrieval_heads import RetrievalHeads
 from .kv.synthetic_selection import LocalitySelector
 from .model.checkpoint import ModelSource, open_model
 from .request import SamplingParams
@@ -263,9 +264,8 @@ def _link_peak(off: Any, device: torch.device, nbytes: int = 512 << 20, reps: in
     return src.numel() / best / 1e9
 
 
-def _any_heads(num_layers: int, num_kv_heads: int) -> Any:
+def _any_heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
     """SoloHead's layout needs a head per layer; the locality selector ignores which."""
-    from .kv.retrieval_heads import RetrievalHeads
     return RetrievalHeads(num_kv_heads, best=(0,) * num_layers, worst=(num_kv_heads - 1,) * num_layers)
 
 
