@@ -43,10 +43,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
-from pulseio_engine import offload  # noqa: E402
-from pulseio_engine.evaluation.run import EvalConfig, EvalMode, _engine  # noqa: E402
+from pulseio_engine.evaluation.run import (  # noqa: E402
+    EvalConfig, EvalMode, Prompt, eval_engine, load_eval_checkpoint, make_prompts)
 from pulseio_engine.evaluation.tasks import Task, make_sample, string_match_all  # noqa: E402
-from pulseio_engine.fetch import MODELS, fetch_model  # noqa: E402
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads  # noqa: E402
 from pulseio_engine.kv.selection import group_query, score_blocks, select_blocks  # noqa: E402
 from pulseio_engine.offload import OffloadBatch  # noqa: E402
@@ -75,8 +74,9 @@ def full_kv(batch: OffloadBatch, li: int, n: int) -> tuple[torch.Tensor, torch.T
 class Probe:
     """Wraps `OffloadBatch.attend` and records per-(layer, head) selection statistics at chosen steps."""
 
-    def __init__(self, heads: RetrievalHeads, mode: EvalMode, share_best: frozenset[int] = frozenset()) -> None:
-        self.heads, self.mode, self.share_best = heads, mode, share_best
+    def __init__(self, heads: RetrievalHeads, mode: EvalMode, share: dict[int, int] | None = None) -> None:
+        """share: layer -> the KV head whose Quest selection every KV head of that layer uses (quest mode)."""
+        self.heads, self.mode, self.share = heads, mode, dict(share or {})
         self.records: list[dict] = []
         self.record_from: int | None = None     # position of the first step to record (None: record nothing)
         self.needle: tuple[int, int] = (0, 0)
@@ -92,16 +92,19 @@ class Probe:
             return out
 
         OffloadBatch.attend = attend
-        select = offload.select_for_layer
 
-        def select_shared(digests, layer, q, *args):  # noqa: ANN001, ANN202 -- the intervention: see --share-best
-            selected = select(digests, layer, q, *args)                               # [B, S, K]
-            if layer not in share_best or selected.shape[1] == 1:
+    def attach(self, engine) -> None:  # noqa: ANN001
+        """Wrap the engine's selector with the intervention (see --share-best / --share-head)."""
+        select, share = engine.offloader.selector, self.share
+
+        def select_shared(layer, q, *args):  # noqa: ANN001, ANN202
+            selected = select(layer, q, *args)                                        # [B, S, K]
+            if layer not in share or selected.shape[1] == 1:
                 return selected
-            best = heads.best[layer]
-            return selected[:, best:best + 1].expand_as(selected).contiguous()
+            h = share[layer]
+            return selected[:, h:h + 1].expand_as(selected).contiguous()
 
-        offload.select_for_layer = select_shared
+        engine.offloader.selector = select_shared
 
     def observe(self, batch: OffloadBatch, layer: int, q: torch.Tensor, out: torch.Tensor, position: int) -> None:
         o = batch.owner
@@ -129,8 +132,8 @@ class Probe:
         engine_sel = o.last_selection[layer][0]
         want = {EvalMode.QUEST: quest, EvalMode.SOLOHEAD: quest[best:best + 1],
                 EvalMode.SOLOHEAD_REVERSED: quest[worst:worst + 1]}[self.mode]
-        if self.mode is EvalMode.QUEST and layer in self.share_best:
-            want = quest[best:best + 1].expand_as(quest)
+        if self.mode is EvalMode.QUEST and layer in self.share:
+            want = quest[self.share[layer]:self.share[layer] + 1].expand_as(quest)
         assert torch.equal(engine_sel, want), f"engine selection differs at layer {layer} position {position}"
         logits = torch.einsum("hgd,nhd->hgn", qf, k.float()) * o.scale                # [Hkv, G, n]
         probs = torch.softmax(logits, dim=-1)
@@ -151,6 +154,8 @@ class Probe:
             middle = scores[0, h, middle_ids]
             ranks = [int((middle > scores[0, h, b]).sum()) + 1 for b in sorted(needle) if b not in forced]
             rec["quest_needle_rank"] = max(ranks) if ranks else 0
+            worst_needle = min(float(scores[0, h, b]) for b in needle)          # the needle block scored lowest
+            rec["quest_needle_z"] = float((worst_needle - middle.mean()) / middle.std())
             rec["oracle_needle"] = needle <= set(oracle[h].tolist())
             self.records.append(rec)
         if self.mode is EvalMode.QUEST:                          # each query head attends over its own KV head
@@ -163,17 +168,18 @@ class Probe:
                 self.max_err = max(self.max_err, float((out[0, g].float() - ref).abs().max()))
 
 
-def run_sample(engine, probe: Probe, index: int, context_len: int, answer_steps: int) -> dict:  # noqa: ANN001
-    tok = engine.tokenizer
+def run_sample(engine, probe: Probe, p: Prompt, context_len: int, answer_steps: int) -> dict:  # noqa: ANN001
+    """p: `make_prompts`' sample (seed 0, as `pulseio-engine eval`); the text again for the needle's span."""
+    tok, index = engine.tokenizer, p.index
     sample = make_sample(Task.NEEDLE_SINGLE, context_len=context_len, seed=index,
                          count_tokens=lambda text: len(tok.encode(text)))
-    context, question = tok.encode(sample.context), tok.encode(sample.question)
     probe.needle = needle_tokens(tok, sample.context, sample.answers[0])
+    if tok.encode(sample.context) != list(p.ids[:len(p.ids) - p.tail]):
+        raise RuntimeError(f"sample {index}: the context differs from make_prompts' sample")
     probe.sample = index
-    prompt = context + question
+    prompt = list(p.ids)
     probe.record_from = len(prompt) - 1                 # the step that feeds the last question token
-    engine.add_request(prompt, SamplingParams(max_new_tokens=sample.max_new_tokens), offload=True,
-                       decode_tail=len(question))
+    engine.add_request(prompt, SamplingParams(max_new_tokens=p.max_new_tokens), offload=True, decode_tail=p.tail)
     seq = engine.scheduler.waiting[-1]
     while engine.has_unfinished():
         if seq.num_computed >= len(prompt) - 1 + answer_steps:
@@ -235,17 +241,25 @@ def main() -> None:
     p.add_argument("--heads", type=Path, required=True, help="retrieval-head JSON of `calibrate`")
     p.add_argument("--share-best", type=int, nargs="*", default=[],
                    help="quest mode, an intervention: in these layers every KV head uses the best head's selection")
+    p.add_argument("--share-head", nargs="*", default=[], metavar="L:H",
+                   help="quest mode: in layer L every KV head uses KV head H's selection (overrides --share-best)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     heads = RetrievalHeads.load(args.heads)
     mode = EvalMode(args.mode)
     config = EvalConfig(Task.NEEDLE_SINGLE, args.context_len, len(args.samples), mode, args.token_budget)
-    path = str(fetch_model(args.model)) if args.model in MODELS else args.model
-    probe = Probe(heads, mode, frozenset(args.share_best))
+    share = {layer: heads.best[layer] for layer in args.share_best}
+    share.update(dict(map(int, s.split(":")) for s in args.share_head))
+    if share and mode is not EvalMode.QUEST:
+        raise SystemExit("--share-best / --share-head need --mode quest (the engine keeps every head's digests)")
+    ckpt = load_eval_checkpoint(args.model, "cpu")
+    prompts = make_prompts(ckpt.tokenizer, Task.NEEDLE_SINGLE, args.context_len, max(args.samples) + 1, config.seed)
+    probe = Probe(heads, mode, share)
     samples = []
-    with _engine(path, config, heads, "cpu") as engine:
+    with eval_engine(ckpt, config, heads=heads, device="cpu", batch=1) as engine:
+        probe.attach(engine)
         for index in args.samples:
-            samples.append(run_sample(engine, probe, index, args.context_len, args.answer_steps))
+            samples.append(run_sample(engine, probe, prompts[index], args.context_len, args.answer_steps))
             print(json.dumps(samples[-1]), flush=True)
     score = sum(r["score"] for r in samples) / len(samples)
     print(f"score {score:.2f} over {len(samples)} samples")
