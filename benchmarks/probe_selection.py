@@ -43,8 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
-from pulseio_engine.evaluation.run import (  # noqa: E402
-    EvalConfig, EvalMode, Prompt, eval_engine, load_eval_checkpoint, make_prompts)
+from pulseio_engine.evaluation.run import EvalConfig, EvalMode, Prompt, eval_engine, load_eval_checkpoint, make_prompts  # noqa: E402
 from pulseio_engine.evaluation.tasks import Task, make_sample, string_match_all  # noqa: E402
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads  # noqa: E402
 from pulseio_engine.kv.selection import group_query, score_blocks, select_blocks  # noqa: E402
