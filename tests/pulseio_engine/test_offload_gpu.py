@@ -1,6 +1,6 @@
 """Offload on a real GPU, in a child process with a hard timeout (a hung recall fails the test with the
 child's thread dump instead of eating the run): doorbell and sync recalls give the same tokens (the same
-hot slots, the same kernels), and both hosts copies hold exactly what a dense prefill computed. Prompts
+hot slots, the same kernels), and both host copies hold exactly what a dense prefill computed. Prompts
 of 300 and 133 tokens against a 64-token budget, prefilled in chunks of 128, decoded as graph pieces."""
 
 from __future__ import annotations
