@@ -40,6 +40,7 @@ from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, SparseConf
 from ..engine import TORCH_DTYPES, Engine
 from ..errors import EngineError
 from ..kv.block_table import blocks_for
+from ..kv.offload_layout import host_units_for
 from ..kv.retrieval_heads import RetrievalHeads
 from ..request import SamplingParams
 
@@ -155,8 +156,8 @@ def _engine(ckpt: Any, sparse: SparseConfig, tokens: int, heads: RetrievalHeads 
     """One engine sized for one offload request of `tokens` tokens (as `evaluation/run.py` builds it)."""
     m, cache = ckpt.config, CacheConfig()
     blocks = blocks_for(tokens, cache.block_size)
-    units = (m.num_layers - OffloadConfig().dense_layers) * m.num_kv_heads * blocks
-    offload = OffloadConfig(sparse=sparse, max_seqs=1, host_blocks=1 + units)
+    offload = OffloadConfig(sparse=sparse, max_seqs=1)
+    offload = replace(offload, host_blocks=1 + host_units_for(m, offload, blocks * sparse.block_size))
     config = EngineConfig(m, replace(cache, num_blocks=1 + blocks), device=device, dtype=dtype,
                           max_model_len=min(blocks * cache.block_size, m.max_position_embeddings), offload=offload)
     return Engine(config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)

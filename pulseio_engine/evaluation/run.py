@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from ..engine import TORCH_DTYPES, Engine
 from ..errors import EngineError
 from ..fetch import MODELS, fetch_model, fetch_shakespeare
 from ..kv.block_table import blocks_for
+from ..kv.offload_layout import host_units_for
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint, load_checkpoint
 from ..model.tokenizer import Tokenizer
@@ -183,8 +184,9 @@ def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads |
     batch = min(batch, fitting_batch(m, config.context_len, sparse, device))
     offload = None
     if sparse is not None:
-        units = (m.num_layers - OffloadConfig().dense_layers) * m.num_kv_heads * blocks   # head-wise: the most
-        offload = OffloadConfig(sparse=sparse, recall=config.recall, max_seqs=batch, host_blocks=1 + batch * units)
+        offload = OffloadConfig(sparse=sparse, recall=config.recall, max_seqs=batch)
+        units = host_units_for(m, offload, blocks * cache.block_size)
+        offload = replace(offload, host_blocks=1 + batch * units)
     engine_config = EngineConfig(
         m, CacheConfig(num_blocks=1 + batch * blocks),
         SchedulerConfig(max_num_seqs=batch, max_prefill_tokens=blocks * cache.block_size), device=device,

@@ -46,6 +46,13 @@ class UnitLayout:
         return 2 * self.block_size * self.heads_per_unit * self.head_dim * self.elem_bytes
 
 
+def host_units_for(model: ModelConfig, offload: OffloadConfig, num_tokens: int) -> int:
+    """Host units one offload request of `num_tokens` tokens holds: one per (offloaded layer, selecting
+    row, block), Hkv times more, and Hkv times smaller, under head-wise selection."""
+    groups = UnitLayout.for_mode(model, offload, elem_bytes=1).groups
+    return (model.num_layers - offload.dense_layers) * groups * blocks_for(num_tokens, offload.sparse.block_size)
+
+
 @dataclass(frozen=True)
 class OffloadFootprint:
     """Device and host bytes of one request of `context_tokens` tokens, offloaded vs vanilla."""

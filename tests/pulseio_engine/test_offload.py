@@ -302,3 +302,18 @@ def test_the_step_that_captures_returns_its_own_logits(tiny_qwen3, monkeypatch) 
     with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1) as engine:
         engine.runner.graphs.use_graphs = True        # pieces "captured" (by the fake) on a CPU
         assert _run(engine, PROMPTS, sampling, [True, True]) == expected
+
+
+@pytest.mark.parametrize("mode", list(SparseMode), ids=[m.value for m in SparseMode])
+def test_host_units_for_counts_what_a_request_reserves(tiny_qwen3, mode) -> None:
+    """`host_units_for` (what the eval and locality engines size their host pools by) equals what
+    `HostStore.open` takes: Hkv units per block under Quest's head-wise selection, one otherwise."""
+    from pulseio_engine.kv.offload_layout import host_units_for
+
+    path = str(tiny_qwen3[0])
+    with _engine(path, mode, RecallMode.DOORBELL, budget=2 * BS, dense=1, local=1) as engine:
+        free = engine.offloader.store.units_free
+        engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=5), offload=True)
+        taken = free - engine.offloader.store.units_free
+        assert taken == host_units_for(engine.config.model, engine.config.offload, len(PROMPTS[0]) + 5)
+        assert taken == 2 * blocks_for(42, BS) * (2 if mode is SparseMode.QUEST else 1)   # 2 offloaded layers
