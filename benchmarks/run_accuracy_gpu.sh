@@ -8,6 +8,12 @@
 #      (+ $OUT/table.md to read at once): the device brings back at most 8 files, so the work folder
 #      ($WORK, default /root/accuracy-$MODEL, kept while the machine stays warm) lies outside $OUT.
 #
+#   The device image has no `gguf` package: carry its wheel too (here: python3 -m pip download --no-deps
+#   --only-binary=:all: -d .whl gguf==0.19.0, with .whl in .git/info/exclude) and start the command with
+#   `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site;`.
+#   A call's carry replaces the last call's carried paths there: `put` keeps each set's chunks outside the
+#   tree (/root/stage), so carry one set per call, back to back, while the machine stays warm (30 s).
+#
 #   OUT=/some/dir MODEL=smollm2 CONTEXTS=2048,4096,8192 bash benchmarks/run_accuracy_gpu.sh
 #   OUT=/some/dir MODEL=qwen2.5-coder-0.5b CONTEXTS=8192,16384 bash benchmarks/run_accuracy_gpu.sh
 # CPU fallback (a small slice, here): DEVICE=cpu CONTEXTS=1024 TASKS=niah-single SAMPLES=4 BUDGETS=256 \
