@@ -16,13 +16,16 @@
 #
 #   OUT=/some/dir MODEL=smollm2 CONTEXTS=2048,4096,8192 bash benchmarks/run_accuracy_gpu.sh
 #   OUT=/some/dir MODEL=qwen2.5-coder-0.5b CONTEXTS=8192,16384 bash benchmarks/run_accuracy_gpu.sh
+# A smoke slice first, in its own work folder (table.md shows every record of its folder):
+#   WORK=/root/smoke CONTEXTS=2048 TASKS=niah-single SAMPLES=4 BUDGETS=512 OUT=... bash benchmarks/run_accuracy_gpu.sh
 # CPU fallback (a small slice, here): DEVICE=cpu CONTEXTS=1024 TASKS=niah-single SAMPLES=4 BUDGETS=256 \
 #   MODES=vanilla,quest OUT=/tmp/acc bash benchmarks/run_accuracy_gpu.sh
 #
 # Settings (environment): MODEL (smollm2), CONTEXTS (2048,4096,8192), TASKS (all five), MODES (all four),
 # BUDGETS (512,1024,2048), SAMPLES (20), BATCH (default: every request of an engine, as memory allows),
 # HEADS (a heads.json; default: calibrate), DEVICE (cuda), STAGE (folder of carried sets, default stage),
-# TABLE_LIMIT_S (480: the eval-table run's limit, so the tarball is always written inside a 10-minute call),
+# TABLE_LIMIT_S (the eval-table run's limit; default: what is left of 540 s, so the tarball is written inside
+# a 10-minute call),
 # CAL_LIMIT_S (180), WORK (the work folder), PULSEIO_GIT_SHA (else `git rev-parse HEAD`).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -34,7 +37,6 @@ BUDGETS=${BUDGETS:-512,1024,2048}
 SAMPLES=${SAMPLES:-20}
 DEVICE=${DEVICE:-cuda}
 STAGE=${STAGE:-stage}
-TABLE_LIMIT_S=${TABLE_LIMIT_S:-480}
 OUT=${OUT:-$PWD/accuracy_out}
 WORK=${WORK:-/root/accuracy-$MODEL}
 [ -w "$(dirname "$WORK")" ] || WORK=${TMPDIR:-/tmp}/accuracy-$MODEL
@@ -88,6 +90,7 @@ else
   cp "$HEADS" "$WORK/" && HEADS=$WORK/$(basename "$HEADS")
 fi
 
+TABLE_LIMIT_S=${TABLE_LIMIT_S:-$(( 540 - ($(date +%s) - START) ))}   # the whole call within 9 minutes
 say "eval-table: $MODEL at $CONTEXTS on $DEVICE (limit ${TABLE_LIMIT_S}s; records in $WORK)"
 timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table --model "$MODEL" --context-len "$CONTEXTS" \
   --task "$TASKS" --mode "$MODES" --token-budget "$BUDGETS" --samples "$SAMPLES" --heads "$HEADS" \

@@ -68,7 +68,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     t.add_argument("--token-budget", type=int_list(1), default=(512, 1024, 2048),
                    help="token budgets of the sparse modes, comma-separated")
     t.add_argument("--out", required=True, type=Path, help="folder for the JSON records and table.md")
-    t.add_argument("--resume", action="store_true", help="keep the records already in --out; run only the rest")
+    t.add_argument("--resume", action="store_true",
+                   help="keep the records already in --out (same samples, seed and recall); run only the rest")
     _shared(t)
     t.set_defaults(func=_eval_table, prog=t.prog)
 

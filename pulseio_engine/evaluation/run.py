@@ -302,4 +302,4 @@ def make_record(model: str, config: EvalConfig, prompts: Seq[Prompt], answers: S
     value, results = score(prompts, answers, tok)
     return {"task": config.task.value, "mode": config.mode.value, "recall": config.recall.value, "model": model,
             "context_len": config.context_len, "token_budget": config.token_budget, "samples": config.samples,
-            "score": value, "seconds": round(seconds, 3), "batch": batch, "results": results}
+            "seed": config.seed, "score": value, "seconds": round(seconds, 3), "batch": batch, "results": results}

@@ -132,14 +132,28 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
             f"{time.monotonic() - t0:.1f} s")
     records: list[dict[str, Any]] = []
     for cell in table.cells():
-        paths = [_path(out, model, cell, task) for task in table.tasks]
-        if resume and all(p.is_file() for p in paths):
+        kept = _done(out, model, table, cell, prompts[cell.context_len]) if resume else None
+        if kept is not None:
             say(f"context {cell.context_len} {cell.name}: done already, kept ({out})")
-            records += [json.loads(p.read_text()) for p in paths]
+            records += kept
             continue
         records += _run_cell(model, ckpt, table, cell, prompts[cell.context_len], out, heads=heads, device=device,
                              say=say)
         (out / "table.md").write_text(markdown(load_records(out), skipped=table.skipped))
+    return records
+
+
+def _done(out: Path, model: str, table: TableConfig, cell: Cell, prompts: dict[Task, list[Prompt]]
+          ) -> list[dict[str, Any]] | None:
+    """The cell's records in `out` when every task has one made with these samples, seed and recall."""
+    records = []
+    for task in table.tasks:
+        path = _path(out, model, cell, task)
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        want = {"samples": len(prompts[task]), "seed": table.seed, "recall": table.recall.value}
+        if any(record.get(k) != v for k, v in want.items()):
+            return None
+        records.append(record)
     return records
 
 

@@ -160,6 +160,10 @@ def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Monke
     assert json.loads(alone.read_text())["results"] == record["results"]
     assert main([*argv, "--resume"]) == 0                      # every cell is there: nothing runs again
     assert capsys.readouterr().err.count("done already, kept") == 2
+    argv[argv.index("--samples") + 1] = "1"                    # other settings: the cells run again
+    assert main([*argv, "--task", "niah-single", "--resume"]) == 0
+    assert "done already" not in capsys.readouterr().err
+    assert json.loads((out / "tiny_384_niah-single_quest_64.json").read_text())["samples"] == 1
 
 
 def test_eval_table_refuses_bad_input_before_loading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
