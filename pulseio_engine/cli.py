@@ -46,9 +46,7 @@ from .config import CacheConfig, DType, SparseConfig, SparseMode
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
 from .evaluation.cli import add_parsers as add_eval_parsers
-from .evaluation.locality import LocalityConfig, run_locality
 from .fetch import MODELS, fetch_model, fetch_smollm2
-from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
@@ -175,28 +173,6 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _locality(args: argparse.Namespace) -> int:
-    prog = args.prog
-    if args.json is not None:
-        check_writable(prog, "--json", args.json)
-    heads = RetrievalHeads.load(args.heads) if args.heads else None
-    try:
-        config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples)
-        result = run_locality(args.model, config, heads=heads, device=require_device(prog, args.device))
-    except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
-        raise EngineError(str(exc)) from exc
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"{'layer':>5} {'overlap':>8} {'recall':>7}")
-    for layer, overlap, recall in zip(result["layers"], result["overlap"], result["recall_fraction"]):
-        print(f"{layer:>5} {overlap:>8.3f} {recall:>7.3f}")
-    print(f"{result['model']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
-          f"mean overlap {result['mean_overlap']:.3f}, mean recall {result['mean_recall_fraction']:.3f} of the budget "
-          f"per step ({result['seconds']:.1f} s)")
-    return 0
-
-
 def _open(spec: str, progress: bool) -> ModelSource:
     return open_model(spec, progress=progress_enabled(progress))
 
@@ -301,23 +277,6 @@ def _parser() -> argparse.ArgumentParser:
 
     add_eval_parsers(sub, _model_help())
 
-    lo = sub.add_parser("locality", help="step-to-step overlap of a sparse mode's selections on real text",
-                        description="Decode public-domain text through the sparse offload path and report, per "
-                                    "offloaded layer, how much of each step's middle selection the previous step "
-                                    "had selected, and the fraction of the budget recalled per step.")
-    lo.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
-    lo.add_argument("--context-len", type=int_at_least(64), required=True, help="tokens prefilled before the steps")
-    lo.add_argument("--steps", type=int_at_least(2), default=64, help="decode steps measured (text fed one token each)")
-    lo.add_argument("--token-budget", type=int_at_least(1), default=1024, help="tokens of KV attended per step")
-    lo.add_argument("--mode", choices=[m.value for m in SparseMode], default=SparseMode.SOLOHEAD.value,
-                    help="which heads select: each KV head (quest) or one per layer (solohead)")
-    lo.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
-    lo.add_argument("--samples", type=int_at_least(1), default=1, help="text windows, each one request")
-    lo.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
-    lo.add_argument("--json", metavar="PATH", type=Path, default=None,
-                    help="write the record (per-layer figures) as JSON")
-    lo.add_argument("--debug", action="store_true", help=DEBUG_HELP)
-    lo.set_defaults(func=_locality, prog=lo.prog)
     return p
 
 

@@ -1,4 +1,4 @@
-"""The `eval` and `eval-table` subcommands of `pulseio-engine` (parsers and handlers).
+"""The `eval`, `eval-table` and `locality` subcommands of `pulseio-engine` (parsers and handlers).
 
     pulseio-engine eval --model smollm2 --task niah-single --context-len 4096 --samples 20 --mode quest \
         --token-budget 1024 --json out/niah.json
@@ -27,9 +27,10 @@ from pulseio.cliargs import (
     require_device,
 )
 
-from ..config import RecallMode
+from ..config import RecallMode, SparseMode
 from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
+from .locality import LocalityConfig, run_locality
 from .run import EvalConfig, EvalMode, check_heads, run_eval
 from .table import TableConfig, markdown, run_table
 from .tasks import Task
@@ -72,6 +73,24 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                    help="keep the records already in --out (same samples, seed and recall); run only the rest")
     _shared(t)
     t.set_defaults(func=_eval_table, prog=t.prog)
+
+    lo = sub.add_parser("locality", help="step-to-step overlap of a sparse mode's selections on real text",
+                        description="Decode public-domain text through the sparse offload path and report, per "
+                                    "offloaded layer, how much of each step's middle selection the previous step "
+                                    "had selected, and the fraction of the budget recalled per step.")
+    lo.add_argument("--model", required=True, help=model_help + " (it needs a tokenizer)")
+    lo.add_argument("--context-len", type=int_at_least(64), required=True, help="tokens prefilled before the steps")
+    lo.add_argument("--steps", type=int_at_least(2), default=64, help="decode steps measured (text fed one token each)")
+    lo.add_argument("--token-budget", type=int_at_least(1), default=1024, help="tokens of KV attended per step")
+    lo.add_argument("--mode", choices=[m.value for m in SparseMode], default=SparseMode.SOLOHEAD.value,
+                    help="which heads select: each KV head (quest) or one per layer (solohead)")
+    lo.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
+    lo.add_argument("--samples", type=int_at_least(1), default=1, help="text windows, each one request")
+    lo.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
+    lo.add_argument("--json", metavar="PATH", type=Path, default=None,
+                    help="write the record (per-layer figures) as JSON")
+    lo.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    lo.set_defaults(func=_locality, prog=lo.prog)
 
 
 def _shared(p: argparse.ArgumentParser) -> None:
@@ -127,4 +146,26 @@ def _eval_table(args: argparse.Namespace) -> int:
     records = run_table(args.model, table, args.out, heads=heads, device=device, resume=args.resume, say=say)
     print(markdown(records, skipped=table.skipped), end="")
     say(f"done: {len(records)} records and table.md in {args.out}")
+    return 0
+
+
+def _locality(args: argparse.Namespace) -> int:
+    prog = args.prog
+    if args.json is not None:
+        check_writable(prog, "--json", args.json)
+    heads = RetrievalHeads.load(args.heads) if args.heads else None
+    try:
+        config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples)
+        result = run_locality(args.model, config, heads=heads, device=require_device(prog, args.device))
+    except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
+        raise EngineError(str(exc)) from exc
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'layer':>5} {'overlap':>8} {'recall':>7}")
+    for layer, overlap, recall in zip(result["layers"], result["overlap"], result["recall_fraction"]):
+        print(f"{layer:>5} {overlap:>8.3f} {recall:>7.3f}")
+    print(f"{result['model']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
+          f"mean overlap {result['mean_overlap']:.3f}, mean recall {result['mean_recall_fraction']:.3f} of the budget "
+          f"per step ({result['seconds']:.1f} s)")
     return 0
