@@ -100,9 +100,9 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     num_blocks = 1 + batch_size * blocks_for(max_len, CacheConfig().block_size)
     copy_bytes = (2 << 30) if dev.type == "cuda" else (256 << 20)
     _preflight(source, device, batch_size, context_len, max_len, num_blocks)
-    _status(progress, f"measuring {device} copy bandwidth ({copy_bytes >> 20} MiB copies)")
+    bench_status(progress, f"measuring {device} copy bandwidth ({copy_bytes >> 20} MiB copies)")
     bandwidth = measure_copy_bandwidth_sync(dev, copy_bytes)
-    _status(progress, f"building {source.spec} and its KV cache ({batch_size} x {max_len} tokens)")
+    bench_status(progress, f"building {source.spec} and its KV cache ({batch_size} x {max_len} tokens)")
     engine = Engine.from_model(
         source, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, compile_decode=compile_decode,
         max_model_len=max_len, cache=CacheConfig(num_blocks=num_blocks),
@@ -113,7 +113,7 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
         prompt = torch.randint(0, engine.config.model.vocab_size, (context_len + 1,), generator=gen).tolist()
         engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
                            kv=RandomKV(context_len, seed=seed + i))
-    _status(progress, "writing the KV and running the first decode step (captures the CUDA graph on a GPU)")
+    bench_status(progress, "writing the KV and running the first decode step (captures the CUDA graph on a GPU)")
     engine.step()   # admits all, writes their KV, captures the graph, runs the first decode step
     graphs = engine.runner.graphs
     bucket = graphs.bucket_for(batch_size)
@@ -158,7 +158,8 @@ def _preflight(source: ModelSource, device: str, batch: int, context_len: int, m
                fixes=fixes_for(source.spec, device, "fewer --batch-size or --context-len"))
 
 
-def _status(progress: bool, text: str) -> None:
+def bench_status(progress: bool, text: str) -> None:
+    """A progress line of `pulseio-engine bench` on stderr (both its decode benchmarks)."""
     if progress:
         tqdm.write(f"pulseio-engine bench: {text}", file=sys.stderr)
 

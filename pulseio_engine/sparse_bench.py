@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -40,6 +39,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from .bench import bench_status
 from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
 from .engine import Engine
 from .evaluation.locality import LocalityProfile, packaged_profiles
@@ -169,7 +169,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu)
     locality = locality or default_profile(selection, token_budget)
-    _status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, budget {token_budget}")
+    bench_status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, "
+                           f"budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
                                cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
                                scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
@@ -186,7 +187,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             prompt = torch.randint(0, m.vocab_size, (context_len + 1,), generator=gen).tolist()
             engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
                                kv=RandomKV(context_len, seed=seed + i), offload=True)
-        _status(progress, "loading the handed-in KV and running the first decode step")
+        bench_status(progress, "loading the handed-in KV and running the first decode step")
         engine.step()
         for _ in range(warmup):
             engine.step()
@@ -267,8 +268,3 @@ def _link_peak(off: Any, device: torch.device, nbytes: int = 512 << 20, reps: in
 def _any_heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
     """SoloHead's layout needs a head per layer; the locality selector ignores which."""
     return RetrievalHeads(num_kv_heads, best=(0,) * num_layers, worst=(num_kv_heads - 1,) * num_layers)
-
-
-def _status(progress: bool, text: str) -> None:
-    if progress:
-        tqdm.write(f"pulseio-engine bench: {text}", file=sys.stderr)
