@@ -30,7 +30,9 @@ held, possibly part of the copy). No wait can hang the process:
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +57,7 @@ class DeviceWaits:
         self._timeout = timeout_s
         self._lock = threading.Lock()
         self._held: set[int] = set()  # seqs a stream waits for on the device whose copier is held up
+        self._stacks_logged = False  # the first expiry logs every thread's stack: who kept the request back
         self._watchdog = Watchdog(landed=lambda c: words.reached(c.seq), release=self._unhold, expire=self._expire)
 
     @property
@@ -120,8 +123,18 @@ class DeviceWaits:
             f"not land within device_wait_timeout_s={self._timeout} s and {stage}; the waiting streams were "
             f"released [{self._copier(completion.seq).describe()}]")
         log.error("%s", error)
+        if not self._stacks_logged:
+            self._stacks_logged = True
+            log.error("threads when the first device wait expired:\n%s", thread_stacks())
         self._poller.fail(completion, error)
         self._unhold(completion)
 
     def close(self) -> None:
         self._watchdog.close()
+
+
+def thread_stacks() -> str:
+    """Every Python thread's stack, named: what each was doing (a thread in a driver call shows the call)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame)).rstrip()
+                     for ident, frame in sys._current_frames().items())

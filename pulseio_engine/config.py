@@ -185,8 +185,10 @@ class OffloadConfig:
     """Offload requests: their full KV lives in a host pool (`host_blocks` transfer units); the device
     keeps layers [0, dense_layers) whole and, for every other layer, `SparseConfig.budget_blocks` hot
     slots per selecting row (the request for SoloHead, each KV head for Quest). At most `max_seqs`
-    offload requests hold hot slots at once. `poll_sleep_s` is the runtime poller's (first, longest)
-    sleep: short on CPU, where a sleeping poller would add its sleep to every layer.
+    offload requests hold hot slots at once. `poll_spin_iterations` is how long the runtime's poller
+    spins (GIL-free loads; 5M: a few ms) for the next recall before it sleeps, on a GPU: longer than the
+    gap between two layers' recalls, so a recall never waits out a sleep (a CPU engine sleeps at once:
+    spinning would take a core from the decode). `poll_sleep_s` is the poller's (first, longest) sleep.
 
     `offload_only`: every request of the engine is an offload request, so the paged cache keeps only
     the dense layers and an offload request's device memory is those, its hot slots and its digests.
@@ -198,6 +200,7 @@ class OffloadConfig:
     host_blocks: int = 65536
     max_seqs: int = 8
     dense_layers: int = 2
+    poll_spin_iterations: int = 5_000_000
     poll_sleep_s: tuple[float, float] = (1e-5, 1e-4)
     offload_only: bool = False
 
@@ -206,7 +209,8 @@ class OffloadConfig:
             raise TypeError(f"OffloadConfig.sparse must be a SparseConfig, got {self.sparse!r}")
         if not isinstance(self.recall, RecallMode):
             raise TypeError(f"OffloadConfig.recall must be a RecallMode, got {self.recall!r}")
-        _positive("OffloadConfig", host_blocks=self.host_blocks, max_seqs=self.max_seqs)
+        _positive("OffloadConfig", host_blocks=self.host_blocks, max_seqs=self.max_seqs,
+                  poll_spin_iterations=self.poll_spin_iterations)
         if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, int) or self.dense_layers < 0:
             raise ValueError(f"OffloadConfig.dense_layers must be an int >= 0, got {self.dense_layers!r}")
         if not isinstance(self.offload_only, bool):

@@ -187,7 +187,8 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     sets (+1: slot 0 is never handed out). One recall moves at most a batch's rows x budget units.
 
     Recalls come once per layer, a fraction of a millisecond apart, so on a GPU the poller spins
-    (GIL-free) before it sleeps and the resident copier stays up between layers rather than being
+    (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and the resident copier stays
+    up between layers rather than being
     relaunched for each (`RESIDENT_IDLE_US`). On a CPU the poller sleeps at once: spinning would take
     a core from the decode it serves."""
     per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
@@ -195,7 +196,7 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
         block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
-        spin_iterations=pulseio.RuntimeConfig.spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
+        spin_iterations=offload.poll_spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
         dma=pulseio.DmaConfig(resident_idle_us=RESIDENT_IDLE_US) if on_gpu else pulseio.DmaConfig())
 
 

@@ -123,13 +123,16 @@ class ModelRunner:
         temps = [s.sampling.temperature for s in seqs]
         if self.offload_pieces:
             logits = self._offload_graph_for(seqs, offloader).run()
-            return sample_tokens(logits, temps, self.generator).tolist(), logits
-        state = self.prepare_decode(seqs)
-        ids = [s.request_id for s in seqs]
-        batch = offloader.begin(ids, state)
-        logits = self.model.forward(state)                        # [B, V]
-        offloader.end(ids, batch)
-        return sample_tokens(logits, temps, self.generator).tolist(), logits
+        else:
+            state = self.prepare_decode(seqs)
+            ids = [s.request_id for s in seqs]
+            batch = offloader.begin(ids, state)
+            logits = self.model.forward(state)                    # [B, V]
+            offloader.end(ids, batch)
+        tokens = sample_tokens(logits, temps, self.generator).tolist()
+        if offloader.recaller is not None:
+            offloader.recaller.check_landed()                     # the tokens are on the host: every recall ended
+        return tokens, logits
 
     def _offload_graph_for(self, seqs: Seq[Sequence], offloader: Offloader) -> OffloadStepGraph:
         """The batch's step graph with this step's inputs uploaded (captured anew when the batch changes)."""

@@ -32,7 +32,7 @@ from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
 from .locality import LocalityConfig, run_locality
 from .run import EvalConfig, EvalMode, check_heads, run_eval
-from .table import TableConfig, markdown, run_table
+from .table import CellsFailed, TableConfig, markdown, run_table
 from .tasks import Task
 
 _TASKS = tuple(t.value for t in Task)
@@ -143,7 +143,13 @@ def _eval_table(args: argparse.Namespace) -> int:
     device = require_device(prog, args.device)
     start = time.monotonic()
     say = lambda text: print(f"[{time.monotonic() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
-    records = run_table(args.model, table, args.out, heads=heads, device=device, resume=args.resume, say=say)
+    try:
+        records = run_table(args.model, table, args.out, heads=heads, device=device, resume=args.resume, say=say)
+    except CellsFailed as exc:
+        print(markdown(exc.records, skipped=table.skipped), end="")
+        say(f"{len(exc.failed)} cells FAILED (no record; run again with --resume to retry them): "
+            + "; ".join(exc.failed))
+        return 1
     print(markdown(records, skipped=table.skipped), end="")
     say(f"done: {len(records)} records and table.md in {args.out}")
     return 0

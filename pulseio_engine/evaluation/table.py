@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import RecallMode, SparseConfig
 from ..errors import EngineError
+from ..kv.recall import RecallError
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from .run import (
@@ -109,7 +110,8 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
               ) -> list[dict[str, Any]]:
     """Run every cell of `table`, writing `<model>_<context>_<task>_<cell>.json` into `out` as each cell
     finishes and `table.md` (every record in `out`) after each; -> the records of the table. `resume`:
-    a cell whose records are all in `out` already is read, not run again."""
+    a cell whose records are all in `out` already is read, not run again. A cell whose recalls failed
+    (`RecallError`) writes no record; the others still run, then `CellsFailed` names it."""
     for mode in table.modes:
         check_heads(mode, heads, model)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,16 +133,32 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
         say(f"context {n}: {sum(map(len, prompts[n].values()))} prompts of {len(table.tasks)} tasks made in "
             f"{time.monotonic() - t0:.1f} s")
     records: list[dict[str, Any]] = []
+    failed: list[str] = []
     for cell in table.cells():
         kept = _done(out, model, table, cell, prompts[cell.context_len]) if resume else None
         if kept is not None:
             say(f"context {cell.context_len} {cell.name}: done already, kept ({out})")
             records += kept
             continue
-        records += _run_cell(model, ckpt, table, cell, prompts[cell.context_len], out, heads=heads, device=device,
-                             say=say)
+        try:
+            records += _run_cell(model, ckpt, table, cell, prompts[cell.context_len], out, heads=heads,
+                                 device=device, say=say)
+        except RecallError as exc:
+            failed.append(f"context {cell.context_len} {cell.name}: {exc}")
+            say(f"context {cell.context_len} {cell.name}: FAILED, no record written: {exc}")
+            continue
         (out / "table.md").write_text(markdown(load_records(out), skipped=table.skipped))
+    if failed:
+        raise CellsFailed(records, failed)
     return records
+
+
+class CellsFailed(EngineError, RuntimeError):
+    """Cells of a table whose recalls failed; `records` holds those of the cells that ran."""
+
+    def __init__(self, records: list[dict[str, Any]], failed: list[str]) -> None:
+        super().__init__(f"{len(failed)} cells failed: " + "; ".join(failed))
+        self.records, self.failed = records, failed
 
 
 def _done(out: Path, model: str, table: TableConfig, cell: Cell, prompts: dict[Task, list[Prompt]]

@@ -4,7 +4,9 @@ The plan's rows are padded; `compact` packs the needed (host unit, device slot) 
 fixed-size tensors, and counts them on the device. Then:
 
 - DOORBELL: `post_recall(host_ids=ids, device_slots=slots, count=count)` publishes ids and count as they lie (decided on
-  the device: no host sync), and `device_wait()` orders the layer's attention after the copy.
+  the device: no host sync), and `device_wait()` orders the layer's attention after the copy. A request
+  that fails later (pulseio's watchdog lets a stream go on unwritten slots rather than hang) is only known
+  once the step is over: `check_landed`, called when the step's tokens reach the host, raises for it.
 - SYNC (the ArkVale-like baseline): the count and ids come to the host (a device sync), the host
   calls `recall(host_ids=, device_slots=)` and waits for it before the layer goes on.
 """
@@ -42,6 +44,7 @@ class Recaller:
         self.mode = mode
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
+        self._posted: list[tuple[int, Any]] = []     # (layer, completion) of the doorbell recalls since check_landed
 
     def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> None:
         """Copy host units ids[:count] to device slots dst[:count] (from `compact`); returns once later
@@ -63,7 +66,20 @@ class Recaller:
                                             timeout=self.timeout_s)
             self.blocked_ns += time.perf_counter_ns() - start
         done.device_wait()
+        self._posted.append((tag, done))
         return done
+
+    def check_landed(self) -> None:
+        """After a step's results reached the host: raise RecallError if a doorbell recall since the last
+        check failed (its layer attended slots that were not written). One whose completion pulseio has not
+        marked yet (its data is in place: the step is over) is looked at again next time."""
+        posted = self._posted
+        self._posted = [(layer, done) for layer, done in posted if not done.done()]
+        failed = [(layer, done.exception()) for layer, done in posted if done.done() and done.exception()]
+        if failed:
+            layer, error = failed[0]
+            raise RecallError(f"{len(failed)} recalls of this step failed, so its output is wrong; the first, "
+                              f"for layer {layer}: {error}") from error
 
     def _sync(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
         """Waits for the ids (a device sync) and for the copy (counted in blocked_ns)."""

@@ -1,5 +1,8 @@
 """Every consumer pattern x every strategy x k in {1, 64, 2048}, cold and warm, each in a fresh process with a
-hard timeout: a hang fails its case (with the child's thread dump in the message) instead of the run.
+hard timeout: a hang fails its case (with the child's thread dump in the message) instead of the run. Then
+chains: 4 requests each published behind the last one's device wait (an engine's layers), the pattern's
+first launches behind them all, for the strategies that wait on the device; the watchdog's timeout is short
+there, so a request kept back fails its case (expired waits) rather than the run.
 
 The cases run a few at a time (DEVICE_WAIT_JOBS, default 8). Set DEVICE_WAIT_RESULTS to a path to keep
 every case's JSON line (the GPU run script does).
@@ -24,11 +27,14 @@ pytestmark = pytest.mark.gpu
 CASE = Path(__file__).with_name("device_wait_case.py")
 STRATEGIES = ["resident", "zero_copy", "gather_dma", "batched", "auto"]
 CASES = list(itertools.product(sorted(PATTERNS), STRATEGIES, [1, 64, 2048], ["cold", "warm"]))
+CASES += list(itertools.product(sorted(PATTERNS), ["resident", "auto"], [64], ["cold"], [4]))
 TIMEOUT_S = 150
 
 
-def _run(case: tuple[str, str, int, str]) -> dict:
+def _run(case: tuple) -> dict:
     env = dict(os.environ, CASE_DUMP_AFTER_S=str(TIMEOUT_S - 20), PYTHONUNBUFFERED="1")
+    if len(case) > 4:  # a chain: a request kept back expires in 15 s and fails the case, with the thread stacks
+        env["CASE_WAIT_TIMEOUT_S"] = "15"
     try:
         proc = subprocess.run([sys.executable, str(CASE), *map(str, case)], capture_output=True, text=True,
                               timeout=TIMEOUT_S, env=env)

@@ -146,7 +146,7 @@ def _hold_publishes(rt: pulseio.Runtime) -> _HeldPublisher:
     return publisher
 
 
-def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met() -> None:
+def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met(caplog: pytest.LogCaptureFixture) -> None:
     rt = _runtime(strategy=Strategy.RESIDENT, device_wait_timeout_s=0.2)
     publisher = _hold_publishes(rt)
     try:
@@ -160,6 +160,8 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met() -> N
                                                 r"within device_wait_timeout_s=0.2 s and never reached a copier"):
             done.wait(timeout=10)
         assert rt._words.reached(seq) and not rt.workers[0].resident.held  # the stream is let go
+        stacks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("threads when")]
+        assert len(stacks) == 1 and "--- pulseio-poller" in stacks[0] and "--- MainThread" in stacks[0]
         publisher.release()  # the publish runs after all: the request must not be copied now
         after = rt.post_recall(host_ids=np.array([8]), device_slots=np.array([4]), tag=5)
         publisher.release()

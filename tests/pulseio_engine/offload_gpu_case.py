@@ -1,7 +1,8 @@
 """One GPU offload case in its own process (run by test_offload_gpu.py under a hard timeout): a tiny
-checkpoint decoded by an offload-only engine on CUDA with each recall mode, and by the all-on-GPU
-baseline. Prints one JSON line: each mode's greedy tokens, whether the host copy of the prompt equals
-a dense prefill's KV bit for bit, and the bytes recalled.
+checkpoint decoded by an offload-only engine on CUDA with each recall mode (eager, and the doorbell also
+as CUDA-graph pieces), and by the all-on-GPU baseline. Prints one JSON line: each run's greedy tokens,
+whether the host copy of the prompt equals a dense prefill's KV bit for bit, the bytes recalled, and the
+recalls pulseio failed (its watchdog's expiries among them).
 
     python offload_gpu_case.py CHECKPOINT_DIR
 """
@@ -24,12 +25,12 @@ DEVICE = os.environ.get("CASE_DEVICE", "cuda")    # cpu: to check the case itsel
 PROMPTS = [[(7 * i) % 251 for i in range(300)], [(3 + 5 * i) % 253 for i in range(133)]]
 
 
-def run(path: str, mode: SparseMode, recall: RecallMode) -> dict:
+def run(path: str, mode: SparseMode, recall: RecallMode, graphs: bool = False) -> dict:
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=4 * BS, block_size=BS, local_blocks=1),
                             recall=recall, host_blocks=8192, max_seqs=2, dense_layers=1,
                             offload_only=recall is not RecallMode.ALL_ON_GPU)
     engine = Engine.from_model(path, device=DEVICE, dtype=DType.BFLOAT16,
-                               cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload, use_cuda_graphs=False,
+                               cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload, use_cuda_graphs=graphs,
                                scheduler=SchedulerConfig(max_prefill_tokens=128),
                                retrieval_heads=RetrievalHeads(2, best=(0,) * 3, worst=(1,) * 3))
     with engine:
@@ -43,8 +44,10 @@ def run(path: str, mode: SparseMode, recall: RecallMode) -> dict:
             if host_exact is None and engine.offloader.store is not None and engine.scheduler.running \
                     and all(s.num_computed >= s.prompt_len for s in engine.scheduler.running):
                 host_exact = _host_matches_dense(path, engine)
+        runtime = engine.offloader.runtime.statistics() if engine.offloader.runtime is not None else None
         return {"tokens": [outputs[i] for i in ids], "host_exact": host_exact,
-                "bytes_recalled": engine.offloader.statistics().bytes_recalled}
+                "bytes_recalled": engine.offloader.statistics().bytes_recalled,
+                "failed": runtime.failed if runtime else 0, "expired": runtime.device_waits_expired if runtime else 0}
 
 
 def _host_matches_dense(path: str, engine: Engine) -> bool:
@@ -74,6 +77,8 @@ def main() -> None:
     path = sys.argv[1]
     result = {f"{m.value}/{r.value}": run(path, m, r) for m in (SparseMode.QUEST, SparseMode.SOLOHEAD)
               for r in RecallMode}
+    result.update({f"{m.value}/{RecallMode.DOORBELL.value}/graphs": run(path, m, RecallMode.DOORBELL, graphs=True)
+                   for m in (SparseMode.QUEST, SparseMode.SOLOHEAD)})
     print(json.dumps(result))
 
 

@@ -166,6 +166,34 @@ def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Monke
     assert json.loads((out / "tiny_384_niah-single_quest_64.json").read_text())["samples"] == 1
 
 
+def test_a_cell_whose_recalls_fail_writes_no_record_and_the_others_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A RecallError (a step read unwritten slots) fails its cell only: no record, the next cells run, and the
+    command exits 1 naming it."""
+    from pulseio_engine.evaluation import table as table_module
+    from pulseio_engine.kv.recall import RecallError
+
+    (tmp_path / "shakespeare").mkdir()
+    (tmp_path / "shakespeare" / "plays.txt").write_text("Be collected: no more amazement. " * 40)
+    monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
+    real = table_module._run_cell
+
+    def flaky(model, ckpt, table, cell, *args, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if cell.token_budget == 64:
+            raise RecallError("3 recalls of this step failed (test)")
+        return real(model, ckpt, table, cell, *args, **kw)
+
+    monkeypatch.setattr(table_module, "_run_cell", flaky)
+    out = tmp_path / "table"
+    argv = ["eval-table", "--model", "tiny", "--task", "niah-single", "--context-len", "384", "--samples", "1",
+            "--mode", "vanilla,quest", "--token-budget", "64,128", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "context 384 quest_64: FAILED, no record written: 3 recalls of this step failed (test)" in err
+    assert sorted(p.name for p in out.glob("*.json")) == ["tiny_384_niah-single_quest_128.json",
+                                                          "tiny_384_niah-single_vanilla.json"]
+
+
 def test_eval_table_refuses_bad_input_before_loading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["eval-table", "--model", "no-such-model", "--context-len", "256", "--out", str(tmp_path / "o")]
     assert main([*base, "--token-budget", "100"]) == 2

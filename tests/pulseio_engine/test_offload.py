@@ -317,3 +317,47 @@ def test_host_units_for_counts_what_a_request_reserves(tiny_qwen3, mode) -> None
         taken = free - engine.offloader.store.units_free
         assert taken == host_units_for(engine.config.model, engine.config.offload, len(PROMPTS[0]) + 5)
         assert taken == 2 * blocks_for(42, BS) * (2 if mode is SparseMode.QUEST else 1)   # 2 offloaded layers
+
+
+def test_a_recall_that_failed_after_its_wait_fails_the_step(tiny_qwen3, monkeypatch) -> None:  # noqa: ANN001
+    """pulseio's watchdog lets a waiting stream go on unwritten slots rather than hang; the step that read
+    them must raise (naming the layer) once its tokens are on the host, not return wrong tokens."""
+    import pulseio
+    from pulseio_engine.kv.recall import RecallError
+
+    path = str(tiny_qwen3[0])
+    with _engine(path, SparseMode.SOLOHEAD, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1) as engine:
+        runtime = engine.offloader.recaller.runtime
+        real = runtime.post_recall_nowait
+
+        def post_then_fail(**kw):  # noqa: ANN003, ANN202
+            done = real(**kw)
+            if kw["tag"] == 2:     # layer 2's recall fails once its wait is enqueued, as one the watchdog gave up on
+                done.wait(10)
+                answers = iter([None])     # what the recall's own look right after device_wait sees
+                monkeypatch.setattr(done, "exception",
+                                    lambda: next(answers, pulseio.TransferError("did not land (test)")))
+            return done
+
+        monkeypatch.setattr(runtime, "post_recall_nowait", post_then_fail)
+        engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=4, ignore_eos=True), offload=True)
+        with pytest.raises(RecallError, match=r"recalls of this step failed, so its output is wrong; the first, "
+                                              r"for layer 2: did not land \(test\)"):
+            while engine.has_unfinished():
+                engine.step()
+
+
+def test_the_runtime_spins_through_the_gap_between_layers_on_a_gpu_only(tiny_qwen3) -> None:
+    """On a GPU the poller spins `poll_spin_iterations` loads before it sleeps (a recall arriving while it
+    slept would wait out the sleep, every layer); on a CPU it sleeps at once."""
+    from pulseio_engine.kv.offload_layout import UnitLayout
+    from pulseio_engine.offload import _runtime_config
+
+    model = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu", with_tokenizer=False).config
+    offload = OffloadConfig(sparse=SparseConfig(mode=SparseMode.SOLOHEAD, token_budget=4 * BS, block_size=BS),
+                            poll_spin_iterations=123_456)
+    layout = UnitLayout.for_mode(model, offload, 2)
+    assert _runtime_config(offload, layout, model.num_layers - 2, "cuda").spin_iterations == 123_456
+    assert _runtime_config(offload, layout, model.num_layers - 2, "cpu").spin_iterations == 1
+    with pytest.raises(ValueError, match=r"OffloadConfig.poll_spin_iterations must be a positive number, got 0"):
+        OffloadConfig(poll_spin_iterations=0)
