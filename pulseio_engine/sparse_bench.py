@@ -97,6 +97,9 @@ class TimedRecaller:
             end.record()
             self.events.append((start, end))
 
+    def check_landed(self) -> None:
+        self.inner.check_landed()
+
     def take_stream_seconds(self) -> float:
         """Stream time spent from posts to landed since the last call (synchronizes)."""
         if not self.events:
