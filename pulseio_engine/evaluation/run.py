@@ -157,18 +157,29 @@ def text_ids(tok: Tokenizer) -> list[int]:
 
 
 def windows_in(text_tokens: int, n: int) -> int:
-    """Disjoint perplexity windows a text of `text_tokens` tokens holds at context `n`."""
-    return text_tokens // (n - 1)
+    """Perplexity windows (`_windows`) a text of `text_tokens` tokens holds at context `n`: windows of
+    n - 1 tokens whose scored tails do not overlap."""
+    size = n - 1
+    return 0 if text_tokens < size else (text_tokens - size) // _scored(n) + 1
+
+
+def _scored(n: int) -> int:
+    return min(256, n // 4)
 
 
 def _windows(ids: list[int], n: int, samples: int) -> list[Prompt]:
-    """`samples` disjoint windows of n - 1 tokens (the window and the token generated after it take n
-    positions, so n may be the model's whole context); the last quarter (at most 256 tokens) is scored."""
+    """`samples` windows of n - 1 tokens (the window and the token generated after it take n positions, so
+    n may be the model's whole context); the last quarter (at most 256 tokens) is scored. The windows are
+    disjoint where the text holds that many; otherwise their starts are spread evenly over the text, so
+    their contexts overlap but no token is scored twice."""
     if samples > windows_in(len(ids), n):
-        raise EngineError(f"{samples} windows of {n - 1} tokens need {samples * (n - 1)} tokens of text, "
-                          f"the text has {len(ids)}; ask for fewer samples or a shorter context")
-    size, tail = n - 1, min(256, n // 4)
-    return [Prompt(Task.PERPLEXITY, i, tuple(ids[i * size:(i + 1) * size]), tail, 1) for i in range(samples)]
+        raise EngineError(f"{samples} windows of {n - 1} tokens with disjoint scored tails of {_scored(n)} need "
+                          f"{n - 1 + (samples - 1) * _scored(n)} tokens of text, the text has {len(ids)}; ask for "
+                          "fewer samples or a shorter context")
+    size = n - 1
+    stride = size if samples * size <= len(ids) else (len(ids) - size) // max(samples - 1, 1)
+    return [Prompt(Task.PERPLEXITY, i, tuple(ids[i * stride:i * stride + size]), _scored(n), 1)
+            for i in range(samples)]
 
 
 def eval_engine(ckpt: Checkpoint, config: EvalConfig, *, heads: RetrievalHeads | None, device: str,
@@ -228,8 +239,8 @@ def fitting_batch(m: ModelConfig, context_len: int, sparse: SparseConfig | None,
     return max(1, min([MAX_BATCH, *fits]))
 
 
-def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool, lockstep: bool | None = None
-                ) -> list[Answer]:
+def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool, lockstep: bool | None = None,
+                seconds: dict[str, float] | None = None) -> list[Answer]:
     """Run `prompts` as concurrent requests (at most the engine's max_num_seqs at once), in order of
     admission; -> their answers, in prompt order. Each newly added request is prefilled before the next
     joins, so its prefill step holds it alone.
@@ -240,7 +251,8 @@ def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool, lockstep
     have stopped. The decode batch then stays whole, so its graph (the offload step's pieces) is
     captured about once per wave, not once per finishing request; greedy rows are computed
     independently, so the answers are those of requests that stopped on their own.
-    `lockstep`: force it on or off (default: on when the engine captures graphs)."""
+    `lockstep`: force it on or off (default: on when the engine captures graphs). `seconds`, if given,
+    gains the wall time of the steps that admitted a request ("prefill") and of the others ("decode")."""
     limit = engine.config.scheduler.max_num_seqs
     lockstep = engine.runner.graphs.use_graphs if lockstep is None else lockstep
     steps = {p.task: max(q.tail + q.max_new_tokens for q in prompts if q.task is p.task) for p in prompts}
@@ -249,8 +261,13 @@ def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool, lockstep
     running: dict[int, tuple[int, Sequence]] = {}
     answers: list[Answer | None] = [None] * len(prompts)
 
-    def step() -> None:
-        for out in engine.step():
+    spent = {"prefill": 0.0, "decode": 0.0}
+
+    def step(phase: str = "decode") -> None:
+        start = time.perf_counter()
+        outs = engine.step()
+        spent[phase] += time.perf_counter() - start
+        for out in outs:
             index, seq = running.pop(out.request_id)
             output = _as_if_stopped(list(out.output_ids), prompts[index].max_new_tokens, eos)
             answers[index] = Answer(output, list(seq.forced_logprobs))
@@ -270,8 +287,11 @@ def run_prompts(engine: Engine, prompts: Seq[Prompt], *, offload: bool, lockstep
             seq = engine.scheduler.waiting[-1]
             running[rid] = (index, seq)
             while seq in engine.scheduler.waiting or seq.num_computed < seq.prefill_stop:
-                step()
+                step("prefill")
         step()
+    if seconds is not None:
+        for phase, value in spent.items():
+            seconds[phase] = seconds.get(phase, 0.0) + value
     return answers   # type: ignore[return-value]
 
 

@@ -176,7 +176,7 @@ def _done(out: Path, model: str, table: TableConfig, cell: Cell, prompts: dict[T
 
 
 def _samples(table: TableConfig, task: Task, n: int, text_tokens: int, say: Callable[[str], None]) -> int:
-    """`table.samples`, except perplexity: at most the disjoint windows the text holds at context n."""
+    """`table.samples`, except perplexity: at most the windows the text holds at context n (`windows_in`)."""
     fit = windows_in(text_tokens, n)
     if task is not Task.PERPLEXITY or table.samples <= fit:
         return table.samples
@@ -194,8 +194,10 @@ def _run_cell(model: str, ckpt: Checkpoint, table: TableConfig, cell: Cell, prom
     everything = [p for task in table.tasks for p in prompts[task]]
     start = time.monotonic()
     config = table.eval_config(table.tasks[0], cell, table.samples)
+    phases: dict[str, float] = {}
     with eval_engine(ckpt, config, heads=heads, device=device, batch=table.batch or len(everything)) as engine:
-        answers = run_prompts(engine, everything, offload=cell.mode is not EvalMode.VANILLA)
+        phases["build"] = time.monotonic() - start
+        answers = run_prompts(engine, everything, offload=cell.mode is not EvalMode.VANILLA, seconds=phases)
         batch = engine.config.scheduler.max_num_seqs
     seconds = time.monotonic() - start
     records, at = [], 0
@@ -204,11 +206,13 @@ def _run_cell(model: str, ckpt: Checkpoint, table: TableConfig, cell: Cell, prom
         record = make_record(model, table.eval_config(task, cell, count), prompts[task], answers[at:at + count],
                              ckpt.tokenizer, seconds, batch)
         record["tasks_batched"] = [t.value for t in table.tasks]      # `seconds` is the cell's, for all of them
+        record["cell_seconds"] = {phase: round(value, 2) for phase, value in phases.items()}
         at += count
         _path(out, model, cell, task).write_text(json.dumps(record, indent=1) + "\n")
         records.append(record)
     scores = ", ".join(f"{r['task']} {r['score']:.3g}" for r in records)
-    say(f"context {cell.context_len} {cell.name}: {scores} ({seconds:.1f} s, batch {batch})")
+    split = ", ".join(f"{phase} {value:.1f}" for phase, value in phases.items())
+    say(f"context {cell.context_len} {cell.name}: {scores} ({seconds:.1f} s: {split}; batch {batch})")
     return records
 
 

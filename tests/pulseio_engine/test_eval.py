@@ -154,6 +154,9 @@ def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Monke
     assert {k: record[k] for k in ("task", "mode", "model", "context_len", "token_budget", "samples", "batch")} == {
         "task": "niah-single", "mode": "quest", "model": "tiny", "context_len": 384, "token_budget": 64,
         "samples": 2, "batch": 4}
+    phases = record["cell_seconds"]           # where the cell's time went: engine build, prefill steps, decode steps
+    assert sorted(phases) == ["build", "decode", "prefill"] and all(v > 0 for v in phases.values())
+    assert sum(phases.values()) <= record["seconds"] + 0.05
     alone = tmp_path / "alone.json"
     assert main(["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "384", "--samples", "2",
                  "--mode", "quest", "--token-budget", "64", "--batch", "1", "--json", str(alone)]) == 0
@@ -212,3 +215,20 @@ def test_a_lockstep_output_is_cut_where_the_request_would_have_stopped() -> None
     assert _as_if_stopped([5, 6, 2, 7, 2], 4, (2,)) == [5, 6, 2]
     assert _as_if_stopped([5, 6, 7, 8, 9], 3, (2,)) == [5, 6, 7]
     assert _as_if_stopped([5, 6], 3, (2, 9)) == [5, 6]
+
+
+def test_perplexity_windows_are_disjoint_where_the_text_allows_and_never_score_a_token_twice() -> None:
+    from pulseio_engine.errors import EngineError
+    from pulseio_engine.evaluation.run import _windows, windows_in
+
+    text = list(range(1000))
+    disjoint = _windows(text, 101, 9)                          # 9 x 100 tokens fit: no overlap at all
+    assert [w.ids[0] for w in disjoint] == [100 * i for i in range(9)] and all(len(w.ids) == 100 for w in disjoint)
+    assert windows_in(1000, 101) == (1000 - 100) // 25 + 1 == 37
+    spread = _windows(text, 101, 37)                           # more than fit: starts spread over the text
+    scored = [set(w.ids[-w.tail:]) for w in spread]
+    assert all(len(w.ids) == 100 and w.tail == 25 for w in spread)
+    assert spread[-1].ids[-1] <= 999 and sum(map(len, scored)) == len(set().union(*scored)) == 37 * 25
+    with pytest.raises(EngineError, match=r"38 windows of 100 tokens with disjoint scored tails of 25 need 1025 "
+                                          r"tokens of text, the text has 1000"):
+        _windows(text, 101, 38)
