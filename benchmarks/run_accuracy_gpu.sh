@@ -26,7 +26,8 @@
 # HEADS (a heads.json; default: calibrate), DEVICE (cuda), STAGE (folder of carried sets, default stage),
 # TABLE_LIMIT_S (the eval-table run's limit; default: what is left of 540 s, so the tarball is written inside
 # a 10-minute call),
-# CAL_LIMIT_S (180), WORK (the work folder), PULSEIO_GIT_SHA (else `git rev-parse HEAD`).
+# CAL_LIMIT_S (180), WORK (the work folder), PULSEIO_GIT_SHA (else `git rev-parse HEAD`), SHARDS (1: one eval-table
+# process; N: N processes, process i on GPU i with --shard i/N, all into $WORK: the cells run N at a time).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MODEL=${MODEL:-smollm2}
@@ -91,15 +92,27 @@ else
 fi
 
 TABLE_LIMIT_S=${TABLE_LIMIT_S:-$(( 540 - ($(date +%s) - START) ))}   # the whole call within 9 minutes
-say "eval-table: $MODEL at $CONTEXTS on $DEVICE (limit ${TABLE_LIMIT_S}s; records in $WORK)"
-timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table --model "$MODEL" --context-len "$CONTEXTS" \
-  --task "$TASKS" --mode "$MODES" --token-budget "$BUDGETS" --samples "$SAMPLES" --heads "$HEADS" \
-  --device "$DEVICE" --out "$WORK" --resume ${BATCH:+--batch "$BATCH"} 2>&1 | tee "$WORK/eval_table.$START.log"
-rc=${PIPESTATUS[0]}
+SHARDS=${SHARDS:-1}
+say "eval-table: $MODEL at $CONTEXTS on $DEVICE, $SHARDS shard(s) (limit ${TABLE_LIMIT_S}s; records in $WORK)"
+table() {  # $1: shard index; one eval-table process, on GPU $1 when sharded
+  ${SHARDED:+env CUDA_VISIBLE_DEVICES=$1} timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table \
+    --model "$MODEL" --context-len "$CONTEXTS" --task "$TASKS" --mode "$MODES" --token-budget "$BUDGETS" \
+    --samples "$SAMPLES" --heads "$HEADS" --device "$DEVICE" --out "$WORK" --resume --shard "$1/$SHARDS" \
+    ${BATCH:+--batch "$BATCH"} > "$WORK/eval_table.$START.$1.log" 2>&1
+}
+[ "$SHARDS" -gt 1 ] && SHARDED=1
+pids=()
+for ((i = 0; i < SHARDS; i++)); do table "$i" & pids+=($!); done
+rc=0
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"; r=$?
+  tr '\r' '\n' < "$WORK/eval_table.$START.$i.log" | grep -E '^\[' | tail -n 40
+  [ "$r" -gt "$rc" ] && rc=$r
+done
 case $rc in
   0) say "eval-table done" ;;
   124|137) say "eval-table stopped at ${TABLE_LIMIT_S}s: the finished cells are kept; run again to continue" ;;
-  *) say "eval-table failed (exit $rc); see eval_table.$START.log" ;;
+  *) say "eval-table failed (exit $rc); see eval_table.$START.*.log" ;;
 esac
-[ "$rc" != 0 ] && [ -s "$WORK/table.md" ] && cat "$WORK/table.md"     # eval-table printed it when it finished
+[ -s "$WORK/table.md" ] && cat "$WORK/table.md"
 exit "$rc"

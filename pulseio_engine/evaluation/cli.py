@@ -71,6 +71,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     t.add_argument("--out", required=True, type=Path, help="folder for the JSON records and table.md")
     t.add_argument("--resume", action="store_true",
                    help="keep the records already in --out (same samples, seed and recall); run only the rest")
+    t.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                   help="run every N-th cell of the grid from the K-th (0-based), e.g. one process per GPU "
+                        "with CUDA_VISIBLE_DEVICES=K and the same --out (default: 0/1, every cell)")
     _shared(t)
     t.set_defaults(func=_eval_table, prog=t.prog)
 
@@ -127,6 +130,17 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """'K/N' -> (K, N) with 0 <= K < N."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"K/N needs 0 <= K < N, got {text!r}")
+    return k, n
+
+
 def _eval_table(args: argparse.Namespace) -> int:
     prog = args.prog
     if args.out.exists() and not args.out.is_dir():
@@ -134,7 +148,8 @@ def _eval_table(args: argparse.Namespace) -> int:
     check_writable(prog, "--out", args.out / "table.md")
     try:
         table = TableConfig(tuple(Task(t) for t in args.task), args.context_len, tuple(EvalMode(m) for m in args.mode),
-                            args.token_budget, args.samples, RecallMode(args.recall), args.seed, args.batch)
+                            args.token_budget, args.samples, RecallMode(args.recall), args.seed, args.batch,
+                            args.shard)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from exc
     heads = _heads(args)

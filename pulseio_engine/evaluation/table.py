@@ -13,6 +13,7 @@ full attention), so such cells are skipped and marked in the table.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ class TableConfig:
     recall: RecallMode = RecallMode.DOORBELL
     seed: int = 0
     batch: int | None = None       # concurrent requests at most; None: all of a cell's, as memory allows
+    shard: tuple[int, int] = (0, 1)    # (k, n): this process runs every n-th cell from the k-th (one per GPU)
     skipped: tuple[Cell, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -78,10 +80,13 @@ class TableConfig:
                 SparseConfig(token_budget=budget)
             except ValueError as exc:
                 raise ValueError(f"token budget {budget}: {exc}") from None
+        k, n = self.shard
+        if not 0 <= k < n:
+            raise ValueError(f"shard {k}/{n}: k must be in 0 .. n - 1")
         skipped = tuple(Cell(n, m, b) for n in self.context_lens for m in self._sparse_modes
                         for b in self.budgets if b >= n)
         object.__setattr__(self, "skipped", skipped)
-        if not self.cells():
+        if not self.all_cells():
             raise ValueError(f"every budget ({', '.join(map(str, self.budgets))}) is >= every context length "
                              f"({', '.join(map(str, self.context_lens))}), so there is nothing sparse to run; "
                              "add a smaller budget, a longer context or the vanilla mode")
@@ -91,7 +96,12 @@ class TableConfig:
         return [m for m in self.modes if m is not EvalMode.VANILLA]
 
     def cells(self) -> list[Cell]:
-        """The engines to build, vanilla first for each context length."""
+        """This shard's engines to build: every n-th of `all_cells`, from the k-th."""
+        k, n = self.shard
+        return self.all_cells()[k::n]
+
+    def all_cells(self) -> list[Cell]:
+        """The grid's engines, vanilla first for each context length."""
         cells = []
         for n in self.context_lens:
             if EvalMode.VANILLA in self.modes:
@@ -121,7 +131,8 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
     for cell in table.skipped:
         say(f"skip context {cell.context_len} {cell.mode.value} budget {cell.token_budget}: "
             "a budget >= the context attends to every token (= vanilla)")
-    say(f"{len(table.cells())} engines x {len(table.tasks)} tasks x {table.samples} samples")
+    shard = f" (shard {table.shard[0]}/{table.shard[1]} of {len(table.all_cells())})" if table.shard[1] > 1 else ""
+    say(f"{len(table.cells())} engines{shard} x {len(table.tasks)} tasks x {table.samples} samples")
     text = text_ids(ckpt.tokenizer) if Task.PERPLEXITY in table.tasks else []
     prompts: dict[int, dict[Task, list[Prompt]]] = {}
     for n in table.context_lens:           # every context's samples first: a sizing error stops the run at once
@@ -147,10 +158,17 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
             failed.append(f"context {cell.context_len} {cell.name}: {exc}")
             say(f"context {cell.context_len} {cell.name}: FAILED, no record written: {exc}")
             continue
-        (out / "table.md").write_text(markdown(load_records(out), skipped=table.skipped))
+        _write_table(out, table)
     if failed:
         raise CellsFailed(records, failed)
     return records
+
+
+def _write_table(out: Path, table: TableConfig) -> None:
+    """table.md over every record in `out`, replaced whole (shards of one table write it in turn)."""
+    part = out / f".table.md.{os.getpid()}"
+    part.write_text(markdown(load_records(out), skipped=table.skipped))
+    part.replace(out / "table.md")
 
 
 class CellsFailed(EngineError, RuntimeError):

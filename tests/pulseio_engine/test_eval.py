@@ -197,6 +197,37 @@ def test_a_cell_whose_recalls_fail_writes_no_record_and_the_others_run(
                                                           "tiny_384_niah-single_vanilla.json"]
 
 
+def test_shards_split_the_grid_and_share_one_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """`--shard K/N` runs every N-th cell from the K-th (one process per GPU): the shards' cells are the grid's,
+    each once, and table.md in the shared folder ends up with every record."""
+    from pulseio_engine.evaluation.table import TableConfig
+
+    grid = TableConfig((Task.NEEDLE_SINGLE,), (256, 512), (EvalMode.VANILLA, EvalMode.QUEST, EvalMode.SOLOHEAD),
+                       (64, 128), 2)
+    shards = [TableConfig(grid.tasks, grid.context_lens, grid.modes, grid.budgets, 2, shard=(k, 3)).cells()
+              for k in range(3)]
+    assert sorted(map(repr, sum(shards, []))) == sorted(map(repr, grid.all_cells())) and len(grid.all_cells()) == 10
+    assert all(len(cells) in (3, 4) for cells in shards)
+    with pytest.raises(ValueError, match=r"shard 3/3: k must be in 0 .. n - 1"):
+        TableConfig(grid.tasks, grid.context_lens, grid.modes, grid.budgets, 2, shard=(3, 3))
+
+    (tmp_path / "shakespeare").mkdir()
+    (tmp_path / "shakespeare" / "plays.txt").write_text("Be collected: no more amazement. " * 40)
+    monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
+    out = tmp_path / "table"
+    argv = ["eval-table", "--model", "tiny", "--task", "niah-single", "--context-len", "384", "--samples", "1",
+            "--mode", "vanilla,quest", "--token-budget", "64", "--out", str(out)]
+    assert main([*argv, "--shard", "1/2"]) == 0
+    assert [p.name for p in out.glob("*.json")] == ["tiny_384_niah-single_quest_64.json"]
+    assert "1 engines (shard 1/2 of 2)" in capsys.readouterr().err
+    assert main([*argv, "--shard", "0/2"]) == 0
+    table = (out / "table.md").read_text()
+    assert "| 384 | 64 |" in table and table.count("|") > 8 and "- |" not in table   # both cells, no gaps
+    assert main([*argv, "--shard", "2/2"]) == 2
+    assert "K/N needs 0 <= K < N, got '2/2'" in capsys.readouterr().err
+
+
 def test_eval_table_refuses_bad_input_before_loading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base = ["eval-table", "--model", "no-such-model", "--context-len", "256", "--out", str(tmp_path / "o")]
     assert main([*base, "--token-budget", "100"]) == 2
