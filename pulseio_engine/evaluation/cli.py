@@ -64,7 +64,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     t.add_argument("--task", type=choice_list(_TASKS), default=_TASKS, help="tasks, comma-separated")
     t.add_argument("--context-len", type=int_list(64), required=True, help="context lengths, comma-separated")
     t.add_argument("--samples", type=int_at_least(1), default=20,
-                   help="samples per task (perplexity: at most the disjoint windows the text holds)")
+                   help="samples per task (perplexity: windows of the text, disjoint where it holds that many, "
+                        "else overlapping with disjoint scored tails)")
     t.add_argument("--mode", type=choice_list(_MODES), default=_MODES, help="modes, comma-separated")
     t.add_argument("--token-budget", type=int_list(1), default=(512, 1024, 2048),
                    help="token budgets of the sparse modes, comma-separated")
