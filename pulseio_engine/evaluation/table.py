@@ -80,9 +80,9 @@ class TableConfig:
                 SparseConfig(token_budget=budget)
             except ValueError as exc:
                 raise ValueError(f"token budget {budget}: {exc}") from None
-        k, n = self.shard
-        if not 0 <= k < n:
-            raise ValueError(f"shard {k}/{n}: k must be in 0 .. n - 1")
+        index, count = self.shard
+        if not 0 <= index < count:
+            raise ValueError(f"shard {index}/{count}: k must be in 0 .. n - 1")
         skipped = tuple(Cell(n, m, b) for n in self.context_lens for m in self._sparse_modes
                         for b in self.budgets if b >= n)
         object.__setattr__(self, "skipped", skipped)
@@ -97,8 +97,8 @@ class TableConfig:
 
     def cells(self) -> list[Cell]:
         """This shard's engines to build: every n-th of `all_cells`, from the k-th."""
-        k, n = self.shard
-        return self.all_cells()[k::n]
+        index, count = self.shard
+        return self.all_cells()[index::count]
 
     def all_cells(self) -> list[Cell]:
         """The grid's engines, vanilla first for each context length."""
