@@ -66,6 +66,7 @@ class PollerStatistics:
     bytes_moved: int
     post_to_seen: LatencySummary  # host clock: post_recall (publish launched) -> poller read it
     post_to_landed: LatencySummary  # host clock: post_recall -> pulseio saw the data land
+    publish_to_landed: LatencySummary  # producer's clock: publish ran -> the copier landed it (RESIDENT)
 
 
 class Poller:
@@ -88,6 +89,7 @@ class Poller:
         self._counts = {"completed": 0, "failed": 0, "bytes": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
+        self._publish_to_landed: deque[int] = deque(maxlen=latency_samples)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pulseio-poller", daemon=True)
         self._thread.start()
@@ -222,6 +224,9 @@ class Poller:
             error = t.exception()
             if error is not None and completion.seq > 0:
                 error = TransferError(f"doorbell request seq={completion.seq} tag={completion.tag}: {error}")
+            stamp = getattr(t.device_event, "landed_ns", None)  # a resident task's (its slot holds it now)
+            if error is None and stamp is not None:
+                completion.landed_ns = stamp()
             self._finish(completion, error)
 
         transfer.add_done_callback(landed)
@@ -243,6 +248,8 @@ class Poller:
                 self._counts["failed"] += 1
         if error is None and completion.finished_ns is not None:
             self._to_landed.append(completion.finished_ns - completion.submitted_ns)
+        if error is None and completion.published_ns is not None and completion.landed_ns is not None:
+            self._publish_to_landed.append(completion.landed_ns - completion.published_ns)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -263,7 +270,8 @@ class Poller:
             c = dict(self._counts)
         return PollerStatistics(completed=c["completed"], failed=c["failed"], bytes_moved=c["bytes"],
                                 post_to_seen=LatencySummary.of(list(self._to_seen)),
-                                post_to_landed=LatencySummary.of(list(self._to_landed)))
+                                post_to_landed=LatencySummary.of(list(self._to_landed)),
+                                publish_to_landed=LatencySummary.of(list(self._publish_to_landed)))
 
 
 def _unheld(completion: Completion, *_: object) -> Any:

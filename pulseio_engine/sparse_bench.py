@@ -17,9 +17,12 @@ middle blocks was measured on real models (`pulseio-engine locality`); the outpu
 and the figures. The model's layers take the measured layers' overlaps by relative depth.
 
 Measured per mode: step time (wall, engine.step to engine.step, which ends reading the sampled
-tokens); recalled units, MiB and unit size per step; recall GB/s while recalling (bytes over the
-stream time from each layer's post to its data being usable: CUDA events around the recall call)
-next to the host-to-device peak of a contiguous copy measured in the same process; main-thread time
+tokens); recalled units, MiB and unit size per step; recall GB/s while recalling, two ways, next to
+the host-to-device peak of a contiguous copy measured in the same process: bytes over the stream time
+from each layer's post to its data being usable (CUDA events around the recall call: when the GPU has
+caught up with the host, this includes the host's time to launch the publish), and, for doorbell
+requests on the resident copier, bytes over the device-clock time from the publish kernel's stamp to
+the copier's landed stamp (what the recall itself takes, whatever the host is doing); main-thread time
 per step inside recall calls and, of it, time in calls that wait (the sync baseline's id copy and
 host wait; the doorbell's post and device wait, which wait only when the ring is full); GPU bytes
 per request of the engine's actual KV-side tensors (paged cache, hot slots, digests) for a cache
@@ -78,24 +81,29 @@ def describe(profile: LocalityProfile) -> str:
 
 
 class TimedRecaller:
-    """A `Recaller` with the main thread's time in it and the stream's time from post to landed."""
+    """A `Recaller` with the main thread's time in it, the stream's time from post to landed, and the
+    doorbell requests (whose publish and landed stamps give the same span on the device clock)."""
 
     def __init__(self, inner: Recaller, device: torch.device) -> None:
         self.inner, self.cuda = inner, device.type == "cuda"
         self.host_ns = 0
         self.events: list[tuple[Any, Any]] = []
+        self.requests: list[Any] = []
 
-    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> None:
+    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> Any:
         start = torch.cuda.Event(enable_timing=True) if self.cuda else None
         if start is not None:
             start.record()
         t0 = time.perf_counter_ns()
-        self.inner.recall(ids, dst, count, tag=tag)
+        done = self.inner.recall(ids, dst, count, tag=tag)
         self.host_ns += time.perf_counter_ns() - t0
         if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self.events.append((start, end))
+        if done is not None and hasattr(done, "published_ns"):
+            self.requests.append(done)
+        return done
 
     def check_landed(self) -> None:
         self.inner.check_landed()
@@ -108,6 +116,15 @@ class TimedRecaller:
         seconds = sum(s.elapsed_time(e) for s, e in self.events) / 1e3
         self.events.clear()
         return seconds
+
+    def take_publish_to_landed(self) -> tuple[int, float, int]:
+        """(bytes, seconds, requests) of the finished doorbell requests since the last call that carry both
+        stamps (RESIDENT: publish -> landed on the device clock); unfinished ones wait for the next call."""
+        finished = [r for r in self.requests if r.done()]
+        self.requests = [r for r in self.requests if not r.done()]
+        stamped = [r for r in finished if r.landed_ns is not None and r.published_ns is not None and r.nbytes]
+        return (sum(r.nbytes for r in stamped), sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
+                len(stamped))
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,9 @@ class SparseBenchResult:
     recall_gbps: float | None      # bytes / stream time from post to landed, while recalling
     link_peak_gbps: float | None   # contiguous pinned -> device copy, this process
     recall_fraction_of_peak: float | None
+    publish_gbps: float | None     # bytes / device-clock time from publish to landed (doorbell, RESIDENT)
+    publish_fraction_of_peak: float | None
+    publish_to_landed_us: float | None   # mean per request, device clock
     recall_host_ms_per_step: float     # main thread inside recall calls
     blocked_ms_per_step: float         # of it, inside calls that wait (see the module doc)
     gpu_bytes_per_request: int         # paged cache + hot slots + digests, cache sized to these requests
@@ -143,6 +163,9 @@ class SparseBenchResult:
     def summary(self) -> str:
         rate = "" if self.recall_gbps is None else (
             f", recall {self.recall_gbps:.1f} GB/s = {self.recall_fraction_of_peak:.2f} of {self.link_peak_gbps:.1f}")
+        if self.publish_gbps is not None:
+            rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s = {self.publish_fraction_of_peak:.2f}, "
+                     f"{self.publish_to_landed_us:.0f} us a request)")
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
                 f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "
@@ -199,7 +222,9 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         if timed is not None:
             timed.host_ns = 0
             timed.take_stream_seconds()
+            timed.take_publish_to_landed()
         times, stream_s = [], 0.0
+        published: list[float] = [0, 0.0, 0]   # bytes, seconds, requests: publish -> landed
         with _profiler(profile, dev) as prof:
             for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
                           unit="step", leave=False):
@@ -208,12 +233,15 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                 times.append(time.perf_counter() - t0)
                 if timed is not None:
                     stream_s += timed.take_stream_seconds()  # after the step: its tokens were read, no stall added
+                    published = [a + b for a, b in zip(published, timed.take_publish_to_landed(), strict=True)]
         if prof is not None and profile is not None:
             _write_profile(prof, profile, steps)
         after = off.statistics()
         moved = after.bytes_recalled - before.bytes_recalled
         peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
         rate = moved / stream_s / 1e9 if stream_s > 0 and moved else None
+        pub_bytes, pub_s, pub_n = published
+        pub_rate = pub_bytes / pub_s / 1e9 if pub_s > 0 else None
         kv_side = engine.kv.statistics().bytes_total + off.digests.max.nbytes * 2
         if off.runtime is not None:
             kv_side += off.runtime.device_pool.slots.nbytes
@@ -226,6 +254,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             statistics.median(times) * 1e3, statistics.fmean(times) * 1e3, batch_size / statistics.fmean(times),
             off.layout.unit_bytes, moved / off.layout.unit_bytes / steps, moved / 2**20 / steps, rate, peak,
             None if rate is None or peak is None else rate / peak,
+            pub_rate, None if pub_rate is None or peak is None else pub_rate / peak,
+            pub_s / pub_n * 1e6 if pub_n else None,
             0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality))
 

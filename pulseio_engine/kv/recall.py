@@ -46,15 +46,15 @@ class Recaller:
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
         self._posted: list[tuple[int, Any]] = []     # (layer, completion) of the doorbell recalls since check_landed
 
-    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> None:
+    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> Any:
         """Copy host units ids[:count] to device slots dst[:count] (from `compact`); returns once later
-        device work sees them. ids, dst: [N] int64, count: [1] int64, on the model's device."""
+        device work sees them, with the request's pulseio handle (None: nothing to copy).
+        ids, dst: [N] int64, count: [1] int64, on the model's device."""
         done = self._doorbell(ids, dst, count, tag) if self.mode is RecallMode.DOORBELL else \
             self._sync(ids, dst, count, tag)
-        if done is None:
-            return
-        if done.exception() is not None:
+        if done is not None and done.exception() is not None:
             raise RecallError(f"the recall for layer {tag} failed: {done.exception()}") from done.exception()
+        return done
 
     def _doorbell(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
         """Waits only when the ring or the outstanding requests are full (counted in blocked_ns)."""

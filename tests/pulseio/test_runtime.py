@@ -182,3 +182,19 @@ def test_the_fast_lane_posts_resident_requests_before_the_poller_builds_anything
         assert rt.device_pool.slots[63, 0] == 250
         stats = rt.statistics()
         assert (stats.completed, stats.failed) == (9, 1) and stats.dma[0].by_strategy == {Strategy.RESIDENT: 9}
+
+
+def test_resident_requests_carry_the_copiers_landed_stamp_on_the_producers_clock() -> None:
+    """A RESIDENT request's landed_ns is the copier's stamp; with published_ns (the producer's, same clock)
+    it gives publish -> landed as the device sees it, which the statistics summarize. Other routes have none."""
+    with _runtime(strategy=Strategy.RESIDENT) as rt:
+        done = [rt.post_recall(host_ids=np.array([i]), device_slots=np.array([i]), tag=i) for i in range(1, 6)]
+        assert all(d.wait(timeout=10) for d in done)
+        for d in done:
+            assert d.published_ns is not None and d.landed_ns is not None and d.published_ns <= d.landed_ns
+        summary = rt.statistics().publish_to_landed
+        assert summary.count == 5 and summary.p50_us >= 0
+    with _runtime(strategy=Strategy.GATHER_DMA) as rt:
+        other = rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1]))
+        assert other.wait(timeout=10) and other.landed_ns is None
+        assert rt.statistics().publish_to_landed.count == 0

@@ -21,6 +21,10 @@ def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode) -
             r.units_per_step * r.unit_bytes)
         assert r.gpu_bytes_per_request < r.vanilla_gpu_bytes_per_request, "dense layers and hot slots only"
         assert r.host_bytes_per_request > 0
+    if mode is SparseBenchMode.OFFLOAD_DOORBELL:  # resident requests: publish -> landed on the producer's clock
+        assert r.publish_gbps is not None and r.publish_gbps > 0 and r.publish_to_landed_us > 0
+    else:
+        assert r.publish_gbps is None and r.publish_to_landed_us is None
     blocked = r.blocked_ms_per_step
     assert blocked == 0 if mode is not SparseBenchMode.OFFLOAD_SYNC else blocked > 0
 
