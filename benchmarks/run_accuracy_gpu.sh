@@ -27,7 +27,9 @@
 # TABLE_LIMIT_S (the eval-table run's limit; default: what is left of 540 s, so the tarball is written inside
 # a 10-minute call),
 # CAL_LIMIT_S (180), WORK (the work folder), PULSEIO_GIT_SHA (else `git rev-parse HEAD`), SHARDS (1: one eval-table
-# process; N: N processes, process i on GPU i with --shard i/N, all into $WORK: the cells run N at a time).
+# process; N: N processes, process i on GPU i with --shard i/N, all into $WORK: the cells run N at a time),
+# SHARD_LIST (which of those shards this run starts, default all: "1" runs shard 1/N alone, so another run
+# can take shard 0 later), SHARD_GPUS (the GPU of each of SHARD_LIST, default the shard's own index).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MODEL=${MODEL:-smollm2}
@@ -94,19 +96,21 @@ fi
 TABLE_LIMIT_S=${TABLE_LIMIT_S:-$(( 540 - ($(date +%s) - START) ))}   # the whole call within 9 minutes
 SHARDS=${SHARDS:-1}
 say "eval-table: $MODEL at $CONTEXTS on $DEVICE, $SHARDS shard(s) (limit ${TABLE_LIMIT_S}s; records in $WORK)"
-table() {  # $1: shard index; one eval-table process, on GPU $1 when sharded
-  ${SHARDED:+env CUDA_VISIBLE_DEVICES=$1} timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table \
+table() {  # $1: shard index, $2: its GPU; one eval-table process, on GPU $2 when sharded
+  ${SHARDED:+env CUDA_VISIBLE_DEVICES=$2} timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table \
     --model "$MODEL" --context-len "$CONTEXTS" --task "$TASKS" --mode "$MODES" --token-budget "$BUDGETS" \
     --samples "$SAMPLES" --heads "$HEADS" --device "$DEVICE" --out "$WORK" --resume --shard "$1/$SHARDS" \
     ${BATCH:+--batch "$BATCH"} > "$WORK/eval_table.$START.$1.log" 2>&1
 }
 [ "$SHARDS" -gt 1 ] && SHARDED=1
+SHARD_LIST=${SHARD_LIST:-$(seq -s ' ' 0 $((SHARDS - 1)))}
+shards=(${SHARD_LIST//,/ }); gpus=(${SHARD_GPUS:-${SHARD_LIST}}); gpus=(${gpus[@]//,/ })
 pids=()
-for ((i = 0; i < SHARDS; i++)); do table "$i" & pids+=($!); done
+for k in "${!shards[@]}"; do table "${shards[$k]}" "${gpus[$k]}" & pids+=($!); done
 rc=0
-for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"; r=$?
-  tr '\r' '\n' < "$WORK/eval_table.$START.$i.log" | grep -E '^\[' | tail -n 40
+for k in "${!pids[@]}"; do
+  wait "${pids[$k]}"; r=$?
+  tr '\r' '\n' < "$WORK/eval_table.$START.${shards[$k]}.log" | grep -E '^\[' | tail -n 40
   [ "$r" -gt "$rc" ] && rc=$r
 done
 case $rc in

@@ -4,9 +4,10 @@
 # (qwen3-14b preset, random weights, handed-in random KV, selection by the shipped recall-locality model).
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
 # Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
-# PROFILE=1 (a torch.profiler table per run). Results: $OUT/sparse.tgz.
+# PROFILE=1 (a torch.profiler table per run), R (the work folder, /tmp/sparse-results: one per concurrent run).
+# Results: $OUT/sparse.tgz.
 set -u
-R=/tmp/sparse-results; rm -rf $R; mkdir -p $R
+R=${R:-/tmp/sparse-results}; rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PARTS=${PARTS:-"tests bench"}; STEPS=${STEPS:-20}; BUDGET=${BUDGET:-2048}
 CONFIGS=${CONFIGS:-"8x32768 24x8192"}
@@ -21,7 +22,7 @@ trap finish EXIT
 if [[ " $PARTS " == *" tests "* ]]; then
   echo "== gpu tests" | tee -a $R/progress.log
   timeout 420 python -m pytest -q -m gpu -p no:cacheprovider tests/pulseio_engine/test_offload_gpu.py \
-    tests/pulseio/test_cuda_transfer.py::test_kernels_write_the_host_pool_through_its_device_view \
+    tests/pulseio/test_cuda_transfer.py tests/pulseio/test_runtime_gpu.py \
     tests/pulseio_engine/test_engine_gpu.py tests/pulseio_engine/test_synthetic_selection.py \
     "tests/pulseio/test_device_wait_patterns_gpu.py" -k "not test_device_wait_pattern or cold-4" \
     > $R/tests.log 2>&1
