@@ -125,9 +125,15 @@ class DeviceWaits:
         log.error("%s", error)
         if not self._stacks_logged:
             self._stacks_logged = True
-            log.error("threads when the first device wait expired:\n%s", thread_stacks())
+            log.error("at the first expired device wait: %s\n%s\nthreads:\n%s", self._poller.slot_state(completion.seq),
+                      self._words_before(completion.seq), thread_stacks())
         self._poller.fail(completion, error)
         self._unhold(completion)
+
+    def _words_before(self, seq: int, n: int = 3) -> str:
+        """The wait words of seq and the n requests before it: which the device has seen land."""
+        seqs = range(max(1, seq - n), seq + 1)
+        return "wait words: " + ", ".join(f"seq {s}: {self._words.value(s)}" for s in seqs)
 
     def close(self) -> None:
         self._watchdog.close()

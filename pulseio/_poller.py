@@ -261,6 +261,10 @@ class Poller:
         for _, completion in pending:
             self.fail(completion, error)
 
+    def slot_state(self, seq: int) -> str:
+        """Where request seq stands in the doorbell (see Doorbell.slot_state)."""
+        return self._doorbell.slot_state(seq)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()

@@ -45,6 +45,10 @@ class WaitWords:
     def reached(self, seq: int) -> bool:
         return bool(self._words[(seq - 1) % self.slots] >= seq)
 
+    def value(self, seq: int) -> int:
+        """The current value of request seq's word (a snapshot, for error reports)."""
+        return int(self._words[(seq - 1) % self.slots])
+
     def release_all(self) -> None:
         """Release every wait, for any seq (close)."""
         self._words[:] = RELEASED

@@ -54,6 +54,7 @@ from ._native.layout import (
     OUT_TASK,
     READ_LOST,
     READ_OK,
+    SEQ,
     STATUS_BAD_COUNT,
     slot_words,
 )
@@ -269,6 +270,22 @@ class Doorbell:
                     host_ids=self._ids[at : at + n].copy(), device_slots=self._slots[at : at + n].copy(),
                     published_ns=row[OUT_STAMP], seen_ns=row[OUT_SEEN] or seen_ns, error=error, task=row[OUT_TASK],
                     raised=bool(row[OUT_RAISED]))
+
+    def slot_state(self, seq: int) -> str:
+        """What request seq's slot holds now, in words (for errors about a request that never arrived);
+        reads one word, no lock: a snapshot."""
+        if self._memory is None:
+            return "closed"
+        held = int(self.words[((seq - 1) % self.layout.capacity) * self.layout.slot_words + SEQ])
+        if held == seq:
+            state = "published"
+        elif held == -seq:
+            state = "being published (the publish kernel started and has not finished)"
+        elif abs(held) < seq:
+            state = f"not published (the slot still holds seq {abs(held)})"
+        else:
+            state = f"overwritten by seq {abs(held)}"
+        return f"doorbell slot of seq {seq}: {state}; the poller reads seq {self._next} next"
 
     # -- lifecycle -------------------------------------------------------------------------------
 

@@ -139,3 +139,15 @@ def test_closed_doorbell_raises() -> None:
         bell.poll_nowait()
     with pytest.raises(ClosedError):
         bell.publish_simple(1)
+
+
+def test_slot_state_says_where_a_request_stands() -> None:
+    bell = ManualDoorbell(capacity=2, max_blocks=4)
+    assert bell.slot_state(1) == "doorbell slot of seq 1: not published (the slot still holds seq 0); " \
+                                 "the poller reads seq 1 next"
+    bell.publish(np.array([1]), np.array([2]))
+    assert bell.slot_state(1).startswith("doorbell slot of seq 1: published;")
+    row = bell.words[: bell.layout.slot_words]
+    row[0] = -3                                  # a producer of seq 3 (one lap on) has started writing
+    assert bell.slot_state(3).startswith("doorbell slot of seq 3: being published")
+    assert bell.slot_state(1).startswith("doorbell slot of seq 1: overwritten by seq 3")

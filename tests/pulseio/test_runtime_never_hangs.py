@@ -160,8 +160,11 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met(caplog
                                                 r"within device_wait_timeout_s=0.2 s and never reached a copier"):
             done.wait(timeout=10)
         assert rt._words.reached(seq) and not rt.workers[0].resident.held  # the stream is let go
-        stacks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("threads when")]
-        assert len(stacks) == 1 and "--- pulseio-poller" in stacks[0] and "--- MainThread" in stacks[0]
+        reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("at the first expired")]
+        assert len(reports) == 1 and "--- pulseio-poller" in reports[0] and "--- MainThread" in reports[0]
+        # where the request stood: its publish never ran, and its word was still unset
+        assert "doorbell slot of seq 1: not published (the slot still holds seq 0)" in reports[0]
+        assert "wait words: seq 1: 0" in reports[0]
         publisher.release()  # the publish runs after all: the request must not be copied now
         after = rt.post_recall(host_ids=np.array([8]), device_slots=np.array([4]), tag=5)
         publisher.release()
