@@ -18,7 +18,7 @@ from typing import Any
 from cuda.bindings import driver as cu
 
 from . import driver
-from .kernels import THREADS_PER_CTA, compile_copy_blocks, pieces
+from .kernels import THREADS_PER_CTA, compile_copy_blocks
 
 _WORD = 8
 _LaunchFn = ctypes.CFUNCTYPE(
@@ -111,5 +111,4 @@ class CopyBlocksLauncher:
         else:
             values[:] = (*src.kernel_args, *_id_args(src_ids_ptr, n), *dst.kernel_args, *_id_args(dst_ids_ptr, n), n)
             self._arrays = (src, dst)
-        grid = max(1, min(pieces(n, src.block_bytes // _WORD), self._max_ctas))  # no CTA without a piece
-        self._kernel.launch(stream_handle, grid, THREADS_PER_CTA)
+        self._kernel.launch(stream_handle, max(1, min(n, self._max_ctas)), THREADS_PER_CTA)

@@ -27,7 +27,7 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
 
 CTA 0's thread 0 is the leader: it polls the host entries (one PCIe read per poll) and forwards
 every ready entry into device memory, so the other CTAs spin on L2, not on the link. Each CTA
-copies one contiguous span of a task's pieces (`copy_span`); the last CTA to finish a task raises
+copies one contiguous span of a task's blocks (`copy_span`); the last CTA to finish a task raises
 the watermark and stores the done word.
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
@@ -165,7 +165,7 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
         word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
-        lo, hi = span_of(cta, ctas, n, host.shape[1])
+        lo, hi = span_of(cta, ctas, n)
         entry = entries + 8 * ENTRY_WORDS * slot
         target = dev + 8 * (DEV_HEADER + 2 * slots + 2 * slot)  # the raise target, kept on the device
         fetch = cta == ctas - 1 and t == cuda.blockDim.x - 1
