@@ -3,7 +3,7 @@
 Request seq owns word (seq - 1) % slots, and the word reaches seq once the request has landed or failed.
 Whoever learns that first sets it, with a plain store: the resident copy kernel when the task lands (a
 system-scope store), a pulseio thread when it sees a copy land or a request fail, the watchdog when it
-gives up on a wait, close. A stream waits with cuStreamWaitValue64(word >= seq).
+gives up on a wait, close. A stream waits with the wait kernel (`pulseio._cuda.wait_kernel`: word >= seq).
 
 Why host memory and not device memory: setting a word must never need a driver call. A driver call can
 queue behind another thread's call that waits for the whole device (a kernel module loaded on first
@@ -19,7 +19,7 @@ import numpy as np
 from .backend import HostMemory
 from .errors import ConfigError
 
-RELEASED = 1 << 62  # at close: every wait, whatever its seq, is released (the driver compares cyclically)
+RELEASED = 1 << 62  # at close: every wait, whatever its seq, is released (the wait compares cyclically)
 
 
 class WaitWords:

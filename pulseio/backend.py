@@ -96,7 +96,7 @@ class Backend(Protocol):
 class Publisher(Protocol):
     """Publishes doorbell requests in post order, and makes streams wait on request wait words."""
 
-    waits_on_device: bool  # False: device waits are host waits (no device, or no stream memory ops)
+    waits_on_device: bool  # False: device waits are host waits (no device)
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
         """Enqueue the publish of ids[:count] -> slots[:count]; never waits."""

@@ -1,4 +1,4 @@
-"""The GPU side of the doorbell: the publish device function and kernel, and the stream value ops.
+"""The GPU side of the doorbell: the publish device function and kernel, and the device wait.
 
 `publish_device(ring, counter, ids, slots, n, tag)` is called by every thread of ONE thread block
 (a selection kernel's last block, or the one-block `publish_kernel` launched right after the
@@ -8,7 +8,7 @@ after a barrier the block writes the payload; then fence (system scope), barrier
 writes count/tag/%globaltimer, fences, and stores seq. The protocol is in `pulseio/doorbell.py`.
 
 Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
-a consumer stream enqueues `cuStreamWaitValue64(word >= seq)`, which the copier or a host thread
+a consumer stream enqueues the wait kernel (`wait_kernel.py`) on it, which the copier or a host thread
 satisfies with a plain store.
 """
 
@@ -28,9 +28,9 @@ from . import (
     _numba_compat,  # noqa: F401  (must precede numba.cuda)
     driver,  # noqa: E402
 )
-from .driver import wait_value
 from .launch import PackedKernel, array_args
 from .sysmem import globaltimer
+from .wait_kernel import WaitLauncher
 
 log = logging.getLogger(__name__)
 
@@ -110,12 +110,6 @@ def _capturing(stream_handle: int) -> bool:
     return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
-def stream_mem_ops_supported(device_ordinal: int) -> bool:
-    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS
-    dev = driver.check("cuDeviceGet", cu.cuDeviceGet(device_ordinal))
-    return bool(driver.check("cuDeviceGetAttribute", cu.cuDeviceGetAttribute(attr, dev)))
-
-
 class DevicePublisher:
     """The CUDA backend's side of a Runtime's doorbell: launches publishes (owning the device counter they
     take seqs from) and enqueues device waits on request wait words. Every call here only enqueues work."""
@@ -129,11 +123,8 @@ class DevicePublisher:
         self._thread_ready = threading.local()
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
         self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr())
-        self.waits_on_device = stream_mem_ops_supported(device.index)
-        if not self.waits_on_device:
-            log.warning("%s does not support 64-bit stream memory operations "
-                        "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 0): Completion.device_wait "
-                        "waits on the host until the data has landed", device)
+        self.wait = WaitLauncher()
+        self.waits_on_device = True
         self._last: Any = None  # the stream of the previous publish
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
@@ -171,7 +162,7 @@ class DevicePublisher:
             raise InvalidRequestError(
                 "device_wait on a stream that is capturing a CUDA graph: a replay would wait for this one "
                 "request again; call device_wait outside the capture, before replaying the graph")
-        wait_value(stream.cuda_stream, address, value)
+        self.wait(stream.cuda_stream, address, value)
 
     def _bind_thread(self) -> None:
         if not getattr(self._thread_ready, "ready", False):

@@ -134,7 +134,6 @@ class MemcpyBatch:
             check("cuMemcpyBatchAsync", (cu.CUresult(status),))
 
 
-_GEQ = int(cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
 _WRITE_DEFAULT = int(cu.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT)
 _StreamValueFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint)
 
@@ -142,14 +141,6 @@ _StreamValueFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64
 @functools.cache
 def _stream_value_op(name: str) -> Any:
     return _StreamValueFn(proc_address(name))
-
-
-def wait_value(stream_handle: int, address: int, value: int) -> None:
-    """Enqueue on the stream: wait until the int64 at `address` is >= value (cyclic compare). No host wait.
-    Called through ctypes: the cuda-python wrapper builds an object per argument (~1 us each)."""
-    status = _stream_value_op("cuStreamWaitValue64")(stream_handle, address, value, _GEQ)
-    if status:
-        check("cuStreamWaitValue64", (cu.CUresult(status),))
 
 
 def write_value(stream_handle: int, address: int, value: int) -> None:

@@ -21,9 +21,10 @@ from .._native import task_ring as tr
 from .._resident import TaskRing
 from ..errors import CudaError, PulseInternalError
 from . import resident_kernel as rk
-from .driver import wait_value, write_value
+from .driver import write_value
 from .kernels import THREADS_PER_CTA
 from .launch import BlockArray, PackedKernel, array_args
+from .wait_kernel import WaitLauncher
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class ResidentCopier(TaskRing):
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         base = self._memory.device_ptr
         self._kernel = PackedKernel(rk.compile_resident_copy(), 33)
+        self._wait = WaitLauncher()
         self._kernel.values[:31] = (
             *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)),
             base, self._entries_host, self._done_host, self._dev.data_ptr(),
@@ -108,7 +110,7 @@ class ResidentCopier(TaskRing):
     def device_wait(self, stream: Any, seq: int) -> None:
         """Enqueue on `stream` (torch stream, default: current): wait until task seq has landed. No host wait."""
         stream = stream if stream is not None else torch.cuda.current_stream()
-        wait_value(stream.cuda_stream, self.watermark_addr, seq)
+        self._wait(stream.cuda_stream, self.watermark_addr, seq)
 
     def close(self) -> None:
         """Stop the kernel (it exits once idle) and free the ring. Every posted task must have landed."""

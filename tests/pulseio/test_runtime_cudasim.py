@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import numpy as np
     from pulseio.testing import ManualDoorbell
-    from pulseio._cuda.doorbell_kernels import publish_kernel, stream_mem_ops_supported
+    from pulseio._cuda.doorbell_kernels import publish_kernel
 
     bell = ManualDoorbell(capacity=4, max_blocks=64)
     ring = bell.words.reshape(bell.layout.capacity, bell.layout.slot_words)  # the kernel's [capacity, slot_words] view
@@ -39,4 +39,34 @@ SCRIPT = textwrap.dedent("""
 def test_publish_kernel_under_the_simulator() -> None:
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "SIM-OK" in result.stdout, result.stdout + result.stderr
+
+
+WAIT_SCRIPT = textwrap.dedent("""
+    import threading, time
+    import numpy as np
+    from pulseio._cuda.wait_kernel import compile_wait_word
+
+    wait_word = compile_wait_word()
+    word = np.zeros(1, dtype=np.int64)
+    address = word.ctypes.data
+    word[0] = 5
+    t0 = time.perf_counter()
+    wait_word[1, 32](address, 5)                  # reached: returns at once
+    wait_word[1, 32](address, 3)
+    assert time.perf_counter() - t0 < 2.0
+    late = threading.Timer(0.3, lambda: word.__setitem__(0, 9))
+    late.start()
+    t0 = time.perf_counter()
+    wait_word[1, 32](address, 9)                  # holds until a writer stores the value
+    assert time.perf_counter() - t0 >= 0.25 and word[0] == 9
+    word[0] = 1 << 62                             # the Runtime's RELEASED: every wait lets go (cyclic compare)
+    wait_word[1, 32](address, 12)
+    print("SIM-OK")
+""")
+
+
+def test_wait_kernel_holds_until_the_word_reaches_the_value_under_the_simulator() -> None:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT))
+    result = subprocess.run([sys.executable, "-c", WAIT_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "SIM-OK" in result.stdout, result.stdout + result.stderr

@@ -1,5 +1,5 @@
 """The runtime on a real GPU: GPU-chosen ids reach the poller through the ring, the consumer stream
-waits on the device (cuStreamWaitValue64), and the submitting thread never syncs."""
+waits on the device (the wait kernel), and the submitting thread never syncs."""
 
 from __future__ import annotations
 

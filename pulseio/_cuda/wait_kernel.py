@@ -1,0 +1,51 @@
+"""The device wait: a one-thread kernel that holds its stream until an int64 word reaches a value.
+
+Device waits (a doorbell request's wait word in pinned host memory, a resident task's watermark in
+device memory) are this kernel, not `cuStreamWaitValue64`. On the H200, a stream held by that stream
+memory operation on a host word was not let go when the word was set while the resident copy kernel
+kept running; it moved once the copier exited. So a fresh runtime's first step stalled until the
+watchdog gave up on its requests. A running kernel reads the word itself, at system scope, every
+~100 ns, and ends as soon as any writer (the copier, a host thread, the watchdog) stores the value.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+from numba import cuda
+
+from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
+from .launch import PackedKernel
+from .sysmem import load_acquire_sys, pause
+
+WAIT_SIGNATURE = "void(int64, int64)"
+WAIT_THREADS = 32
+
+
+def wait_word(address, value):  # pragma: no cover - runs on the GPU / simulator
+    """Spin until the int64 at `address` reaches value, compared cyclically as cuStreamWaitValue64's GEQ
+    does ((word - value) as int64 >= 0): later work on the stream runs only after that."""
+    if cuda.threadIdx.x == 0:
+        while load_acquire_sys(address) - value < 0:
+            pause()
+
+
+@functools.cache
+def compile_wait_word():
+    return cuda.jit(WAIT_SIGNATURE)(wait_word)
+
+
+class WaitLauncher:
+    """Launches `wait_word` with a pre-packed argument block. Thread-safe: device waits come from any
+    thread. Compiled and loaded into the context at construction, so a wait never loads a module (a
+    module load can itself wait for the device, see `pulseio._device_waits`)."""
+
+    def __init__(self) -> None:
+        self._kernel = PackedKernel(compile_wait_word(), 2)
+        self._lock = threading.Lock()
+
+    def __call__(self, stream_handle: int, address: int, value: int) -> None:
+        with self._lock:
+            self._kernel.values[0], self._kernel.values[1] = address, value
+            self._kernel.launch(stream_handle, 1, WAIT_THREADS)
