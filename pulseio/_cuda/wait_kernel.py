@@ -1,11 +1,10 @@
 """The device wait: a one-thread kernel that holds its stream until an int64 word reaches a value.
 
 Device waits (a doorbell request's wait word in pinned host memory, a resident task's watermark in
-device memory) are this kernel, not `cuStreamWaitValue64`. On the H200, a stream held by that stream
-memory operation on a host word was not let go when the word was set while the resident copy kernel
-kept running; it moved once the copier exited. So a fresh runtime's first step stalled until the
-watchdog gave up on its requests. A running kernel reads the word itself, at system scope, every
-~100 ns, and ends as soon as any writer (the copier, a host thread, the watchdog) stores the value.
+device memory) are this kernel, not `cuStreamWaitValue64`. A stream memory operation on a host word is
+re-read by the GPU's front end on a schedule the driver owns; this kernel reads the word itself, at
+system scope, every ~100 ns, and ends as soon as any writer (the copier, a host thread, the watchdog)
+stores the value. It holds one warp of one SM while it waits.
 """
 
 from __future__ import annotations
