@@ -15,7 +15,6 @@ satisfies with a plain store.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 from typing import Any
 
@@ -31,8 +30,6 @@ from . import (
 from .launch import PackedKernel, array_args
 from .sysmem import globaltimer
 from .wait_kernel import WaitLauncher
-
-log = logging.getLogger(__name__)
 
 PUBLISH_THREADS = 256
 PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)"
