@@ -5,6 +5,8 @@
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
 # Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
 # PROFILE=1 (a torch.profiler table per run), R (the work folder, /tmp/sparse-results: one per concurrent run).
+# PARTS=stall: the offload GPU case STALL_RUNS (5) times in fresh processes, one line each with its first-expiry
+# report (doorbell slot, wait words); STALL_ENV (say CUDA_LAUNCH_BLOCKING=1) is set for those runs only.
 # Results: $OUT/sparse.tgz.
 set -u
 R=${R:-/tmp/sparse-results}; rm -rf $R; mkdir -p $R
@@ -16,7 +18,7 @@ SPECS=${SPECS:-"quest-all-on-gpu:quest offload-sync:solohead offload-doorbell:so
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   free -g | head -2; echo "PARTS=$PARTS STEPS=$STEPS BUDGET=$BUDGET CONFIGS=$CONFIGS"; } > $R/meta.txt 2>&1
-finish() { tar czf ${OUT:-/tmp}/sparse.tgz -C $R . ; }
+finish() { mkdir -p ${OUT:-/tmp} && tar czf ${OUT:-/tmp}/sparse.tgz -C $R . ; }
 trap finish EXIT
 
 if [[ " $PARTS " == *" tests "* ]]; then
@@ -27,6 +29,16 @@ if [[ " $PARTS " == *" tests "* ]]; then
     "tests/pulseio/test_device_wait_patterns_gpu.py" -k "not test_device_wait_pattern or cold-4" \
     > $R/tests.log 2>&1
   echo "tests rc=$?" | tee -a $R/progress.log; tail -3 $R/tests.log
+fi
+
+if [[ " $PARTS " == *" stall "* ]]; then
+  echo "== offload case, ${STALL_RUNS:-5} runs ${STALL_ENV:-}" | tee -a $R/progress.log
+  for i in $(seq 1 "${STALL_RUNS:-5}"); do
+    env ${STALL_ENV:-} timeout 120 python -m pytest -q -x -m gpu -p no:cacheprovider \
+      tests/pulseio_engine/test_offload_gpu.py > $R/stall-$i.log 2>&1
+    echo "run $i rc=$? $(tail -1 $R/stall-$i.log | cut -c1-80) | $(grep -o 'doorbell slot of seq [0-9]*: [a-z ]*' \
+      $R/stall-$i.log | head -1) $(grep -o 'wait words: [^\\]*' $R/stall-$i.log | head -1 | cut -c1-80)" | tee -a $R/progress.log
+  done
 fi
 
 if [[ " $PARTS " == *" bench "* ]]; then
