@@ -120,8 +120,11 @@ class TimedRecaller:
     def take_publish_to_landed(self) -> tuple[int, float, int]:
         """(bytes, seconds, requests) of the finished doorbell requests since the last call that carry both
         stamps (RESIDENT: publish -> landed on the device clock); unfinished ones wait for the next call."""
-        finished = [r for r in self.requests if r.done()]
-        self.requests = [r for r in self.requests if not r.done()]
+        finished: list[Any] = []
+        pending: list[Any] = []
+        for r in self.requests:                  # one look at each: one finishing meanwhile is in exactly one list
+            (finished if r.done() else pending).append(r)
+        self.requests = pending
         stamped = [r for r in finished if r.landed_ns is not None and r.published_ns is not None and r.nbytes]
         return (sum(r.nbytes for r in stamped), sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
                 len(stamped))
