@@ -26,7 +26,7 @@ if [[ " $PARTS " == *" tests "* ]]; then
   timeout 420 python -m pytest -q -m gpu -p no:cacheprovider tests/pulseio_engine/test_offload_gpu.py \
     tests/pulseio/test_cuda_transfer.py tests/pulseio/test_runtime_gpu.py \
     tests/pulseio_engine/test_engine_gpu.py tests/pulseio_engine/test_synthetic_selection.py \
-    "tests/pulseio/test_device_wait_patterns_gpu.py" -k "not test_device_wait_pattern or cold-4" \
+    "tests/pulseio/test_device_wait_patterns_gpu.py" -k "not test_device_wait_pattern or cold-4 or interleaved" \
     > $R/tests.log 2>&1
   echo "tests rc=$?" | tee -a $R/progress.log; tail -3 $R/tests.log
 fi

@@ -11,9 +11,15 @@ held, possibly part of the copy). No wait can hang the process:
   So no device wait here ever depends on a driver call still to be made.
 * RESIDENT requests (and AUTO, which in the doorbell path means RESIDENT wherever the backend has a
   resident copier) never wait on the host: the stream waits for the request's wait word in pinned
-  host memory, and the resident copy kernel, held up while any such wait is outstanding (started by
-  `device_wait` itself if it had stopped), stores the word when the data lands. Between the publish
-  and the word there is no driver call: the poller posts the task with plain stores.
+  host memory (the wait kernel), and the resident copier stores the word when the data lands. Before
+  that wait, `device_wait` launches a copier generation for the request in the stream's order: it
+  starts only once the stream has run the request's publish, and does not stop before the word is set.
+  Between the publish and the word there is no driver call: the poller posts the task with plain stores.
+* And no kernel of ours runs ahead of work it depends on that is still queued: some operations wait
+  for every running kernel first, on the host (a first launch under lazy module loading, a Triton
+  module load, cudaFree; other threads' driver calls then wait too) or on the GPU (some first launches
+  under eager loading). A copier kept up on the host's word for a request whose publish is still
+  queued behind one of those never sees its task: a deadlock until the watchdog (it was, before).
 * Every other strategy needs driver calls after the publish (a launch, a memcpy), so its
   `device_wait` first waits on the host, GIL released, until the copy is enqueued (which needs the
   publish to have run), then makes the stream wait for the copy's event.
@@ -55,10 +61,8 @@ class DeviceWaits:
                  timeout_s: float) -> None:
         self._publisher, self._words, self._poller, self._workers = publisher, words, poller, workers
         self._timeout = timeout_s
-        self._lock = threading.Lock()
-        self._held: set[int] = set()  # seqs a stream waits for on the device whose copier is held up
         self._stacks_logged = False  # the first expiry logs every thread's stack: who kept the request back
-        self._watchdog = Watchdog(landed=lambda c: words.reached(c.seq), release=self._unhold, expire=self._expire)
+        self._watchdog = Watchdog(landed=lambda c: words.reached(c.seq), expire=self._expire)
 
     @property
     def expired(self) -> int:
@@ -76,8 +80,10 @@ class DeviceWaits:
                                     f"within device_wait_timeout_s={timeout} s (waited on the host)") from exc
             return
         if completion.strategy is Strategy.RESIDENT:
-            self._hold(completion)
-            self._publisher.wait_word(stream, self._words.address(completion.seq), completion.seq)
+            seq, word = completion.seq, self._words.address(completion.seq)
+            self._copier(seq).serve_for(stream, word, seq)
+            self._watchdog.arm(seq, timeout, completion)
+            self._publisher.wait_word(stream, word, seq)
             return
         if not completion.wait_issued(timeout):
             raise TransferError(
@@ -90,31 +96,13 @@ class DeviceWaits:
         if completion.transfer is not None:  # None: it finished with nothing to copy
             completion.transfer.device_wait(stream)
 
-    def _hold(self, completion: Completion) -> None:
-        """Keep the request's copier up until the request's word is set, and arm the watchdog (once per
-        request). The watchdog lets go once it sees the word set (every way a request ends sets it)."""
-        seq = completion.seq
-        with self._lock:
-            if seq in self._held:
-                return
-            self._held.add(seq)
-        self._copier(seq).hold()
-        self._watchdog.arm(seq, self._timeout, completion)
-
-    def _unhold(self, completion: Completion) -> None:
-        with self._lock:
-            if completion.seq not in self._held:
-                return
-            self._held.discard(completion.seq)
-        self._copier(completion.seq).unhold()
-
     def _copier(self, seq: int) -> Any:
         return self._workers[seq % len(self._workers)].resident
 
     def _expire(self, completion: Completion) -> None:
         """The watchdog's call: `completion` is still unfinished at its deadline. Fail it, set its word."""
         if completion.done():
-            return self._unhold(completion)
+            return
         stage = "never reached a copier (its slots were not written)" if self._poller.cancel(completion) else (
             "was handed to the copier and has not landed: its copy may still write its slots")
         blocks = f", {completion.num_blocks} blocks" if completion.num_blocks else ""
@@ -128,7 +116,6 @@ class DeviceWaits:
             log.error("at the first expired device wait: %s\n%s\nthreads:\n%s", self._poller.slot_state(completion.seq),
                       self._words_before(completion.seq), thread_stacks())
         self._poller.fail(completion, error)
-        self._unhold(completion)
 
     def _words_before(self, seq: int, n: int = 3) -> str:
         """The wait words of seq and the n requests before it: which the device has seen land."""

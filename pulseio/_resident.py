@@ -55,9 +55,6 @@ class TaskRing:
         self._entries_host, self._done_host = base + 8 * entries_at, base + 8 * done_at
         self._ctrl_host = base  # the control line: the routes' issuer and the fast lane post under its tr.lock
         self.forwarded = 0  # tasks the doorbell's fast lane posted
-        self._hold_lock = threading.Lock()
-        self._holds = 0  # device waits outstanding (CTRL_HOLD mirrors it for the server)
-        tr.store_hold(self._ctrl_host, 0)  # compiled now, not on the first device wait
 
     # -- posting -------------------------------------------------------------------------------------
 
@@ -133,35 +130,20 @@ class TaskRing:
         finally:
             tr.unlock(self._ctrl_host)
 
-    # -- holding the server up -----------------------------------------------------------------------
+    # -- device waits ---------------------------------------------------------------------------------
 
-    def hold(self) -> None:
-        """A device wait is about to depend on a task of this ring: keep the server up until `unhold`.
-        The first hold starts it if it had stopped, on the calling thread and under the hold lock, so that
-        once a stream waits, landing the task needs no driver call (see `pulseio/runtime.py`). No stream
-        waits on this ring while there is no hold, so that launch never waits behind one of ours."""
-        with self._hold_lock:
-            self._holds += 1
-            if self._holds == 1:
-                tr.store_hold(self._ctrl_host, 1)  # store, full fence, then the server check
-                self._ensure_serving()
-
-    def unhold(self) -> None:
-        with self._hold_lock:
-            self._holds -= 1
-            if self._holds == 0:
-                tr.store_hold(self._ctrl_host, 0)
-
-    @property
-    def held(self) -> bool:
-        return self._holds > 0
+    def serve_for(self, stream: Any, word_at: int, value: int) -> None:
+        """A stream is about to wait on the device until the int64 at `word_at` reaches value, which a task
+        of this ring will store once landed: make sure a server takes that task without a driver call
+        after this one. This server is always up."""
+        self._ensure_serving()
 
     def describe(self) -> str:
         """The ring's state in one line, for errors about a task that did not land."""
         ctrl = self._ctrl
         return (f"task ring: last task posted {int(ctrl[tr.CTRL_SEQ])}, promised {int(ctrl[tr.CTRL_PROMISED])}, "
-                f"landed up to {int(self._done.max())}, device waits holding the server {self._holds}, "
-                f"server generation that last offered to stop {int(ctrl[tr.CTRL_STOPPED])}")
+                f"landed up to {int(self._done.max())}, server generation that last offered to stop "
+                f"{int(ctrl[tr.CTRL_STOPPED])}")
 
     def event(self, seq: int) -> TaskEvent:
         return TaskEvent(self, seq)
@@ -197,7 +179,7 @@ class TaskRing:
         """After a post, given the stop word read behind the promise: make sure the server will see it."""
 
     def _ensure_serving(self) -> None:
-        """After CTRL_HOLD was raised (behind a full fence): start the server if it stopped."""
+        """Start the server if it stopped."""
 
     def _check_running(self, seq: int) -> None:
         """A waiter whose task is late: make sure the server is up; raise if it failed."""

@@ -1,11 +1,11 @@
-"""Watchdog: the thread that lets go of device waits, and never calls the driver.
+"""Watchdog: the thread that fails a device wait that cannot be met, and never calls the driver.
 
-A stream that waits for a request's word is released only by a store to that word, and the resident
-copier it depends on stays up (holding SMs, and keeping a device synchronize or a cudaFree waiting)
-until the wait is let go. The watchdog looks at every armed item every `poll_s` (while any is armed):
-once `landed(item)` it calls `release(item)`; if the item reaches its deadline first, `expire(item)`
-(the Runtime fails the request and sets its word). Neither depends on any other pulseio thread, so a
-thread stuck in a driver call (behind a cudaFree that waits for the copier) cannot hold a copier up.
+A stream that waits for a request's word is released only by a store to that word, and the copier
+generation launched for it stays up (holding SMs, and keeping a device synchronize or a cudaFree
+waiting) until the word is set. The watchdog looks at every armed item every `poll_s` (while any is
+armed): once `landed(item)` it forgets it; if the item reaches its deadline first, `expire(item)` (the
+Runtime fails the request and sets its word). Neither depends on any other pulseio thread, so a thread
+stuck in a driver call cannot keep a stream waiting for good.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from typing import Any
 class Watchdog:
     """Watches armed items on its own thread; see the module doc."""
 
-    def __init__(self, *, landed: Callable[[Any], bool], release: Callable[[Any], None],
-                 expire: Callable[[Any], None], poll_s: float = 1e-3) -> None:
-        self._landed, self._release, self._expire = landed, release, expire
+    def __init__(self, *, landed: Callable[[Any], bool], expire: Callable[[Any], None], poll_s: float = 1e-3) -> None:
+        self._landed, self._expire = landed, expire
         self._poll_s = poll_s
         self._armed: dict[int, tuple[float, Any]] = {}  # key -> (deadline on time.monotonic, item)
         self._cond = threading.Condition()
@@ -52,7 +51,6 @@ class Watchdog:
             for key, (deadline, item) in armed:
                 if self._landed(item):
                     self.disarm(key)
-                    self._release(item)
                 elif deadline <= now:
                     self.disarm(key)
                     self.expired += 1

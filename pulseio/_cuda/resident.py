@@ -4,8 +4,9 @@ Posting a task is a few stores into pinned memory and one fenced load: no driver
 (`TaskRing.post`). A task's completion is a `TaskEvent`, which stands in for a torch.cuda.Event
 wherever the routes hand one out: `query()` reads the task's done word, `synchronize()` spins on it
 with the GIL released, and `wait(stream)` makes a stream wait for the kernel's watermark on the
-device. This class adds the kernel: launching it, restarting it after an idle stop (see
-`resident_kernel.py` for the protocol), and stopping it at close.
+device. This class adds the kernel: launching it, restarting it after an idle stop, launching a
+generation for a device wait in the waiting stream's order (see `resident_kernel.py` for the
+protocol), and stopping it at close.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class ResidentCopier(TaskRing):
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         base = self._memory.device_ptr
-        self._kernel = PackedKernel(rk.compile_resident_copy(), 33)
+        self._kernel = PackedKernel(rk.compile_resident_copy(), 35)
         self._wait = WaitLauncher()
         self._kernel.values[:31] = (
             *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)),
@@ -57,30 +58,45 @@ class ResidentCopier(TaskRing):
         self._launch_lock = threading.Lock()
         self._gen = 0
         self.launches = 0
+        self._published = torch.cuda.Event()  # re-recorded per serve_for: a stream wait takes the record of its call
         self._warm_up()
 
     def _warm_up(self) -> None:
         """Launch once with CTRL_CLOSE set: loads the kernel now (a first launch under lazy module loading
         waits for the device, which may be waiting for a copy) and checks that it runs and stops."""
         self._ctrl[tr.CTRL_CLOSE] = 1
+        self._published.record(self.stream)
+        self.stream.wait_event(self._published)
         self._launch()
         self.stream.synchronize()
         self._ctrl[tr.CTRL_CLOSE] = 0
         if self._ctrl[tr.CTRL_STOPPED] != self._gen:
             raise PulseInternalError("the resident copy kernel exited without its stop handshake")
 
-    def _launch(self) -> None:
-        """Start the next generation on our stream (behind the previous one, if that is still running)."""
+    def _launch(self, hold_at: int = 0, hold_to: int = 0) -> None:
+        """Start the next generation on our stream (behind the previous one, if that is still running);
+        CTRL_LAUNCHED tells the running one that it has a successor. Under the launch lock."""
         self._gen += 1
         self.launches += 1
-        self._kernel.values[31] = self._gen
+        self._ctrl[tr.CTRL_LAUNCHED] = self._gen
+        values = self._kernel.values
+        values[31], values[33], values[34] = self._gen, hold_at, hold_to
         self._kernel.launch(self.stream.cuda_stream, self._ctas, THREADS_PER_CTA)
 
+    def serve_for(self, stream: Any, word_at: int, value: int) -> None:
+        """A stream is about to wait on the device until the int64 at `word_at` reaches value, which a task
+        of this ring will store: launch a generation that starts once `stream` reaches this point (behind
+        the request's publish) and does not stop before the word is set. Landing the task then needs no
+        driver call, and no kernel of ours runs ahead of the publish it serves (see the kernel's doc)."""
+        stream = stream if stream is not None else torch.cuda.current_stream(self._device)
+        with self._launch_lock:
+            self._published.record(stream)
+            self.stream.wait_event(self._published)
+            self._launch(word_at, value)
+
     def _posted(self, stopped: int) -> None:
-        """After a post: if the kernel had offered to stop (it may be gone), start the next generation.
-        Not while held: then the kernel cannot stop (or `hold` is starting it), and a launch here, on the
-        poller's thread, could queue behind a driver call that waits for the very stream we hold up."""
-        if stopped == self._gen and not self.held:
+        """After a post: if the last generation launched had offered to stop (it may be gone), start the next."""
+        if stopped == self._gen:
             self._ensure_serving()
 
     def _ensure_serving(self) -> None:

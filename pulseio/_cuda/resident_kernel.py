@@ -1,15 +1,15 @@
 """The resident copy kernel: copy_blocks that stays on the GPU and takes its work from a host ring.
 
 Launching a kernel per transfer costs 6-8 us of host time on the H200 VM, plus an event; for a
-64-block recall that is most of the budget. This kernel is launched once and then serves tasks
-the host posts into pinned memory, until it has been idle for `idle_ns`; the host relaunches it
-on the next post. Tasks are numbered 1, 2, 3, ... and served in order.
+64-block recall that is most of the budget. This kernel is launched and then serves tasks the host
+posts into pinned memory, until it has been idle for `idle_ns`; the host relaunches it on the next
+post. Tasks are numbered 1, 2, 3, ... and served in order.
 
 Memory (int64 words; addresses are passed as int64 so the protocol words get explicit scopes; the
 layout constants are in `pulseio/_native/task_ring.py`, with the host half of the protocol):
 * host control, pinned: CTRL_PROMISED (host: highest task posted or on its way), CTRL_STOPPED
   (kernel: the generation that last offered to stop), CTRL_CLOSE (host: stop as soon as idle),
-  CTRL_HOLD (host: device waits outstanding on this ring's tasks; the kernel does not stop while > 0);
+  CTRL_LAUNCHED (host: the last generation launched);
 * host entries, pinned, ENTRY_WORDS per slot: ENTRY_TASK = pack(s, count, direction), written last by
   the host (or by a stream write, for stream-ordered posts); ENTRY_RAISE_AT / ENTRY_RAISE_TO: a
   word the kernel sets to RAISE_TO once the task has landed, 0 for none: a doorbell request's wait
@@ -35,11 +35,17 @@ fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED,
 CTRL_STOPPED. At least one sees the other: either the kernel sees the promise and keeps serving,
 or the host sees the stop and relaunches (the new launch queues behind the old one on its stream
 and starts at DEV_START). When both see each other the spare launch starts after the old one exits
-and serves from where it stopped, so no task is served twice. CTRL_HOLD takes part in the same
-handshake: the host stores it, fences, then reads CTRL_STOPPED (and relaunches if the kernel stopped);
-the kernel reads it again after its own fence. So while a consumer stream waits for a task, the kernel
-is up, and landing the task needs no launch, i.e. no driver call that could queue behind one that
-waits for the whole device (a lazy module load, a cudaFree, a device synchronize).
+and serves from where it stopped, so no task is served twice.
+
+Device waits. A generation may be launched for one (`hold_at`, `hold_to`: a request's wait word and
+its value), in stream order behind that request's publish (`ResidentCopier.serve_for`): it does not
+stop before the word is set, and it stops as soon as it is idle once a later generation has been
+launched (CTRL_LAUNCHED > gen; that one starts where it stopped). So a generation holds its SMs only
+for a request whose publish has already run. Holding them for one still queued behind other work is a
+deadlock: some operations wait for every running kernel first, on the host (a kernel's first launch
+under lazy module loading, a Triton module load, cudaFree) or on the GPU (some first launches under
+eager loading), and then the publish that would release the copier never runs
+(`benchmarks/probe_spinner_block.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from numba import cuda, int64
 from .._native.task_ring import (  # the layout both halves share
     COUNT_BITS,
     CTRL_CLOSE,
-    CTRL_HOLD,
+    CTRL_LAUNCHED,
     CTRL_PROMISED,
     CTRL_STOPPED,
     ENTRY_LANDED_NS,
@@ -80,7 +86,8 @@ DEV_HEADER = 16
 CLOSE_POLL_NS = 20_000  # how often an idle leader reads CTRL_CLOSE
 
 
-RESIDENT_SIGNATURE = "void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64)"
+RESIDENT_SIGNATURE = ("void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64, "
+                      "int64, int64)")
 
 
 def dev_words(slots: int) -> int:
@@ -104,14 +111,12 @@ def _forward(entries, dev, slots, forwarded):  # pragma: no cover - runs on the 
 
 
 @cuda.jit(device=True)
-def _offer_stop(ctrl, dev, forwarded, gen):  # pragma: no cover - runs on the GPU / simulator
-    """Leader, idle: stop unless the host promised a task or holds the kernel up for a device wait (see
-    the module doc). True if stopped."""
-    if load_acquire_sys(ctrl + 8 * CTRL_HOLD) > 0:  # held: do not even offer
-        return False
+def _offer_stop(ctrl, dev, forwarded, gen, handed_over):  # pragma: no cover - runs on the GPU / simulator
+    """Leader, idle: stop unless the host promised a task (see the module doc); handed_over: a later
+    generation is launched, which serves any promise. True if stopped."""
     store_release_sys(ctrl + 8 * CTRL_STOPPED, gen)
     cuda.threadfence_system()
-    if load_acquire_sys(ctrl + 8 * CTRL_PROMISED) > forwarded or load_acquire_sys(ctrl + 8 * CTRL_HOLD) > 0:
+    if not handed_over and load_acquire_sys(ctrl + 8 * CTRL_PROMISED) > forwarded:
         return False
     store_release_gpu(dev + 8 * DEV_START, forwarded + 1)
     store_release_gpu(dev + 8 * DEV_EXIT, gen)
@@ -119,9 +124,9 @@ def _offer_stop(ctrl, dev, forwarded, gen):  # pragma: no cover - runs on the GP
 
 
 @cuda.jit(device=True)
-def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state):  # pragma: no cover
+def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, state):  # pragma: no cover
     """Thread 0 of each CTA: wait until `task` is forwarded (1) or this generation exits (0).
-    state: [3] int64 local to the leader: (forwarded, last active time, last look at CTRL_CLOSE)."""
+    state: [3] int64 local to the leader: (forwarded, last active time, last look at the host words)."""
     while True:
         if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task:
             return 1
@@ -135,19 +140,24 @@ def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state):  # pragma:
         if forwarded > state[0]:
             state[0], state[1] = forwarded, now
             continue
-        closing = False
-        if now - state[2] >= CLOSE_POLL_NS:  # a PCIe read: not on every poll, which would double its period
-            state[2] = now
-            closing = load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0
-        if now - state[1] >= idle_ns or closing:
-            if not _offer_stop(ctrl, dev, forwarded, gen):
-                state[1] = now
-        else:
+        if now - state[2] < CLOSE_POLL_NS:  # the host words are PCIe reads: not on every poll
             pause()
+            continue
+        state[2] = now
+        closing = load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0
+        held = hold_at != 0 and load_acquire_sys(hold_at) - hold_to < 0
+        if held and not closing:
+            state[1] = now
+            continue
+        handed_over = load_acquire_sys(ctrl + 8 * CTRL_LAUNCHED) > gen
+        if handed_over or closing or now - state[1] >= idle_ns:
+            if not _offer_stop(ctrl, dev, forwarded, gen, handed_over):
+                state[1] = now
 
 
-def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # pragma: no cover
-    """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned."""
+def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to):  # pragma: no cover
+    """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned;
+    hold_at, hold_to: a device wait's word and value (0, 0: none), see the module doc."""
     serve = cuda.shared.array(1, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
     state = cuda.local.array(3, int64)
@@ -157,7 +167,7 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns):  # 
     state[0], state[1], state[2] = task - 1, globaltimer(), 0
     while True:
         if t == 0:
-            serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, state)
+            serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, state)
         cuda.syncthreads()
         if serve[0] == 0:
             return

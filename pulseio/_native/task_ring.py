@@ -31,7 +31,7 @@ from .validate import OK
 
 CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2  # shared with the kernel
 CTRL_TICKET, CTRL_SERVING, CTRL_SEQ = 3, 4, 5  # host only: the posters' ticket lock, the last task posted
-CTRL_HOLD = 6  # host: device waits outstanding on tasks of this ring; the kernel does not stop while > 0
+CTRL_LAUNCHED = 6  # host: the last server generation launched; an earlier one stops as soon as it may (kernel doc)
 CTRL_WORDS = 16  # its own 128-byte line
 ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS = 0, 1, 2, 3
 ENTRY_WORDS = 4
@@ -81,13 +81,6 @@ def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, directio
     stopped = promise(ctrl, seq)
     unlock(ctrl)
     return seq, stopped
-
-
-def _store_hold(ctrl, holds):
-    """Publish the count of device waits outstanding (CTRL_HOLD), then a full fence: the caller next reads
-    CTRL_STOPPED, the other half of the Dekker handshake with an idle kernel (see `_offer_stop` there)."""
-    store_release(ctrl + 8 * CTRL_HOLD, holds)
-    fence_seq_cst()
 
 
 def _wait_at_least(addr, value, iterations):
@@ -169,10 +162,9 @@ if NATIVE:
     promise = _jit(_promise)
     post = _jit(_post)
     wait_at_least = _jit(_wait_at_least)
-    store_hold = _jit(_store_hold)
     forward = _jit(_forward)
 else:  # pragma: no cover - exercised where numba is absent: no fast lane, a lock that yields the GIL
-    post, wait_at_least, unlock, forward, store_hold = _post, _wait_at_least, _unlock, None, _store_hold
+    post, wait_at_least, unlock, forward = _post, _wait_at_least, _unlock, None
     write_task, promise = _write_task, _promise
 
     def lock(ctrl: int) -> None:

@@ -122,8 +122,20 @@ def triton_sum(done: Any, pool: torch.Tensor, slots: torch.Tensor, stream: torch
     return out
 
 
+def selection(done: Any, pool: torch.Tensor, slots: torch.Tensor, stream: torch.cuda.Stream) -> torch.Tensor:
+    """A sparse selection's kernels (top-k, a stable argsort) score the slots, with no host sync: on their
+    first launch some wait for every running kernel, on the host (lazy module loading) or on the GPU (top-k
+    under eager loading), while the host goes on to post the next request."""
+    with torch.cuda.stream(stream):
+        out = _gather(pool, slots)
+        scores = out[:, :64].to(torch.float32).sum(1)
+        torch.topk(scores, min(4, len(scores)))
+        torch.argsort(scores, stable=True)
+    return out
+
+
 PATTERNS: dict[str, Pattern] = {
     "item": item, "pinned_poll": pinned_poll, "wait_then_item": wait_then_item, "cpu": cpu,
     "synchronize": synchronize, "empty_cache": empty_cache, "alloc_growth": alloc_growth,
-    "pinned_alloc": pinned_alloc, "graph": graph, "triton": triton_sum,
+    "pinned_alloc": pinned_alloc, "graph": graph, "triton": triton_sum, "selection": selection,
 }

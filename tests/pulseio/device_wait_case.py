@@ -1,9 +1,11 @@
-"""One device-wait case in a fresh process: python device_wait_case.py PATTERN STRATEGY K cold|warm [DEPTH].
+"""One device-wait case in a fresh process:
+python device_wait_case.py PATTERN STRATEGY K cold|warm [DEPTH [last|interleaved]].
 
 Opens a runtime, then for 3 steps: GPU-held ids and slots, DEPTH (default 1) requests in a chain (each
 post_recall and device_wait on the consumer stream, so each publish runs only once the request before it
-has landed: an engine's layers), the consumer pattern (`pulseio.testing.consumers`) behind the last wait,
-and a bit-exact check of what the consumer read of every request.
+has landed: an engine's layers), the consumer pattern (`pulseio.testing.consumers`) behind the last wait
+("last", the default) or behind each wait, before the next request's publish ("interleaved": an engine's
+layer between two recalls), and a bit-exact check of what the consumer read of every request.
 "cold": nothing but the runtime's own setup ran on the GPU before the first post (the consumer's kernels
 are launched for the first time behind the wait); "warm": the pattern ran once on other slots first.
 Prints one JSON line; exits 0 only if every step landed bit-exact. A hang is the parent's to kill:
@@ -21,7 +23,7 @@ import time
 faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "100")), exit=True)
 
 
-def main(pattern: str, strategy_name: str, k: int, temperature: str, depth: int = 1) -> dict:
+def main(pattern: str, strategy_name: str, k: int, temperature: str, depth: int = 1, placement: str = "last") -> dict:
     import numpy as np
     import torch
 
@@ -49,13 +51,15 @@ def main(pattern: str, strategy_name: str, k: int, temperature: str, depth: int 
             slots_np = rng.choice(4096, size=depth * k, replace=False).astype(np.int64)
             ids, slots = torch.from_numpy(ids_np).to("cuda"), torch.from_numpy(slots_np).to("cuda")  # copies only
             t0 = time.perf_counter()
-            chain = []
+            chain, outs = [], []
             for d in range(depth):
                 done = rt.post_recall(host_ids=ids[d * k:(d + 1) * k], device_slots=slots[d * k:(d + 1) * k],
                                       stream=stream, tag=step * depth + d)
                 done.device_wait(stream)
                 chain.append(done)
-            out = consume(done, pool, slots, stream)
+                if placement == "interleaved":
+                    outs.append(consume(done, pool, slots[d * k:(d + 1) * k], stream))
+            out = torch.cat(outs) if placement == "interleaved" else consume(done, pool, slots, stream)
             stream.synchronize()
             errors = []
             for done in chain:
@@ -66,12 +70,13 @@ def main(pattern: str, strategy_name: str, k: int, temperature: str, depth: int 
                           "errors": errors})
         stats = rt.statistics()
     return {"pattern": pattern, "strategy": strategy_name, "k": k, "temperature": temperature, "depth": depth,
+            "placement": placement, "loading": os.environ.get("CUDA_MODULE_LOADING", "<unset>"),
             "steps": steps, "ok": all(s["exact"] and not s["errors"] for s in steps), "completed": stats.completed,
             "failed": stats.failed, "expired": stats.device_waits_expired,
             "submitted": stats.submitted}
 
 
 if __name__ == "__main__":
-    result = main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], *map(int, sys.argv[5:6]))
+    result = main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], *map(int, sys.argv[5:6]), *sys.argv[6:7])
     print(json.dumps(result), flush=True)
     sys.exit(0 if result["ok"] and result["failed"] == 0 else 1)

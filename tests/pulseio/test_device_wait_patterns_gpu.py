@@ -28,15 +28,24 @@ CASE = Path(__file__).with_name("device_wait_case.py")
 STRATEGIES = ["resident", "zero_copy", "gather_dma", "batched", "auto"]
 CASES = list(itertools.product(sorted(PATTERNS), STRATEGIES, [1, 64, 2048], ["cold", "warm"]))
 CASES += list(itertools.product(sorted(PATTERNS), ["resident", "auto"], [64], ["cold"], [4]))
+# an engine's shape: the pattern between one request's wait and the next one's publish, first launched there,
+# under torch's lazy module loading and under eager loading
+CASES += list(itertools.product(sorted(PATTERNS), ["resident"], [64], ["cold"], [3], ["interleaved"],
+                                ["lazy", "eager"]))
 TIMEOUT_S = 150
 
 
 def _run(case: tuple) -> dict:
     env = dict(os.environ, CASE_DUMP_AFTER_S=str(TIMEOUT_S - 20), PYTHONUNBUFFERED="1")
+    args = case[:6]
+    if len(case) > 6:  # the module loading to run under
+        env.pop("CUDA_MODULE_LOADING", None)
+        if case[6] == "eager":
+            env["CUDA_MODULE_LOADING"] = "EAGER"
     if len(case) > 4:  # a chain: a request kept back expires in 15 s and fails the case, with the thread stacks
         env["CASE_WAIT_TIMEOUT_S"] = "15"
     try:
-        proc = subprocess.run([sys.executable, str(CASE), *map(str, case)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, str(CASE), *map(str, args)], capture_output=True, text=True,
                               timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as exc:
         return {"case": case, "ok": False, "why": f"killed after {TIMEOUT_S} s", "log": str(exc.stderr)[-4000:]}

@@ -80,8 +80,9 @@ def post(seq, h, p, direction, raise_to=0):
     entries[slot, tr.ENTRY_TASK] = tr.pack_entry(seq, len(h), direction)
     ctrl[tr.CTRL_PROMISED] = seq
 
-def launch(gen, idle_ms=5, grid=1):
-    kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6))
+def launch(gen, idle_ms=5, grid=1, hold_at=0, hold_to=0):
+    kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
+                     hold_at, hold_to)
 
 h1, h3 = rng.choice(H, 5, replace=False), rng.choice(H, 8, replace=False)
 p1, p3 = np.split(rng.choice(D, 13, replace=False), [5])  # tasks in flight together write disjoint slots
@@ -115,11 +116,30 @@ launch(3, idle_ms=1)
 late.join()
 assert done[1] == 6 and np.array_equal(pool[6], host[5]) and time.perf_counter() - t0 >= 0.25
 assert dev[rk.DEV_START] == 7
+# a generation launched for a device wait stays up, idle, until the wait's word reaches its value
+word = np.zeros(1, np.int64)
+late = threading.Timer(0.3, lambda: word.__setitem__(0, 9))
+late.start()
+t0 = time.perf_counter()
+launch(4, idle_ms=1, hold_at=addr(word), hold_to=9)
+late.join()
+assert time.perf_counter() - t0 >= 0.25 and dev[rk.DEV_EXIT] == 4 and dev[rk.DEV_START] == 7
+# ... and, once a later generation is launched, stops as soon as it is idle, a promise included: the
+# promised task is that generation's to serve
+ctrl[tr.CTRL_LAUNCHED] = 6
+ctrl[tr.CTRL_PROMISED] = 7
+t0 = time.perf_counter()
+launch(5, idle_ms=60_000)
+assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 5 and dev[rk.DEV_START] == 7 and ctrl[tr.CTRL_STOPPED] == 5
+ids[2, 0], ids[2, cap] = 7, 8
+entries[2, tr.ENTRY_TASK] = tr.pack_entry(7, 1, tr.H2D)
+launch(6, idle_ms=1)
+assert done[2] == 7 and np.array_equal(pool[8], host[7]) and dev[rk.DEV_START] == 8
 # close: an idle kernel exits without waiting out idle_ns
 ctrl[tr.CTRL_CLOSE] = 1
 t0 = time.perf_counter()
-launch(4, idle_ms=60_000)
-assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 4 and dev[rk.DEV_START] == 7
+launch(7, idle_ms=60_000)
+assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 7 and dev[rk.DEV_START] == 8
 print("SIM-OK")
 """
 
@@ -129,5 +149,6 @@ def test_resident_kernel_protocol_under_simulator() -> None:
     """One CTA of the resident kernel (the simulator runs CTAs one after another, so a single CTA,
     leader and copier at once): serves posted tasks in order both ways, reuses ring slots, stops
     when idle with its state handed to the next generation, stays while a task is promised but not
-    yet posted, and exits at once on close."""
+    yet posted, stays for a device wait until its word is set, stops at once when idle once a later
+    generation is launched (that one serves the promise), and exits at once on close."""
     _run_simulated(_RESIDENT_SCRIPT)

@@ -155,11 +155,10 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met(caplog
         done.device_wait()
         (address, seq), = publisher.waits
         assert address == rt._words.address(done.seq) and not rt._words.reached(seq)
-        assert rt.workers[0].resident.held  # the copier stays up for the waiting stream
         with pytest.raises(TransferError, match=r"^doorbell request seq=1 tag=4 \(resident\) did not land "
                                                 r"within device_wait_timeout_s=0.2 s and never reached a copier"):
             done.wait(timeout=10)
-        assert rt._words.reached(seq) and not rt.workers[0].resident.held  # the stream is let go
+        assert rt._words.reached(seq)  # the stream is let go
         reports = [r.getMessage() for r in caplog.records if r.getMessage().startswith("at the first expired")]
         assert len(reports) == 1 and "--- pulseio-poller" in reports[0] and "--- MainThread" in reports[0]
         # where the request stood: its publish never ran, and its word was still unset
@@ -175,17 +174,25 @@ def test_the_watchdog_fails_and_releases_a_device_wait_that_cannot_be_met(caplog
         rt.close()
 
 
-def test_a_hold_is_let_go_once_the_word_is_set() -> None:
+def test_a_device_wait_has_its_copier_serve_the_word_before_the_stream_waits_on_it() -> None:
+    """The copier generation for a device wait is enqueued in the stream's order before the stream's wait:
+    enqueued after it, it would start only once the wait it must end was over."""
     rt = _runtime(strategy=Strategy.RESIDENT)
-    _hold_publishes(rt)
+    publisher = _hold_publishes(rt)
+    calls: list[tuple] = []
+    copier = rt.workers[0].resident
+    serve_for = copier.serve_for
+    copier.serve_for = lambda stream, word, value: (calls.append(("serve", stream, word, value)),
+                                                    serve_for(stream, word, value))
+    publisher.wait_word = lambda stream, word, value: calls.append(("wait", stream, word, value))
     try:
         done = rt.post_recall(host_ids=np.array([7]), device_slots=np.array([3]))
-        done.device_wait()
-        copier = rt.workers[0].resident
-        assert copier.held
-        rt._publisher.release()
-        assert done.wait(timeout=10)
-        _until(lambda: not copier.held)
+        stream = object()
+        done.device_wait(stream)
+        word = rt._words.address(done.seq)
+        assert calls == [("serve", stream, word, done.seq), ("wait", stream, word, done.seq)]
+        publisher.release()
+        assert done.wait(timeout=10) and rt._words.reached(done.seq)
     finally:
         rt.close()
 
