@@ -176,8 +176,8 @@ def main() -> None:
             if loading:
                 env["CUDA_MODULE_LOADING"] = loading
             try:
-                proc = subprocess.run([sys.executable, __file__, "--child", name, *(["--cross"] if cross else [])], env=env, capture_output=True,
-                                      text=True, timeout=90)
+                child = [sys.executable, __file__, "--child", name, *(["--cross"] if cross else [])]
+                proc = subprocess.run(child, env=env, capture_output=True, text=True, timeout=90)
                 line = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else \
                     json.dumps({"case": name, "loading": loading, "error": proc.stderr[-1500:]})
             except subprocess.TimeoutExpired:
