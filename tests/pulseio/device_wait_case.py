@@ -59,7 +59,11 @@ def main(pattern: str, strategy_name: str, k: int, temperature: str, depth: int 
                 chain.append(done)
                 if placement == "interleaved":
                     outs.append(consume(done, pool, slots[d * k:(d + 1) * k], stream))
-            out = torch.cat(outs) if placement == "interleaved" else consume(done, pool, slots, stream)
+            if placement == "interleaved":
+                with torch.cuda.stream(stream):  # the outs are the consumer stream's: join them in its order
+                    out = torch.cat(outs)
+            else:
+                out = consume(done, pool, slots, stream)
             stream.synchronize()
             errors = []
             for done in chain:
