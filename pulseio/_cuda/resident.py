@@ -48,13 +48,16 @@ class ResidentCopier(TaskRing):
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         base = self._memory.device_ptr
-        self._kernel = PackedKernel(rk.compile_resident_copy(), 35)
+        self._kernel = PackedKernel(rk.compile_resident_copy(), 36)
+        self._holds = torch.zeros((rk.HOLD_GENS, 2), dtype=torch.int64, pin_memory=True)  # device-mapped (UVA)
+        self._holds_view = self._holds.numpy()
         self._wait = WaitLauncher()
         self._kernel.values[:31] = (
             *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)),
             base, self._entries_host, self._done_host, self._dev.data_ptr(),
         )
         self._kernel.values[32] = idle_us * 1000
+        self._kernel.values[35] = self._holds.data_ptr()
         self._launch_lock = threading.Lock()
         self._gen = 0
         self.launches = 0
@@ -74,10 +77,11 @@ class ResidentCopier(TaskRing):
             raise PulseInternalError("the resident copy kernel exited without its stop handshake")
 
     def _launch(self, hold_at: int = 0, hold_to: int = 0) -> None:
-        """Start the next generation on our stream (behind the previous one, if that is still running);
-        CTRL_LAUNCHED tells the running one that it has a successor. Under the launch lock."""
+        """Start the next generation on our stream (behind the previous one, if that is still running), with
+        its hold in `holds` before CTRL_LAUNCHED tells the running one it has a successor. Under the launch lock."""
         self._gen += 1
         self.launches += 1
+        self._holds_view[self._gen % rk.HOLD_GENS] = hold_at, hold_to
         self._ctrl[tr.CTRL_LAUNCHED] = self._gen
         values = self._kernel.values
         values[31], values[33], values[34] = self._gen, hold_at, hold_to

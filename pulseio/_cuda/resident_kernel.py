@@ -39,13 +39,16 @@ and serves from where it stopped, so no task is served twice.
 
 Device waits. A generation may be launched for one (`hold_at`, `hold_to`: a request's wait word and
 its value), in stream order behind that request's publish (`ResidentCopier.serve_for`): it does not
-stop before the word is set, and it stops as soon as it is idle once a later generation has been
-launched (CTRL_LAUNCHED > gen; that one starts where it stopped). So a generation holds its SMs only
-for a request whose publish has already run. Holding them for one still queued behind other work is a
-deadlock: some operations wait for every running kernel first, on the host (a kernel's first launch
-under lazy module loading, a Triton module load, cudaFree) or on the GPU (some first launches under
-eager loading), and then the publish that would release the copier never runs
-(`benchmarks/probe_spinner_block.py`).
+stop before the word is set. Every launch also writes its hold into `holds` (HOLD_GENS pairs, by
+generation), and CTRL_LAUNCHED. An idle generation with a later one launched (that one starts where
+it stopped) stops at once if the next generation's request has already landed or it has none: it
+served that request itself while the next one queued behind its publish, so the switch is off the
+requests' path. Otherwise it stops after idle_ns as usual. So a generation holds its SMs only for a
+request whose publish has already run, and launches never pile up on the copier's stream. Holding
+them for one still queued behind other work is a deadlock: some operations wait for every running
+kernel first, on the host (a kernel's first launch under lazy module loading, a Triton module load,
+cudaFree) or on the GPU (some first launches under eager loading), and then the publish that would
+release the copier never runs (`benchmarks/probe_spinner_block.py`).
 """
 
 from __future__ import annotations
@@ -83,11 +86,12 @@ from .sysmem import (
 
 DEV_POSTED, DEV_EXIT, DEV_START, DEV_WATERMARK = 0, 1, 2, 3
 DEV_HEADER = 16
-CLOSE_POLL_NS = 20_000  # how often an idle leader reads CTRL_CLOSE
+CLOSE_POLL_NS = 20_000  # how often an idle leader reads the host words (CTRL_CLOSE, holds)
+HOLD_GENS = 256  # generations whose holds `holds` keeps (by generation modulo)
 
 
 RESIDENT_SIGNATURE = ("void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64, "
-                      "int64, int64)")
+                      "int64, int64, int64)")
 
 
 def dev_words(slots: int) -> int:
@@ -124,7 +128,13 @@ def _offer_stop(ctrl, dev, forwarded, gen, handed_over):  # pragma: no cover - r
 
 
 @cuda.jit(device=True)
-def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, state):  # pragma: no cover
+def _held(hold_at, hold_to):  # pragma: no cover - runs on the GPU / simulator
+    """A hold (a wait word and its value; 0: none) whose word has not reached the value."""
+    return hold_at != 0 and load_acquire_sys(hold_at) - hold_to < 0
+
+
+@cuda.jit(device=True)
+def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds, state):  # pragma: no cover
     """Thread 0 of each CTA: wait until `task` is forwarded (1) or this generation exits (0).
     state: [3] int64 local to the leader: (forwarded, last active time, last look at the host words)."""
     while True:
@@ -145,19 +155,23 @@ def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, 
             continue
         state[2] = now
         closing = load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0
-        held = hold_at != 0 and load_acquire_sys(hold_at) - hold_to < 0
-        if held and not closing:
+        if _held(hold_at, hold_to) and not closing:
             state[1] = now
             continue
-        handed_over = load_acquire_sys(ctrl + 8 * CTRL_LAUNCHED) > gen
+        handed_over = False
+        if load_acquire_sys(ctrl + 8 * CTRL_LAUNCHED) > gen:
+            nxt = holds + 16 * ((gen + 1) % HOLD_GENS)
+            handed_over = not _held(load_acquire_sys(nxt), load_acquire_sys(nxt + 8))
         if handed_over or closing or now - state[1] >= idle_ns:
             if not _offer_stop(ctrl, dev, forwarded, gen, handed_over):
                 state[1] = now
 
 
-def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to):  # pragma: no cover
+def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
+                   holds):  # pragma: no cover - runs on the GPU / simulator
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned;
-    hold_at, hold_to: a device wait's word and value (0, 0: none), see the module doc."""
+    hold_at, hold_to: a device wait's word and value (0, 0: none); holds: [HOLD_GENS, 2] int64 pinned, every
+    generation's hold. See the module doc."""
     serve = cuda.shared.array(1, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
     state = cuda.local.array(3, int64)
@@ -167,7 +181,7 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold
     state[0], state[1], state[2] = task - 1, globaltimer(), 0
     while True:
         if t == 0:
-            serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, state)
+            serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds, state)
         cuda.syncthreads()
         if serve[0] == 0:
             return

@@ -80,9 +80,11 @@ def post(seq, h, p, direction, raise_to=0):
     entries[slot, tr.ENTRY_TASK] = tr.pack_entry(seq, len(h), direction)
     ctrl[tr.CTRL_PROMISED] = seq
 
+holds = np.zeros((rk.HOLD_GENS, 2), np.int64)  # every generation's hold, by generation
+
 def launch(gen, idle_ms=5, grid=1, hold_at=0, hold_to=0):
     kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
-                     hold_at, hold_to)
+                     hold_at, hold_to, addr(holds))
 
 h1, h3 = rng.choice(H, 5, replace=False), rng.choice(H, 8, replace=False)
 p1, p3 = np.split(rng.choice(D, 13, replace=False), [5])  # tasks in flight together write disjoint slots
@@ -124,22 +126,31 @@ t0 = time.perf_counter()
 launch(4, idle_ms=1, hold_at=addr(word), hold_to=9)
 late.join()
 assert time.perf_counter() - t0 >= 0.25 and dev[rk.DEV_EXIT] == 4 and dev[rk.DEV_START] == 7
-# ... and, once a later generation is launched, stops as soon as it is idle, a promise included: the
-# promised task is that generation's to serve
+# a later generation launched whose request has not landed (its publish may be queued behind work that
+# waits for us): this one stops after idle_ns as usual, not before
 ctrl[tr.CTRL_LAUNCHED] = 6
+holds[6] = addr(word), 10
+t0 = time.perf_counter()
+launch(5, idle_ms=300)
+assert time.perf_counter() - t0 >= 0.25 and dev[rk.DEV_EXIT] == 5 and ctrl[tr.CTRL_STOPPED] == 5
+# ... and once that request has landed (this one served it), it stops at once, a promise included: the
+# promised task is the later generation's to serve
+word[0] = 10
+ctrl[tr.CTRL_LAUNCHED] = 7
+holds[7] = addr(word), 10
 ctrl[tr.CTRL_PROMISED] = 7
 t0 = time.perf_counter()
-launch(5, idle_ms=60_000)
-assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 5 and dev[rk.DEV_START] == 7 and ctrl[tr.CTRL_STOPPED] == 5
+launch(6, idle_ms=60_000)
+assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 6 and dev[rk.DEV_START] == 7 and ctrl[tr.CTRL_STOPPED] == 6
 ids[2, 0], ids[2, cap] = 7, 8
 entries[2, tr.ENTRY_TASK] = tr.pack_entry(7, 1, tr.H2D)
-launch(6, idle_ms=1)
+launch(7, idle_ms=1)
 assert done[2] == 7 and np.array_equal(pool[8], host[7]) and dev[rk.DEV_START] == 8
 # close: an idle kernel exits without waiting out idle_ns
 ctrl[tr.CTRL_CLOSE] = 1
 t0 = time.perf_counter()
-launch(7, idle_ms=60_000)
-assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 7 and dev[rk.DEV_START] == 8
+launch(8, idle_ms=60_000)
+assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 8 and dev[rk.DEV_START] == 8
 print("SIM-OK")
 """
 
@@ -150,5 +161,6 @@ def test_resident_kernel_protocol_under_simulator() -> None:
     leader and copier at once): serves posted tasks in order both ways, reuses ring slots, stops
     when idle with its state handed to the next generation, stays while a task is promised but not
     yet posted, stays for a device wait until its word is set, stops at once when idle once a later
-    generation is launched (that one serves the promise), and exits at once on close."""
+    generation is launched whose request has landed (that one serves the promise) but not before that,
+    and exits at once on close."""
     _run_simulated(_RESIDENT_SCRIPT)
