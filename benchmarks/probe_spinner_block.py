@@ -48,7 +48,7 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         a = torch.rand(4096, device="cuda")
         return lambda: torch.topk(a, 64)
 
-    def triton_first_call():
+    def triton_double():
         import triton
         import triton.language as tl
 
@@ -56,20 +56,16 @@ def _cases() -> dict[str, Callable[[], Callable[[], object]]]:
         def double(x_ptr, n, BLOCK: tl.constexpr):
             i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
             tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
-        a = torch.ones(1024, device="cuda")
+        return double, torch.ones(1024, device="cuda")
+
+    def triton_first_call():
+        double, a = triton_double()
         return lambda: double[(4,)](a, 1024, BLOCK=256)
 
     def triton_compiled_first_launch():
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def triple(x_ptr, n, BLOCK: tl.constexpr):
-            i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) * 3, mask=i < n)
-        a = torch.ones(1024, device="cuda")
-        triple.warmup(a, 1024, BLOCK=256, grid=(4,))     # compiled, not yet loaded
-        return lambda: triple[(4,)](a, 1024, BLOCK=256)
+        double, a = triton_double()
+        double.warmup(a, 1024, BLOCK=256, grid=(4,))     # compiled, not yet loaded
+        return lambda: double[(4,)](a, 1024, BLOCK=256)
 
     def numba_first_launch():
         from numba import cuda
