@@ -18,7 +18,6 @@ import functools
 import threading
 from typing import Any
 
-from cuda.bindings import driver as cu  # noqa: E402
 from numba import cuda, int64  # noqa: E402
 
 from .._native.layout import COUNT, HEADER_WORDS, SEQ, STAMP, STATUS, STATUS_BAD_COUNT, STATUS_OK, TAG  # noqa: E402
@@ -29,7 +28,7 @@ from . import (
 )
 from .launch import PackedKernel, array_args
 from .sysmem import globaltimer
-from .wait_kernel import WaitLauncher
+from .wait_kernel import WaitLauncher, refuse_in_capture
 
 PUBLISH_THREADS = 256
 PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)"
@@ -102,11 +101,6 @@ class PublishLauncher:
         self._kernel.launch(stream_handle, 1, PUBLISH_THREADS)
 
 
-def _capturing(stream_handle: int) -> bool:
-    status = driver.check("cuStreamIsCapturing", cu.cuStreamIsCapturing(cu.CUstream(stream_handle)))
-    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
-
-
 class DevicePublisher:
     """The CUDA backend's side of a Runtime's doorbell: launches publishes (owning the device counter they
     take seqs from) and enqueues device waits on request wait words. Every call here only enqueues work."""
@@ -128,7 +122,7 @@ class DevicePublisher:
         """Enqueue the publish of ids[:count] / slots[:count] on `stream` (torch stream or None: current)."""
         self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
-        if self._last is not None and self._last != stream and not _capturing(stream.cuda_stream):
+        if self._last is not None and self._last != stream and not driver.is_capturing(stream.cuda_stream):
             # seqs come from the device counter in execution order: keep publishes in launch order
             # (a graph being captured is ordered by the stream it is replayed on instead)
             event = self._torch.cuda.Event()
@@ -151,14 +145,10 @@ class DevicePublisher:
     def wait_word(self, stream: Any, address: int, value: int) -> None:
         """Enqueue on `stream` (default: current): wait until the int64 at `address` reaches value.
 
-        Refused while the stream is being captured: a captured wait would replay with this request's
-        seq baked in, long after its word was reused."""
+        Refused while the stream is being captured (`refuse_in_capture`)."""
         self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
-        if _capturing(stream.cuda_stream):
-            raise InvalidRequestError(
-                "device_wait on a stream that is capturing a CUDA graph: a replay would wait for this one "
-                "request again; call device_wait outside the capture, before replaying the graph")
+        refuse_in_capture(stream.cuda_stream)
         self.wait(stream.cuda_stream, address, value)
 
     def _bind_thread(self) -> None:

@@ -49,6 +49,12 @@ def set_current(context: Any) -> None:
     check("cuCtxSetCurrent", cu.cuCtxSetCurrent(context))
 
 
+def is_capturing(stream_handle: int) -> bool:
+    """Whether the stream is capturing a CUDA graph."""
+    status = check("cuStreamIsCapturing", cu.cuStreamIsCapturing(cu.CUstream(stream_handle)))
+    return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
 def relax_stream_capture() -> None:
     """Put the calling thread in relaxed stream-capture mode: while another thread captures a CUDA graph
     in the default (global) mode, calls such as an event query from this thread stay legal."""

@@ -25,7 +25,7 @@ from . import resident_kernel as rk
 from .driver import write_value
 from .kernels import THREADS_PER_CTA
 from .launch import BlockArray, PackedKernel, array_args
-from .wait_kernel import WaitLauncher
+from .wait_kernel import WaitLauncher, refuse_in_capture
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class ResidentCopier(TaskRing):
         the request's publish) and does not stop before the word is set. Landing the task then needs no
         driver call, and no kernel of ours runs ahead of the publish it serves (see the kernel's doc)."""
         stream = stream if stream is not None else torch.cuda.current_stream(self._device)
+        refuse_in_capture(stream.cuda_stream)
         with self._launch_lock:
             self._published.record(stream)
             self.stream.wait_event(self._published)

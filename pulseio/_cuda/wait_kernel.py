@@ -14,7 +14,9 @@ import threading
 
 from numba import cuda
 
+from ..errors import InvalidRequestError
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
+from .driver import is_capturing
 from .launch import PackedKernel
 from .sysmem import load_acquire_sys, pause
 
@@ -28,6 +30,15 @@ def wait_word(address, value):  # pragma: no cover - runs on the GPU / simulator
     if cuda.threadIdx.x == 0:
         while load_acquire_sys(address) - value < 0:
             pause()
+
+
+def refuse_in_capture(stream_handle: int) -> None:
+    """A device wait (and the copier generation launched for it) is not captured in a CUDA graph: a replay
+    would wait for this one request again, long after its word was reused."""
+    if is_capturing(stream_handle):
+        raise InvalidRequestError(
+            "device_wait on a stream that is capturing a CUDA graph: a replay would wait for this one "
+            "request again; call device_wait outside the capture, before replaying the graph")
 
 
 @functools.cache

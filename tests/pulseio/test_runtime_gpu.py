@@ -138,3 +138,22 @@ def test_statistics_and_close_release_everything() -> None:
     waiter.synchronize()
     with pytest.raises(pulseio.ClosedError):
         never.wait(timeout=1)
+
+
+def test_device_wait_is_refused_inside_a_graph_capture_before_it_enqueues_anything(rt: pulseio.Runtime) -> None:
+    """Captured, the wait and its copier generation would replay for a request long gone. Refused before
+    either is enqueued (an event of the capture waited on by the copier's stream would pull that stream
+    into the capture, and ending it would fail), the capture goes on and the request lands."""
+    ids, slots = torch.arange(4, device="cuda"), torch.arange(8, 12, device="cuda")
+    done = rt.post_recall(host_ids=ids, device_slots=slots, strategy=Strategy.RESIDENT)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    x = torch.ones(4, device="cuda")
+    with torch.cuda.graph(graph, stream=side):
+        y = x * 2
+        with pytest.raises(pulseio.InvalidRequestError, match="capturing a CUDA graph"):
+            done.device_wait(side)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), torch.full((4,), 2.0))
+    assert done.wait(timeout=10)
+    assert torch.equal(rt.device_pool.slots[8:12].cpu(), rt.host_pool.blocks[:4])
