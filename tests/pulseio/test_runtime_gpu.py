@@ -143,17 +143,25 @@ def test_statistics_and_close_release_everything() -> None:
 def test_device_wait_is_refused_inside_a_graph_capture_before_it_enqueues_anything(rt: pulseio.Runtime) -> None:
     """Captured, the wait and its copier generation would replay for a request long gone. Refused before
     either is enqueued (an event of the capture waited on by the copier's stream would pull that stream
-    into the capture, and ending it would fail), the capture goes on and the request lands."""
+    into the capture, and ending it would fail), the capture goes on and the request lands. The publish is
+    kept back ~1 s by a sleep on its stream, so the request is still pending when the capture asks."""
+    publish = torch.cuda.Stream()
     ids, slots = torch.arange(4, device="cuda"), torch.arange(8, 12, device="cuda")
-    done = rt.post_recall(host_ids=ids, device_slots=slots, strategy=Strategy.RESIDENT)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(publish):
+        torch.cuda._sleep(2_000_000_000)   # clock cycles: ~1 s
+    done = rt.post_recall(host_ids=ids, device_slots=slots, stream=publish, strategy=Strategy.RESIDENT)
+    assert not done.done()
     graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
     x = torch.ones(4, device="cuda")
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.stream(side):
+        graph.capture_begin()   # not torch.cuda.graph(): that synchronizes the device first
         y = x * 2
         with pytest.raises(pulseio.InvalidRequestError, match="capturing a CUDA graph"):
             done.device_wait(side)
+        graph.capture_end()
     graph.replay()
+    assert done.wait(timeout=10)
     torch.cuda.synchronize()
     assert torch.equal(y.cpu(), torch.full((4,), 2.0))
-    assert done.wait(timeout=10)
     assert torch.equal(rt.device_pool.slots[8:12].cpu(), rt.host_pool.blocks[:4])
