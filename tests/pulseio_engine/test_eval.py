@@ -155,7 +155,8 @@ def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Monke
         "task": "niah-single", "mode": "quest", "model": "tiny", "context_len": 384, "token_budget": 64,
         "samples": 2, "batch": 4}
     phases = record["cell_seconds"]           # where the cell's time went: engine build, prefill steps, decode steps
-    assert sorted(phases) == ["build", "decode", "prefill"] and all(v > 0 for v in phases.values())
+    assert sorted(phases) == ["build", "decode", "prefill"] and all(v >= 0 for v in phases.values())
+    assert phases["prefill"] > 0 and phases["decode"] > 0    # (a tiny engine may build in under 5 ms: 0.00)
     assert sum(phases.values()) <= record["seconds"] + 0.05
     alone = tmp_path / "alone.json"
     assert main(["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "384", "--samples", "2",
