@@ -60,9 +60,11 @@ class DmaConfig:
         it never occupies more SMs than this, so model kernels keep the rest. 64 CTAs already keep
         PCIe busy on the H200; one per SM made a concurrent GEMM twice as slow there.
     resident_idle_us: the RESIDENT route's kernel exits after this long without a task, giving its
-        SMs back; the next transfer relaunches it (one launch, not one per transfer). While it is up
-        it holds zero_copy_ctas CTAs (a concurrent GEMM ran 15-40% slower on the H200), and a device
-        synchronize waits for it to go idle and exit.
+        SMs back; the next transfer relaunches it (one launch, not one per transfer). A device wait
+        launches a generation of its own behind its publish; the running one serves that request too if
+        it is still up when the publish runs, and hands over after it, off the request's path. While it
+        is up it holds zero_copy_ctas CTAs (a concurrent GEMM ran 15-40% slower on the H200), and a
+        device synchronize waits for it to go idle and exit.
     max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
     merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
     inline_issue: a transfer whose route is only a kernel launch or one driver call (zero-copy,

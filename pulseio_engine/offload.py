@@ -187,10 +187,10 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     sets (+1: slot 0 is never handed out). One recall moves at most a batch's rows x budget units.
 
     Recalls come once per layer, a fraction of a millisecond apart, so on a GPU the poller spins
-    (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and the resident copier stays
-    up between layers rather than being
-    relaunched for each (`RESIDENT_IDLE_US`). On a CPU the poller sleeps at once: spinning would take
-    a core from the decode it serves."""
+    (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
+    generation stays up between layers (`RESIDENT_IDLE_US`), so it serves the next layer's recall and
+    the next generation takes over after that recall, not on its path. On a CPU the poller sleeps at
+    once: spinning would take a core from the decode it serves."""
     per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
     on_gpu = device.startswith("cuda")
     return pulseio.RuntimeConfig(
