@@ -226,13 +226,24 @@ class Doorbell:
         the next request): a request it refuses is read alone and the lane goes on after it (reading the
         rest the regular way would race with requests still arriving)."""
         rungs: list[Rung] = []
-        while taken := self._read(lane, spin) or self._read(self._ring.read_head):
+        while True:
+            k, taken = self._read_counted(lane, spin)
+            if k < 0:  # nothing published (one arriving now is the lane's on the next call, not read_head's)
+                return rungs
+            if k == 0:  # the lane refused the next request
+                taken = self._read(self._ring.read_head)
+            if not taken:
+                return rungs
             rungs += taken
             spin = 1
-        return rungs
 
     def _read(self, reader: Reader | None = None, spin: int | None = None) -> list[Rung]:
         """Read with `reader` (default: all published); spin: passed to a lane."""
+        return self._read_counted(reader, spin)[1]
+
+    def _read_counted(self, reader: Reader | None = None, spin: int | None = None) -> tuple[int, list[Rung]]:
+        """`_read`, with the reader's count: a lane returns -1 if nothing was published, 0 if it refused the
+        next request."""
         with self._read_lock:
             self._check_open()
             args = (self.base, self.words, self.layout.capacity, self.layout.slot_words, self.layout.blocks_per_slot,
@@ -243,7 +254,7 @@ class Doorbell:
                 assert reader is not None, "a spin is passed to a lane only"
                 k = int(reader(*args, spin))
             if k <= 0:
-                return []
+                return k, []
             seen = time.perf_counter_ns()
             rungs = [self._rung(row, seen) for row in self._out[:k].tolist()]
             self._next += k
@@ -251,7 +262,7 @@ class Doorbell:
             self._counts["lost"] += lost
             self._counts["delivered"] += k - lost
             self._counts["batches"] += 1
-            return rungs
+            return k, rungs
 
     def _rung(self, row: list[int], seen_ns: int) -> Rung:
         seq, state, n, at = row[OUT_SEQ], row[OUT_STATE], row[OUT_COUNT], row[OUT_OFFSET]
