@@ -135,7 +135,7 @@ class TaskRing:
     def serve_for(self, stream: Any, word_at: int, value: int) -> None:
         """A stream is about to wait on the device until the int64 at `word_at` reaches value, which a task
         of this ring will store once landed: make sure a server takes that task without a driver call
-        after this one. This server is always up."""
+        after this one. Here that is waking the server (`_ensure_serving`); a GPU kernel launches for it."""
         self._ensure_serving()
 
     def describe(self) -> str:
