@@ -2,7 +2,10 @@
 hard timeout: a hang fails its case (with the child's thread dump in the message) instead of the run. Then
 chains: 4 requests each published behind the last one's device wait (an engine's layers), the pattern's
 first launches behind them all, for the strategies that wait on the device; the watchdog's timeout is short
-there, so a request kept back fails its case (expired waits) rather than the run.
+there, so a request kept back fails its case (expired waits) rather than the run. Then interleaved chains:
+3 RESIDENT requests with the pattern between each wait and the next publish, first launched there (an
+engine's layer between two recalls: the shape that stalled the offload engine's first step), under lazy
+and under eager module loading.
 
 The cases run a few at a time (DEVICE_WAIT_JOBS, default 8). Set DEVICE_WAIT_RESULTS to a path to keep
 every case's JSON line (the GPU run script does).
