@@ -152,6 +152,7 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
     if all(d.landed_ns is not None for d in posted):  # resident tasks: when each landed, on the GPU clock
         stages = {
             "seen_to_submit_host_us": pct([(d.transfer.submitted_ns - d.seen_ns) / 1e3 for d in posted]),
+            "publish_to_task_taken_us": pct([(d.taken_ns - d.published_ns) / 1e3 for d in posted]),
             "publish_to_task_landed_us": pct([(d.landed_ns - d.published_ns) / 1e3 for d in posted]),
             "task_landed_to_consumer_us": pct([(landed[i] - d.landed_ns) / 1e3 for i, d in enumerate(posted)]),
         }

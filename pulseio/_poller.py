@@ -66,6 +66,7 @@ class PollerStatistics:
     bytes_moved: int
     post_to_seen: LatencySummary  # host clock: post_recall (publish launched) -> poller read it
     post_to_landed: LatencySummary  # host clock: post_recall -> pulseio saw the data land
+    publish_to_taken: LatencySummary  # producer's clock: publish ran -> the copier began it (RESIDENT)
     publish_to_landed: LatencySummary  # producer's clock: publish ran -> the copier landed it (RESIDENT)
 
 
@@ -89,6 +90,7 @@ class Poller:
         self._counts = {"completed": 0, "failed": 0, "bytes": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
+        self._publish_to_taken: deque[int] = deque(maxlen=latency_samples)
         self._publish_to_landed: deque[int] = deque(maxlen=latency_samples)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pulseio-poller", daemon=True)
@@ -224,9 +226,9 @@ class Poller:
             error = t.exception()
             if error is not None and completion.seq > 0:
                 error = TransferError(f"doorbell request seq={completion.seq} tag={completion.tag}: {error}")
-            stamp = getattr(t.device_event, "landed_ns", None)  # a resident task's (its slot holds it now)
-            if error is None and stamp is not None:
-                completion.landed_ns = stamp()
+            event = t.device_event  # a resident task's stamps: its slot holds them now
+            if error is None and hasattr(event, "landed_ns"):
+                completion.taken_ns, completion.landed_ns = event.taken_ns(), event.landed_ns()
             self._finish(completion, error)
 
         transfer.add_done_callback(landed)
@@ -250,6 +252,8 @@ class Poller:
             self._to_landed.append(completion.finished_ns - completion.submitted_ns)
         if error is None and completion.published_ns is not None and completion.landed_ns is not None:
             self._publish_to_landed.append(completion.landed_ns - completion.published_ns)
+            if completion.taken_ns is not None:
+                self._publish_to_taken.append(completion.taken_ns - completion.published_ns)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -275,6 +279,7 @@ class Poller:
         return PollerStatistics(completed=c["completed"], failed=c["failed"], bytes_moved=c["bytes"],
                                 post_to_seen=LatencySummary.of(list(self._to_seen)),
                                 post_to_landed=LatencySummary.of(list(self._to_landed)),
+                                publish_to_taken=LatencySummary.of(list(self._publish_to_taken)),
                                 publish_to_landed=LatencySummary.of(list(self._publish_to_landed)))
 
 

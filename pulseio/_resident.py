@@ -155,8 +155,15 @@ class TaskRing:
 
     def landed_ns(self, seq: int) -> int | None:
         """The server's clock when task seq landed (%globaltimer on a GPU), while its slot still holds it."""
+        return self._stamp(seq, tr.ENTRY_LANDED_NS)
+
+    def taken_ns(self, seq: int) -> int | None:
+        """The server's clock when it began task seq's copy, once landed and while its slot still holds it."""
+        return self._stamp(seq, tr.ENTRY_TAKEN_NS)
+
+    def _stamp(self, seq: int, word: int) -> int | None:
         slot = (seq - 1) % self.slots
-        stamp = int(self._entries[slot, tr.ENTRY_LANDED_NS])
+        stamp = int(self._entries[slot, word])
         return stamp if self._done[slot] == seq else None
 
     def wait_sync(self, seq: int) -> None:
@@ -211,6 +218,10 @@ class TaskEvent:
         """The server's clock when the task landed (see TaskRing.landed_ns)."""
         return self._ring.landed_ns(self.seq)
 
+    def taken_ns(self) -> int | None:
+        """The server's clock when it began the task's copy (see TaskRing.taken_ns)."""
+        return self._ring.taken_ns(self.seq)
+
     def wait(self, stream: Any = None) -> None:
         """Make `stream` wait for the task (what torch's Stream.wait_event calls)."""
         self._ring.device_wait(stream, self.seq)
@@ -242,6 +253,7 @@ class HostResidentCopier(TaskRing):
                     self._work.wait(0.05)
                 continue
             n, d2h = word & tr.MAX_TASK_BLOCKS, (word >> tr.COUNT_BITS) & 1
+            self._entries[slot, tr.ENTRY_TAKEN_NS] = time.perf_counter_ns()
             host_ids = torch.from_numpy(self._ids[slot, :n].copy())
             slots = torch.from_numpy(self._ids[slot, self.cap : self.cap + n].copy())
             if d2h:

@@ -27,8 +27,9 @@ from .plan import Strategy
 class Completion(Handle):
     """One recall request of a Runtime (a `pulseio.Handle`): landed or failed, never both. Doorbell
     requests add the producer's and the poller's stamps (published_ns on the device clock, seen_ns), and
-    RESIDENT ones the copier's (landed_ns, on the producer's clock: landed_ns - published_ns is the
-    request's time from publish to its data in place, as the device sees it)."""
+    RESIDENT ones the copier's (taken_ns and landed_ns, on the producer's clock: landed_ns - published_ns
+    is the request's time from publish to its data in place, as the device sees it; taken_ns splits it
+    into the pickup and the copy)."""
 
     def __init__(self, *, seq: int, tag: int | None, device_waiter: Callable[[Completion, Any], None],
                  awaiter: Callable[[Completion], Any], strategy: Strategy = Strategy.AUTO) -> None:
@@ -36,6 +37,7 @@ class Completion(Handle):
         self.strategy = strategy  # as posted: AUTO resolves per request, once its size is known
         self.published_ns: int | None = None  # the producer's stamp (%globaltimer on the GPU)
         self.seen_ns: int | None = None  # perf_counter_ns when the poller read the request
+        self.taken_ns: int | None = None  # the resident copier's stamp when it began the copy (%globaltimer)
         self.landed_ns: int | None = None  # the resident copier's stamp when the data landed (%globaltimer)
         self.transfer: Any = None  # the pulseio.Transfer carrying it, once submitted
         self._issued = Latch()  # set once its copies are enqueued, or it finished

@@ -57,6 +57,7 @@ class RuntimeStatistics:
     device_waits_expired: int  # requests the watchdog failed to release a waiting stream
     post_to_seen: LatencySummary
     post_to_landed: LatencySummary
+    publish_to_taken: LatencySummary  # on the device clock: publish ran -> the copier began it (RESIDENT)
     publish_to_landed: LatencySummary  # on the device clock: publish ran -> data landed (RESIDENT requests)
     doorbell: DoorbellStatistics  # the ring: wake-ups, spurious wake-ups, requests lost to a lap
     dma: tuple[DmaStatistics, ...]  # one per I/O worker
@@ -274,7 +275,7 @@ class Runtime:
             in_flight=submitted - poller.completed - poller.failed, bytes_moved=poller.bytes_moved,
             loop_wakeups=loop_wakeups, device_waits_expired=self._waits.expired,
             post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
-            publish_to_landed=poller.publish_to_landed,
+            publish_to_taken=poller.publish_to_taken, publish_to_landed=poller.publish_to_landed,
             doorbell=ring, dma=tuple(w.statistics() for w in self.workers))
 
     def close(self) -> None:

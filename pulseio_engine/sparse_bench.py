@@ -117,17 +117,18 @@ class TimedRecaller:
         self.events.clear()
         return seconds
 
-    def take_publish_to_landed(self) -> tuple[int, float, int]:
-        """(bytes, seconds, requests) of the finished doorbell requests since the last call that carry both
-        stamps (RESIDENT: publish -> landed on the device clock); unfinished ones wait for the next call."""
+    def take_publish_to_landed(self) -> tuple[int, float, int, float]:
+        """(bytes, seconds, requests, pickup seconds) of the finished doorbell requests since the last call
+        that carry the device-clock stamps (RESIDENT): publish -> landed, and of it publish -> the copier's
+        start; unfinished ones wait for the next call."""
         finished: list[Any] = []
         pending: list[Any] = []
         for r in self.requests:                  # one look at each: one finishing meanwhile is in exactly one list
             (finished if r.done() else pending).append(r)
         self.requests = pending
-        stamped = [r for r in finished if r.landed_ns is not None and r.published_ns is not None and r.nbytes]
+        stamped = [r for r in finished if r.nbytes and None not in (r.published_ns, r.taken_ns, r.landed_ns)]
         return (sum(r.nbytes for r in stamped), sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
-                len(stamped))
+                len(stamped), sum(r.taken_ns - r.published_ns for r in stamped) / 1e9)
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,9 @@ class SparseBenchResult:
     publish_gbps: float | None     # bytes / device-clock time from publish to landed (doorbell, RESIDENT)
     publish_fraction_of_peak: float | None
     publish_to_landed_us: float | None   # mean per request, device clock
+    publish_to_taken_us: float | None    # of it, publish -> the copier began the copy (the pickup)
+    copy_gbps: float | None              # bytes / device-clock time from the copier's start to landed
+    copy_fraction_of_peak: float | None
     recall_host_ms_per_step: float     # main thread inside recall calls
     blocked_ms_per_step: float         # of it, inside calls that wait (see the module doc)
     gpu_bytes_per_request: int         # paged cache + hot slots + digests, cache sized to these requests
@@ -168,7 +172,8 @@ class SparseBenchResult:
             f", recall {self.recall_gbps:.1f} GB/s = {self.recall_fraction_of_peak:.2f} of {self.link_peak_gbps:.1f}")
         if self.publish_gbps is not None:
             rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s = {self.publish_fraction_of_peak:.2f}, "
-                     f"{self.publish_to_landed_us:.0f} us a request)")
+                     f"{self.publish_to_landed_us:.0f} us a request: {self.publish_to_taken_us:.0f} us to the "
+                     f"copier's start, then {self.copy_gbps:.1f} GB/s = {self.copy_fraction_of_peak:.2f})")
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
                 f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "
@@ -227,7 +232,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             timed.take_stream_seconds()
             timed.take_publish_to_landed()
         times, stream_s = [], 0.0
-        published: list[float] = [0, 0.0, 0]   # bytes, seconds, requests: publish -> landed
+        published: list[float] = [0, 0.0, 0, 0.0]   # bytes, seconds, requests, pickup seconds (take_publish_to_landed)
         with _profiler(profile, dev) as prof:
             for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
                           unit="step", leave=False):
@@ -243,8 +248,9 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         moved = after.bytes_recalled - before.bytes_recalled
         peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
         rate = moved / stream_s / 1e9 if stream_s > 0 and moved else None
-        pub_bytes, pub_s, pub_n = published
+        pub_bytes, pub_s, pub_n, pickup_s = published
         pub_rate = pub_bytes / pub_s / 1e9 if pub_s > 0 else None
+        copy_rate = pub_bytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
         kv_side = engine.kv.statistics().bytes_total + off.digests.max.nbytes * 2
         if off.runtime is not None:
             kv_side += off.runtime.device_pool.slots.nbytes
@@ -258,7 +264,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             off.layout.unit_bytes, moved / off.layout.unit_bytes / steps, moved / 2**20 / steps, rate, peak,
             None if rate is None or peak is None else rate / peak,
             pub_rate, None if pub_rate is None or peak is None else pub_rate / peak,
-            pub_s / pub_n * 1e6 if pub_n else None,
+            pub_s / pub_n * 1e6 if pub_n else None, pickup_s / pub_n * 1e6 if pub_n else None,
+            copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality))
 

@@ -14,8 +14,9 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
   the host (or by a stream write, for stream-ordered posts); ENTRY_RAISE_AT / ENTRY_RAISE_TO: a
   word the kernel sets to RAISE_TO once the task has landed, 0 for none: a doorbell request's wait
   word in pinned host memory, which its consumer streams wait on (a system-scope store: atomics on
-  host memory need PCIe atomics); ENTRY_LANDED_NS: %globaltimer when the task landed. The ids are
-  ids[slot, :cap] (host blocks) and ids[slot, cap:] (device slots);
+  host memory need PCIe atomics); ENTRY_TAKEN_NS / ENTRY_LANDED_NS: %globaltimer when CTA 0 began
+  the task's copy / when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:]
+  (device slots);
 * host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
 * device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to
   exit), DEV_START (first task of the next generation), DEV_WATERMARK (every task <= it landed:
@@ -66,6 +67,7 @@ from .._native.task_ring import (  # the layout both halves share
     ENTRY_LANDED_NS,
     ENTRY_RAISE_AT,
     ENTRY_RAISE_TO,
+    ENTRY_TAKEN_NS,
     ENTRY_TASK,
     ENTRY_WORDS,
     MAX_TASK_BLOCKS,
@@ -80,6 +82,7 @@ from .sysmem import (
     load_acquire_sys,
     load_relaxed_sys,
     pause,
+    store_relaxed_sys,
     store_release_gpu,
     store_release_sys,
 )
@@ -197,6 +200,8 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold
         if fetch:  # read now, stored after the copy: the PCIe read overlaps it
             raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
             raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
+        if cta == 0 and t == 0:  # the leader's CTA starts a task first: publish -> taken is the pickup
+            store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, globaltimer())
         copy_span(host, ids[slot], 0, pool, ids[slot], cap, lo, hi, d2h != 0, staged)
         if fetch:
             store_release_gpu(target, raise_at)

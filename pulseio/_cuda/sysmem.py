@@ -34,6 +34,8 @@ if numba_config.ENABLE_CUDASIM:  # pragma: no cover - the simulator runs device 
     def store_release_sys(addr, value):
         _cell(addr).value = int(value)
 
+    store_relaxed_sys = store_release_sys
+
     load_acquire_gpu, store_release_gpu = load_acquire_sys, store_release_sys
 
     def atomic_add_gpu(addr, value):
@@ -98,6 +100,7 @@ else:
     _load_relaxed_sys = _load("ld.relaxed.sys.b64 $0, [$1];")
     _load_acquire_gpu = _load("ld.acquire.gpu.b64 $0, [$1];")
     _store_release_sys = _store("st.release.sys.b64 [$0], $1;")
+    _store_relaxed_sys = _store("st.relaxed.sys.b64 [$0], $1;")
     _store_release_gpu = _store("st.release.gpu.b64 [$0], $1;")
     _atomic_add_gpu = _atomic("atom.acq_rel.gpu.add.u64 $0, [$1], $2;")
     _atomic_max_gpu = _atomic("atom.acq_rel.gpu.max.s64 $0, [$1], $2;")
@@ -120,6 +123,11 @@ else:
     @cuda.jit(device=True, inline=True)
     def store_release_sys(addr, value):
         _store_release_sys(addr, value)
+
+    @cuda.jit(device=True, inline=True)
+    def store_relaxed_sys(addr, value):
+        """Store at system scope, no ordering (a stamp nothing waits on)."""
+        _store_relaxed_sys(addr, value)
 
     @cuda.jit(device=True, inline=True)
     def store_release_gpu(addr, value):

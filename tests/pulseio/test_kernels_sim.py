@@ -96,6 +96,8 @@ assert dev[rk.DEV_WATERMARK] == 3 and dev[rk.DEV_START] == 4 and dev[rk.DEV_EXIT
 assert (dev[rk.DEV_HEADER + slots : rk.DEV_HEADER + 2 * slots] == 0).all()  # the CTA counts are reset
 assert dev[rk.DEV_HEADER + 2 * slots + 2 * 2 + 1] == 33  # task 3's raise target, copied to the device
 assert target[0] == 33 and (entries[:3, tr.ENTRY_LANDED_NS] > 0).all() and entries[3, tr.ENTRY_LANDED_NS] == 0
+taken = entries[:, tr.ENTRY_TAKEN_NS]
+assert (taken[:3] > 0).all() and (taken[:3] <= entries[:3, tr.ENTRY_LANDED_NS]).all() and taken[3] == 0
 # gen 2: an offload (pool -> host) and a recall that reuses slot 0
 h4, p4 = np.array([30, 31, 29]), np.array([p3[0], p3[1], p3[2]])
 post(4, h4, p4, tr.D2H)

@@ -34,6 +34,7 @@ def test_tasks_land_in_order_through_more_tasks_than_slots() -> None:
         back.synchronize()
         assert bool((host[63] == 0).all())
         assert copier.landed_ns(back.seq) is not None and copier.landed_ns(1) is None  # slot reused since
+        assert copier.taken_ns(back.seq) <= copier.landed_ns(back.seq) and copier.taken_ns(1) is None
     finally:
         copier.close()
 

@@ -23,8 +23,9 @@ def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode) -
         assert r.host_bytes_per_request > 0
     if mode is SparseBenchMode.OFFLOAD_DOORBELL:  # resident requests: publish -> landed on the producer's clock
         assert r.publish_gbps is not None and r.publish_gbps > 0 and r.publish_to_landed_us > 0
+        assert 0 <= r.publish_to_taken_us < r.publish_to_landed_us and r.copy_gbps > r.publish_gbps
     else:
-        assert r.publish_gbps is None and r.publish_to_landed_us is None
+        assert r.publish_gbps is None and r.publish_to_landed_us is None and r.copy_gbps is None
     blocked = r.blocked_ms_per_step
     assert blocked == 0 if mode is not SparseBenchMode.OFFLOAD_SYNC else blocked > 0
 
