@@ -206,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0],
                       epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,eval-table,locality}")
+                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,eval-table,eval-summary,locality}")
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
                        description="Greedy (or sampled) generation for one prompt.",

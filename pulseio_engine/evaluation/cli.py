@@ -4,6 +4,7 @@
         --token-budget 1024 --json out/niah.json
     pulseio-engine eval-table --model smollm2 --context-len 2048,4096 --samples 20 --heads heads.json \
         --out out/smollm2      # every task x mode x budget: one JSON each, and out/smollm2/table.md
+    pulseio-engine eval-summary out/smollm2 out/smollm2-rerun --plot accuracy.png   # one grid of several runs
 
 Every option is checked before the model is loaded; a mistake is one line on stderr and exit code 2.
 """
@@ -11,6 +12,7 @@ Every option is checked before the model is loaded; a mistake is one line on std
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
@@ -32,6 +34,7 @@ from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
 from .locality import LocalityConfig, run_locality
 from .run import EvalConfig, EvalMode, check_heads, run_eval
+from .summary import combine, gaps, gaps_markdown, write_plot
 from .table import CellsFailed, TableConfig, markdown, run_table
 from .tasks import Task
 
@@ -77,6 +80,18 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         "with CUDA_VISIBLE_DEVICES=K and the same --out (default: 0/1, every cell)")
     _shared(t)
     t.set_defaults(func=_eval_table, prog=t.prog)
+
+    s = sub.add_parser("eval-summary", help="eval-table folders as one grid: table, gap to full attention, plot",
+                       description="Every record of the folders as one grid (a cell in several folders keeps the "
+                                   "last one's record): the table, each sparse mode's mean gap to full attention "
+                                   "in points where full scores at least --floor, and optionally a plot.")
+    s.add_argument("folders", nargs="+", type=Path, metavar="FOLDER", help="folders of eval records, oldest first")
+    s.add_argument("--floor", type=float, default=0.5, help="count cells where full attention scores at least this")
+    s.add_argument("--out", type=Path, default=None, help="also write the tables here (markdown)")
+    s.add_argument("--plot", type=Path, default=None,
+                   help="write a plot of score against budget here (needs matplotlib)")
+    s.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    s.set_defaults(func=_eval_summary, prog=s.prog)
 
     lo = sub.add_parser("locality", help="step-to-step overlap of a sparse mode's selections on real text",
                         description="Decode public-domain text through the sparse offload path and report, per "
@@ -168,6 +183,32 @@ def _eval_table(args: argparse.Namespace) -> int:
         return 1
     print(markdown(records, skipped=table.skipped), end="")
     say(f"done: {len(records)} records and table.md in {args.out}")
+    return 0
+
+
+def _eval_summary(args: argparse.Namespace) -> int:
+    prog = args.prog
+    for folder in args.folders:
+        if not folder.is_dir():
+            raise UsageError(prog, f"{folder} is not a folder (pass folders of eval records, e.g. eval-table --out)")
+    if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(prog, f"--plot {args.plot} needs matplotlib, which is not installed; "
+                               "pip install matplotlib, or leave --plot out")
+    for path in (args.out, args.plot):
+        if path is not None:
+            check_writable(prog, "--out" if path is args.out else "--plot", path)
+    records = combine(args.folders)
+    if not records:
+        raise UsageError(prog, f"no eval records in {', '.join(map(str, args.folders))}")
+    used = [f for f in map(str, args.folders) if any(r["folder"] == f for r in records)]
+    text = (markdown(records) + "\n### Gap to full attention\n\n" + gaps_markdown(gaps(records, args.floor), args.floor)
+            + "\nRecords from: " + ", ".join(used) + "\n")
+    print(text, end="")
+    if args.out is not None:
+        args.out.write_text(text)
+    if args.plot is not None:
+        write_plot(args.plot, records)
+        print(f"plot: {args.plot}", file=sys.stderr)
     return 0
 
 

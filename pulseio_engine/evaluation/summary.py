@@ -1,0 +1,123 @@
+"""Eval records of several `eval-table` folders as one grid: the table, each sparse mode's gap to full
+attention (the accuracy target), and a plot of score against budget.
+
+A grid is often run in pieces (a device session's worth at a time, a cell run again on a newer tree).
+`combine` takes the folders in order, and a cell found in more than one keeps the last folder's record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .run import EvalMode
+from .table import load_records
+from .tasks import Task
+
+Record = dict[str, Any]
+
+
+def cell_key(record: Record) -> tuple[str, int, str, str, int | None]:
+    """(model, context, task, mode, budget); full attention has no budget."""
+    budget = None if record["mode"] == EvalMode.VANILLA.value else record["token_budget"]
+    return record["model"], record["context_len"], record["task"], record["mode"], budget
+
+
+def combine(folders: Sequence[Path]) -> list[Record]:
+    """Every record of `folders`; a cell in several keeps the record of the last folder that has it."""
+    cells: dict[tuple[str, int, str, str, int | None], Record] = {}
+    for folder in folders:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder} is not a folder of eval records")
+        for record in load_records(folder):
+            record["folder"] = str(folder)
+            cells[cell_key(record)] = record
+    return list(cells.values())
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A sparse mode's mean distance to full attention on one model, in points (score x 100)."""
+
+    model: str
+    mode: str
+    points: float | None       # mean of (mode - full) over `cells`; None if no cell counts
+    cells: int                 # (context, budget, task) cells where full scores >= the floor and the mode ran
+    missing: tuple[str, ...]   # such cells the mode has no record of: "context/budget/task"
+
+
+def gaps(records: Sequence[Record], floor: float = 0.5) -> list[Gap]:
+    """Per model and sparse mode, over every scored task (not perplexity) and budget below the context
+    where full attention scores at least `floor`: the mean score difference to full attention."""
+    full = {(r["model"], r["context_len"], r["task"]): r["score"] for r in records
+            if r["mode"] == EvalMode.VANILLA.value and r["task"] != Task.PERPLEXITY.value}
+    sparse = {cell_key(r): r["score"] for r in records if r["mode"] != EvalMode.VANILLA.value}
+    budgets = sorted({key[4] for key in sparse if key[4] is not None})
+    out = []
+    for model, mode in sorted({(key[0], key[3]) for key in sparse}):
+        diffs, missing = [], []
+        for (m, n, task), score in sorted(full.items()):
+            if m != model or score < floor:
+                continue
+            for budget in (b for b in budgets if b < n):
+                got = sparse.get((model, n, task, mode, budget))
+                if got is None:
+                    missing.append(f"{n}/{budget}/{task}")
+                else:
+                    diffs.append(got - score)
+        points = 100 * sum(diffs) / len(diffs) if diffs else None
+        out.append(Gap(model, mode, points, len(diffs), tuple(missing)))
+    return out
+
+
+def gaps_markdown(found: Sequence[Gap], floor: float) -> str:
+    lines = [f"| model | mode | points to full (cells where full >= {floor}) | cells | missing |",
+             "|---|---|---:|---:|---|"]
+    for g in found:
+        points = "-" if g.points is None else f"{g.points:+.1f}"
+        lines.append(f"| {g.model} | {g.mode} | {points} | {g.cells} | {', '.join(g.missing) or 'none'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_plot(path: Path, records: Sequence[Record]) -> None:
+    """Score (perplexity: lower is better) against budget, one line per sparse mode and full attention
+    as a dashed line; one row of panels per (model, context), one column per task. Scores share the
+    0..1 axis, so a gap looks as large as it is."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted({(r["model"], r["context_len"]) for r in records})
+    order = [t.value for t in Task]
+    tasks = sorted({r["task"] for r in records}, key=lambda t: order.index(t) if t in order else len(order))
+    modes = [m.value for m in EvalMode if m is not EvalMode.VANILLA]
+    budgets = sorted({r["token_budget"] for r in records if r["mode"] in modes})
+    fig, axes = plt.subplots(len(rows), len(tasks), figsize=(3.2 * len(tasks), 2.6 * len(rows)), squeeze=False)
+    for (model, n), panels in zip(rows, axes):
+        for task, ax in zip(tasks, panels):
+            mine = [r for r in records if (r["model"], r["context_len"], r["task"]) == (model, n, task)]
+            for i, mode in enumerate(modes):
+                pts = sorted((r["token_budget"], r["score"]) for r in mine if r["mode"] == mode)
+                if pts:
+                    ax.plot(*zip(*pts), marker="osD^"[i % 4], label=mode, alpha=0.85)
+            for r in mine:
+                if r["mode"] == EvalMode.VANILLA.value:
+                    ax.axhline(r["score"], color="black", linestyle="--", linewidth=1, label="full")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [str(b) for b in budgets], minor=False)
+            ax.minorticks_off()
+            if task != Task.PERPLEXITY.value:
+                ax.set_ylim(-0.03, 1.03)   # scores: differences at their true size
+            ax.set_title(f"{model} {n // 1024}K: {task}", fontsize=8)
+            ax.grid(True, alpha=0.3)
+            ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=6)
+    for ax in axes[-1]:
+        ax.set_xlabel("token budget", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

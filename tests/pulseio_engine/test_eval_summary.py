@@ -1,0 +1,82 @@
+"""`pulseio-engine eval-summary`: several eval-table folders as one grid, the gap to full attention, the plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pulseio_engine.cli import main
+from pulseio_engine.evaluation.summary import Gap, combine, gaps
+
+
+def _record(task: str, mode: str, score: float, *, n: int = 4096, budget: int | None = None,
+            model: str = "m") -> dict:
+    return {"task": task, "mode": mode, "score": score, "context_len": n, "model": model, "samples": 20,
+            "token_budget": n if budget is None else budget}
+
+
+def _folder(path: Path, records: list[dict]) -> Path:
+    path.mkdir()
+    for i, r in enumerate(records):
+        (path / f"{i}.json").write_text(json.dumps(r))
+    (path / "heads.json").write_text("{}")        # not a record: skipped
+    return path
+
+
+def test_a_cell_in_several_folders_keeps_the_last_folders_record(tmp_path: Path) -> None:
+    old = _folder(tmp_path / "old", [_record("niah-single", "vanilla", 1.0), _record("niah-single", "quest", 0.4,
+                                                                                     budget=512)])
+    new = _folder(tmp_path / "new", [_record("niah-single", "quest", 0.7, budget=512)])
+    records = combine([old, new])
+    assert sorted((r["mode"], r["score"], Path(r["folder"]).name) for r in records) == [
+        ("quest", 0.7, "new"), ("vanilla", 1.0, "old")]
+    assert [r["score"] for r in combine([new, old]) if r["mode"] == "quest"] == [0.4]
+    with pytest.raises(FileNotFoundError, match="missing is not a folder"):
+        combine([tmp_path / "missing"])
+
+
+def test_gap_counts_scored_cells_where_full_reaches_the_floor_and_names_the_missing_ones() -> None:
+    records = [
+        _record("niah-single", "vanilla", 1.0), _record("common-words", "vanilla", 0.8),
+        _record("variable-tracking", "vanilla", 0.3),                      # under the floor: not counted
+        _record("perplexity", "vanilla", 30.0), _record("perplexity", "solohead", 35.0, budget=512),
+        _record("niah-single", "solohead", 0.9, budget=512), _record("niah-single", "solohead", 1.0, budget=1024),
+        _record("common-words", "solohead", 0.6, budget=512),             # 1024 not run: missing
+        _record("variable-tracking", "solohead", 0.0, budget=512),
+        _record("niah-single", "quest", 0.5, budget=512),
+        _record("niah-single", "vanilla", 1.0, n=1024), _record("niah-single", "quest", 1.0, n=1024, budget=512),
+    ]
+    by_mode = {g.mode: g for g in gaps(records)}
+    solo = by_mode["solohead"]
+    assert solo == Gap("m", "solohead", pytest.approx(100 * (-0.1 + 0.0 - 0.2) / 3), 3,
+                       ("1024/512/niah-single", "4096/1024/common-words"))
+    quest = by_mode["quest"]   # budget 1024 is not below context 1024: no cell there
+    assert (quest.cells, quest.points) == (2, pytest.approx(100 * (-0.5 + 0.0) / 2))
+    assert quest.missing == ("4096/512/common-words", "4096/1024/common-words", "4096/1024/niah-single")
+    assert gaps(records, floor=0.9)[1].cells == 2       # common-words (0.8) drops out
+
+
+def test_cli_writes_the_grid_the_gaps_and_a_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    folder = _folder(tmp_path / "run", [_record("niah-single", "vanilla", 1.0),
+                                        _record("niah-single", "solohead", 0.95, budget=512),
+                                        _record("perplexity", "vanilla", 30.0),
+                                        _record("perplexity", "solohead", 33.0, budget=512)])
+    out, plot = tmp_path / "summary.md", tmp_path / "plot.png"
+    assert main(["eval-summary", str(folder), "--out", str(out), "--plot", str(plot)]) == 0
+    text = capsys.readouterr().out
+    assert text == out.read_text()
+    assert "| 4096 | 512 | 1.00 | 0.95 |" in text and "| m | solohead | -5.0 | 1 | none |" in text
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_a_path_that_is_not_a_folder_of_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["eval-summary", str(tmp_path / "nope")]) == 2
+    assert "nope is not a folder" in capsys.readouterr().err
+    assert main(["eval-summary", str(empty)]) == 2
+    assert "no eval records in" in capsys.readouterr().err
