@@ -3,10 +3,11 @@
 Usage (repo root, CPU): PYTHONPATH=. python benchmarks/probe_selection.py --mode quest --token-budget 512 \
     --samples 0 1 2 3 --heads benchmarks/results/accuracy-2026-11-30-cpu/heads_smollm2.json --json out.json
 
-Runs niah-single samples through the engine exactly as `pulseio-engine eval` does (same engine, same
-sample generator, the question decoded token by token through the sparse path) in `--mode` (the
-trajectory), and at each of the first `--answer-steps` decode steps that produce answer tokens, for every
-offloaded layer and KV head h, rebuilds the request's whole KV from the host store and measures:
+Runs samples of `--task` (niah-single, the default; common-words; variable-tracking) through the engine
+exactly as `pulseio-engine eval` does (same engine, same sample generator, the question decoded token by
+token through the sparse path) in `--mode` (the trajectory), and at each of the first `--answer-steps`
+decode steps that produce answer tokens, for every offloaded layer and KV head h, rebuilds the request's
+whole KV from the host store and measures:
 
 - oracle: the K blocks (sink + local forced, as `select_blocks` does) with the most dense attention mass of
   h's query group (softmax of each query head over the whole context, averaged over the group);
@@ -15,15 +16,18 @@ offloaded layer and KV head h, rebuilds the request's whole KV from the host sto
   (from the same queries: what SoloHead would pick on this trajectory); qmax: h's query heads combined by
   the max of their own Quest bounds instead of their sum (an alternative GQA grouping, never used by the engine);
 - per selection: middle recall (selected middle blocks that are oracle middle blocks / oracle middle
-  blocks), captured mass (h's dense mass on the selected blocks), and whether every needle block (the blocks
-  holding the needle's digits) is in it; per head: dense mass on the needle, and the Quest rank of the
-  needle blocks among the middle blocks.
+  blocks), captured mass (h's dense mass on the selected blocks; the oracle's own is the most any selection
+  of this budget captures), and, on niah-single, whether every needle block (the blocks holding the
+  needle's digits) is in it; per head (niah-single): dense mass on the needle, and the Quest rank of the
+  needle blocks among the middle blocks. The other tasks have no single needle span: no needle columns.
 
 Columns of the printed table (means over samples, steps and KV heads; `reader_*`: only the KV head with the
 most dense mass on the needle at that step): needle_mass, reader_mass; reader_rank (Quest rank of the needle
 among the middle blocks, for the reader); X_needle (needle selected by X); X_recall (oracle middle recall);
-X_mass (captured dense mass). `--share-best L ...` is an intervention: in quest mode, layers L select for
-every KV head with the calibration's best head (SoloHead's selection in those layers only).
+forced_mass (dense mass on the sink and local blocks, which every selection holds), oracle_mass, X_mass
+(captured dense mass). Other tasks: the recall and mass columns only. `--share-best L ...` is an
+intervention: in quest mode, layers L select for every KV head with the calibration's best head (SoloHead's
+selection in those layers only).
 
 It also checks the engine on the way: the trajectory's `Offloader.last_selection` equals the recomputed
 selection of its mode, and in quest mode each query head's sparse attention output equals plain attention
@@ -78,7 +82,7 @@ class Probe:
         self.heads, self.mode, self.share = heads, mode, dict(share or {})
         self.records: list[dict] = []
         self.record_from: int | None = None     # position of the first step to record (None: record nothing)
-        self.needle: tuple[int, int] = (0, 0)
+        self.needle: tuple[int, int] | None = None      # the needle's token span; None: a task without one
         self.sample = -1
         self.max_err = 0.0
         original = OffloadBatch.attend
@@ -139,24 +143,30 @@ class Probe:
         mass = torch.nn.functional.pad(probs.mean(1), (0, nb * bs - n)).view(hkv, nb, bs).sum(-1)   # [Hkv, nb]
         oracle = select_blocks(mass[None], num_tokens, sparse)[0]                      # [Hkv, K]
         forced = set(range(sparse.sink_blocks)) | set(range(nb - sparse.local_blocks, nb))
-        needle = set(range(self.needle[0] // bs, (self.needle[1] - 1) // bs + 1))
+        needle = set(range(self.needle[0] // bs, (self.needle[1] - 1) // bs + 1)) if self.needle else None
         middle_ids = torch.tensor(sorted(set(range(nb)) - forced))
         for h in range(hkv):
-            orc = {b for b in oracle[h].tolist() if b >= 0} - forced
-            rec = {"sample": self.sample, "position": position, "layer": layer, "head": h,
-                   "needle_mass": float(mass[h, sorted(needle)].sum()), "best": best, "worst": worst}
+            top = {b for b in oracle[h].tolist() if b >= 0}
+            orc = top - forced
+            rec = {"sample": self.sample, "position": position, "layer": layer, "head": h, "best": best,
+                   "worst": worst, "forced_mass": float(mass[h, sorted(forced)].sum()),
+                   "oracle_mass": float(mass[h, sorted(top)].sum())}
             for name, sel in (("quest", quest[h]), ("solo", quest[best]), ("rev", quest[worst]), ("qmax", qmax[h])):
                 chosen = {b for b in sel.tolist() if b >= 0}
                 rec[f"{name}_recall"] = len((chosen - forced) & orc) / max(1, len(orc))
                 rec[f"{name}_mass"] = float(mass[h, sorted(chosen)].sum())
-                rec[f"{name}_needle"] = needle <= chosen
+                if needle is not None:
+                    rec[f"{name}_needle"] = needle <= chosen
+            self.records.append(rec)
+            if needle is None:
+                continue
+            rec["needle_mass"] = float(mass[h, sorted(needle)].sum())
             middle = scores[0, h, middle_ids]
             ranks = [int((middle > scores[0, h, b]).sum()) + 1 for b in sorted(needle) if b not in forced]
             rec["quest_needle_rank"] = max(ranks) if ranks else 0
             worst_needle = min(float(scores[0, h, b]) for b in needle)          # the needle block scored lowest
             rec["quest_needle_z"] = float((worst_needle - middle.mean()) / middle.std())
             rec["oracle_needle"] = needle <= set(oracle[h].tolist())
-            self.records.append(rec)
         if self.mode is EvalMode.QUEST:                          # each query head attends over its own KV head
             for g in range(q.shape[1]):
                 h = g // group
@@ -168,11 +178,11 @@ class Probe:
 
 
 def run_sample(engine, probe: Probe, p: Prompt, context_len: int, answer_steps: int) -> dict:  # noqa: ANN001
-    """p: `make_prompts`' sample (seed 0, as `pulseio-engine eval`); the text again for the needle's span."""
+    """p: `make_prompts`' sample (seed 0, as `pulseio-engine eval`); the text again to check it and, on
+    niah-single, for the needle's span."""
     tok, index = engine.tokenizer, p.index
-    sample = make_sample(Task.NEEDLE_SINGLE, context_len=context_len, seed=index,
-                         count_tokens=lambda text: len(tok.encode(text)))
-    probe.needle = needle_tokens(tok, sample.context, sample.answers[0])
+    sample = make_sample(p.task, context_len=context_len, seed=index, count_tokens=lambda text: len(tok.encode(text)))
+    probe.needle = needle_tokens(tok, sample.context, sample.answers[0]) if p.task is Task.NEEDLE_SINGLE else None
     if tok.encode(sample.context) != list(p.ids[:len(p.ids) - p.tail]):
         raise RuntimeError(f"sample {index}: the context differs from make_prompts' sample")
     probe.sample = index
@@ -185,19 +195,24 @@ def run_sample(engine, probe: Probe, p: Prompt, context_len: int, answer_steps: 
             probe.record_from = None
         engine.step()
     text, bs = tok.decode(seq.token_ids[len(prompt):]), engine.offloader.sparse.block_size
-    return {"index": index, "prompt_tokens": len(prompt), "needle_tokens": list(probe.needle),
-            "needle_blocks": [probe.needle[0] // bs, (probe.needle[1] - 1) // bs],
-            "output": text, "score": string_match_all(text, sample.answers)}
+    result = {"index": index, "prompt_tokens": len(prompt), "output": text,
+              "score": string_match_all(text, sample.answers)}
+    if probe.needle is not None:
+        result |= {"needle_tokens": list(probe.needle),
+                   "needle_blocks": [probe.needle[0] // bs, (probe.needle[1] - 1) // bs]}
+    return result
 
 
 SELECTORS = ("quest", "solo", "rev", "qmax")
+TASKS = (Task.NEEDLE_SINGLE, Task.COMMON_WORDS, Task.VARIABLE_TRACKING)
 
 
 def per_layer(records: list[dict]) -> list[dict]:
     """Means over samples, steps and KV heads, per layer (and 'all'); `reader`: the KV head with the most
-    dense mass on the needle at each (sample, step, layer)."""
+    dense mass on the needle at each (sample, step, layer). Needle columns only for records that have them."""
+    needle = "needle_mass" in records[0]
     top: dict[tuple, float] = defaultdict(float)
-    for r in records:
+    for r in records if needle else ():
         key = (r["sample"], r["position"], r["layer"])
         top[key] = max(top[key], r["needle_mass"])
     by_layer: dict[object, list[dict]] = defaultdict(list)
@@ -207,15 +222,18 @@ def per_layer(records: list[dict]) -> list[dict]:
     rows = []
     for layer in sorted(k for k in by_layer if k != "all") + ["all"]:
         rs = by_layer[layer]
-        reader = [r for r in rs if r["needle_mass"] == top[(r["sample"], r["position"], r["layer"])]]
         mean = lambda key, sub: round(sum(float(r[key]) for r in sub) / len(sub), 3)   # noqa: E731
-        row = {"layer": layer, "needle_mass": mean("needle_mass", rs), "reader_mass": mean("needle_mass", reader),
-               "reader_rank": mean("quest_needle_rank", reader)}
-        for name in SELECTORS:
-            row[f"{name}_needle"] = mean(f"{name}_needle", rs)
-            row[f"reader_{name}_needle"] = mean(f"{name}_needle", reader)
+        row = {"layer": layer}
+        if needle:
+            reader = [r for r in rs if r["needle_mass"] == top[(r["sample"], r["position"], r["layer"])]]
+            row |= {"needle_mass": mean("needle_mass", rs), "reader_mass": mean("needle_mass", reader),
+                    "reader_rank": mean("quest_needle_rank", reader)}
+            for name in SELECTORS:
+                row[f"{name}_needle"] = mean(f"{name}_needle", rs)
+                row[f"reader_{name}_needle"] = mean(f"{name}_needle", reader)
         for name in SELECTORS:
             row[f"{name}_recall"] = mean(f"{name}_recall", rs)
+        row["forced_mass"], row["oracle_mass"] = mean("forced_mass", rs), mean("oracle_mass", rs)
         for name in SELECTORS:
             row[f"{name}_mass"] = mean(f"{name}_mass", rs)
         rows.append(row)
@@ -232,6 +250,7 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2")
+    p.add_argument("--task", choices=[t.value for t in TASKS], default=Task.NEEDLE_SINGLE.value)
     p.add_argument("--mode", choices=[m.value for m in EvalMode if m is not EvalMode.VANILLA], default="quest")
     p.add_argument("--token-budget", type=int, default=512)
     p.add_argument("--context-len", type=int, default=2048)
@@ -245,14 +264,14 @@ def main() -> None:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     heads = RetrievalHeads.load(args.heads)
-    mode = EvalMode(args.mode)
-    config = EvalConfig(Task.NEEDLE_SINGLE, args.context_len, len(args.samples), mode, args.token_budget)
+    mode, task = EvalMode(args.mode), Task(args.task)
+    config = EvalConfig(task, args.context_len, len(args.samples), mode, args.token_budget)
     share = {layer: heads.best[layer] for layer in args.share_best}
     share.update(dict(map(int, s.split(":")) for s in args.share_head))
     if share and mode is not EvalMode.QUEST:
         raise SystemExit("--share-best / --share-head need --mode quest (the engine keeps every head's digests)")
     ckpt = load_eval_checkpoint(args.model, "cpu")
-    prompts = make_prompts(ckpt.tokenizer, Task.NEEDLE_SINGLE, args.context_len, max(args.samples) + 1, config.seed)
+    prompts = make_prompts(ckpt.tokenizer, task, args.context_len, max(args.samples) + 1, config.seed)
     probe = Probe(heads, mode, share)
     samples = []
     with eval_engine(ckpt, config, heads=heads, device="cpu", batch=1) as engine:
