@@ -1,7 +1,7 @@
 """Doorbell runtime on a GPU: publish->seen and publish->landed latency, doorbell vs direct bandwidth,
 and the time the submitting thread is blocked per step, doorbell path vs the sync path.
 
-    PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick]
+    PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick] [--strategies resident,auto]
 
 How each figure is taken:
 * publish->seen: the publish kernel stamps %globaltimer into the slot; the poller stamps
@@ -240,6 +240,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="bench_doorbell.json")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--strategies", type=lambda text: [Strategy(s) for s in text.split(",")], default=STRATEGIES,
+                        help="routes to measure, comma-separated (default: all of them)")
     args = parser.parse_args()
     n_lat, n_bw, n_blk = (60, 10, 20) if args.quick else (400, 40, 100)
     sha = git_sha()
@@ -247,7 +249,7 @@ def main() -> None:
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
                               "block_bytes": BLOCK, "quick": args.quick}}
     section(results, "clock", calibrate_clock)
-    for strategy in STRATEGIES:
+    for strategy in args.strategies:
         rt = open_rt(strategy)
         try:
             results["meta"]["stream_mem_ops"] = bool(rt._publisher.waits_on_device)
