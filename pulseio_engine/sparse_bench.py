@@ -117,18 +117,34 @@ class TimedRecaller:
         self.events.clear()
         return seconds
 
-    def take_publish_to_landed(self) -> tuple[int, float, int, float]:
-        """(bytes, seconds, requests, pickup seconds) of the finished doorbell requests since the last call
-        that carry the device-clock stamps (RESIDENT): publish -> landed, and of it publish -> the copier's
-        start; unfinished ones wait for the next call."""
+    def take_publish_to_landed(self) -> StampTotals:
+        """The finished doorbell requests since the last call that carry the device-clock stamps (RESIDENT),
+        summed; unfinished ones wait for the next call."""
         finished: list[Any] = []
         pending: list[Any] = []
         for r in self.requests:                  # one look at each: one finishing meanwhile is in exactly one list
             (finished if r.done() else pending).append(r)
         self.requests = pending
         stamped = [r for r in finished if r.nbytes and None not in (r.published_ns, r.taken_ns, r.landed_ns)]
-        return (sum(r.nbytes for r in stamped), sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
-                len(stamped), sum(r.taken_ns - r.published_ns for r in stamped) / 1e9)
+        return StampTotals(sum(r.nbytes for r in stamped), len(stamped),
+                           sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
+                           sum(r.taken_ns - r.published_ns for r in stamped) / 1e9)
+
+
+@dataclass(frozen=True)
+class StampTotals:
+    """Doorbell requests' device-clock stamps, summed: publish -> landed, and of it publish -> the copier's
+    start (the pickup; the rest is the copy)."""
+
+    nbytes: int = 0
+    requests: int = 0
+    publish_to_landed_s: float = 0.0
+    publish_to_taken_s: float = 0.0
+
+    def __add__(self, other: StampTotals) -> StampTotals:
+        return StampTotals(self.nbytes + other.nbytes, self.requests + other.requests,
+                           self.publish_to_landed_s + other.publish_to_landed_s,
+                           self.publish_to_taken_s + other.publish_to_taken_s)
 
 
 @dataclass(frozen=True)
@@ -232,7 +248,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             timed.take_stream_seconds()
             timed.take_publish_to_landed()
         times, stream_s = [], 0.0
-        published: list[float] = [0, 0.0, 0, 0.0]   # bytes, seconds, requests, pickup seconds (take_publish_to_landed)
+        published = StampTotals()
         with _profiler(profile, dev) as prof:
             for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
                           unit="step", leave=False):
@@ -241,16 +257,16 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                 times.append(time.perf_counter() - t0)
                 if timed is not None:
                     stream_s += timed.take_stream_seconds()  # after the step: its tokens were read, no stall added
-                    published = [a + b for a, b in zip(published, timed.take_publish_to_landed(), strict=True)]
+                    published += timed.take_publish_to_landed()
         if prof is not None and profile is not None:
             _write_profile(prof, profile, steps)
         after = off.statistics()
         moved = after.bytes_recalled - before.bytes_recalled
         peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
         rate = moved / stream_s / 1e9 if stream_s > 0 and moved else None
-        pub_bytes, pub_s, pub_n, pickup_s = published
-        pub_rate = pub_bytes / pub_s / 1e9 if pub_s > 0 else None
-        copy_rate = pub_bytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
+        pub_s, pickup_s, pub_n = published.publish_to_landed_s, published.publish_to_taken_s, published.requests
+        pub_rate = published.nbytes / pub_s / 1e9 if pub_s > 0 else None
+        copy_rate = published.nbytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
         kv_side = engine.kv.statistics().bytes_total + off.digests.max.nbytes * 2
         if off.runtime is not None:
             kv_side += off.runtime.device_pool.slots.nbytes
