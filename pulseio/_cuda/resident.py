@@ -68,7 +68,7 @@ class ResidentCopier(TaskRing):
         """Launch once with CTRL_CLOSE set: loads the kernel now (a first launch under lazy module loading
         waits for the device, which may be waiting for a copy) and checks that it runs and stops."""
         self._ctrl[tr.CTRL_CLOSE] = 1
-        self._published.record(self.stream)
+        self._published.record(self.stream)  # creates the event now, not in the first device wait's serve_for
         self.stream.wait_event(self._published)
         self._launch()
         self.stream.synchronize()

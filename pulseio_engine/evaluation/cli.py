@@ -194,9 +194,9 @@ def _eval_summary(args: argparse.Namespace) -> int:
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise UsageError(prog, f"--plot {args.plot} needs matplotlib, which is not installed; "
                                "pip install matplotlib, or leave --plot out")
-    for path in (args.out, args.plot):
+    for option, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:
-            check_writable(prog, "--out" if path is args.out else "--plot", path)
+            check_writable(prog, option, path)
     records = combine(args.folders)
     if not records:
         raise UsageError(prog, f"no eval records in {', '.join(map(str, args.folders))}")
