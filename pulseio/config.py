@@ -56,15 +56,16 @@ class DmaConfig:
     staging_bytes: size of each pinned staging buffer of the GATHER_DMA route; a larger transfer is
         split into pieces that pipeline (CPU gather of piece i+1 overlaps the DMA of piece i).
     staging_buffers: how many staging buffers rotate (>= 2 for that overlap).
-    zero_copy_ctas: CTA budget of the copy kernels (ZERO_COPY, RESIDENT, the scatter/gather kernels):
-        it never occupies more SMs than this, so model kernels keep the rest. 64 CTAs already keep
-        PCIe busy on the H200; one per SM made a concurrent GEMM twice as slow there.
+    zero_copy_ctas: CTA budget of the copy kernels (ZERO_COPY, RESIDENT, the scatter/gather kernels): it
+        never occupies more SMs than this (RESIDENT one more, its leader), so model kernels keep the
+        rest. 64 CTAs already keep PCIe busy on the H200; one per SM made a concurrent GEMM twice as
+        slow there.
     resident_idle_us: the RESIDENT route's kernel exits after this long without a task, giving its
         SMs back; the next transfer relaunches it (one launch, not one per transfer). A device wait
         launches a generation of its own behind its publish; the running one serves that request too if
         it is still up when the publish runs, and hands over after it, off the request's path. While it
-        is up it holds zero_copy_ctas CTAs (a concurrent GEMM ran 15-40% slower on the H200), and a
-        device synchronize waits for it to go idle and exit.
+        is up it holds zero_copy_ctas copy CTAs and a leader CTA that polls the task ring (a concurrent
+        GEMM ran 15-40% slower on the H200), and a device synchronize waits for it to go idle and exit.
     max_inflight: transfers submitted but not finished before `submit` raises WouldBlock.
     merge_blocks: queued transfers of one route are merged into one issue up to this many blocks.
     inline_issue: a transfer whose route is only a kernel launch or one driver call (zero-copy,

@@ -44,7 +44,7 @@ class ResidentCopier(TaskRing):
         self._device = backend.device
         self._ctas = ctas
         self._dev = torch.zeros(rk.dev_words(slots), dtype=torch.int64, device=self._device)
-        self._dev[rk.DEV_START] = 1
+        self._dev[rk.DEV_START : rk.DEV_START + 2] = 1  # the first generation starts at task 1
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         base = self._memory.device_ptr
@@ -85,7 +85,7 @@ class ResidentCopier(TaskRing):
         self._ctrl[tr.CTRL_LAUNCHED] = self._gen
         values = self._kernel.values
         values[31], values[33], values[34] = self._gen, hold_at, hold_to
-        self._kernel.launch(self.stream.cuda_stream, self._ctas, THREADS_PER_CTA)
+        self._kernel.launch(self.stream.cuda_stream, 1 + self._ctas, THREADS_PER_CTA)  # the leader, the copy CTAs
 
     def serve_for(self, stream: Any, word_at: int, value: int) -> None:
         """A stream is about to wait on the device until the int64 at `word_at` reaches value, which a task

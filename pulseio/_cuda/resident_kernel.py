@@ -18,24 +18,29 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
   the task's copy / when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:]
   (device slots);
 * host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
-* device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to
-  exit), DEV_START (first task of the next generation), DEV_WATERMARK (every task <= it landed:
-  what consumer streams wait on), then per slot the forwarded entry, a count of CTAs done, and
-  the task's raise target (ENTRY_RAISE_AT, ENTRY_RAISE_TO), copied from the host entry by one
-  thread while the task copies, so the last CTA raises the word with no PCIe read after the data
-  has landed. One thread, not one per CTA: a hundred system-scope reads of one host line at once
+* device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to exit),
+  DEV_WATERMARK (every task <= it landed: what consumer streams wait on), DEV_START (two words:
+  generation g's first task at DEV_START + g % 2, which generation g - 1's leader stored as it stopped;
+  two, because a CTA of generation g may start after g's own leader has stopped, a launched CTA waiting
+  for a free SM, and must still find where its generation began), then per slot the forwarded entry, a
+  count of CTAs done, and the task's raise target (ENTRY_RAISE_AT, ENTRY_RAISE_TO), copied from the host
+  entry by one thread while the task copies, so the last CTA raises the word with no PCIe read after the
+  data has landed. One thread, not one per CTA: a hundred system-scope reads of one host line at once
   are served one after another (each CTA reading it made a 64-block task take 150 us, not 27).
 
-CTA 0's thread 0 is the leader: it polls the host entries (one PCIe read per poll) and forwards
-every ready entry into device memory, so the other CTAs spin on L2, not on the link. Each CTA
-copies one contiguous span of a task's blocks (`copy_span`); the last CTA to finish a task raises
-the watermark and stores the done word.
+CTA 0 is the leader and copies nothing: its thread 0 polls the host entries (one PCIe read per
+poll) and forwards every ready entry into device memory, publishing DEV_POSTED per entry, so the
+copy CTAs (1 .. grid - 1) spin on L2, not on the link, and start a task as soon as its entry is
+read, never behind the leader's read of the next one. Each copy CTA copies one contiguous span of
+a task's blocks (`copy_span`); the last to finish a task raises the watermark and stores the done
+word. The leader decides alone when its generation stops; the copy CTAs then finish what it
+forwarded and exit.
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
 CTRL_STOPPED. At least one sees the other: either the kernel sees the promise and keeps serving,
 or the host sees the stop and relaunches (the new launch queues behind the old one on its stream
-and starts at DEV_START). When both see each other the spare launch starts after the old one exits
+and starts where it stopped). When both see each other the spare launch starts after the old one exits
 and serves from where it stopped, so no task is served twice.
 
 Device waits. A generation may be launched for one (`hold_at`, `hold_to`: a request's wait word and
@@ -87,7 +92,8 @@ from .sysmem import (
     store_release_sys,
 )
 
-DEV_POSTED, DEV_EXIT, DEV_START, DEV_WATERMARK = 0, 1, 2, 3
+DEV_POSTED, DEV_EXIT, DEV_WATERMARK = 0, 1, 2
+DEV_START = 4  # two words, by generation parity
 DEV_HEADER = 16
 CLOSE_POLL_NS = 20_000  # how often an idle leader reads the host words (CTRL_CLOSE, holds)
 HOLD_GENS = 256  # generations whose holds `holds` keeps (by generation modulo)
@@ -111,9 +117,8 @@ def _forward(entries, dev, slots, forwarded):  # pragma: no cover - runs on the 
         if word >> (COUNT_BITS + 1) != s:
             break
         store_release_gpu(dev + 8 * (DEV_HEADER + slot), word)
+        store_release_gpu(dev + 8 * DEV_POSTED, s)  # per entry, released after it: copying starts now
         s += 1
-    if s - 1 > forwarded:
-        store_release_gpu(dev + 8 * DEV_POSTED, s - 1)  # release: the entries above are visible first
     return s - 1
 
 
@@ -125,7 +130,7 @@ def _offer_stop(ctrl, dev, forwarded, gen, handed_over):  # pragma: no cover - r
     cuda.threadfence_system()
     if not handed_over and load_acquire_sys(ctrl + 8 * CTRL_PROMISED) > forwarded:
         return False
-    store_release_gpu(dev + 8 * DEV_START, forwarded + 1)
+    store_release_gpu(dev + 8 * (DEV_START + (gen + 1) % 2), forwarded + 1)
     store_release_gpu(dev + 8 * DEV_EXIT, gen)
     return True
 
@@ -137,37 +142,43 @@ def _held(hold_at, hold_to):  # pragma: no cover - runs on the GPU / simulator
 
 
 @cuda.jit(device=True)
-def _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds, state):  # pragma: no cover
-    """Thread 0 of each CTA: wait until `task` is forwarded (1) or this generation exits (0).
-    state: [3] int64 local to the leader: (forwarded, last active time, last look at the host words)."""
+def _lead(ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds):  # pragma: no cover - GPU / simulator
+    """The leader (thread 0 of CTA 0): forward entries until this generation stops (see the module doc)."""
+    forwarded = load_acquire_gpu(dev + 8 * (DEV_START + gen % 2)) - 1
+    active, looked = globaltimer(), 0  # last forward; last look at the host words
     while True:
-        if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task:
-            return 1
-        if load_acquire_gpu(dev + 8 * DEV_EXIT) == gen:  # the leader forwards before it exits
-            return 1 if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task else 0
-        if cuda.blockIdx.x != 0:
-            pause()
-            continue
-        forwarded = _forward(entries, dev, slots, state[0])
+        now_forwarded = _forward(entries, dev, slots, forwarded)
         now = globaltimer()
-        if forwarded > state[0]:
-            state[0], state[1] = forwarded, now
+        if now_forwarded > forwarded:
+            forwarded, active = now_forwarded, now
             continue
-        if now - state[2] < CLOSE_POLL_NS:  # the host words are PCIe reads: not on every poll
+        if now - looked < CLOSE_POLL_NS:  # the host words are PCIe reads: not on every poll
             pause()
             continue
-        state[2] = now
+        looked = now
         closing = load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0
         if _held(hold_at, hold_to) and not closing:
-            state[1] = now
+            active = now
             continue
         handed_over = False
         if load_acquire_sys(ctrl + 8 * CTRL_LAUNCHED) > gen:
             nxt = holds + 16 * ((gen + 1) % HOLD_GENS)
             handed_over = not _held(load_acquire_sys(nxt), load_acquire_sys(nxt + 8))
-        if handed_over or closing or now - state[1] >= idle_ns:
-            if not _offer_stop(ctrl, dev, forwarded, gen, handed_over):
-                state[1] = now
+        if handed_over or closing or now - active >= idle_ns:
+            if _offer_stop(ctrl, dev, forwarded, gen, handed_over):
+                return
+            active = now
+
+
+@cuda.jit(device=True)
+def _wait_forwarded(task, dev, gen):  # pragma: no cover - runs on the GPU / simulator
+    """Thread 0 of a copy CTA: wait until `task` is forwarded (1) or this generation exits (0)."""
+    while True:
+        if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task:
+            return 1
+        if load_acquire_gpu(dev + 8 * DEV_EXIT) == gen:  # the leader forwards before it exits
+            return 1 if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task else 0
+        pause()
 
 
 def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
@@ -177,14 +188,17 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold
     generation's hold. See the module doc."""
     serve = cuda.shared.array(1, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    state = cuda.local.array(3, int64)
-    t, cta, ctas = cuda.threadIdx.x, cuda.blockIdx.x, cuda.gridDim.x
+    t = cuda.threadIdx.x
+    if cuda.blockIdx.x == 0:
+        if t == 0:
+            _lead(ctrl, entries, dev, ids.shape[0], gen, idle_ns, hold_at, hold_to, holds)
+        return
+    cta, ctas = cuda.blockIdx.x - 1, cuda.gridDim.x - 1  # the copy CTAs
     slots, cap = ids.shape[0], ids.shape[1] // 2
-    task = load_acquire_gpu(dev + 8 * DEV_START)
-    state[0], state[1], state[2] = task - 1, globaltimer(), 0
+    task = load_acquire_gpu(dev + 8 * (DEV_START + gen % 2))
     while True:
         if t == 0:
-            serve[0] = _next_task(task, ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds, state)
+            serve[0] = _wait_forwarded(task, dev, gen)
         cuda.syncthreads()
         if serve[0] == 0:
             return
@@ -200,7 +214,7 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold
         if fetch:  # read now, stored after the copy: the PCIe read overlaps it
             raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
             raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
-        if cta == 0 and t == 0:  # the leader's CTA starts a task first: publish -> taken is the pickup
+        if cta == 0 and t == 0:  # publish -> taken is the pickup
             store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, globaltimer())
         copy_span(host, ids[slot], 0, pool, ids[slot], cap, lo, hi, d2h != 0, staged)
         if fetch:

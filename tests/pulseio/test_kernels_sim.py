@@ -68,7 +68,8 @@ entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 target = np.zeros(1, np.int64)  # a consumer's device word that task 3 raises
 done = np.zeros(slots, np.int64)
 dev = np.zeros(rk.dev_words(slots), np.int64)
-dev[rk.DEV_START] = 1
+dev[rk.DEV_START : rk.DEV_START + 2] = 1
+start = lambda gen: dev[rk.DEV_START + gen % 2]  # where generation gen starts
 addr = lambda a: a.ctypes.data
 
 def post(seq, h, p, direction, raise_to=0):
@@ -82,17 +83,18 @@ def post(seq, h, p, direction, raise_to=0):
 
 holds = np.zeros((rk.HOLD_GENS, 2), np.int64)  # every generation's hold, by generation
 
-def launch(gen, idle_ms=5, grid=1, hold_at=0, hold_to=0):
+def launch(gen, idle_ms=5, grid=2, hold_at=0, hold_to=0):
     kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
                      hold_at, hold_to, addr(holds))
 
 h1, h3 = rng.choice(H, 5, replace=False), rng.choice(H, 8, replace=False)
 p1, p3 = np.split(rng.choice(D, 13, replace=False), [5])  # tasks in flight together write disjoint slots
 post(1, h1, p1, tr.H2D); post(2, [], [], tr.H2D); post(3, h3, p3, tr.H2D, raise_to=33)
-launch(1)  # one CTA: the simulator runs CTAs one after another, and a resident kernel needs them all at once
+launch(1)  # the leader, then one copy CTA: the simulator runs CTAs one after another, so the leader
+# forwards and stops before the copy CTA serves what it forwarded
 assert np.array_equal(pool[p3], host[h3]) and np.array_equal(pool[p1], host[h1])
 assert list(done) == [1, 2, 3, 0], done
-assert dev[rk.DEV_WATERMARK] == 3 and dev[rk.DEV_START] == 4 and dev[rk.DEV_EXIT] == 1 and ctrl[tr.CTRL_STOPPED] == 1
+assert dev[rk.DEV_WATERMARK] == 3 and start(2) == 4 and dev[rk.DEV_EXIT] == 1 and ctrl[tr.CTRL_STOPPED] == 1
 assert (dev[rk.DEV_HEADER + slots : rk.DEV_HEADER + 2 * slots] == 0).all()  # the CTA counts are reset
 assert dev[rk.DEV_HEADER + 2 * slots + 2 * 2 + 1] == 33  # task 3's raise target, copied to the device
 assert target[0] == 33 and (entries[:3, tr.ENTRY_LANDED_NS] > 0).all() and entries[3, tr.ENTRY_LANDED_NS] == 0
@@ -107,7 +109,7 @@ expect4 = pool[p4].copy()
 launch(2)
 assert np.array_equal(host[h4], expect4) and np.array_equal(pool[p5], host[h5])
 assert list(done) == [5, 2, 3, 4], done
-assert dev[rk.DEV_WATERMARK] == 5 and dev[rk.DEV_START] == 6 and ctrl[tr.CTRL_STOPPED] == 2
+assert dev[rk.DEV_WATERMARK] == 5 and start(3) == 6 and ctrl[tr.CTRL_STOPPED] == 2
 # a promise keeps an idle kernel serving until the post lands
 # (the simulator hands the kernel a copy of each array argument: ids are written before the launch,
 # only the entry word, read by address, arrives late)
@@ -119,7 +121,7 @@ t0 = time.perf_counter()
 launch(3, idle_ms=1)
 late.join()
 assert done[1] == 6 and np.array_equal(pool[6], host[5]) and time.perf_counter() - t0 >= 0.25
-assert dev[rk.DEV_START] == 7
+assert start(4) == 7
 # a generation launched for a device wait stays up, idle, until the wait's word reaches its value
 word = np.zeros(1, np.int64)
 late = threading.Timer(0.3, lambda: word.__setitem__(0, 9))
@@ -127,7 +129,7 @@ late.start()
 t0 = time.perf_counter()
 launch(4, idle_ms=1, hold_at=addr(word), hold_to=9)
 late.join()
-assert time.perf_counter() - t0 >= 0.25 and dev[rk.DEV_EXIT] == 4 and dev[rk.DEV_START] == 7
+assert time.perf_counter() - t0 >= 0.25 and dev[rk.DEV_EXIT] == 4 and start(5) == 7
 # a later generation launched whose request has not landed (its publish may be queued behind work that
 # waits for us): this one stops after idle_ns as usual, not before
 ctrl[tr.CTRL_LAUNCHED] = 6
@@ -143,24 +145,26 @@ holds[7] = addr(word), 10
 ctrl[tr.CTRL_PROMISED] = 7
 t0 = time.perf_counter()
 launch(6, idle_ms=60_000)
-assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 6 and dev[rk.DEV_START] == 7 and ctrl[tr.CTRL_STOPPED] == 6
+assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 6 and start(7) == 7 and ctrl[tr.CTRL_STOPPED] == 6
 ids[2, 0], ids[2, cap] = 7, 8
 entries[2, tr.ENTRY_TASK] = tr.pack_entry(7, 1, tr.H2D)
 launch(7, idle_ms=1)
-assert done[2] == 7 and np.array_equal(pool[8], host[7]) and dev[rk.DEV_START] == 8
+assert done[2] == 7 and np.array_equal(pool[8], host[7]) and start(8) == 8
 # close: an idle kernel exits without waiting out idle_ns
 ctrl[tr.CTRL_CLOSE] = 1
 t0 = time.perf_counter()
 launch(8, idle_ms=60_000)
-assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 8 and dev[rk.DEV_START] == 8
+assert time.perf_counter() - t0 < 30 and dev[rk.DEV_EXIT] == 8 and start(9) == 8
 print("SIM-OK")
 """
 
 
 @pytest.mark.slow
 def test_resident_kernel_protocol_under_simulator() -> None:
-    """One CTA of the resident kernel (the simulator runs CTAs one after another, so a single CTA,
-    leader and copier at once): serves posted tasks in order both ways, reuses ring slots, stops
+    """The resident kernel's leader and one copy CTA. The simulator runs CTAs one after another, so the
+    leader forwards and stops before the copy CTA starts: a copy CTA that starts after its leader
+    stopped (on a GPU: one launched while the SMs were busy) still serves every task it forwarded. It
+    serves posted tasks in order both ways, reuses ring slots, stops
     when idle with its state handed to the next generation, stays while a task is promised but not
     yet posted, stays for a device wait until its word is set, stops at once when idle once a later
     generation is launched whose request has landed (that one serves the promise) but not before that,
