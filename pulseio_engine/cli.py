@@ -134,7 +134,8 @@ def _bench(args: argparse.Namespace) -> int:
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs)
         keys = ("step_ms", "cuda_graphs", "units_per_step", "recalled_mib_per_step", "unit_bytes", "recall_gbps",
                 "link_peak_gbps", "recall_fraction_of_peak", "publish_gbps", "publish_fraction_of_peak",
-                "publish_to_landed_us", "publish_to_taken_us", "copy_gbps", "copy_fraction_of_peak",
+                "publish_to_landed_us", "publish_to_taken_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90",
+                "poller_lag_us_p50", "poller_lag_us_p90", "copy_gbps", "copy_fraction_of_peak",
                 "recall_host_ms_per_step", "blocked_ms_per_step",
                 "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality")
     if args.json:

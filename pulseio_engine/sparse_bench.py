@@ -39,6 +39,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -128,23 +129,41 @@ class TimedRecaller:
         stamped = [r for r in finished if r.nbytes and None not in (r.published_ns, r.taken_ns, r.landed_ns)]
         return StampTotals(sum(r.nbytes for r in stamped), len(stamped),
                            sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
-                           sum(r.taken_ns - r.published_ns for r in stamped) / 1e9)
+                           tuple(r.taken_ns - r.published_ns for r in stamped),
+                           tuple(r.seen_ns - r.published_ns for r in stamped if r.seen_ns is not None))
 
 
 @dataclass(frozen=True)
 class StampTotals:
-    """Doorbell requests' device-clock stamps, summed: publish -> landed, and of it publish -> the copier's
-    start (the pickup; the rest is the copy)."""
+    """Doorbell requests' stamps: bytes and publish -> landed summed (device clock); per request, publish ->
+    the copier's start (the pickup; the rest is the copy), and publish -> the poller's read of it (device
+    clock to host clock: only differences between requests mean anything)."""
 
     nbytes: int = 0
     requests: int = 0
     publish_to_landed_s: float = 0.0
-    publish_to_taken_s: float = 0.0
+    pickups_ns: tuple[int, ...] = ()
+    publish_to_seen_ns: tuple[int, ...] = ()
 
     def __add__(self, other: StampTotals) -> StampTotals:
         return StampTotals(self.nbytes + other.nbytes, self.requests + other.requests,
-                           self.publish_to_landed_s + other.publish_to_landed_s,
-                           self.publish_to_taken_s + other.publish_to_taken_s)
+                           self.publish_to_landed_s + other.publish_to_landed_s, self.pickups_ns + other.pickups_ns,
+                           self.publish_to_seen_ns + other.publish_to_seen_ns)
+
+    def pickup_us(self, percentile: float) -> float | None:
+        return _percentile_us(self.pickups_ns, percentile)
+
+    def poller_lag_us(self, percentile: float) -> float | None:
+        """Publish -> the poller's read, less the run's smallest: how much later than its fastest the poller
+        read a request (the clocks' offset cancels; their drift, microseconds per second, does not)."""
+        if not self.publish_to_seen_ns:
+            return None
+        least = min(self.publish_to_seen_ns)
+        return _percentile_us(tuple(t - least for t in self.publish_to_seen_ns), percentile)
+
+
+def _percentile_us(samples_ns: tuple[int, ...], percentile: float) -> float | None:
+    return float(np.percentile(samples_ns, percentile)) / 1e3 if samples_ns else None
 
 
 @dataclass(frozen=True)
@@ -171,6 +190,10 @@ class SparseBenchResult:
     publish_fraction_of_peak: float | None
     publish_to_landed_us: float | None   # mean per request, device clock
     publish_to_taken_us: float | None    # of it, publish -> the copier began the copy (the pickup)
+    publish_to_taken_us_p50: float | None  # the pickup's median and 90th percentile over requests
+    publish_to_taken_us_p90: float | None
+    poller_lag_us_p50: float | None      # publish -> the poller read it, less the run's fastest (StampTotals)
+    poller_lag_us_p90: float | None
     copy_gbps: float | None              # bytes / device-clock time from the copier's start to landed
     copy_fraction_of_peak: float | None
     recall_host_ms_per_step: float     # main thread inside recall calls
@@ -189,7 +212,9 @@ class SparseBenchResult:
         if self.publish_gbps is not None:
             rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s = {self.publish_fraction_of_peak:.2f}, "
                      f"{self.publish_to_landed_us:.0f} us a request: {self.publish_to_taken_us:.0f} us to the "
-                     f"copier's start, then {self.copy_gbps:.1f} GB/s = {self.copy_fraction_of_peak:.2f})")
+                     f"copier's start (p50 {self.publish_to_taken_us_p50:.0f}, "
+                     f"p90 {self.publish_to_taken_us_p90:.0f}), then {self.copy_gbps:.1f} GB/s = "
+                     f"{self.copy_fraction_of_peak:.2f})")
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
                 f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "
@@ -264,7 +289,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         moved = after.bytes_recalled - before.bytes_recalled
         peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
         rate = moved / stream_s / 1e9 if stream_s > 0 and moved else None
-        pub_s, pickup_s, pub_n = published.publish_to_landed_s, published.publish_to_taken_s, published.requests
+        pub_s, pickup_s, pub_n = published.publish_to_landed_s, sum(published.pickups_ns) / 1e9, published.requests
         pub_rate = published.nbytes / pub_s / 1e9 if pub_s > 0 else None
         copy_rate = published.nbytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
         kv_side = engine.kv.statistics().bytes_total + off.digests.max.nbytes * 2
@@ -281,6 +306,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             None if rate is None or peak is None else rate / peak,
             pub_rate, None if pub_rate is None or peak is None else pub_rate / peak,
             pub_s / pub_n * 1e6 if pub_n else None, pickup_s / pub_n * 1e6 if pub_n else None,
+            published.pickup_us(50), published.pickup_us(90), published.poller_lag_us(50), published.poller_lag_us(90),
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality))

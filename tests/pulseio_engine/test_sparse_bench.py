@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pulseio_engine.config import SparseMode
-from pulseio_engine.sparse_bench import SparseBenchMode, default_profile, run_sparse_bench
+from pulseio_engine.sparse_bench import SparseBenchMode, StampTotals, default_profile, run_sparse_bench
 
 
 @pytest.mark.parametrize("mode", list(SparseBenchMode), ids=[m.value for m in SparseBenchMode])
@@ -24,8 +24,11 @@ def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode) -
     if mode is SparseBenchMode.OFFLOAD_DOORBELL:  # resident requests: publish -> landed on the producer's clock
         assert r.publish_gbps is not None and r.publish_gbps > 0 and r.publish_to_landed_us > 0
         assert 0 <= r.publish_to_taken_us < r.publish_to_landed_us and r.copy_gbps > r.publish_gbps
+        assert 0 <= r.publish_to_taken_us_p50 <= r.publish_to_taken_us_p90
+        assert 0 <= r.poller_lag_us_p50 <= r.poller_lag_us_p90
     else:
         assert r.publish_gbps is None and r.publish_to_landed_us is None and r.copy_gbps is None
+        assert r.publish_to_taken_us_p50 is None and r.poller_lag_us_p50 is None
     blocked = r.blocked_ms_per_step
     assert blocked == 0 if mode is not SparseBenchMode.OFFLOAD_SYNC else blocked > 0
 
@@ -35,3 +38,13 @@ def test_presets_select_with_the_closest_shipped_locality() -> None:
     assert (profile.model, profile.mode, profile.token_budget) == ("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 2048)
     overlap = profile.overlap_for(40, 2)
     assert len(overlap) == 40 and overlap[:2] == (1.0, 1.0) and all(0.3 < o < 1 for o in overlap[2:])
+
+
+def test_stamp_totals_add_up_and_give_percentiles_per_request() -> None:
+    a = StampTotals(100, 2, 3e-6, pickups_ns=(1_000, 3_000), publish_to_seen_ns=(-5_000, -1_000))
+    b = StampTotals(50, 1, 1e-6, pickups_ns=(2_000,), publish_to_seen_ns=(-4_000,))
+    total = a + b
+    assert (total.nbytes, total.requests, total.publish_to_landed_s) == (150, 3, pytest.approx(4e-6))
+    assert total.pickup_us(50) == 2.0 and total.pickup_us(100) == 3.0
+    assert total.poller_lag_us(0) == 0.0 and total.poller_lag_us(100) == 4.0, "relative to the fastest read"
+    assert StampTotals().pickup_us(50) is None and StampTotals().poller_lag_us(50) is None
