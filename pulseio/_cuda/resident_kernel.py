@@ -95,7 +95,7 @@ from .sysmem import (
 DEV_POSTED, DEV_EXIT, DEV_WATERMARK = 0, 1, 2
 DEV_START = 4  # two words, by generation parity
 DEV_HEADER = 16
-CLOSE_POLL_NS = 20_000  # how often an idle leader reads the host words (CTRL_CLOSE, holds)
+CLOSE_POLL_NS = 100_000  # how often a leader with no entry ready reads the host words (CTRL_CLOSE, holds)
 HOLD_GENS = 256  # generations whose holds `holds` keeps (by generation modulo)
 
 
@@ -156,14 +156,18 @@ def _lead(ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds):  # 
             pause()
             continue
         looked = now
-        closing = load_acquire_sys(ctrl + 8 * CTRL_CLOSE) != 0
-        if _held(hold_at, hold_to) and not closing:
+        # Up to three PCIe round trips in which no entry is polled, so: rarely, and the independent words
+        # together (relaxed loads overlap; CTRL_LAUNCHED last, acquire: a successor's hold precedes it).
+        closing = load_relaxed_sys(ctrl + 8 * CTRL_CLOSE) != 0
+        own = load_relaxed_sys(hold_at) if hold_at != 0 else 0
+        launched = load_acquire_sys(ctrl + 8 * CTRL_LAUNCHED)
+        if hold_at != 0 and own - hold_to < 0 and not closing:
             active = now
             continue
         handed_over = False
-        if load_acquire_sys(ctrl + 8 * CTRL_LAUNCHED) > gen:
+        if launched > gen:
             nxt = holds + 16 * ((gen + 1) % HOLD_GENS)
-            handed_over = not _held(load_acquire_sys(nxt), load_acquire_sys(nxt + 8))
+            handed_over = not _held(load_relaxed_sys(nxt), load_relaxed_sys(nxt + 8))
         if handed_over or closing or now - active >= idle_ns:
             if _offer_stop(ctrl, dev, forwarded, gen, handed_over):
                 return
