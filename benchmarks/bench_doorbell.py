@@ -2,6 +2,7 @@
 and the time the submitting thread is blocked per step, doorbell path vs the sync path.
 
     PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick] [--strategies resident,auto]
+        [--recall 104x65536]   # the latency section's request: blocks x bytes (default 64 x 8 KiB)
 
 How each figure is taken:
 * publish->seen: the publish kernel stamps %globaltimer into the slot; the poller stamps
@@ -10,9 +11,12 @@ How each figure is taken:
   g - (h0 + h1) / 2 over the rounds of smallest round trip (error <= half that round trip, printed).
 * publish->landed: both ends on the GPU clock. Each step enqueues a ~0.5 ms GPU sleep, then the
   publish, the consumer stream's wait on the completion word, and a kernel stamping %globaltimer, so
-  everything is enqueued before the publish runs; landed - published is what a consumer sees.
+  everything is enqueued before the publish runs; landed - published is what a consumer sees. With
+  --recall 104x65536 each request is a 32K layer's recall in the engine (qwen3-14b, budget 2048), alone
+  on an idle GPU; the resident route also reports its rate from the copier's start and from the publish.
 * bandwidth: bytes / wall time of `steps` back-to-back recalls of 2048 x 8 KiB (ids on the GPU via
-  the ring, vs ids already on the host straight to the I/O worker), same runtime, same strategy.
+  the ring, vs ids already on the host straight to the I/O worker), same runtime, same strategy (blocks of
+  the --recall size).
 * blocked: per decode-like step (a GEMM as the "layer", scores, top-k, recall, consume), the time the
   submitting thread spends inside the recall calls: post_recall + device_wait (doorbell) vs
   ids.cpu() + recall + device_wait (sync path).
@@ -114,11 +118,11 @@ def calibrate_clock(rounds: int = 200) -> dict:
             "rtt_p50_us": float(np.median(rtt) / 1e3), "offset_spread_us": float(np.ptp(offsets) / 1e3)}
 
 
-def open_rt(strategy: Strategy = Strategy.AUTO, host_blocks: int = 16384) -> pulseio.Runtime:
+def open_rt(strategy: Strategy = Strategy.AUTO, block_bytes: int = BLOCK, host_blocks: int = 16384) -> pulseio.Runtime:
     # resident_idle_us: the resident kernel stays up across the ~0.5 ms steps of `latency`, as it would
     # across the layers of a decode step; with the 200 us default each request would relaunch it
-    cfg = RuntimeConfig(device="cuda", host_blocks=host_blocks, device_slots=4096, block_bytes=BLOCK, ring_slots=128,
-                        max_blocks_per_request=2048, strategy=strategy, spin_iterations=5_000_000,
+    cfg = RuntimeConfig(device="cuda", host_blocks=host_blocks, device_slots=4096, block_bytes=block_bytes,
+                        ring_slots=128, max_blocks_per_request=2048, strategy=strategy, spin_iterations=5_000_000,
                         poll_sleep_s=(10e-6, 200e-6), dma=DmaConfig(resident_idle_us=2000))
     rt = pulseio.open_runtime(cfg)
     rt.host_pool.blocks.copy_(torch.randint(0, 256, rt.host_pool.blocks.shape, dtype=torch.uint8))
@@ -155,6 +159,8 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
             "publish_to_task_taken_us": pct([(d.taken_ns - d.published_ns) / 1e3 for d in posted]),
             "publish_to_task_landed_us": pct([(d.landed_ns - d.published_ns) / 1e3 for d in posted]),
             "task_landed_to_consumer_us": pct([(landed[i] - d.landed_ns) / 1e3 for i, d in enumerate(posted)]),
+            "copy_gbps": pct([d.nbytes / (d.landed_ns - d.taken_ns) for d in posted]),
+            "publish_to_task_landed_gbps": pct([d.nbytes / (d.landed_ns - d.published_ns) for d in posted]),
         }
     return {
         **stages,
@@ -183,7 +189,7 @@ def bandwidth(rt: pulseio.Runtime, strategy: Strategy, steps: int, k: int = 2048
         for d in done:
             d.wait(timeout=60)
         seconds = time.perf_counter() - start
-        out[path] = {"gbps": steps * k * BLOCK / seconds / 1e9, "seconds": seconds}
+        out[path] = {"gbps": steps * k * rt.host_pool.block_bytes / seconds / 1e9, "seconds": seconds}
     out["doorbell_over_direct"] = out["doorbell"]["gbps"] / out["direct"]["gbps"]
     return out
 
@@ -242,22 +248,25 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--strategies", type=lambda text: [Strategy(s) for s in text.split(",")], default=STRATEGIES,
                         help="routes to measure, comma-separated (default: all of them)")
+    parser.add_argument("--recall", type=_shape, default=(64, BLOCK), metavar="BLOCKSxBYTES",
+                        help="the latency section's request, blocks x bytes per block (default 64x8192)")
     args = parser.parse_args()
     n_lat, n_bw, n_blk = (60, 10, 20) if args.quick else (400, 40, 100)
     sha = git_sha()
     results: dict = {"meta": {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(),
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
-                              "block_bytes": BLOCK, "quick": args.quick}}
+                              "recall_blocks": args.recall[0], "block_bytes": args.recall[1], "quick": args.quick,
+                              "strategies": [s.value for s in args.strategies]}}
     section(results, "clock", calibrate_clock)
     for strategy in args.strategies:
-        rt = open_rt(strategy)
+        rt = open_rt(strategy, args.recall[1])
         try:
             results["meta"]["stream_mem_ops"] = bool(rt._publisher.waits_on_device)
             # the two clocks drift apart by microseconds per second: align them right before each section
             section(results, f"clock_{strategy.value}", calibrate_clock)
             offset = results[f"clock_{strategy.value}"].get("offset_ns", float("nan"))
-            section(results, f"latency_64x8KiB_{strategy.value}", latency, rt, offset, n_lat)
-            section(results, f"bandwidth_2048x8KiB_{strategy.value}", bandwidth, rt, strategy, n_bw)
+            section(results, f"latency_{strategy.value}", latency, rt, offset, n_lat, args.recall[0])
+            section(results, f"bandwidth_2048_{strategy.value}", bandwidth, rt, strategy, n_bw)
             if strategy in BLOCKED_STRATEGIES:
                 for k in (64, 1024):
                     section(results, f"blocked_per_step_k{k}_{strategy.value}", blocked, rt, n_blk, k)
@@ -268,23 +277,40 @@ def main() -> None:
     print_summary(results)
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """'104x65536' -> (104, 65536): blocks and bytes per block."""
+    try:
+        blocks, nbytes = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BLOCKSxBYTES such as 104x65536, got {text!r}") from None
+    if not 0 < blocks <= 2048 or nbytes <= 0 or nbytes % 4096:
+        raise argparse.ArgumentTypeError(f"blocks must be 1..2048 and bytes a positive multiple of 4096, got {text!r}")
+    return blocks, nbytes
+
+
 def print_summary(r: dict) -> None:
     nan = float("nan")
     meta, c = r["meta"], r.get("clock", {})
+    shape = f"{meta['recall_blocks']}x{meta['block_bytes'] >> 10}K"
+    measured = [s for s in STRATEGIES if s.value in meta["strategies"]]
     print("\n=== summary (bench_doorbell) ===")
     print(f"device {meta['device']}  sha {meta['git_sha'][:10]}  stream mem ops {meta.get('stream_mem_ops')}")
     print(f"clock offset error <= {c.get('rtt_min_us', nan) / 2:.2f} us (min round trip {c.get('rtt_min_us')} us)")
-    for s in STRATEGIES:
-        lat = r.get(f"latency_64x8KiB_{s.value}", {})
-        bw = r.get(f"bandwidth_2048x8KiB_{s.value}", {})
+    for s in measured:
+        lat = r.get(f"latency_{s.value}", {})
+        bw = r.get(f"bandwidth_2048_{s.value}", {})
         seen, land = lat.get("publish_to_seen_us", {}), lat.get("publish_to_landed_us", {})
         door, direct = bw.get("doorbell", {}).get("gbps", nan), bw.get("direct", {}).get("gbps", nan)
         print(f"{s.value:>10}: publish->seen p50 {seen.get('p50', nan):7.1f} p99 {seen.get('p99', nan):7.1f} us"
-              f" | publish->landed(64x8K) p50 {land.get('p50', nan):7.1f} p99 {land.get('p99', nan):7.1f} us"
-              f" | 2048x8K doorbell {door:5.1f} GB/s direct {direct:5.1f} GB/s"
+              f" | publish->landed({shape}) p50 {land.get('p50', nan):7.1f} p99 {land.get('p99', nan):7.1f} us"
+              f" | 2048x{meta['block_bytes'] >> 10}K doorbell {door:5.1f} GB/s direct {direct:5.1f} GB/s"
               f" ratio {bw.get('doorbell_over_direct', nan):.3f}"
               + ("  ERROR" if "error" in lat or "error" in bw else ""))
-    for s in BLOCKED_STRATEGIES:
+        if "copy_gbps" in lat:
+            taken, copy, whole = lat["publish_to_task_taken_us"], lat["copy_gbps"], lat["publish_to_task_landed_gbps"]
+            print(f"{'':>10}  publish->copier's start p50 {taken['p50']:6.1f} us, then {copy['p50']:5.1f} GB/s p50;"
+                  f" publish->landed {whole['p50']:5.1f} GB/s p50")
+    for s in (s for s in BLOCKED_STRATEGIES if s in measured):
         for k in (64, 1024):
             b = r.get(f"blocked_per_step_k{k}_{s.value}", {})
             if "error" in b or not b:
