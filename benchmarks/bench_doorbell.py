@@ -3,6 +3,7 @@ and the time the submitting thread is blocked per step, doorbell path vs the syn
 
     PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick] [--strategies resident,auto]
         [--recall 104x65536]   # the latency section's request: blocks x bytes (default 64 x 8 KiB)
+        [--ctas 52]            # the copy kernels' CTA budget (DmaConfig.zero_copy_ctas; default 64)
 
 How each figure is taken:
 * publish->seen: the publish kernel stamps %globaltimer into the slot; the poller stamps
@@ -118,12 +119,14 @@ def calibrate_clock(rounds: int = 200) -> dict:
             "rtt_p50_us": float(np.median(rtt) / 1e3), "offset_spread_us": float(np.ptp(offsets) / 1e3)}
 
 
-def open_rt(strategy: Strategy = Strategy.AUTO, block_bytes: int = BLOCK, host_blocks: int = 16384) -> pulseio.Runtime:
+def open_rt(strategy: Strategy = Strategy.AUTO, block_bytes: int = BLOCK, ctas: int = DmaConfig.zero_copy_ctas,
+            host_blocks: int = 16384) -> pulseio.Runtime:
     # resident_idle_us: the resident kernel stays up across the ~0.5 ms steps of `latency`, as it would
     # across the layers of a decode step; with the 200 us default each request would relaunch it
     cfg = RuntimeConfig(device="cuda", host_blocks=host_blocks, device_slots=4096, block_bytes=block_bytes,
                         ring_slots=128, max_blocks_per_request=2048, strategy=strategy, spin_iterations=5_000_000,
-                        poll_sleep_s=(10e-6, 200e-6), dma=DmaConfig(resident_idle_us=2000))
+                        poll_sleep_s=(10e-6, 200e-6),
+                        dma=DmaConfig(resident_idle_us=2000, zero_copy_ctas=ctas))
     rt = pulseio.open_runtime(cfg)
     rt.host_pool.blocks.copy_(torch.randint(0, 256, rt.host_pool.blocks.shape, dtype=torch.uint8))
     return rt
@@ -250,16 +253,18 @@ def main() -> None:
                         help="routes to measure, comma-separated (default: all of them)")
     parser.add_argument("--recall", type=_shape, default=(64, BLOCK), metavar="BLOCKSxBYTES",
                         help="the latency section's request, blocks x bytes per block (default 64x8192)")
+    parser.add_argument("--ctas", type=int, default=DmaConfig.zero_copy_ctas,
+                        help="CTA budget of the copy kernels, DmaConfig.zero_copy_ctas (default %(default)s)")
     args = parser.parse_args()
     n_lat, n_bw, n_blk = (60, 10, 20) if args.quick else (400, 40, 100)
     sha = git_sha()
     results: dict = {"meta": {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(),
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
                               "recall_blocks": args.recall[0], "block_bytes": args.recall[1], "quick": args.quick,
-                              "strategies": [s.value for s in args.strategies]}}
+                              "strategies": [s.value for s in args.strategies], "ctas": args.ctas}}
     section(results, "clock", calibrate_clock)
     for strategy in args.strategies:
-        rt = open_rt(strategy, args.recall[1])
+        rt = open_rt(strategy, args.recall[1], args.ctas)
         try:
             results["meta"]["stream_mem_ops"] = bool(rt._publisher.waits_on_device)
             # the two clocks drift apart by microseconds per second: align them right before each section
