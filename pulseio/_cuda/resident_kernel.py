@@ -14,7 +14,7 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
   the host (or by a stream write, for stream-ordered posts); ENTRY_RAISE_AT / ENTRY_RAISE_TO: a
   word the kernel sets to RAISE_TO once the task has landed, 0 for none: a doorbell request's wait
   word in pinned host memory, which its consumer streams wait on (a system-scope store: atomics on
-  host memory need PCIe atomics); ENTRY_TAKEN_NS / ENTRY_LANDED_NS: %globaltimer when CTA 0 began
+  host memory need PCIe atomics); ENTRY_TAKEN_NS / ENTRY_LANDED_NS: %globaltimer when copy CTA 0 began
   the task's copy / when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:]
   (device slots);
 * host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
