@@ -56,7 +56,8 @@ def test_put_refuses_a_corrupt_chunk(tmp_path: Path, capsys: pytest.CaptureFixtu
     _, sources = _files(tmp_path)
     (folder,) = stage_model.split(sources, tmp_path / "carry" / "fake", name="fake", set_bytes=1 << 20)
     chunk = folder / "00.000"
-    chunk.write_bytes(b"x" + chunk.read_bytes()[1:])
+    data = chunk.read_bytes()
+    chunk.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # a changed byte, whatever the random data held
     assert stage_model.put(folder.parent, tmp_path / "stage", tmp_path / "device-cache") == stage_model.CORRUPT
     assert "corrupt" in capsys.readouterr().out
     assert not (tmp_path / "device-cache" / "fake" / "model.gguf").exists()
