@@ -58,6 +58,7 @@ class TaskRing:
         self._ctrl_host = base  # the control line: the routes' issuer and the fast lane post under its tr.lock
         self.forwarded = 0  # tasks the doorbell's fast lane posted
         self.mirror_rows = 0  # rows of a device mirror of doorbell ids the server reads (`read_ids_from`)
+        self._row_task = np.zeros(0, np.int64)  # [mirror_rows]: the last task that named each row
 
     # -- posting -------------------------------------------------------------------------------------
 
@@ -116,8 +117,8 @@ class TaskRing:
                     out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray, spin: int) -> int:
             k, stopped = tr.forward(spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
                                     num_slots, self._ids, self._entries, self._entries_host, self._done,
-                                    self._ctrl_host, raise_base, raise_slots, mirror_rows, out, ids_out,
-                                    slots_out)
+                                    self._ctrl_host, raise_base, raise_slots, mirror_rows, self._row_task, out,
+                                    ids_out, slots_out)
             if k > 0:
                 self.forwarded += k
                 self._posted(stopped)
@@ -160,6 +161,15 @@ class TaskRing:
 
     def landed(self, seq: int) -> bool:
         return bool(self._done[(seq - 1) % self.slots] >= seq)
+
+    def mirror_row_busy(self, request: int) -> int:
+        """The task still to land that reads the ids-mirror row doorbell request `request` would write
+        (`read_ids_from`), or 0 if the row is free. A finished request's task has landed, except one given
+        up before it landed (the watchdog): its copy may still run, and must find its own ids there."""
+        if not self.mirror_rows:
+            return 0
+        task = int(self._row_task[(request - 1) % self.mirror_rows])
+        return 0 if task == 0 or self.landed(task) else task
 
     def landed_ns(self, seq: int) -> int | None:
         """The server's clock when task seq landed (%globaltimer on a GPU), while its slot still holds it."""

@@ -90,8 +90,9 @@ class Runtime:
             copier = self.workers[0].resident if len(self.workers) == 1 else None
             rows = _ids_mirror_rows(config, copier)
             self._publisher = self._part(self.backend.open_publisher(self.doorbell, ids_mirror_rows=rows))
-            if copier is not None and rows:
-                copier.read_ids_from(self._publisher.ids_mirror)
+            self._mirror_reader = copier if copier is not None and rows else None  # whose task reads a row
+            if self._mirror_reader is not None:
+                self._mirror_reader.read_ids_from(self._publisher.ids_mirror)
             self._resident = all(w.resident is not None for w in self.workers)
             self._poller = Poller(self.doorbell, self.workers, self._words, plan=self._plan,
                                   latency_samples=config.latency_samples)
@@ -245,6 +246,11 @@ class Runtime:
             if not self._words.reached(seq - slots):
                 raise WouldBlock(f"request seq={seq - slots} has not finished and RuntimeConfig.max_outstanding="
                                  f"{slots} requests may be outstanding; wait for it or raise the limit")
+            task = self._mirror_reader.mirror_row_busy(seq) if self._mirror_reader is not None else 0
+            if task:
+                raise WouldBlock(f"request seq={seq - slots} was given up before it landed and its copy (resident "
+                                 f"task {task}) may still read its ids in the device mirror row that request "
+                                 f"seq={seq} would overwrite; wait until that copy lands")
 
     def _check_open(self) -> None:
         if self._poller.error is not None:

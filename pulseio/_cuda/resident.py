@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._native import task_ring as tr
@@ -101,6 +102,7 @@ class ResidentCopier(TaskRing):
         with self._launch_lock:
             self._mirror = mirror  # kept alive while kernels read it
             self._kernel.values[27:36] = array_args(mirror.data_ptr(), tuple(mirror.shape))
+            self._row_task = np.zeros(mirror.shape[0], np.int64)
             self.mirror_rows = mirror.shape[0]
 
     def serve_for(self, stream: Any, word_at: int, value: int) -> None:

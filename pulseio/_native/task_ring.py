@@ -119,8 +119,8 @@ def _unlock(ctrl):
 
 
 def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host, num_slots,
-             task_ids, entries, entries_addr, done, ctrl, raise_base, raise_slots, mirror_rows, out, ids_out,
-             slots_out):
+             task_ids, entries, entries_addr, done, ctrl, raise_base, raise_slots, mirror_rows, row_task, out,
+             ids_out, slots_out):
     """Spin up to spin_loads (>= 1) loads for doorbell request next_seq, then forward requests next_seq,
     next_seq + 1, ... to the task ring while each can go, under the posters' lock.
 
@@ -131,8 +131,9 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
     raise_base, raise_slots: the request's wait word, raise_base + 8 * ((seq - 1) % raise_slots), which
     its task sets to seq once landed (raise_base 0: none). mirror_rows > 0: the publish kernel also wrote
     request seq's ids into row (seq - 1) % mirror_rows of a device mirror, which the task then names
-    instead of copying them (the copier reads them from device memory, not over PCIe; the row is not
-    reused before request seq has finished). out, ids_out, slots_out: as for `ring.read`,
+    instead of copying them (the copier reads them from device memory, not over PCIe), and row_task[row]
+    records the task (a row must not be written again before that task has landed: `mirror_row_free`).
+    out, ids_out, slots_out: as for `ring.read`,
     plus OUT_TASK, OUT_RAISED and OUT_SEEN.
     Returns (requests forwarded, or -1 if next_seq was not published; the stop word read after
     promising, -1 if none was forwarded).
@@ -156,6 +157,8 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
         task += 1
         raise_at = raise_base + 8 * ((seq - 1) % raise_slots) if raise_base != 0 else 0
         row = (seq - 1) % mirror_rows if mirror_rows > 0 else -1
+        if row >= 0:
+            row_task[row] = task
         write_task(task_ids, entries, entries_addr, task, ids, dst, H2D, raise_at, seq, True, row)
         fast[(seq - 1) % capacity] = 0
         out[k, OUT_TASK] = task

@@ -11,6 +11,7 @@ import pytest
 
 from pulseio._native import task_ring as tr
 from pulseio._native.layout import OUT_COLUMNS
+from pulseio._resident import TaskRing
 from pulseio.doorbell import Doorbell, RingLayout
 from pulseio.host_backend import HostBackend
 
@@ -27,6 +28,7 @@ class _TaskRing:
         self.entries = np.zeros((SLOTS, tr.ENTRY_WORDS), np.int64)
         self.done = np.zeros(SLOTS, np.int64)
         self.ids = np.zeros((SLOTS, 2 * CAP), np.int64)
+        self.row_task = np.zeros(4, np.int64)  # the task that last named each ids-mirror row
 
     @property
     def seq(self) -> int:
@@ -37,7 +39,7 @@ class _TaskRing:
             k, stopped = tr.forward(
                 spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
                 self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data, raise_at, raise_slots,
-                mirror_rows, out, ids_out, slots_out)
+                mirror_rows, self.row_task[:mirror_rows], out, ids_out, slots_out)
             if k > 0:  # the stop word read behind the last promise
                 self.stopped = stopped
             return k
@@ -98,6 +100,18 @@ def test_with_a_device_mirror_the_lane_names_each_request_s_row_instead_of_copyi
     assert ring.task(1) == (1, tr.H2D, 2) and ring.task(3) == (3, tr.H2D, 1)
     assert not ring.ids.any(), "ids stay in the mirror: nothing copied into the task slots"
     assert ring.entries[:3, tr.ENTRY_RAISE_AT].tolist() == [0xA0, 0xA8, 0xA0]
+    assert ring.row_task[:2].tolist() == [3, 2]  # the task that reads each row now
+
+
+def test_a_mirror_row_stays_busy_until_the_task_that_reads_it_has_landed() -> None:
+    ring = TaskRing(HostBackend().alloc_host, slots=SLOTS, cap=CAP)
+    assert ring.mirror_row_busy(5) == 0  # no mirror: never busy
+    ring.mirror_rows, ring._row_task = 2, np.array([3, 0], np.int64)  # as `read_ids_from` and the lane leave them
+    assert ring.mirror_row_busy(5) == 3, "request 5 writes row 0, which task 3 has yet to read"
+    assert ring.mirror_row_busy(6) == 0, "row 1 was never named"
+    ring._done[2] = 3  # task 3 landed
+    assert ring.mirror_row_busy(5) == 0
+    ring.close()
 
 
 def test_a_task_word_tells_its_seq_from_an_earlier_lap_across_the_seq_field_s_wrap() -> None:
