@@ -20,7 +20,7 @@ import torch
 
 from ._native import task_ring as tr
 from .backend import HostMemory, Pending
-from .errors import ConfigError
+from .errors import ConfigError, PulseInternalError
 from .plan import Direction, TransferPlan, pieces
 
 _LINE = 16  # int64 words per 128-byte line
@@ -37,6 +37,8 @@ class TaskRing:
     Memory, int64 words: control line | entries [slots, ENTRY_WORDS] | done [slots] | ids [slots, 2 * cap].
     A post waits for the task `slots` before it to land (its slot), so at most `slots` are in flight.
     """
+
+    reads_ids_mirror = False  # whether its server can read task ids from a device mirror (`read_ids_from`)
 
     def __init__(self, alloc_host: Callable[..., HostMemory], *, slots: int, cap: int) -> None:
         if not 1 <= cap <= tr.MAX_TASK_BLOCKS:
@@ -55,6 +57,8 @@ class TaskRing:
         self._entries_host, self._done_host = base + 8 * entries_at, base + 8 * done_at
         self._ctrl_host = base  # the control line: the routes' issuer and the fast lane post under its tr.lock
         self.forwarded = 0  # tasks the doorbell's fast lane posted
+        self.mirror_rows = 0  # rows of a device mirror of doorbell ids the server reads (`read_ids_from`)
+        self._row_task = np.zeros(0, np.int64)  # [mirror_rows]: the last task that named each row
 
     # -- posting -------------------------------------------------------------------------------------
 
@@ -99,17 +103,22 @@ class TaskRing:
         """A doorbell fast lane (`Doorbell.wait_rung(lane=)`): spins for the next request, then posts the
         leading requests marked in `fast` as tasks, in one compiled call (`task_ring.forward`); each task
         sets its request's wait word (raise_base + 8 * ((seq - 1) % raise_slots); raise_base 0: none) to
-        seq once landed. Returns -1 if nothing was published, else the requests taken. None where numba
-        is missing (the lane is compiled code)."""
+        seq once landed. With an ids mirror (`mirror_rows`, whose rows are the wait words' slots) a task
+        names its request's row instead of carrying its ids. Returns -1 if nothing was published, else the
+        requests taken. None where numba is missing (the lane is compiled code)."""
         if tr.forward is None:
             return None
         raise_slots = max(raise_slots, 1)
+        mirror_rows = self.mirror_rows
+        if mirror_rows and (mirror_rows != raise_slots or raise_base == 0):
+            raise PulseInternalError(f"an ids mirror of {mirror_rows} rows needs the wait words' {raise_slots} slots")
 
         def forward(base: int, words: np.ndarray, capacity: int, slot_words: int, max_blocks: int, next_seq: int,
                     out: np.ndarray, ids_out: np.ndarray, slots_out: np.ndarray, spin: int) -> int:
             k, stopped = tr.forward(spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host,
                                     num_slots, self._ids, self._entries, self._entries_host, self._done,
-                                    self._ctrl_host, raise_base, raise_slots, out, ids_out, slots_out)
+                                    self._ctrl_host, raise_base, raise_slots, mirror_rows, self._row_task, out,
+                                    ids_out, slots_out)
             if k > 0:
                 self.forwarded += k
                 self._posted(stopped)
@@ -152,6 +161,15 @@ class TaskRing:
 
     def landed(self, seq: int) -> bool:
         return bool(self._done[(seq - 1) % self.slots] >= seq)
+
+    def mirror_row_busy(self, request: int) -> int:
+        """The task still to land that reads the ids-mirror row doorbell request `request` would write
+        (`read_ids_from`), or 0 if the row is free. A finished request's task has landed, except one given
+        up before it landed (the watchdog): its copy may still run, and must find its own ids there."""
+        if not self.mirror_rows:
+            return 0
+        task = int(self._row_task[(request - 1) % self.mirror_rows])
+        return 0 if task == 0 or self.landed(task) else task
 
     def landed_ns(self, seq: int) -> int | None:
         """The server's clock when task seq landed (%globaltimer on a GPU), while its slot still holds it."""
@@ -245,11 +263,11 @@ class HostResidentCopier(TaskRing):
         while True:
             slot = (task - 1) % self.slots
             word = int(self._entries[slot, tr.ENTRY_TASK])
-            if word >> (tr.COUNT_BITS + 1) != task:
+            if not tr.entry_holds(word, task):
                 if self._stop.is_set():
                     return
                 self._work.clear()  # then look once more: a post between the look and the clear is not lost
-                if int(self._entries[slot, tr.ENTRY_TASK]) >> (tr.COUNT_BITS + 1) != task:
+                if not tr.entry_holds(int(self._entries[slot, tr.ENTRY_TASK]), task):
                     self._work.wait(0.05)
                 continue
             n, d2h = word & tr.MAX_TASK_BLOCKS, (word >> tr.COUNT_BITS) & 1

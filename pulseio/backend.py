@@ -89,14 +89,17 @@ class Backend(Protocol):
         """reclaim(): finish the oldest piece in flight, giving its buffers back (blocks); False when
         nothing is in flight. Routes call it when every staging buffer is taken."""
 
-    def open_publisher(self, doorbell: Doorbell) -> Publisher:
-        """The producer side of a doorbell ring: the publish kernel on a GPU, a thread on the host."""
+    def open_publisher(self, doorbell: Doorbell, ids_mirror_rows: int = 0) -> Publisher:
+        """The producer side of a doorbell ring: the publish kernel on a GPU, a thread on the host.
+        ids_mirror_rows > 0 (a GPU): it also writes each request's ids into row (seq - 1) % rows of a
+        device tensor, `ids_mirror`, for a resident copier to read there."""
 
 
 class Publisher(Protocol):
     """Publishes doorbell requests in post order, and makes streams wait on request wait words."""
 
     waits_on_device: bool  # False: device waits are host waits (no device)
+    ids_mirror: Any  # [rows, 2 * max_blocks] int64 device tensor of the requests' ids, or None
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
         """Enqueue the publish of ids[:count] -> slots[:count]; never waits."""

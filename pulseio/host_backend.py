@@ -48,8 +48,8 @@ class HostBackend:
     ) -> _HostRoutes:
         return _HostRoutes(host, device, config)
 
-    def open_publisher(self, doorbell: Doorbell) -> HostProducer:
-        return HostProducer(doorbell)
+    def open_publisher(self, doorbell: Doorbell, ids_mirror_rows: int = 0) -> HostProducer:
+        return HostProducer(doorbell)  # no device memory: ids_mirror_rows does not apply
 
 
 class _HostRoutes:

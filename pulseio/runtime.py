@@ -29,6 +29,7 @@ from typing import Any
 
 from ._device_waits import DeviceWaits
 from ._devices import open_backend
+from ._native.task_ring import MAX_MIRROR_ROWS
 from ._poller import LatencySummary, Poller
 from ._wait_words import WaitWords
 from .backend import Backend
@@ -86,7 +87,12 @@ class Runtime:
                                                 sleep_s=config.poll_sleep_s))
             words = self.backend.alloc_host(8 * config.max_outstanding, label="wait words")
             self._words = self._part(WaitWords(words, config.max_outstanding))
-            self._publisher = self._part(self.backend.open_publisher(self.doorbell))
+            copier = self.workers[0].resident if len(self.workers) == 1 else None
+            rows = _ids_mirror_rows(config, copier)
+            self._publisher = self._part(self.backend.open_publisher(self.doorbell, ids_mirror_rows=rows))
+            self._mirror_reader = copier if copier is not None and rows else None  # whose task reads a row
+            if self._mirror_reader is not None:
+                self._mirror_reader.read_ids_from(self._publisher.ids_mirror)
             self._resident = all(w.resident is not None for w in self.workers)
             self._poller = Poller(self.doorbell, self.workers, self._words, plan=self._plan,
                                   latency_samples=config.latency_samples)
@@ -240,6 +246,11 @@ class Runtime:
             if not self._words.reached(seq - slots):
                 raise WouldBlock(f"request seq={seq - slots} has not finished and RuntimeConfig.max_outstanding="
                                  f"{slots} requests may be outstanding; wait for it or raise the limit")
+            task = self._mirror_reader.mirror_row_busy(seq) if self._mirror_reader is not None else 0
+            if task:
+                raise WouldBlock(f"request seq={seq - slots} was given up before it landed and its copy (resident "
+                                 f"task {task}) may still read its ids in the device mirror row that request "
+                                 f"seq={seq} would overwrite; wait until that copy lands")
 
     def _check_open(self) -> None:
         if self._poller.error is not None:
@@ -324,6 +335,24 @@ class Runtime:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close)
+
+
+IDS_MIRROR_MAX_BYTES = 64 << 20  # device memory the ids mirror may take
+
+
+def _ids_mirror_rows(config: RuntimeConfig, copier: Any) -> int:
+    """Rows of the device mirror of doorbell ids that the fast lane's copier reads (0: none): one per
+    wait word, so a row is written again only once its request has finished (`_admit`)."""
+    if copier is None or not copier.reads_ids_mirror:
+        return 0
+    rows, nbytes = config.max_outstanding, config.max_outstanding * 2 * config.max_blocks_per_request * 8
+    if rows > MAX_MIRROR_ROWS or nbytes > IDS_MIRROR_MAX_BYTES:
+        log.info("no device mirror of doorbell ids (RuntimeConfig.max_outstanding=%d rows of %d blocks: %d MiB; at "
+                 "most %d rows, %d MiB): the resident copier reads each request's ids over PCIe, one round trip "
+                 "more per recall", rows, config.max_blocks_per_request, nbytes >> 20, MAX_MIRROR_ROWS,
+                 IDS_MIRROR_MAX_BYTES >> 20)
+        return 0
+    return rows
 
 
 def open_runtime(config: RuntimeConfig | None = None, *, backend: Backend | None = None) -> Runtime:

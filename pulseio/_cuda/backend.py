@@ -82,9 +82,10 @@ class CudaBackend:
     ) -> CudaRoutes:
         return CudaRoutes(self, host, device, config, reclaim)
 
-    def open_publisher(self, doorbell: Doorbell) -> DevicePublisher:
+    def open_publisher(self, doorbell: Doorbell, ids_mirror_rows: int = 0) -> DevicePublisher:
         layout = doorbell.layout
-        return DevicePublisher(self.device, self.context, doorbell.device_ptr, layout.capacity, layout.slot_words)
+        return DevicePublisher(self.device, self.context, doorbell.device_ptr, layout.capacity, layout.slot_words,
+                               ids_mirror_rows)
 
 
 class CudaRoutes:

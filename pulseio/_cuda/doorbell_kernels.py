@@ -1,11 +1,13 @@
 """The GPU side of the doorbell: the publish device function and kernel, and the device wait.
 
-`publish_device(ring, counter, ids, slots, n, tag)` is called by every thread of ONE thread block
+`publish_device(ring, counter, mirror, ids, slots, n, tag)` is called by every thread of ONE thread block
 (a selection kernel's last block, or the one-block `publish_kernel` launched right after the
 selection on the same stream). Thread 0 takes the next seq from `counter` (device memory, so the
 kernel gets no host-passed value and can be captured in a CUDA graph), marks the slot busy, and
-after a barrier the block writes the payload; then fence (system scope), barrier, thread 0
-writes count/tag/%globaltimer, fences, and stores seq. The protocol is in `pulseio/doorbell.py`.
+after a barrier the block writes the payload (and the same ids into row (seq - 1) % rows of `mirror`,
+device memory, which the resident copier reads instead of the host copy); then fence (system scope),
+barrier, thread 0 writes count/tag/%globaltimer, fences, and stores seq. The protocol is in
+`pulseio/doorbell.py`.
 
 Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
 a consumer stream enqueues the wait kernel (`wait_kernel.py`) on it, which the copier or a host thread
@@ -31,12 +33,13 @@ from .sysmem import globaltimer
 from .wait_kernel import WaitLauncher, refuse_in_capture
 
 PUBLISH_THREADS = 256
-PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)"
+PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[::1], int64, int64)"
 
 @cuda.jit(device=True)
-def publish_device(ring, counter, ids, slots, n, tag):  # pragma: no cover - runs on the GPU / simulator
-    """ring: [capacity, slot_words] int64 (host-mapped); counter: [1] int64 device; ids, slots: [>= n]
-    int64. Call from every thread of exactly one block, once per request. Returns the seq."""
+def publish_device(ring, counter, mirror, ids, slots, n, tag):  # pragma: no cover - runs on the GPU / simulator
+    """ring: [capacity, slot_words] int64 (host-mapped); counter: [1] int64 device; mirror: [rows, 2 *
+    max_blocks] int64 device (rows may be 0: none); ids, slots: [>= n] int64. Call from every thread of
+    exactly one block, once per request. Returns the seq."""
     shared = cuda.shared.array(1, int64)
     t = cuda.threadIdx.x
     row = 0
@@ -51,10 +54,14 @@ def publish_device(ring, counter, ids, slots, n, tag):  # pragma: no cover - run
     row = (seq - 1) % ring.shape[0]
     max_blocks = (ring.shape[1] - HEADER_WORDS) // 2
     m = n if 0 <= n <= max_blocks else 0
+    rows = mirror.shape[0]
     i = t
     while i < m:
         ring[row, HEADER_WORDS + i] = ids[i]
         ring[row, HEADER_WORDS + max_blocks + i] = slots[i]
+        if rows > 0:
+            mirror[(seq - 1) % rows, i] = ids[i]
+            mirror[(seq - 1) % rows, max_blocks + i] = slots[i]
         i += cuda.blockDim.x
     cuda.threadfence_system()
     cuda.syncthreads()
@@ -69,10 +76,10 @@ def publish_device(ring, counter, ids, slots, n, tag):  # pragma: no cover - run
     return seq
 
 
-def _publish_kernel(ring, counter, ids, slots, count, count_static, tag):  # pragma: no cover
+def _publish_kernel(ring, counter, mirror, ids, slots, count, count_static, tag):  # pragma: no cover
     n = count_static if count_static >= 0 else count[0]
     if cuda.blockIdx.x == 0:
-        publish_device(ring, counter, ids, slots, n, tag)
+        publish_device(ring, counter, mirror, ids, slots, n, tag)
 
 
 publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
@@ -87,9 +94,11 @@ class PublishLauncher:
     """Launches the publish kernel with a pre-packed argument block (numba's launch path costs tens
     of microseconds). Not thread-safe: the Runtime posts under its lock."""
 
-    def __init__(self, ring_ptr: int, capacity: int, slot_words: int, counter_ptr: int) -> None:
-        self._kernel = PackedKernel(_compile_publish(), 39)
-        fixed = (*array_args(ring_ptr, (capacity, slot_words)), *array_args(counter_ptr, (1,)))
+    def __init__(self, ring_ptr: int, capacity: int, slot_words: int, counter_ptr: int, mirror_ptr: int,
+                 mirror_shape: tuple[int, int]) -> None:
+        self._kernel = PackedKernel(_compile_publish(), 48)
+        fixed = (*array_args(ring_ptr, (capacity, slot_words)), *array_args(counter_ptr, (1,)),
+                 *array_args(mirror_ptr, mirror_shape))
         self._kernel.values[: len(fixed)] = fixed
         self._at = len(fixed)
 
@@ -105,7 +114,8 @@ class DevicePublisher:
     """The CUDA backend's side of a Runtime's doorbell: launches publishes (owning the device counter they
     take seqs from) and enqueues device waits on request wait words. Every call here only enqueues work."""
 
-    def __init__(self, device: Any, context: Any, ring_ptr: int, capacity: int, slot_words: int) -> None:
+    def __init__(self, device: Any, context: Any, ring_ptr: int, capacity: int, slot_words: int,
+                 mirror_rows: int = 0) -> None:
         import torch
 
         self._torch = torch
@@ -113,7 +123,10 @@ class DevicePublisher:
         self._context = context
         self._thread_ready = threading.local()
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
-        self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr())
+        # [mirror_rows, 2 * max_blocks] int64: every request's ids again, in device memory (row (seq - 1) % rows)
+        self.ids_mirror = torch.zeros((mirror_rows, slot_words - HEADER_WORDS), dtype=torch.int64, device=device)
+        self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr(),
+                                      self.ids_mirror.data_ptr(), tuple(self.ids_mirror.shape))
         self.wait = WaitLauncher()
         self.waits_on_device = True
         self._last: Any = None  # the stream of the previous publish

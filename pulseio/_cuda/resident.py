@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._native import task_ring as tr
@@ -38,6 +39,8 @@ class ResidentCopier(TaskRing):
     The ring is pinned and device-mapped (UVA: its device addresses equal its host addresses).
     """
 
+    reads_ids_mirror = True
+
     def __init__(self, backend: Any, host: BlockArray, pool: BlockArray, *, ctas: int, slots: int, cap: int,
                  idle_us: int) -> None:
         super().__init__(backend.alloc_host, slots=slots, cap=cap)
@@ -48,16 +51,16 @@ class ResidentCopier(TaskRing):
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         base = self._memory.device_ptr
-        self._kernel = PackedKernel(rk.compile_resident_copy(), 36)
+        self._kernel = PackedKernel(rk.compile_resident_copy(), 45)
         self._holds = torch.zeros((rk.HOLD_GENS, 2), dtype=torch.int64, pin_memory=True)  # device-mapped (UVA)
         self._holds_view = self._holds.numpy()
         self._wait = WaitLauncher()
-        self._kernel.values[:31] = (
-            *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)),
-            base, self._entries_host, self._done_host, self._dev.data_ptr(),
-        )
-        self._kernel.values[32] = idle_us * 1000
-        self._kernel.values[35] = self._holds.data_ptr()
+        self._kernel.values[:27] = (
+            *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)))
+        self._kernel.values[27:36] = array_args(self._dev.data_ptr(), (0, 2))  # no ids mirror (`read_ids_from`)
+        self._kernel.values[36:40] = base, self._entries_host, self._done_host, self._dev.data_ptr()
+        self._kernel.values[41] = idle_us * 1000
+        self._kernel.values[44] = self._holds.data_ptr()
         self._launch_lock = threading.Lock()
         self._gen = 0
         self.launches = 0
@@ -84,8 +87,23 @@ class ResidentCopier(TaskRing):
         self._holds_view[self._gen % rk.HOLD_GENS] = hold_at, hold_to
         self._ctrl[tr.CTRL_LAUNCHED] = self._gen
         values = self._kernel.values
-        values[31], values[33], values[34] = self._gen, hold_at, hold_to
+        values[40], values[42], values[43] = self._gen, hold_at, hold_to
         self._kernel.launch(self.stream.cuda_stream, 1 + self._ctas, THREADS_PER_CTA)  # the leader, the copy CTAs
+
+    def read_ids_from(self, mirror: torch.Tensor) -> None:
+        """mirror: [rows, 2 * w] int64 on this device, where a publisher also writes each doorbell request's
+        ids (row (seq - 1) % rows). Tasks the fast lane posts then name their row instead of carrying their
+        ids, and the kernel reads them there. Call before the first such task (the poller's lane)."""
+        if mirror.dtype != torch.int64 or mirror.dim() != 2 or not mirror.is_contiguous() or mirror.shape[1] % 2:
+            raise PulseInternalError(f"an ids mirror is a contiguous [rows, 2 * w] int64 tensor, got "
+                                     f"{tuple(mirror.shape)} {mirror.dtype}")
+        if mirror.shape[0] > tr.MAX_MIRROR_ROWS:
+            raise PulseInternalError(f"an ids mirror has at most {tr.MAX_MIRROR_ROWS} rows, got {mirror.shape[0]}")
+        with self._launch_lock:
+            self._mirror = mirror  # kept alive while kernels read it
+            self._kernel.values[27:36] = array_args(mirror.data_ptr(), tuple(mirror.shape))
+            self._row_task = np.zeros(mirror.shape[0], np.int64)
+            self.mirror_rows = mirror.shape[0]
 
     def serve_for(self, stream: Any, word_at: int, value: int) -> None:
         """A stream is about to wait on the device until the int64 at `word_at` reaches value, which a task

@@ -16,7 +16,9 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
   word in pinned host memory, which its consumer streams wait on (a system-scope store: atomics on
   host memory need PCIe atomics); ENTRY_TAKEN_NS / ENTRY_LANDED_NS: %globaltimer when copy CTA 0 began
   the task's copy / when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:]
-  (device slots);
+  (device slots), or, for a doorbell request whose task word names a row of the publisher's device
+  mirror, mirror[row, :w] and mirror[row, w:] (w = half its width): read from device memory, so a
+  copy CTA starts its first data read one PCIe round trip sooner;
 * host done words, pinned: done[slot] = s once task s has landed (what host waiters spin on);
 * device state: DEV_POSTED (highest task forwarded to the CTAs), DEV_EXIT (generation told to exit),
   DEV_WATERMARK (every task <= it landed: what consumer streams wait on), DEV_START (two words:
@@ -75,7 +77,12 @@ from .._native.task_ring import (  # the layout both halves share
     ENTRY_TAKEN_NS,
     ENTRY_TASK,
     ENTRY_WORDS,
+    MAX_MIRROR_ROWS,
     MAX_TASK_BLOCKS,
+    MIRROR_BIT,
+    ROW_SHIFT,
+    SEQ_MASK,
+    SEQ_SHIFT,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 from .kernels import IDS_PER_ROUND, copy_span, span_of
@@ -99,8 +106,8 @@ CLOSE_POLL_NS = 100_000  # how often a leader with no entry ready reads the host
 HOLD_GENS = 256  # generations whose holds `holds` keeps (by generation modulo)
 
 
-RESIDENT_SIGNATURE = ("void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64, int64, int64, int64, int64, int64, "
-                      "int64, int64, int64)")
+RESIDENT_SIGNATURE = ("void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64[:, ::1], int64, int64, int64, int64, "
+                      "int64, int64, int64, int64, int64)")
 
 
 def dev_words(slots: int) -> int:
@@ -114,7 +121,7 @@ def _forward(entries, dev, slots, forwarded):  # pragma: no cover - runs on the 
     while s - forwarded <= slots:
         slot = (s - 1) % slots
         word = load_acquire_sys(entries + 8 * (ENTRY_WORDS * slot + ENTRY_TASK))
-        if word >> (COUNT_BITS + 1) != s:
+        if word >> SEQ_SHIFT != s & SEQ_MASK:
             break
         store_release_gpu(dev + 8 * (DEV_HEADER + slot), word)
         store_release_gpu(dev + 8 * DEV_POSTED, s)  # per entry, released after it: copying starts now
@@ -185,9 +192,10 @@ def _wait_forwarded(task, dev, gen):  # pragma: no cover - runs on the GPU / sim
         pause()
 
 
-def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
+def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
                    holds):  # pragma: no cover - runs on the GPU / simulator
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned;
+    mirror: [rows, 2 * w] int64 device, the publisher's copy of doorbell requests' ids (rows may be 0);
     hold_at, hold_to: a device wait's word and value (0, 0: none); holds: [HOLD_GENS, 2] int64 pinned, every
     generation's hold. See the module doc."""
     serve = cuda.shared.array(1, int64)
@@ -211,6 +219,9 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
         lo, hi = span_of(cta, ctas, n)
+        task_ids, dst_at = ids[slot], cap
+        if (word >> MIRROR_BIT) & 1:
+            task_ids, dst_at = mirror[(word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1)], mirror.shape[1] // 2
         entry = entries + 8 * ENTRY_WORDS * slot
         target = dev + 8 * (DEV_HEADER + 2 * slots + 2 * slot)  # the raise target, kept on the device
         fetch = cta == ctas - 1 and t == cuda.blockDim.x - 1
@@ -220,7 +231,7 @@ def _resident_copy(host, pool, ids, ctrl, entries, done, dev, gen, idle_ns, hold
             raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
         if cta == 0 and t == 0:  # publish -> taken is the pickup
             store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, globaltimer())
-        copy_span(host, ids[slot], 0, pool, ids[slot], cap, lo, hi, d2h != 0, staged)
+        copy_span(host, task_ids, 0, pool, task_ids, dst_at, lo, hi, d2h != 0, staged)
         if fetch:
             store_release_gpu(target, raise_at)
             store_release_gpu(target + 8, raise_to)

@@ -13,7 +13,8 @@ compiled code can take it with no Python in between; the last task posted (CTRL_
 
 `forward` is the doorbell's fast lane: in one compiled call (GIL released) it spins until the next
 request is published, then reads requests from the doorbell ring, validates them exactly as
-`make_plan` does, copies their ids into free task slots and posts them. A request reaches the copy
+`make_plan` does, copies their ids into free task slots (or names the row of the publisher's device
+mirror that holds them) and posts them. A request reaches the copy
 kernel a few hundred nanoseconds after the poller sees it, before any Python runs for it; the poller
 builds its objects afterwards, off the critical path. It stops at the first request it cannot take
 (not marked fast, invalid, too large, no free slot), which the regular read then handles.
@@ -37,26 +38,41 @@ ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS, ENTRY_TAKEN_NS = 0,
 ENTRY_WORDS = 5
 COUNT_BITS = 15
 MAX_TASK_BLOCKS = (1 << COUNT_BITS) - 1
+MIRROR_BIT = COUNT_BITS + 1  # the task's ids are in the publisher's device mirror, row ROW (a doorbell request)
+ROW_SHIFT, ROW_BITS = MIRROR_BIT + 1, 12
+MAX_MIRROR_ROWS = 1 << ROW_BITS
+SEQ_SHIFT = ROW_SHIFT + ROW_BITS
+SEQ_MASK = (1 << (63 - SEQ_SHIFT)) - 1  # the task word keeps its seq modulo 2**34: enough to tell a slot's laps
 H2D, D2H = 0, 1
 
 
-def pack_entry(seq, count, direction):
-    """One word, so the kernel's leader learns a task with a single PCIe read: seq | direction | count."""
-    return (seq << (COUNT_BITS + 1)) | (direction << COUNT_BITS) | count
+def pack_entry(seq, count, direction, row=-1):
+    """One word, so the kernel's leader learns a task with a single PCIe read: seq (modulo 2**34) | mirror
+    row | mirrored | direction | count. row >= 0: the ids are in row `row` of the device mirror, not in
+    the task's slot."""
+    mirrored = (1 << MIRROR_BIT) | (row << ROW_SHIFT) if row >= 0 else 0
+    return ((seq & SEQ_MASK) << SEQ_SHIFT) | mirrored | (direction << COUNT_BITS) | count
 
 
-def _write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction, raise_at, raise_to, publish):
-    """Write task seq into its slot: ids, raise target, then (if publish; else a stream writes it
-    later) the task word, released after them."""
+def entry_holds(word, seq):
+    """Whether a task word is task seq's (and not an earlier lap's in the same slot)."""
+    return word >> SEQ_SHIFT == seq & SEQ_MASK
+
+
+def _write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction, raise_at, raise_to, publish,
+                row=-1):
+    """Write task seq into its slot: ids (unless row >= 0: they are in that row of the device mirror),
+    raise target, then (if publish; else a stream writes it later) the task word, released after them."""
     nslots, cap = task_ids.shape[0], task_ids.shape[1] // 2
     slot = (seq - 1) % nslots
     m = host_ids.shape[0]
-    task_ids[slot, :m] = host_ids
-    task_ids[slot, cap : cap + m] = slots
+    if row < 0:
+        task_ids[slot, :m] = host_ids
+        task_ids[slot, cap : cap + m] = slots
     entries[slot, ENTRY_RAISE_AT] = raise_at
     entries[slot, ENTRY_RAISE_TO] = raise_to
     if publish:
-        store_release(entries_addr + 8 * (ENTRY_WORDS * slot + ENTRY_TASK), pack_entry(seq, m, direction))
+        store_release(entries_addr + 8 * (ENTRY_WORDS * slot + ENTRY_TASK), pack_entry(seq, m, direction, row))
 
 
 def _promise(ctrl, seq):
@@ -103,7 +119,8 @@ def _unlock(ctrl):
 
 
 def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq, fast, num_host, num_slots,
-             task_ids, entries, entries_addr, done, ctrl, raise_base, raise_slots, out, ids_out, slots_out):
+             task_ids, entries, entries_addr, done, ctrl, raise_base, raise_slots, mirror_rows, row_task, out,
+             ids_out, slots_out):
     """Spin up to spin_loads (>= 1) loads for doorbell request next_seq, then forward requests next_seq,
     next_seq + 1, ... to the task ring while each can go, under the posters' lock.
 
@@ -112,7 +129,11 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
     still set knows the lane has not taken it). task_ids: [slots, 2 * cap] int64; entries: [slots,
     ENTRY_WORDS] int64 at entries_addr; done: [slots] int64; ctrl: the control line's address.
     raise_base, raise_slots: the request's wait word, raise_base + 8 * ((seq - 1) % raise_slots), which
-    its task sets to seq once landed (raise_base 0: none). out, ids_out, slots_out: as for `ring.read`,
+    its task sets to seq once landed (raise_base 0: none). mirror_rows > 0: the publish kernel also wrote
+    request seq's ids into row (seq - 1) % mirror_rows of a device mirror, which the task then names
+    instead of copying them (the copier reads them from device memory, not over PCIe), and row_task[row]
+    records the task (a row must not be written again before that task has landed: `mirror_row_free`).
+    out, ids_out, slots_out: as for `ring.read`,
     plus OUT_TASK, OUT_RAISED and OUT_SEEN.
     Returns (requests forwarded, or -1 if next_seq was not published; the stop word read after
     promising, -1 if none was forwarded).
@@ -135,7 +156,10 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
             break
         task += 1
         raise_at = raise_base + 8 * ((seq - 1) % raise_slots) if raise_base != 0 else 0
-        write_task(task_ids, entries, entries_addr, task, ids, dst, H2D, raise_at, seq, True)
+        row = (seq - 1) % mirror_rows if mirror_rows > 0 else -1
+        if row >= 0:
+            row_task[row] = task
+        write_task(task_ids, entries, entries_addr, task, ids, dst, H2D, raise_at, seq, True, row)
         fast[(seq - 1) % capacity] = 0
         out[k, OUT_TASK] = task
         out[k, OUT_RAISED] = 1 if raise_at != 0 else 0
@@ -156,6 +180,7 @@ if NATIVE:
 
     _jit = njit(nogil=True, cache=True)
     pack_entry = _jit(pack_entry)
+    entry_holds = _jit(entry_holds)
     lock = _jit(_lock)
     unlock = _jit(_unlock)
     write_task = _jit(_write_task)

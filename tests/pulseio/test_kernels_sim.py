@@ -63,6 +63,7 @@ words, H, D, slots, cap = 40, 32, 24, 4, 8
 host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
 pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
 ids = np.zeros((slots, 2 * cap), dtype=np.int64)
+mirror = np.full((3, 2 * cap), -1, dtype=np.int64)  # a publisher's device copy of doorbell ids, by row
 ctrl = np.zeros(tr.CTRL_WORDS, np.int64)
 entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 target = np.zeros(1, np.int64)  # a consumer's device word that task 3 raises
@@ -72,19 +73,20 @@ dev[rk.DEV_START : rk.DEV_START + 2] = 1
 start = lambda gen: dev[rk.DEV_START + gen % 2]  # where generation gen starts
 addr = lambda a: a.ctypes.data
 
-def post(seq, h, p, direction, raise_to=0):
+def post(seq, h, p, direction, raise_to=0, row=-1):
     slot = (seq - 1) % slots
-    ids[slot, : len(h)] = h
-    ids[slot, cap : cap + len(p)] = p
+    where, at = (ids[slot], cap) if row < 0 else (mirror[row], cap)
+    where[: len(h)] = h
+    where[at : at + len(p)] = p
     entries[slot, tr.ENTRY_RAISE_AT] = addr(target) if raise_to else 0
     entries[slot, tr.ENTRY_RAISE_TO] = raise_to
-    entries[slot, tr.ENTRY_TASK] = tr.pack_entry(seq, len(h), direction)
+    entries[slot, tr.ENTRY_TASK] = tr.pack_entry(seq, len(h), direction, row)
     ctrl[tr.CTRL_PROMISED] = seq
 
 holds = np.zeros((rk.HOLD_GENS, 2), np.int64)  # every generation's hold, by generation
 
 def launch(gen, idle_ms=5, grid=2, hold_at=0, hold_to=0):
-    kernel[grid, 32](host, pool, ids, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
+    kernel[grid, 32](host, pool, ids, mirror, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
                      hold_at, hold_to, addr(holds))
 
 h1, h3 = rng.choice(H, 5, replace=False), rng.choice(H, 8, replace=False)
@@ -100,11 +102,12 @@ assert dev[rk.DEV_HEADER + 2 * slots + 2 * 2 + 1] == 33  # task 3's raise target
 assert target[0] == 33 and (entries[:3, tr.ENTRY_LANDED_NS] > 0).all() and entries[3, tr.ENTRY_LANDED_NS] == 0
 taken = entries[:, tr.ENTRY_TAKEN_NS]
 assert (taken[:3] > 0).all() and (taken[:3] <= entries[:3, tr.ENTRY_LANDED_NS]).all() and taken[3] == 0
-# gen 2: an offload (pool -> host) and a recall that reuses slot 0
+# gen 2: an offload (pool -> host) and a recall that reuses slot 0, its ids in row 2 of the mirror
 h4, p4 = np.array([30, 31, 29]), np.array([p3[0], p3[1], p3[2]])
 post(4, h4, p4, tr.D2H)
 h5, p5 = np.array([0, 1]), np.array([20, 21])
-post(5, h5, p5, tr.H2D)
+post(5, h5, p5, tr.H2D, row=2)
+assert ids[0, 0] == h1[0]  # slot 0 still holds task 1's ids: task 5 must read the mirror
 expect4 = pool[p4].copy()
 launch(2)
 assert np.array_equal(host[h4], expect4) and np.array_equal(pool[p5], host[h5])

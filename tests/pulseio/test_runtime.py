@@ -85,6 +85,23 @@ def test_post_rules_raise_on_the_submitting_thread() -> None:
             rt.post_recall(host_ids=np.arange(2), device_slots=np.arange(2), tag="x")  # type: ignore[arg-type]
 
 
+def test_a_post_waits_while_the_mirror_row_it_would_write_is_still_read_by_a_given_up_copy() -> None:
+    class _Reader:  # a resident copier reading doorbell ids from a device mirror (GPU only): row 0 held
+        def mirror_row_busy(self, request: int) -> int:
+            return 42 if (request - 1) % 8 == 0 else 0
+
+    with _runtime(max_outstanding=8) as rt:
+        for i in range(8):
+            assert rt.post_recall(host_ids=np.array([i]), device_slots=np.array([i])).wait(timeout=10)
+        rt._mirror_reader = _Reader()  # what a CUDA runtime with an ids mirror holds
+        with pytest.raises(WouldBlock, match=r"^request seq=1 was given up before it landed and its copy \(resident "
+                                             r"task 42\) may still read its ids in the device mirror row that request "
+                                             r"seq=9 would overwrite"):
+            rt.post_recall_nowait(host_ids=np.array([1]), device_slots=np.array([1]))
+        rt._mirror_reader = None
+        assert rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1])).wait(timeout=10)
+
+
 def test_full_ring_raises_would_block_and_close_fails_the_unpublished() -> None:
     rt = _runtime(close_timeout_s=0.05)
     expected = rt.expect_published(8)  # nobody publishes them: the ring is full

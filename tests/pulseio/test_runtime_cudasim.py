@@ -1,5 +1,6 @@
 """The GPU publish kernel under numba's CUDA simulator (a subprocess: the simulator must be chosen
-before numba.cuda is imported); the CPU reader must decode exactly what the kernel wrote."""
+before numba.cuda is imported); the CPU reader must decode exactly what the kernel wrote, and the
+device mirror must hold the same ids."""
 
 from __future__ import annotations
 
@@ -22,16 +23,22 @@ SCRIPT = textwrap.dedent("""
     ids = np.arange(100, 140, dtype=np.int64)
     slots = np.arange(40, dtype=np.int64)[::-1].copy()
     count = np.array([37], dtype=np.int64)
-    publish_kernel[1, 32](ring, counter, ids, slots, count, -1, 7)   # count decided "on the device"
-    publish_kernel[1, 32](ring, counter, ids, slots, count, 3, 8)    # count passed by the host
-    publish_kernel[1, 32](ring, counter, ids, slots, count, 69, 9)   # more than a slot holds (64 rounded up to 68)
-    first, second, third = bell.poll_nowait()
+    mirror = np.full((2, 2 * bell.layout.blocks_per_slot), -1, dtype=np.int64)  # rows by seq: 1 -> 0, 2 -> 1, 3 -> 0
+    publish_kernel[1, 32](ring, counter, mirror, ids, slots, count, -1, 7)   # count decided "on the device"
+    publish_kernel[1, 32](ring, counter, mirror, ids, slots, count, 3, 8)    # count passed by the host
+    publish_kernel[1, 32](ring, counter, mirror, ids, slots, count, 69, 9)   # more than a slot holds (68)
+    half = bell.layout.blocks_per_slot
+    assert mirror[0, :37].tolist() == ids[:37].tolist() and mirror[0, half:half + 37].tolist() == slots[:37].tolist()
+    assert mirror[1, :4].tolist() == [100, 101, 102, -1] and mirror[1, half:half + 3].tolist() == [39, 38, 37]
+    publish_kernel[1, 32](ring, counter, np.zeros((0, 2 * half), np.int64), ids, slots, count, 2, 10)  # no mirror
+    first, second, third, fourth = bell.poll_nowait()
+    assert fourth.host_ids.tolist() == [100, 101]
     assert (first.seq, first.tag, first.error) == (1, 7, None), first
     assert first.host_ids.tolist() == list(range(100, 137)) and first.device_slots.tolist() == list(range(39, 2, -1))
     assert (second.seq, second.tag, second.host_ids.tolist()) == (2, 8, [100, 101, 102])
     assert third.error is not None and "asked for 69 blocks" in third.error
     assert bell.layout.blocks_per_slot == 68
-    assert first.published_ns > 0 and counter[0] == 3
+    assert first.published_ns > 0 and counter[0] == 4
     print("SIM-OK")
 """)
 

@@ -11,6 +11,7 @@ import pytest
 
 from pulseio._native import task_ring as tr
 from pulseio._native.layout import OUT_COLUMNS
+from pulseio._resident import TaskRing
 from pulseio.doorbell import Doorbell, RingLayout
 from pulseio.host_backend import HostBackend
 
@@ -27,17 +28,18 @@ class _TaskRing:
         self.entries = np.zeros((SLOTS, tr.ENTRY_WORDS), np.int64)
         self.done = np.zeros(SLOTS, np.int64)
         self.ids = np.zeros((SLOTS, 2 * CAP), np.int64)
+        self.row_task = np.zeros(4, np.int64)  # the task that last named each ids-mirror row
 
     @property
     def seq(self) -> int:
         return int(self.ctrl[tr.CTRL_SEQ])
 
-    def reader(self, fast: np.ndarray, raise_at: int, raise_slots: int = 4):
+    def reader(self, fast: np.ndarray, raise_at: int, raise_slots: int = 4, mirror_rows: int = 0):
         def forward(base, words, capacity, slot_words, max_blocks, next_seq, out, ids_out, slots_out, spin):
             k, stopped = tr.forward(
                 spin, base, words, capacity, slot_words, max_blocks, next_seq, fast, NUM_HOST, NUM_SLOTS, self.ids,
-                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data, raise_at, raise_slots, out,
-                ids_out, slots_out)
+                self.entries, self.entries.ctypes.data, self.done, self.ctrl.ctypes.data, raise_at, raise_slots,
+                mirror_rows, self.row_task[:mirror_rows], out, ids_out, slots_out)
             if k > 0:  # the stop word read behind the last promise
                 self.stopped = stopped
             return k
@@ -45,8 +47,14 @@ class _TaskRing:
         return forward
 
     def task(self, seq: int) -> tuple[int, int, int]:
+        """(seq as the task word keeps it, direction, count) of task seq's slot; its mirror row: `row`."""
         word = int(self.entries[(seq - 1) % SLOTS, tr.ENTRY_TASK])
-        return word >> (tr.COUNT_BITS + 1), (word >> tr.COUNT_BITS) & 1, word & tr.MAX_TASK_BLOCKS
+        return word >> tr.SEQ_SHIFT, (word >> tr.COUNT_BITS) & 1, word & tr.MAX_TASK_BLOCKS
+
+    def row(self, seq: int) -> int:
+        """The device-mirror row task seq names, or -1 (its ids are in its slot)."""
+        word = int(self.entries[(seq - 1) % SLOTS, tr.ENTRY_TASK])
+        return (word >> tr.ROW_SHIFT) & (tr.MAX_MIRROR_ROWS - 1) if (word >> tr.MIRROR_BIT) & 1 else -1
 
 
 @pytest.fixture
@@ -78,6 +86,41 @@ def test_the_lane_posts_valid_requests_and_leaves_each_it_cannot_take_to_the_reg
     assert ring.entries[:3, tr.ENTRY_RAISE_TO].tolist() == [1, 2, 4]
     assert fast.tolist() == [0, 0, 3, 0, 0, 0, 0, 0]  # the lane cleared the marks of what it took
     assert ring.ctrl[tr.CTRL_PROMISED] == 3 and ring.stopped == 7 and ring.seq == 3
+
+
+def test_with_a_device_mirror_the_lane_names_each_request_s_row_instead_of_copying_its_ids(
+        doorbell: Doorbell) -> None:
+    ring, fast = _TaskRing(), np.zeros(8, np.int64)
+    for seq, (ids, slots) in enumerate([([3, 9], [0, 1]), ([5], [7]), ([6], [2])], start=1):
+        doorbell.publish(np.array(ids), np.array(slots))
+        fast[seq - 1] = seq
+    rungs = doorbell.wait_rung(timeout=1, lane=ring.reader(fast, raise_at=0xA0, raise_slots=2, mirror_rows=2))
+    assert [r.task for r in rungs] == [1, 2, 3]
+    assert [ring.row(t) for t in (1, 2, 3)] == [0, 1, 0]  # the wait words' slots: (seq - 1) % 2
+    assert ring.task(1) == (1, tr.H2D, 2) and ring.task(3) == (3, tr.H2D, 1)
+    assert not ring.ids.any(), "ids stay in the mirror: nothing copied into the task slots"
+    assert ring.entries[:3, tr.ENTRY_RAISE_AT].tolist() == [0xA0, 0xA8, 0xA0]
+    assert ring.row_task[:2].tolist() == [3, 2]  # the task that reads each row now
+
+
+def test_a_mirror_row_stays_busy_until_the_task_that_reads_it_has_landed() -> None:
+    ring = TaskRing(HostBackend().alloc_host, slots=SLOTS, cap=CAP)
+    assert ring.mirror_row_busy(5) == 0  # no mirror: never busy
+    ring.mirror_rows, ring._row_task = 2, np.array([3, 0], np.int64)  # as `read_ids_from` and the lane leave them
+    assert ring.mirror_row_busy(5) == 3, "request 5 writes row 0, which task 3 has yet to read"
+    assert ring.mirror_row_busy(6) == 0, "row 1 was never named"
+    ring._done[2] = 3  # task 3 landed
+    assert ring.mirror_row_busy(5) == 0
+    ring.close()
+
+
+def test_a_task_word_tells_its_seq_from_an_earlier_lap_across_the_seq_field_s_wrap() -> None:
+    for seq in (1, 5, tr.SEQ_MASK, tr.SEQ_MASK + 1, tr.SEQ_MASK + 7, 3 * (tr.SEQ_MASK + 1) + 2):
+        for row in (-1, 0, tr.MAX_MIRROR_ROWS - 1):
+            word = int(tr.pack_entry(seq, tr.MAX_TASK_BLOCKS, tr.D2H, row))
+            assert 0 <= word < 2**63 and tr.entry_holds(word, seq) and not tr.entry_holds(word, seq - SLOTS)
+            assert word & tr.MAX_TASK_BLOCKS == tr.MAX_TASK_BLOCKS and (word >> tr.COUNT_BITS) & 1 == tr.D2H
+            assert ((word >> tr.ROW_SHIFT) & (tr.MAX_MIRROR_ROWS - 1) if (word >> tr.MIRROR_BIT) & 1 else -1) == row
 
 
 @pytest.mark.parametrize(("ids", "slots", "why"), [
