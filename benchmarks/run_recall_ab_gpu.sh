@@ -5,16 +5,16 @@
 # `git archive BRANCH pulseio | tar x -C stage/NAME`), or "." for this tree.
 #   VARIANTS=". stage/mirror stage/pieces" ROUNDS=2 [CTAS="64 52"] [ENGINE=1] bash benchmarks/run_recall_ab_gpu.sh
 # Env: RECALL (104x65536: a 32K layer of qwen3-14b at budget 2048), CTAS (the copy CTA budgets to try, default
-# 64), CONFIGS (engine: 8x32768), R (work folder). Results: $OUT/recall-ab.tgz and a table on stdout.
+# 64), ALONE (0: skip the recall alone), CONFIGS (engine: 8x32768), R (work folder). Results: $OUT/recall-ab.tgz and a table on stdout.
 set -u
 R=${R:-/tmp/recall-ab}; rm -rf "$R"; mkdir -p "$R"
 VARIANTS=${VARIANTS:-.}; ROUNDS=${ROUNDS:-2}; RECALL=${RECALL:-104x65536}; CTAS=${CTAS:-64}
-CONFIGS=${CONFIGS:-8x32768}; ENGINE=${ENGINE:-0}
+CONFIGS=${CONFIGS:-8x32768}; ENGINE=${ENGINE:-0}; ALONE=${ALONE:-1}
 export PYTHONUNBUFFERED=1
 { date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  echo "VARIANTS=$VARIANTS ROUNDS=$ROUNDS RECALL=$RECALL CTAS=$CTAS ENGINE=$ENGINE CONFIGS=$CONFIGS"; } > "$R/meta.txt" 2>&1
-finish() { tar czf "${OUT:-/tmp}/recall-ab.tgz" --exclude='./tree*' -C "$R" . ; }
+  echo "VARIANTS=$VARIANTS ROUNDS=$ROUNDS RECALL=$RECALL CTAS=$CTAS ALONE=$ALONE ENGINE=$ENGINE CONFIGS=$CONFIGS"; } > "$R/meta.txt" 2>&1
+finish() { mkdir -p "${OUT:-/tmp}" && tar czf "${OUT:-/tmp}/recall-ab.tgz" --exclude='./tree*' -C "$R" . ; }
 trap finish EXIT
 
 i=0
@@ -29,7 +29,7 @@ for round in $(seq 1 "$ROUNDS"); do
   i=0
   for v in $VARIANTS; do
     i=$((i + 1))
-    for ctas in $CTAS; do
+    for ctas in $([ "$ALONE" = 1 ] && echo "$CTAS"); do
       name=v$i-ctas$ctas-r$round
       (cd "$R/tree$i" && PYTHONPATH=$PWD timeout 240 python benchmarks/bench_doorbell.py --quick --strategies resident \
          --recall "$RECALL" --ctas "$ctas" --out "$R/$name.json") > "$R/$name.log" 2>&1
