@@ -4,7 +4,8 @@
 # (qwen3-14b preset, random weights, handed-in random KV, selection by the shipped recall-locality model).
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
 # Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
-# PROFILE=1 (a torch.profiler table per run), R (the work folder, /tmp/sparse-results: one per concurrent run).
+# BENCH_ARGS (more `bench` options for every run, say "--copier-idle-us 100"), PROFILE=1 (a torch.profiler
+# table per run), R (the work folder, /tmp/sparse-results: one per concurrent run).
 # PARTS=stall: the offload GPU case STALL_RUNS (5) times in fresh processes, one line each with its first-expiry
 # report (doorbell slot, wait words); STALL_ENV (say CUDA_LAUNCH_BLOCKING=1) is set for those runs only.
 # Results: $OUT/sparse.tgz.
@@ -17,7 +18,7 @@ SPECS=${SPECS:-"quest-all-on-gpu:quest offload-sync:solohead offload-doorbell:so
 { date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; hostname
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  free -g | head -2; echo "PARTS=$PARTS STEPS=$STEPS BUDGET=$BUDGET CONFIGS=$CONFIGS"; } > $R/meta.txt 2>&1
+  free -g | head -2; echo "PARTS=$PARTS STEPS=$STEPS BUDGET=$BUDGET CONFIGS=$CONFIGS BENCH_ARGS=${BENCH_ARGS:-}"; } > $R/meta.txt 2>&1
 finish() { mkdir -p ${OUT:-/tmp} && tar czf ${OUT:-/tmp}/sparse.tgz -C $R . ; }
 trap finish EXIT
 
@@ -49,7 +50,7 @@ if [[ " $PARTS " == *" bench "* ]]; then
       echo "== $name" | tee -a $R/progress.log
       timeout 300 python -m pulseio_engine.cli bench --model qwen3-14b --mode $mode --selection $sel \
         --batch-size $b --context-len $ctx --token-budget $BUDGET --steps $STEPS --warmup 3 \
-        --json $R/$name.json ${PROFILE:+--profile $R/$name.profile.txt} > $R/$name.log 2>&1
+        --json $R/$name.json ${PROFILE:+--profile $R/$name.profile.txt} ${BENCH_ARGS:-} > $R/$name.log 2>&1
       echo "rc=$? $(tail -1 $R/$name.log)" | tee -a $R/progress.log
     done
   done

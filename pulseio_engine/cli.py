@@ -25,6 +25,7 @@ import json
 import sys
 from pathlib import Path
 
+from pulseio import DmaConfig
 from pulseio.cliargs import (
     DEBUG_HELP,
     OneLineParser,
@@ -48,6 +49,7 @@ from .errors import EngineError
 from .evaluation.cli import add_parsers as add_eval_parsers
 from .fetch import MODELS, fetch_model, fetch_smollm2
 from .model.checkpoint import ModelSource, model_names, open_model
+from .offload import RESIDENT_IDLE_US
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
 from .sparse_bench import SparseBenchMode, SparseBenchResult, run_sparse_bench
@@ -113,6 +115,11 @@ def _bench(args: argparse.Namespace) -> int:
         check_writable(prog, "--json", args.json)
     if args.profile is not None:
         check_writable(prog, "--profile", args.profile)
+    copier = [f for f, v in (("--copier-ctas", args.copier_ctas), ("--copier-idle-us", args.copier_idle_us))
+              if v is not None]
+    if copier and args.mode not in (SparseBenchMode.OFFLOAD_SYNC.value, SparseBenchMode.OFFLOAD_DOORBELL.value):
+        raise UsageError(prog, f"{' and '.join(copier)} set the offload runtime's copier, and --mode {args.mode} "
+                               "runs none; use --mode offload-doorbell or offload-sync")
     if args.mode != BenchMode.VANILLA.value:
         try:
             SparseConfig(token_budget=args.token_budget)
@@ -124,20 +131,21 @@ def _bench(args: argparse.Namespace) -> int:
             source, mode=BenchMode.VANILLA, batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, device=device, use_cuda_graphs=not args.no_cuda_graphs,
             compile_decode=False if args.no_compile else None, progress=progress_enabled(args.progress))
-        keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
+        keys: tuple[str, ...] = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
                 "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled", "compile_error")
     else:
         result = run_sparse_bench(
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
             selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
-            profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs)
+            profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs, dma=_copier_settings(args))
         keys = ("step_ms", "cuda_graphs", "units_per_step", "recalled_mib_per_step", "unit_bytes", "recall_gbps",
                 "link_peak_gbps", "recall_fraction_of_peak", "publish_gbps", "publish_fraction_of_peak",
                 "publish_to_landed_us", "publish_to_taken_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90",
                 "poller_lag_us_p50", "poller_lag_us_p90", "copy_gbps", "copy_fraction_of_peak",
                 "recall_host_ms_per_step", "blocked_ms_per_step",
-                "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality")
+                "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality", "copier_ctas",
+                "copier_idle_us")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -145,6 +153,14 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{key:>24}: {_fmt(getattr(result, key))}")
     print(result.summary())
     return 0
+
+
+def _copier_settings(args: argparse.Namespace) -> DmaConfig | None:
+    """The offload runtime's DmaConfig from --copier-ctas / --copier-idle-us; None (the engine's) if neither."""
+    if args.copier_ctas is None and args.copier_idle_us is None:
+        return None
+    return DmaConfig(zero_copy_ctas=args.copier_ctas or DmaConfig.zero_copy_ctas,
+                     resident_idle_us=args.copier_idle_us or RESIDENT_IDLE_US)
 
 
 def _fmt(value: object) -> str:
@@ -251,6 +267,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
     b.add_argument("--profile", metavar="PATH", type=Path, default=None,
                    help="sparse modes: write a torch.profiler table of the timed steps here")
+    b.add_argument("--copier-ctas", metavar="N", type=int_at_least(1), default=None,
+                   help=f"offload modes: the resident copier's copy CTAs (pulseio DmaConfig.zero_copy_ctas, "
+                        f"default {DmaConfig.zero_copy_ctas})")
+    b.add_argument("--copier-idle-us", metavar="US", type=int_at_least(1), default=None,
+                   help=f"offload modes: how long a copier generation stays up without a task, holding its SMs "
+                        f"(default {RESIDENT_IDLE_US} on a GPU: through a step)")
     _common(b)
     b.set_defaults(func=_bench, prog=b.prog)
 

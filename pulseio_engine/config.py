@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from pulseio import DmaConfig
+
 
 class Architecture(Enum):
     """Model families the engine runs."""
@@ -189,6 +191,9 @@ class OffloadConfig:
     spins (GIL-free loads; 5M: a few ms) for the next recall before it sleeps, on a GPU: longer than the
     gap between two layers' recalls, so a recall never waits out a sleep (a CPU engine sleeps at once:
     spinning would take a core from the decode). `poll_sleep_s` is the poller's (first, longest) sleep.
+    `dma`: the runtime's transfer settings (the resident copier's CTAs, how long it stays up without a
+    task, ...); None: pulseio's defaults, except that on a GPU a copier generation stays up 5 ms
+    (`offload.RESIDENT_IDLE_US`), through the gaps between layers, so it takes every recall of a step.
 
     `offload_only`: every request of the engine is an offload request, so the paged cache keeps only
     the dense layers and an offload request's device memory is those, its hot slots and its digests.
@@ -203,6 +208,7 @@ class OffloadConfig:
     poll_spin_iterations: int = 5_000_000
     poll_sleep_s: tuple[float, float] = (1e-5, 1e-4)
     offload_only: bool = False
+    dma: DmaConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -215,6 +221,8 @@ class OffloadConfig:
             raise ValueError(f"OffloadConfig.dense_layers must be an int >= 0, got {self.dense_layers!r}")
         if not isinstance(self.offload_only, bool):
             raise TypeError(f"OffloadConfig.offload_only must be a bool, got {self.offload_only!r}")
+        if self.dma is not None and not isinstance(self.dma, DmaConfig):
+            raise TypeError(f"OffloadConfig.dma must be a pulseio.DmaConfig or None, got {self.dma!r}")
 
 
 @dataclass(frozen=True)

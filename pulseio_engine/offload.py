@@ -188,16 +188,17 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
 
     Recalls come once per layer, a fraction of a millisecond apart, so on a GPU the poller spins
     (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
-    generation stays up between layers (`RESIDENT_IDLE_US`), so it serves the next layer's recall and
-    the next generation takes over after that recall, not on its path. On a CPU the poller sleeps at
-    once: spinning would take a core from the decode it serves."""
+    generation stays up between layers (`RESIDENT_IDLE_US`, unless `offload.dma` says otherwise), so it
+    serves the next layer's recall and the next generation takes over after that recall, not on its
+    path. On a CPU the poller sleeps at once: spinning would take a core from the decode it serves."""
     per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
     on_gpu = device.startswith("cuda")
+    dma = offload.dma or (pulseio.DmaConfig(resident_idle_us=RESIDENT_IDLE_US) if on_gpu else pulseio.DmaConfig())
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
         block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
         spin_iterations=offload.poll_spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
-        dma=pulseio.DmaConfig(resident_idle_us=RESIDENT_IDLE_US) if on_gpu else pulseio.DmaConfig())
+        dma=dma)
 
 
 RESIDENT_IDLE_US = 5000   # longer than a decode step's gap between two layers' recalls, and than most steps

@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from pulseio import DmaConfig
+
 from .bench import bench_status
 from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
 from .engine import Engine
@@ -202,19 +204,29 @@ class SparseBenchResult:
     vanilla_gpu_bytes_per_request: int
     host_bytes_per_request: int
     locality: str
+    copier_ctas: int | None        # the runtime's resident copier: copy CTAs (DmaConfig.zero_copy_ctas) and
+    copier_idle_us: int | None     # how long a generation stays up without a task; None: no runtime
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def _of_peak(self, gbps: float, name_peak: bool = False) -> str:
+        """The rate's fraction of the link's peak (' = 0.79', ' = 0.79 of 55.4' with name_peak), or nothing
+        where no peak was measured (not on a GPU)."""
+        if self.link_peak_gbps is None:
+            return ""
+        return f" = {gbps / self.link_peak_gbps:.2f}" + (f" of {self.link_peak_gbps:.1f}" if name_peak else "")
+
     def summary(self) -> str:
-        rate = "" if self.recall_gbps is None else (
-            f", recall {self.recall_gbps:.1f} GB/s = {self.recall_fraction_of_peak:.2f} of {self.link_peak_gbps:.1f}")
+        rate = ""
+        if self.recall_gbps is not None:
+            rate = f", recall {self.recall_gbps:.1f} GB/s{self._of_peak(self.recall_gbps, True)}"
         if self.publish_gbps is not None:
-            rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s = {self.publish_fraction_of_peak:.2f}, "
+            rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s{self._of_peak(self.publish_gbps)}, "
                      f"{self.publish_to_landed_us:.0f} us a request: {self.publish_to_taken_us:.0f} us to the "
                      f"copier's start (p50 {self.publish_to_taken_us_p50:.0f}, "
-                     f"p90 {self.publish_to_taken_us_p90:.0f}), then {self.copy_gbps:.1f} GB/s = "
-                     f"{self.copy_fraction_of_peak:.2f})")
+                     f"p90 {self.publish_to_taken_us_p90:.0f}), then {self.copy_gbps or 0:.1f} GB/s"
+                     f"{self._of_peak(self.copy_gbps or 0)})")
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
                 f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "
@@ -227,8 +239,9 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      steps: int, token_budget: int = 2048, selection: SparseMode = SparseMode.SOLOHEAD,
                      warmup: int = 3, device: str | None = None, locality: LocalityProfile | None = None,
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
-                     use_cuda_graphs: bool = True) -> SparseBenchResult:
-    """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it)."""
+                     use_cuda_graphs: bool = True, dma: DmaConfig | None = None) -> SparseBenchResult:
+    """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it).
+    `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's)."""
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -242,7 +255,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     groups = m.num_kv_heads if selection is SparseMode.QUEST else 1
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
-                            max_seqs=batch_size, offload_only=not on_gpu)
+                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma)
     locality = locality or default_profile(selection, token_budget)
     bench_status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, "
                            f"budget {token_budget}")
@@ -298,6 +311,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         per_token = kv_bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, engine.kv.dtype)
         host = 0 if off.runtime is None else off.runtime.host_pool.blocks.nbytes // batch_size
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        used = None if off.runtime is None else off.runtime.config.dma
         return SparseBenchResult(
             source.spec, mode.value, selection.value, name, batch_size, context_len, token_budget, steps,
             use_cuda_graphs and dev.type == "cuda",
@@ -309,7 +323,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
             published.pickup_us(50), published.pickup_us(90), published.poller_lag_us(50), published.poller_lag_us(90),
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
-            kv_side // batch_size, per_token * per_seq * bs, host, describe(locality))
+            kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
+            None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us)
 
 
 def _profiler(path: Path | None, device: torch.device) -> Any:

@@ -37,6 +37,19 @@ def test_bench_tiny_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "roofline_ratio" in capsys.readouterr().out
 
 
+def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bench.json"
+    common = ["bench", "--model", "tiny", "--batch-size", "2", "--context-len", "320", "--steps", "2", "--warmup",
+              "1", "--token-budget", "64", "--selection", "quest", "--no-progress", "--device", "cpu"]
+    assert main([*common, "--mode", "offload-doorbell", "--copier-idle-us", "70", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    assert (result["copier_ctas"], result["copier_idle_us"]) == (64, 70), "the flag set, the other pulseio's default"
+    capsys.readouterr()
+    assert main([*common, "--mode", "quest-all-on-gpu", "--copier-ctas", "32"]) == 2
+    assert ("--copier-ctas set the offload runtime's copier, and --mode quest-all-on-gpu runs none"
+            in capsys.readouterr().err)
+
+
 def test_errors_exit_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "no-such-model", "--prompt", "x"]) == 2
     assert "is neither a preset or model name (tiny, " in capsys.readouterr().err

@@ -362,3 +362,23 @@ def test_the_runtime_spins_through_the_gap_between_layers_on_a_gpu_only(tiny_qwe
     assert _runtime_config(offload, layout, model.num_layers - 2, "cpu").spin_iterations == 1
     with pytest.raises(ValueError, match=r"OffloadConfig.poll_spin_iterations must be a positive number, got 0"):
         OffloadConfig(poll_spin_iterations=0)
+
+
+def test_runtime_config_takes_the_offload_configs_dma_settings(tiny_qwen3: tuple) -> None:
+    import pulseio
+    from pulseio_engine.kv.offload_layout import UnitLayout
+    from pulseio_engine.model.checkpoint import load_checkpoint
+    from pulseio_engine.offload import RESIDENT_IDLE_US, _runtime_config
+
+    model = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu", with_tokenizer=False).config
+    sparse = SparseConfig(mode=SparseMode.SOLOHEAD, token_budget=4 * BS, block_size=BS)
+    layout = UnitLayout.for_mode(model, OffloadConfig(sparse=sparse), 2)
+    layers = model.num_layers - 2
+    default = _runtime_config(OffloadConfig(sparse=sparse), layout, layers, "cuda").dma
+    assert default.resident_idle_us == RESIDENT_IDLE_US != pulseio.DmaConfig().resident_idle_us
+    assert _runtime_config(OffloadConfig(sparse=sparse), layout, layers, "cpu").dma == pulseio.DmaConfig()
+    mine = pulseio.DmaConfig(zero_copy_ctas=48, resident_idle_us=70)
+    for device in ("cuda", "cpu"):
+        assert _runtime_config(OffloadConfig(sparse=sparse, dma=mine), layout, layers, device).dma == mine
+    with pytest.raises(TypeError, match=r"OffloadConfig.dma must be a pulseio.DmaConfig or None, got \{'zero"):
+        OffloadConfig(dma={"zero_copy_ctas": 48})  # type: ignore[arg-type]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pulseio_engine.config import SparseMode
@@ -48,3 +50,14 @@ def test_stamp_totals_add_up_and_give_percentiles_per_request() -> None:
     assert total.pickup_us(50) == 2.0 and total.pickup_us(100) == 3.0
     assert total.poller_lag_us(0) == 0.0 and total.poller_lag_us(100) == 4.0, "relative to the fastest read"
     assert StampTotals().pickup_us(50) is None and StampTotals().poller_lag_us(50) is None
+
+
+def test_summary_gives_fractions_of_the_peak_only_where_one_was_measured() -> None:
+    r = run_sparse_bench("tiny", mode=SparseBenchMode.OFFLOAD_DOORBELL, batch_size=2, context_len=320, steps=2,
+                         token_budget=64, selection=SparseMode.QUEST, device="cpu", progress=False)
+    assert r.link_peak_gbps is None and r.publish_gbps is not None      # CPU: nothing to compare with
+    assert " = " not in r.summary() and f"(publish -> landed {r.publish_gbps:.1f} GB/s, " in r.summary()
+    peak = 2 * r.publish_gbps
+    on_gpu = dataclasses.replace(r, link_peak_gbps=peak, recall_gbps=peak / 4)
+    assert f"recall {peak / 4:.1f} GB/s = 0.25 of {peak:.1f} (publish" in on_gpu.summary()
+    assert f"publish -> landed {r.publish_gbps:.1f} GB/s = 0.50, " in on_gpu.summary()
