@@ -131,8 +131,9 @@ def _bench(args: argparse.Namespace) -> int:
             source, mode=BenchMode.VANILLA, batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, device=device, use_cuda_graphs=not args.no_cuda_graphs,
             compile_decode=False if args.no_compile else None, progress=progress_enabled(args.progress))
-        keys: tuple[str, ...] = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps",
-                "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled", "compile_error")
+        keys: tuple[str, ...] = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step",
+                                 "copy_bandwidth_gbps", "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled",
+                                 "compile_error")
     else:
         result = run_sparse_bench(
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
