@@ -164,6 +164,11 @@ class StampTotals:
         return _percentile_us(tuple(t - least for t in self.publish_to_seen_ns), percentile)
 
 
+def _of_peak(fraction: float | None) -> str:
+    """' = 0.79' for a rate's fraction of the link's peak, or nothing where no peak was measured (a CPU)."""
+    return "" if fraction is None else f" = {fraction:.2f}"
+
+
 def _percentile_us(samples_ns: tuple[int, ...], percentile: float) -> float | None:
     return float(np.percentile(samples_ns, percentile)) / 1e3 if samples_ns else None
 
@@ -210,23 +215,18 @@ class SparseBenchResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def _of_peak(self, gbps: float, name_peak: bool = False) -> str:
-        """The rate's fraction of the link's peak (' = 0.79', ' = 0.79 of 55.4' with name_peak), or nothing
-        where no peak was measured (not on a GPU)."""
-        if self.link_peak_gbps is None:
-            return ""
-        return f" = {gbps / self.link_peak_gbps:.2f}" + (f" of {self.link_peak_gbps:.1f}" if name_peak else "")
-
     def summary(self) -> str:
         rate = ""
         if self.recall_gbps is not None:
-            rate = f", recall {self.recall_gbps:.1f} GB/s{self._of_peak(self.recall_gbps, True)}"
+            rate = f", recall {self.recall_gbps:.1f} GB/s{_of_peak(self.recall_fraction_of_peak)}"
+            if self.link_peak_gbps is not None:
+                rate += f" of {self.link_peak_gbps:.1f}"
         if self.publish_gbps is not None:
-            rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s{self._of_peak(self.publish_gbps)}, "
+            rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s{_of_peak(self.publish_fraction_of_peak)}, "
                      f"{self.publish_to_landed_us:.0f} us a request: {self.publish_to_taken_us:.0f} us to the "
                      f"copier's start (p50 {self.publish_to_taken_us_p50:.0f}, "
                      f"p90 {self.publish_to_taken_us_p90:.0f}), then {self.copy_gbps or 0:.1f} GB/s"
-                     f"{self._of_peak(self.copy_gbps or 0)})")
+                     f"{_of_peak(self.copy_fraction_of_peak)})")
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
                 f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "

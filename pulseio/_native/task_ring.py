@@ -132,7 +132,7 @@ def _forward(spin_loads, base, words, capacity, slot_words, max_blocks, next_seq
     its task sets to seq once landed (raise_base 0: none). mirror_rows > 0: the publish kernel also wrote
     request seq's ids into row (seq - 1) % mirror_rows of a device mirror, which the task then names
     instead of copying them (the copier reads them from device memory, not over PCIe), and row_task[row]
-    records the task (a row must not be written again before that task has landed: `mirror_row_free`).
+    records the task (a row must not be written again before that task has landed: `mirror_row_busy`).
     out, ids_out, slots_out: as for `ring.read`,
     plus OUT_TASK, OUT_RAISED and OUT_SEEN.
     Returns (requests forwarded, or -1 if next_seq was not published; the stop word read after

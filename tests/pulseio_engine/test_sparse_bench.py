@@ -58,6 +58,7 @@ def test_summary_gives_fractions_of_the_peak_only_where_one_was_measured() -> No
     assert r.link_peak_gbps is None and r.publish_gbps is not None      # CPU: nothing to compare with
     assert " = " not in r.summary() and f"(publish -> landed {r.publish_gbps:.1f} GB/s, " in r.summary()
     peak = 2 * r.publish_gbps
-    on_gpu = dataclasses.replace(r, link_peak_gbps=peak, recall_gbps=peak / 4)
+    on_gpu = dataclasses.replace(r, link_peak_gbps=peak, recall_gbps=peak / 4, recall_fraction_of_peak=0.25,
+                                 publish_fraction_of_peak=r.publish_gbps / peak)
     assert f"recall {peak / 4:.1f} GB/s = 0.25 of {peak:.1f} (publish" in on_gpu.summary()
     assert f"publish -> landed {r.publish_gbps:.1f} GB/s = 0.50, " in on_gpu.summary()
