@@ -16,7 +16,7 @@ class HostProducer:
     order (as a stream runs kernels), each claiming its seq from the ring's counter."""
 
     waits_on_device = False  # there is no device: Completion.device_wait waits on the host
-    ids_mirror = None  # no device memory to mirror ids into
+    ids_mirror = mirror_heads = None  # no device memory to mirror ids into
 
     def __init__(self, doorbell: Doorbell) -> None:
         self._doorbell = doorbell

@@ -125,7 +125,9 @@ class Poller:
 
     def cancel(self, completion: Completion) -> bool:
         """Make sure request `completion.seq` is never copied, if it has not reached a copier yet: True
-        if so (the caller then fails it). False once a copier has it (it may still land)."""
+        if so (the caller then fails it). False once a copier has it (it may still land). A resident
+        copier reading an ids mirror may have copied it early all the same (`resident_kernel.py`): its row
+        is held until the poller has read it and fenced the row (`TaskRing.hold_row`)."""
         seq = completion.seq
         if self._lane is not None and completion.strategy is Strategy.RESIDENT:
             if not self._workers[0].resident.unmark(self._fast, seq):
@@ -134,6 +136,8 @@ class Poller:
             if self._pending.pop(seq, None) is None:
                 return False
             self._cancelled.add(seq)
+            if self._lane is not None:  # its mirror row stays until _dispatch fences it (TaskRing.fence_row)
+                self._workers[0].resident.hold_row(seq)
             return True
 
     # -- the thread --------------------------------------------------------------------------------
@@ -169,10 +173,13 @@ class Poller:
 
     def _dispatch(self, rung: Rung) -> None:
         with self._lock:
-            if rung.seq in self._cancelled:  # the watchdog failed it already; never copy it
-                self._cancelled.discard(rung.seq)
-                return
-            completion = self._pending.pop(rung.seq, None)
+            cancelled = rung.seq in self._cancelled  # the watchdog failed it already; never copy it
+            self._cancelled.discard(rung.seq)
+            completion = None if cancelled else self._pending.pop(rung.seq, None)
+        if self._lane is not None and not rung.task:  # not a task naming its ids-mirror row: fence the row
+            self._workers[0].resident.fence_row(rung.seq)
+        if cancelled:
+            return
         if completion is None:  # published without post_recall/expect_published: nobody waits for it
             completion = Completion(seq=rung.seq, tag=rung.tag, device_waiter=_unheld, awaiter=_unheld)
         completion.published_ns, completion.seen_ns = rung.published_ns, rung.seen_ns

@@ -25,6 +25,7 @@ from .plan import Direction, TransferPlan, pieces
 
 _LINE = 16  # int64 words per 128-byte line
 _SPIN = 1_000_000  # loads per GIL-free spin (~1 ms) before a waiter checks that the server is up
+ROW_PENDING = -1  # `mirror_row_busy`: the row's request was given up and its `fence_row` is not posted yet
 
 
 def _lines(words: int) -> int:
@@ -63,15 +64,15 @@ class TaskRing:
     # -- posting -------------------------------------------------------------------------------------
 
     def post(self, direction: int, host_ids: np.ndarray, slots: np.ndarray, ordered_on: Any = None,
-             raise_on_landed: tuple[int, int] | None = None) -> TaskEvent:
+             raise_on_landed: tuple[int, int] | None = None, row: int = -1) -> TaskEvent:
         """Post one task: host_ids, slots: [m <= cap] int64, host. ordered_on: a CUDA stream handle; the task
         becomes visible to the server only when that stream reaches this point (None: at once).
         raise_on_landed: (address of an int64 the device can write, value): the server stores value there
-        once the task has landed."""
+        once the task has landed. row >= 0: the task names that row of the ids mirror (`fence_row`)."""
         raise_at, raise_to = raise_on_landed or (0, 0)
         while True:
             seq, stopped = tr.post(self._ctrl_host, self._ids, self._entries, self._entries_host, self._done,
-                                   host_ids, slots, direction, raise_at, raise_to, ordered_on is None)
+                                   host_ids, slots, direction, raise_at, raise_to, ordered_on is None, row)
             if seq:
                 break
             self.wait_sync(stopped - self.slots)  # the slot's previous task has not landed yet
@@ -164,12 +165,30 @@ class TaskRing:
 
     def mirror_row_busy(self, request: int) -> int:
         """The task still to land that reads the ids-mirror row doorbell request `request` would write
-        (`read_ids_from`), or 0 if the row is free. A finished request's task has landed, except one given
-        up before it landed (the watchdog): its copy may still run, and must find its own ids there."""
+        (`read_ids_from`), ROW_PENDING if the poller has yet to post one, or 0 if the row is free. A finished
+        request's task has landed, except one given up before it landed (the watchdog): its copy may still
+        run, and must find its own ids there."""
         if not self.mirror_rows:
             return 0
         task = int(self._row_task[(request - 1) % self.mirror_rows])
-        return 0 if task == 0 or self.landed(task) else task
+        return task if task == ROW_PENDING else 0 if task == 0 or self.landed(task) else task
+
+    def fence_row(self, request: int) -> None:
+        """Doorbell request `request` will not reach the copier as a task naming its ids-mirror row (the fast
+        lane did not take it): post a task of no blocks that names the row. A server that copies requests
+        early, as they are published (`resident_kernel.py`), copies none of this one after serving that
+        task, and the row is written again only once it has landed (`mirror_row_busy`)."""
+        if not self.mirror_rows:
+            return
+        row = (request - 1) % self.mirror_rows
+        empty = np.zeros(0, np.int64)
+        self._row_task[row] = self.post(tr.H2D, empty, empty, row=row).seq
+
+    def hold_row(self, request: int) -> None:
+        """Keep doorbell request `request`'s ids-mirror row from being written again until `fence_row` has
+        posted its task (a request given up before the poller read it: it finishes before that)."""
+        if self.mirror_rows:
+            self._row_task[(request - 1) % self.mirror_rows] = ROW_PENDING
 
     def landed_ns(self, seq: int) -> int | None:
         """The server's clock when task seq landed (%globaltimer on a GPU), while its slot still holds it."""

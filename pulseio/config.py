@@ -103,7 +103,8 @@ class RuntimeConfig:
     releases the stream (see the Runtime's module doc for what its slots then hold). On a GPU with one
     I/O worker the publish kernel also writes each request's ids into a device mirror, max_outstanding
     rows of 2 x max_blocks_per_request int64, so the resident copier reads them without a PCIe round
-    trip; a mirror over 64 MiB (or 4096 rows) is left out, which the log says.
+    trip and starts copying a request as it is published, before the poller has read it; a mirror over
+    64 MiB (or 4096 rows) is left out, which the log says.
 
     The default spin (~20-40 us of loads) saves a core between bursts but lets the poller fall
     asleep between decode layers; a request that arrives then waits out the sleep (20 us .. 1 ms).

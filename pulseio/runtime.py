@@ -31,6 +31,7 @@ from ._device_waits import DeviceWaits
 from ._devices import open_backend
 from ._native.task_ring import MAX_MIRROR_ROWS
 from ._poller import LatencySummary, Poller
+from ._resident import ROW_PENDING
 from ._wait_words import WaitWords
 from .backend import Backend
 from .config import RuntimeConfig
@@ -92,7 +93,7 @@ class Runtime:
             self._publisher = self._part(self.backend.open_publisher(self.doorbell, ids_mirror_rows=rows))
             self._mirror_reader = copier if copier is not None and rows else None  # whose task reads a row
             if self._mirror_reader is not None:
-                self._mirror_reader.read_ids_from(self._publisher.ids_mirror)
+                self._mirror_reader.read_ids_from(self._publisher.ids_mirror, self._publisher.mirror_heads)
             self._resident = all(w.resident is not None for w in self.workers)
             self._poller = Poller(self.doorbell, self.workers, self._words, plan=self._plan,
                                   latency_samples=config.latency_samples)
@@ -247,6 +248,10 @@ class Runtime:
                 raise WouldBlock(f"request seq={seq - slots} has not finished and RuntimeConfig.max_outstanding="
                                  f"{slots} requests may be outstanding; wait for it or raise the limit")
             task = self._mirror_reader.mirror_row_busy(seq) if self._mirror_reader is not None else 0
+            if task == ROW_PENDING:
+                raise WouldBlock(f"request seq={seq - slots} was given up before the poller read it, and its ids "
+                                 f"stay in the device mirror row that request seq={seq} would overwrite until the "
+                                 "poller has read it (the copier may be copying it early); wait")
             if task:
                 raise WouldBlock(f"request seq={seq - slots} was given up before it landed and its copy (resident "
                                  f"task {task}) may still read its ids in the device mirror row that request "

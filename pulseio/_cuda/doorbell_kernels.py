@@ -1,13 +1,18 @@
 """The GPU side of the doorbell: the publish device function and kernel, and the device wait.
 
-`publish_device(ring, counter, mirror, ids, slots, n, tag)` is called by every thread of ONE thread block
-(a selection kernel's last block, or the one-block `publish_kernel` launched right after the
+`publish_device(ring, counter, mirror, heads, ids, slots, n, tag)` is called by every thread of ONE
+thread block (a selection kernel's last block, or the one-block `publish_kernel` launched right after the
 selection on the same stream). Thread 0 takes the next seq from `counter` (device memory, so the
 kernel gets no host-passed value and can be captured in a CUDA graph), marks the slot busy, and
 after a barrier the block writes the payload (and the same ids into row (seq - 1) % rows of `mirror`,
 device memory, which the resident copier reads instead of the host copy); then fence (system scope),
 barrier, thread 0 writes count/tag/%globaltimer, fences, and stores seq. The protocol is in
 `pulseio/doorbell.py`.
+
+`heads` ([rows, 2] int64 device, beside the mirror) says on the device which request a mirror row holds:
+(seq, count), seq negative while the row is being written (a seqlock: thread 0 stores -seq before the
+payload and seq after it). The resident copier's copy CTAs watch it to start a request's copy before
+its task arrives from the host (`resident_kernel.py`).
 
 Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
 a consumer stream enqueues the wait kernel (`wait_kernel.py`) on it, which the copier or a host thread
@@ -33,13 +38,15 @@ from .sysmem import globaltimer
 from .wait_kernel import WaitLauncher, refuse_in_capture
 
 PUBLISH_THREADS = 256
-PUBLISH_SIGNATURE = "void(int64[:, ::1], int64[::1], int64[:, ::1], int64[::1], int64[::1], int64[::1], int64, int64)"
+PUBLISH_SIGNATURE = ("void(int64[:, ::1], int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64[::1], "
+                     "int64[::1], int64, int64)")
 
 @cuda.jit(device=True)
-def publish_device(ring, counter, mirror, ids, slots, n, tag):  # pragma: no cover - runs on the GPU / simulator
+def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma: no cover - GPU / simulator
     """ring: [capacity, slot_words] int64 (host-mapped); counter: [1] int64 device; mirror: [rows, 2 *
-    max_blocks] int64 device (rows may be 0: none); ids, slots: [>= n] int64. Call from every thread of
-    exactly one block, once per request. Returns the seq."""
+    max_blocks] int64 device (rows may be 0: none) and heads: [rows, 2] int64 device, its rows' (seq,
+    count); ids, slots: [>= n] int64. Call from every thread of exactly one block, once per request.
+    Returns the seq."""
     shared = cuda.shared.array(1, int64)
     t = cuda.threadIdx.x
     row = 0
@@ -48,6 +55,8 @@ def publish_device(ring, counter, mirror, ids, slots, n, tag):  # pragma: no cov
         shared[0] = seq
         row = (seq - 1) % ring.shape[0]
         ring[row, SEQ] = -seq  # busy: a reader must not take the old payload for this seq
+        if mirror.shape[0] > 0:
+            heads[(seq - 1) % mirror.shape[0], 0] = -seq  # busy: an early copy of the row's last request stops
         cuda.threadfence_system()
     cuda.syncthreads()
     seq = shared[0]
@@ -66,6 +75,10 @@ def publish_device(ring, counter, mirror, ids, slots, n, tag):  # pragma: no cov
     cuda.threadfence_system()
     cuda.syncthreads()
     if t == 0:
+        if rows > 0:  # on the device first: the copier may start before the host reads the ring
+            heads[(seq - 1) % rows, 1] = n if m == n else -1
+            cuda.threadfence()
+            heads[(seq - 1) % rows, 0] = seq
         ring[row, COUNT] = n
         ring[row, TAG] = tag
         ring[row, STATUS] = STATUS_OK if m == n else STATUS_BAD_COUNT
@@ -76,10 +89,10 @@ def publish_device(ring, counter, mirror, ids, slots, n, tag):  # pragma: no cov
     return seq
 
 
-def _publish_kernel(ring, counter, mirror, ids, slots, count, count_static, tag):  # pragma: no cover
+def _publish_kernel(ring, counter, mirror, heads, ids, slots, count, count_static, tag):  # pragma: no cover
     n = count_static if count_static >= 0 else count[0]
     if cuda.blockIdx.x == 0:
-        publish_device(ring, counter, mirror, ids, slots, n, tag)
+        publish_device(ring, counter, mirror, heads, ids, slots, n, tag)
 
 
 publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
@@ -95,10 +108,10 @@ class PublishLauncher:
     of microseconds). Not thread-safe: the Runtime posts under its lock."""
 
     def __init__(self, ring_ptr: int, capacity: int, slot_words: int, counter_ptr: int, mirror_ptr: int,
-                 mirror_shape: tuple[int, int]) -> None:
-        self._kernel = PackedKernel(_compile_publish(), 48)
+                 mirror_shape: tuple[int, int], heads_ptr: int) -> None:
+        self._kernel = PackedKernel(_compile_publish(), 57)
         fixed = (*array_args(ring_ptr, (capacity, slot_words)), *array_args(counter_ptr, (1,)),
-                 *array_args(mirror_ptr, mirror_shape))
+                 *array_args(mirror_ptr, mirror_shape), *array_args(heads_ptr, (mirror_shape[0], 2)))
         self._kernel.values[: len(fixed)] = fixed
         self._at = len(fixed)
 
@@ -125,8 +138,10 @@ class DevicePublisher:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
         # [mirror_rows, 2 * max_blocks] int64: every request's ids again, in device memory (row (seq - 1) % rows)
         self.ids_mirror = torch.zeros((mirror_rows, slot_words - HEADER_WORDS), dtype=torch.int64, device=device)
+        self.mirror_heads = torch.zeros((mirror_rows, 2), dtype=torch.int64, device=device)  # each row's (seq, count)
         self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr(),
-                                      self.ids_mirror.data_ptr(), tuple(self.ids_mirror.shape))
+                                      self.ids_mirror.data_ptr(), tuple(self.ids_mirror.shape),
+                                      self.mirror_heads.data_ptr())
         self.wait = WaitLauncher()
         self.waits_on_device = True
         self._last: Any = None  # the stream of the previous publish

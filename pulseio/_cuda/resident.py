@@ -46,12 +46,12 @@ class ResidentCopier(TaskRing):
         super().__init__(backend.alloc_host, slots=slots, cap=cap)
         self._device = backend.device
         self._ctas = ctas
-        self._dev = torch.zeros(rk.dev_words(slots), dtype=torch.int64, device=self._device)
+        self._dev = torch.zeros(rk.dev_words(slots, ctas), dtype=torch.int64, device=self._device)
         self._dev[rk.DEV_START : rk.DEV_START + 2] = 1  # the first generation starts at task 1
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
         self.stream = torch.cuda.Stream(self._device, priority=-1)
         base = self._memory.device_ptr
-        self._kernel = PackedKernel(rk.compile_resident_copy(), 45)
+        self._kernel = PackedKernel(rk.compile_resident_copy(), 46)
         self._holds = torch.zeros((rk.HOLD_GENS, 2), dtype=torch.int64, pin_memory=True)  # device-mapped (UVA)
         self._holds_view = self._holds.numpy()
         self._wait = WaitLauncher()
@@ -61,6 +61,7 @@ class ResidentCopier(TaskRing):
         self._kernel.values[36:40] = base, self._entries_host, self._done_host, self._dev.data_ptr()
         self._kernel.values[41] = idle_us * 1000
         self._kernel.values[44] = self._holds.data_ptr()
+        self._kernel.values[45] = self._dev.data_ptr()  # no mirror heads (`read_ids_from`): unread
         self._launch_lock = threading.Lock()
         self._gen = 0
         self.launches = 0
@@ -90,18 +91,24 @@ class ResidentCopier(TaskRing):
         values[40], values[42], values[43] = self._gen, hold_at, hold_to
         self._kernel.launch(self.stream.cuda_stream, 1 + self._ctas, THREADS_PER_CTA)  # the leader, the copy CTAs
 
-    def read_ids_from(self, mirror: torch.Tensor) -> None:
+    def read_ids_from(self, mirror: torch.Tensor, heads: torch.Tensor) -> None:
         """mirror: [rows, 2 * w] int64 on this device, where a publisher also writes each doorbell request's
-        ids (row (seq - 1) % rows). Tasks the fast lane posts then name their row instead of carrying their
-        ids, and the kernel reads them there. Call before the first such task (the poller's lane)."""
+        ids (row (seq - 1) % rows); heads: [rows, 2] int64, the (seq, count) each row holds (seq < 0 while
+        written). Tasks the fast lane posts then name their row instead of carrying their ids, and the
+        kernel reads them there; a copy CTA with no task to serve copies its share of a request as soon as
+        the heads show it, before its task arrives. Call before the first request is published."""
         if mirror.dtype != torch.int64 or mirror.dim() != 2 or not mirror.is_contiguous() or mirror.shape[1] % 2:
             raise PulseInternalError(f"an ids mirror is a contiguous [rows, 2 * w] int64 tensor, got "
                                      f"{tuple(mirror.shape)} {mirror.dtype}")
         if mirror.shape[0] > tr.MAX_MIRROR_ROWS:
             raise PulseInternalError(f"an ids mirror has at most {tr.MAX_MIRROR_ROWS} rows, got {mirror.shape[0]}")
+        if heads.dtype != torch.int64 or tuple(heads.shape) != (mirror.shape[0], 2) or not heads.is_contiguous():
+            raise PulseInternalError(f"an ids mirror's heads are a contiguous [{mirror.shape[0]}, 2] int64 tensor, "
+                                     f"got {tuple(heads.shape)} {heads.dtype}")
         with self._launch_lock:
-            self._mirror = mirror  # kept alive while kernels read it
+            self._mirror = mirror, heads  # kept alive while kernels read them
             self._kernel.values[27:36] = array_args(mirror.data_ptr(), tuple(mirror.shape))
+            self._kernel.values[45] = heads.data_ptr()
             self._row_task = np.zeros(mirror.shape[0], np.int64)
             self.mirror_rows = mirror.shape[0]
 

@@ -28,7 +28,8 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
   count of CTAs done, and the task's raise target (ENTRY_RAISE_AT, ENTRY_RAISE_TO), copied from the host
   entry by one thread while the task copies, so the last CTA raises the word with no PCIe read after the
   data has landed. One thread, not one per CTA: a hundred system-scope reads of one host line at once
-  are served one after another (each CTA reading it made a 64-block task take 150 us, not 27).
+  are served one after another (each CTA reading it made a 64-block task take 150 us, not 27). Last,
+  per copy CTA index, its early-copy state (EARLY_WORDS), kept from one generation to the next.
 
 CTA 0 is the leader and copies nothing: its thread 0 polls the host entries (one PCIe read per
 poll) and forwards every ready entry into device memory, publishing DEV_POSTED per entry, so the
@@ -37,6 +38,18 @@ read, never behind the leader's read of the next one. Each copy CTA copies one c
 a task's blocks (`copy_span`); the last to finish a task raises the watermark and stores the done
 word. The leader decides alone when its generation stops; the copy CTAs then finish what it
 forwarded and exit.
+
+Early copies. With the publisher's ids mirror, a doorbell request is on the device (its ids, and its
+row's head: seq and count, `doorbell_kernels.py`) several microseconds before the host has read it and
+posted its task. A copy CTA with no task to serve watches the head of the next request's row and copies
+its own span of that request at once (`_copy_early`: each round of ids checked against both pools'
+bounds and read under the row's seqlock). When the task naming that row arrives, a CTA that copied its
+span lands it without copying again, and copy CTA 0 stamps the task taken when its early copy began. A
+CTA copies early, in seq order, only requests whose row no task it served has named since they were
+published, so never one that has landed (landing takes every CTA's part), and keeps that state for the
+next generation's CTA of its index, which serves the same span of each task. For a request the fast lane
+does not take, the poller posts a task of no blocks naming its row (`TaskRing.fence_row`), and the row is
+written again only once that task has landed, so an early copy never lands on slots reused since.
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
@@ -85,7 +98,7 @@ from .._native.task_ring import (  # the layout both halves share
     SEQ_SHIFT,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-from .kernels import IDS_PER_ROUND, copy_span, span_of
+from .kernels import IDS_PER_ROUND, copy_row, copy_span, span_of
 from .sysmem import (
     atomic_add_gpu,
     atomic_max_gpu,
@@ -107,11 +120,17 @@ HOLD_GENS = 256  # generations whose holds `holds` keeps (by generation modulo)
 
 
 RESIDENT_SIGNATURE = ("void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64[:, ::1], int64, int64, int64, int64, "
-                      "int64, int64, int64, int64, int64)")
+                      "int64, int64, int64, int64, int64, int64)")
+# a copy CTA's shared words: the next doorbell request it may copy early and its last early copy (request,
+# count, start time), which it keeps in device memory for the next generation's CTA of its index (first,
+# EARLY_WORDS of them); then what thread 0 decided, and scratch
+LANE_NEXT, EARLY_SEQ, EARLY_N, EARLY_NS, WORK, SKIP, BAD, NEXT_N, NEXT_NS = range(9)
+EARLY_WORDS = 4
+SERVE_NONE, SERVE_TASK, SERVE_EARLY = 0, 1, 2
 
 
-def dev_words(slots: int) -> int:
-    return DEV_HEADER + 4 * slots
+def dev_words(slots: int, ctas: int) -> int:
+    return DEV_HEADER + 4 * slots + 4 * ctas
 
 
 @cuda.jit(device=True)
@@ -182,38 +201,113 @@ def _lead(ctrl, entries, dev, slots, gen, idle_ns, hold_at, hold_to, holds):  # 
 
 
 @cuda.jit(device=True)
-def _wait_forwarded(task, dev, gen):  # pragma: no cover - runs on the GPU / simulator
-    """Thread 0 of a copy CTA: wait until `task` is forwarded (1) or this generation exits (0)."""
+def _wait_work(task, dev, gen, heads, rows, state):  # pragma: no cover - runs on the GPU / simulator
+    """Thread 0 of a copy CTA: wait until `task` is forwarded (SERVE_TASK), this generation exits
+    (SERVE_NONE), or, with an ids mirror (rows > 0) and no task to serve, doorbell request
+    state[LANE_NEXT] is in its mirror row (SERVE_EARLY: copy it early; its count in state[NEXT_N], the time
+    in state[NEXT_NS])."""
     while True:
         if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task:
-            return 1
+            return SERVE_TASK
         if load_acquire_gpu(dev + 8 * DEV_EXIT) == gen:  # the leader forwards before it exits
-            return 1 if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task else 0
+            return SERVE_TASK if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task else SERVE_NONE
+        if rows > 0:
+            q = state[LANE_NEXT]
+            head = load_acquire_gpu(heads + 16 * ((q - 1) % rows))
+            if head == q:
+                state[NEXT_N] = load_acquire_gpu(heads + 16 * ((q - 1) % rows) + 8)  # stored before the head
+                state[NEXT_NS] = globaltimer()
+                return SERVE_EARLY
+            if head > q or head < -q:  # the row holds a later request: q has finished, or is not ours to copy
+                state[LANE_NEXT] = q + 1
+                continue
         pause()
 
 
+@cuda.jit(device=True)
+def _copy_early(host, pool, mirror, heads, q, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
+    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q, from its mirror row,
+    before its task arrives. Each round of ids is checked against both pools' bounds and read under the
+    row's seqlock (its head still q after the read); True if the whole span was copied."""
+    t = cuda.threadIdx.x
+    row = (q - 1) % mirror.shape[0]
+    w = mirror.shape[1] // 2
+    while lo < hi:
+        m = min(hi - lo, staged.shape[1])
+        if t == 0:
+            state[BAD] = 0
+        cuda.syncthreads()
+        i = t
+        while i < m:
+            a, b = mirror[row, lo + i], mirror[row, w + lo + i]
+            if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
+                state[BAD] = 1
+            staged[0, i], staged[1, i] = a, b
+            i += cuda.blockDim.x
+        cuda.threadfence()  # these reads are done before the head is read again
+        cuda.syncthreads()
+        if t == 0 and load_acquire_gpu(heads + 16 * row) != q:
+            state[BAD] = 1
+        cuda.syncthreads()
+        if state[BAD] != 0:
+            return False
+        for j in range(m):
+            copy_row(host, staged[0, j], pool, staged[1, j])
+        cuda.syncthreads()
+        lo += m
+    return True
+
+
 def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
-                   holds):  # pragma: no cover - runs on the GPU / simulator
+                   holds, heads):  # pragma: no cover - runs on the GPU / simulator
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned;
     mirror: [rows, 2 * w] int64 device, the publisher's copy of doorbell requests' ids (rows may be 0);
     hold_at, hold_to: a device wait's word and value (0, 0: none); holds: [HOLD_GENS, 2] int64 pinned, every
-    generation's hold. See the module doc."""
-    serve = cuda.shared.array(1, int64)
+    generation's hold; heads: the address of the mirror rows' [rows, 2] int64 (seq, count), on the device
+    (unread without a mirror). See the module doc."""
+    state = cuda.shared.array(9, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    t = cuda.threadIdx.x
     if cuda.blockIdx.x == 0:
-        if t == 0:
+        if cuda.threadIdx.x == 0:
             _lead(ctrl, entries, dev, ids.shape[0], gen, idle_ns, hold_at, hold_to, holds)
         return
-    cta, ctas = cuda.blockIdx.x - 1, cuda.gridDim.x - 1  # the copy CTAs
+    _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cuda.blockIdx.x - 1,
+                  cuda.gridDim.x - 1, state, staged)
+
+
+@cuda.jit(device=True)
+def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas, state,
+                  staged):  # pragma: no cover - runs on the GPU / simulator
+    """Every thread of copy CTA `cta` of `ctas`: serve the tasks the leader forwards until the generation
+    exits; state: shared [9] int64; staged: shared [2, IDS_PER_ROUND] int64."""
+    t = cuda.threadIdx.x
     slots, cap = ids.shape[0], ids.shape[1] // 2
+    rows, w = mirror.shape[0], mirror.shape[1] // 2
     task = load_acquire_gpu(dev + 8 * (DEV_START + gen % 2))
+    kept = dev + 8 * (DEV_HEADER + 4 * slots + EARLY_WORDS * cta)  # this CTA index's early-copy state
+    if t == 0:
+        for i in range(EARLY_WORDS):
+            state[i] = load_acquire_gpu(kept + 8 * i)
+        state[LANE_NEXT] = max(state[LANE_NEXT], 1)
     while True:
         if t == 0:
-            serve[0] = _wait_forwarded(task, dev, gen)
+            state[WORK] = _wait_work(task, dev, gen, heads, rows, state)
         cuda.syncthreads()
-        if serve[0] == 0:
+        if state[WORK] == SERVE_NONE:
+            if t == 0:  # for the next generation's CTA of this index (it starts after this kernel exits)
+                for i in range(EARLY_WORDS):
+                    store_release_gpu(kept + 8 * i, state[i])
             return
+        if state[WORK] == SERVE_EARLY:  # a doorbell request on the device, its task not here yet
+            q, n = state[LANE_NEXT], state[NEXT_N]
+            if 0 < n <= min(cap, w):  # what the fast lane posts as one task; other requests are left to theirs
+                lo, hi = span_of(cta, ctas, n)
+                if _copy_early(host, pool, mirror, heads, q, lo, hi, staged, state) and t == 0:
+                    state[EARLY_SEQ], state[EARLY_N], state[EARLY_NS] = q, n, state[NEXT_NS]
+            if t == 0:
+                state[LANE_NEXT] = q + 1
+            cuda.syncthreads()
+            continue
         slot = (task - 1) % slots
         word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
         n = word & MAX_TASK_BLOCKS
@@ -221,7 +315,18 @@ def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_
         lo, hi = span_of(cta, ctas, n)
         task_ids, dst_at = ids[slot], cap
         if (word >> MIRROR_BIT) & 1:
-            task_ids, dst_at = mirror[(word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1)], mirror.shape[1] // 2
+            row = (word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1)
+            task_ids, dst_at = mirror[row], w
+            if t == 0:
+                # the row holds this task's request until the task lands; copied early by this CTA?
+                q = load_acquire_gpu(heads + 16 * row)
+                state[SKIP] = 1 if 0 < q == state[EARLY_SEQ] and n == state[EARLY_N] and d2h == 0 else 0
+                if q >= state[LANE_NEXT]:  # served now: never copied early after this
+                    state[LANE_NEXT] = q + 1
+        elif t == 0:
+            state[SKIP] = 0
+        cuda.syncthreads()
+        skip = state[SKIP] != 0
         entry = entries + 8 * ENTRY_WORDS * slot
         target = dev + 8 * (DEV_HEADER + 2 * slots + 2 * slot)  # the raise target, kept on the device
         fetch = cta == ctas - 1 and t == cuda.blockDim.x - 1
@@ -229,9 +334,10 @@ def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_
         if fetch:  # read now, stored after the copy: the PCIe read overlaps it
             raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
             raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
-        if cta == 0 and t == 0:  # publish -> taken is the pickup
-            store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, globaltimer())
-        copy_span(host, task_ids, 0, pool, task_ids, dst_at, lo, hi, d2h != 0, staged)
+        if cta == 0 and t == 0:  # publish -> taken is the pickup: when this request's copy began
+            store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, state[EARLY_NS] if skip else globaltimer())
+        if not skip:
+            copy_span(host, task_ids, 0, pool, task_ids, dst_at, lo, hi, d2h != 0, staged)
         if fetch:
             store_release_gpu(target, raise_at)
             store_release_gpu(target + 8, raise_to)

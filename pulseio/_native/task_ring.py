@@ -83,17 +83,18 @@ def _promise(ctrl, seq):
     return load_acquire(ctrl + 8 * CTRL_STOPPED)
 
 
-def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, direction, raise_at, raise_to, publish):
-    """Post one task under the posters' lock (`write_task`, `promise`). Returns (seq, stop word read behind
-    the promise), or (0, seq) if the task's slot still holds task seq - slots, not landed yet (nothing
-    was written)."""
+def _post(ctrl, task_ids, entries, entries_addr, done, host_ids, slots, direction, raise_at, raise_to, publish,
+          row=-1):
+    """Post one task under the posters' lock (`write_task`, `promise`; row >= 0: the task names that row of
+    the device mirror instead of carrying ids). Returns (seq, stop word read behind the promise), or (0, seq)
+    if the task's slot still holds task seq - slots, not landed yet (nothing was written)."""
     nslots = task_ids.shape[0]
     lock(ctrl)
     seq = load_acquire(ctrl + 8 * CTRL_SEQ) + 1
     if done[(seq - 1) % nslots] < seq - nslots:
         unlock(ctrl)
         return 0, seq
-    write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction, raise_at, raise_to, publish)
+    write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction, raise_at, raise_to, publish, row)
     stopped = promise(ctrl, seq)
     unlock(ctrl)
     return seq, stopped

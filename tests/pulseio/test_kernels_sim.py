@@ -68,7 +68,7 @@ ctrl = np.zeros(tr.CTRL_WORDS, np.int64)
 entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 target = np.zeros(1, np.int64)  # a consumer's device word that task 3 raises
 done = np.zeros(slots, np.int64)
-dev = np.zeros(rk.dev_words(slots), np.int64)
+dev = np.zeros(rk.dev_words(slots, 1), np.int64)
 dev[rk.DEV_START : rk.DEV_START + 2] = 1
 start = lambda gen: dev[rk.DEV_START + gen % 2]  # where generation gen starts
 addr = lambda a: a.ctypes.data
@@ -85,9 +85,11 @@ def post(seq, h, p, direction, raise_to=0, row=-1):
 
 holds = np.zeros((rk.HOLD_GENS, 2), np.int64)  # every generation's hold, by generation
 
+heads = np.zeros((3, 2), np.int64)  # the mirror rows' (seq, count): none published
+
 def launch(gen, idle_ms=5, grid=2, hold_at=0, hold_to=0):
     kernel[grid, 32](host, pool, ids, mirror, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
-                     hold_at, hold_to, addr(holds))
+                     hold_at, hold_to, addr(holds), addr(heads))
 
 h1, h3 = rng.choice(H, 5, replace=False), rng.choice(H, 8, replace=False)
 p1, p3 = np.split(rng.choice(D, 13, replace=False), [5])  # tasks in flight together write disjoint slots
@@ -173,3 +175,115 @@ def test_resident_kernel_protocol_under_simulator() -> None:
     generation is launched whose request has landed (that one serves the promise) but not before that,
     and exits at once on close."""
     _run_simulated(_RESIDENT_SCRIPT)
+
+
+_EARLY_SCRIPT = """
+import threading, time
+import numpy as np
+from numba import cuda, int64
+from pulseio._cuda import resident_kernel as rk
+from pulseio._cuda.kernels import IDS_PER_ROUND
+from pulseio._native import task_ring as tr
+
+@cuda.jit
+def copies_only(host, pool, ids, mirror, entries, done, dev, gen, heads):  # the copy CTAs, no leader
+    state = cuda.shared.array(9, int64)
+    staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
+    rk._serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cuda.blockIdx.x, cuda.gridDim.x,
+                     state, staged)
+
+rng = np.random.default_rng(5)
+words, H, D, slots, cap = 40, 32, 24, 4, 8
+host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
+pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
+ids = np.zeros((slots, 2 * cap), dtype=np.int64)
+mirror = np.full((3, 2 * cap), -1, dtype=np.int64)
+heads = np.zeros((3, 2), np.int64)
+entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
+done = np.zeros(slots, np.int64)
+dev = np.zeros(rk.dev_words(slots, 1), np.int64)
+addr = lambda a: a.ctypes.data
+
+def row(q, h, p):  # the publish kernel's mirror row (written before a launch: the simulator copies arrays)
+    mirror[(q - 1) % 3, : len(h)] = h
+    mirror[(q - 1) % 3, cap : cap + len(p)] = p
+
+def publish(q, n):  # the publish kernel's last store: the row's head
+    heads[(q - 1) % 3] = -q, 0
+    heads[(q - 1) % 3, 1] = n
+    heads[(q - 1) % 3, 0] = q
+
+def forward(task, n, q):  # the leader's: a task naming request q's mirror row
+    dev[rk.DEV_HEADER + (task - 1) % slots] = tr.pack_entry(task, n, tr.H2D, (q - 1) % 3)
+    dev[rk.DEV_POSTED] = task
+
+def run(gen, first_task, steps=((0.3, lambda: None),)):  # one copy CTA of `gen`: steps (s, action), then exit
+    dev[rk.DEV_START + gen % 2] = first_task
+    t0 = time.time_ns()
+    def drive():
+        for at, action in steps:
+            time.sleep(max(0.0, at - (time.time_ns() - t0) / 1e9))
+            action()
+        dev[rk.DEV_EXIT] = gen
+    driver = threading.Thread(target=drive)
+    driver.start()
+    copies_only[1, 32](host, pool, ids, mirror, addr(entries), addr(done), addr(dev), gen, addr(heads))
+    driver.join()
+    return t0
+
+# gen 1: request 1 is copied as soon as its head shows it (not while its row is being written), and its
+# task then only lands it; request 2 names a block outside the host pool: not copied early, and the
+# poller's fence (a task of no blocks naming its row) lands
+h1, p1 = rng.choice(H, 5, replace=False), np.array([0, 1, 2, 3, 4])
+row(1, h1, p1)
+heads[0] = -1, 0
+row(2, [1, 99, 2], [10, 11, 12])
+posted = {}
+def post_task_1():
+    posted[1] = time.time_ns()
+    forward(1, 5, 1)
+t0 = run(1, 1, [(0.3, lambda: publish(1, 5)), (0.8, post_task_1), (1.0, lambda: publish(2, 3)),
+                (1.3, lambda: forward(2, 0, 2))])
+assert np.array_equal(pool[p1], host[h1]) and list(done) == [1, 2, 0, 0], done
+taken = entries[0, tr.ENTRY_TAKEN_NS]
+assert t0 + 0.25e9 < taken < posted[1], (taken - t0, posted[1] - t0)  # began after the publish, before its task
+assert (pool[10:13] == 0xDEAD).all(), "a request naming a block outside the pool is not copied early"
+
+# gen 2 copies request 3 early and exits before its task; gen 3 (its CTA of the same index) lands the task
+# without copying again
+h3, p3 = np.array([5, 6]), np.array([20, 21])
+row(3, h3, p3)
+publish(3, 2)
+t2 = run(2, 3)
+assert np.array_equal(pool[p3], host[h3]) and done[2] == 0
+pool[p3] = 0xBEEF  # a copy in gen 3 would show
+forward(3, 2, 3)
+t3 = run(3, 3)
+assert done[2] == 3 and (pool[p3] == 0xBEEF).all(), "copied again"
+assert t2 < entries[2, tr.ENTRY_TAKEN_NS] < t3, "taken when the early copy began"
+
+# gen 4: the fence task for request 4's row comes before the CTA looks at its head: never copied early
+h4, p4 = np.array([7, 8]), np.array([14, 15])
+row(4, h4, p4)
+publish(4, 2)
+forward(4, 0, 4)
+run(4, 4)
+assert (pool[p4] == 0xDEAD).all() and done[3] == 4
+# gen 5, the control: request 5, published, no task: copied early
+h5, p5 = np.array([9, 10]), np.array([16, 17])
+row(5, h5, p5)
+publish(5, 2)
+run(5, 5)
+assert np.array_equal(pool[p5], host[h5])
+print("SIM-OK")
+"""
+
+
+@pytest.mark.slow
+def test_copy_ctas_copy_a_published_request_before_its_task_under_simulator() -> None:
+    """A copy CTA with no task to serve copies its span of a doorbell request as soon as the request's
+    mirror row is published (not while it is being written), and skips the copy when the task comes, in
+    its generation or the next one's CTA of its index; it copies no request naming a block outside the
+    pools, and none after serving the task that names its row (the poller's fence for a request the fast
+    lane did not take)."""
+    _run_simulated(_EARLY_SCRIPT)

@@ -9,6 +9,7 @@ import pytest
 
 from pulseio import DevicePool, DmaEngine, HostBackend, HostPool, Strategy, TransferError
 from pulseio._poller import Poller
+from pulseio._resident import ROW_PENDING
 from pulseio._wait_words import WaitWords
 from pulseio.interrupts import Completion
 from pulseio.plan import Direction, make_plan
@@ -85,3 +86,30 @@ def test_empty_request_completes_without_a_copy(setup) -> None:  # type: ignore[
     c = _expect(poller, 1, 0)
     bell.publish_at(1, np.zeros(0, np.int64), np.zeros(0, np.int64), tag=0)
     assert c.wait(timeout=10) and c.transfer is None and c.num_blocks == 0
+
+
+def test_a_request_the_lane_did_not_take_gets_a_fence_for_its_mirror_row(setup) -> None:  # type: ignore[no-untyped-def]
+    """With an ids mirror the copier may copy a request early, as it is published; a request that will not
+    reach it as a task naming its row (cancelled, another route) gets a task of no blocks naming the row,
+    and the row stays busy until that task has landed."""
+    bell, poller, words = setup
+    copier = poller._workers[0].resident
+    if poller._lane is None:
+        pytest.skip("no fast lane (numba)")
+    copier.mirror_rows, copier._row_task = 16, np.zeros(16, np.int64)  # as a GPU copier's `read_ids_from`
+    given_up = _expect(poller, 1, 0, Strategy.RESIDENT)
+    assert poller.cancel(given_up)
+    poller.fail(given_up, TransferError("given up"))
+    assert copier.mirror_row_busy(17) == ROW_PENDING, "until the poller has read it and fenced its row"
+    other = _expect(poller, 2, 0, Strategy.ZERO_COPY)
+    lane = _expect(poller, 3, 0, Strategy.RESIDENT)
+    bell.publish_at(1, np.array([3]), np.array([1]), tag=0)
+    bell.publish_at(2, np.array([4]), np.array([2]), tag=0)
+    bell.publish_at(3, np.array([5]), np.array([3]), tag=0)
+    assert other.wait(timeout=10) and lane.wait(timeout=10)
+    fences = copier._row_task[:3].tolist()
+    assert fences[0] > 0 and fences[1] > 0 and fences[2] == 0, "the lane's own task names row 2: no fence"
+    for task in fences[:2]:
+        copier.event(task).synchronize()
+    assert copier.mirror_row_busy(17) == 0 and copier.mirror_row_busy(18) == 0
+    assert given_up.transfer is None and words.reached(1)

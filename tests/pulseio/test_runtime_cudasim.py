@@ -1,6 +1,6 @@
 """The GPU publish kernel under numba's CUDA simulator (a subprocess: the simulator must be chosen
 before numba.cuda is imported); the CPU reader must decode exactly what the kernel wrote, and the
-device mirror must hold the same ids."""
+device mirror must hold the same ids, and its heads which request each row holds."""
 
 from __future__ import annotations
 
@@ -24,13 +24,17 @@ SCRIPT = textwrap.dedent("""
     slots = np.arange(40, dtype=np.int64)[::-1].copy()
     count = np.array([37], dtype=np.int64)
     mirror = np.full((2, 2 * bell.layout.blocks_per_slot), -1, dtype=np.int64)  # rows by seq: 1 -> 0, 2 -> 1, 3 -> 0
-    publish_kernel[1, 32](ring, counter, mirror, ids, slots, count, -1, 7)   # count decided "on the device"
-    publish_kernel[1, 32](ring, counter, mirror, ids, slots, count, 3, 8)    # count passed by the host
-    publish_kernel[1, 32](ring, counter, mirror, ids, slots, count, 69, 9)   # more than a slot holds (68)
+    heads = np.zeros((2, 2), dtype=np.int64)
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7)   # count decided "on the device"
+    assert heads.tolist() == [[1, 37], [0, 0]]
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 3, 8)    # count passed by the host
     half = bell.layout.blocks_per_slot
     assert mirror[0, :37].tolist() == ids[:37].tolist() and mirror[0, half:half + 37].tolist() == slots[:37].tolist()
     assert mirror[1, :4].tolist() == [100, 101, 102, -1] and mirror[1, half:half + 3].tolist() == [39, 38, 37]
-    publish_kernel[1, 32](ring, counter, np.zeros((0, 2 * half), np.int64), ids, slots, count, 2, 10)  # no mirror
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 69, 9)   # more than a slot holds (68)
+    assert heads.tolist() == [[3, -1], [2, 3]], "a bad count: no ids in the row, and the heads say so"
+    no_mirror = np.zeros((0, 2 * half), np.int64)
+    publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 2), np.int64), ids, slots, count, 2, 10)
     first, second, third, fourth = bell.poll_nowait()
     assert fourth.host_ids.tolist() == [100, 101]
     assert (first.seq, first.tag, first.error) == (1, 7, None), first
