@@ -42,8 +42,8 @@ forwarded and exit.
 Early copies. With the publisher's ids mirror, a doorbell request is on the device (its ids, and its
 row's head: seq and count, `doorbell_kernels.py`) several microseconds before the host has read it and
 posted its task. A copy CTA with no task to serve watches the head of the next request's row and copies
-its own span of that request at once (`_copy_early`: each round of ids checked against both pools'
-bounds and read under the row's seqlock). When the task naming that row arrives, a CTA that copied its
+its own span of that request at once (`_copy_early`: only if every id of the request lies in its pool,
+and each round of ids read under the row's seqlock). When the task naming that row arrives, a CTA that copied its
 span lands it without copying again, and copy CTA 0 stamps the task taken when its early copy began. A
 CTA copies early, in seq order, only requests whose row no task it served has named since they were
 published, so never one that has landed (landing takes every CTA's part), and keeps that state for the
@@ -225,10 +225,38 @@ def _wait_work(task, dev, gen, heads, rows, state):  # pragma: no cover - runs o
 
 
 @cuda.jit(device=True)
-def _copy_early(host, pool, mirror, heads, q, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
-    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q, from its mirror row,
-    before its task arrives. Each round of ids is checked against both pools' bounds and read under the
-    row's seqlock (its head still q after the read); True if the whole span was copied."""
+def _in_pools(host, pool, mirror, heads, q, n, state):  # pragma: no cover - GPU / simulator
+    """Every thread of a copy CTA: whether all n ids of doorbell request q lie in their pools, read under
+    its row's seqlock (its head still q after the read)."""
+    t = cuda.threadIdx.x
+    row = (q - 1) % mirror.shape[0]
+    w = mirror.shape[1] // 2
+    if t == 0:
+        state[BAD] = 0
+    cuda.syncthreads()
+    i = t
+    while i < n:
+        a, b = mirror[row, i], mirror[row, w + i]
+        if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
+            state[BAD] = 1
+        i += cuda.blockDim.x
+    cuda.threadfence()  # these reads are done before the head is read again
+    cuda.syncthreads()
+    if t == 0 and load_acquire_gpu(heads + 16 * row) != q:
+        state[BAD] = 1
+    cuda.syncthreads()
+    return state[BAD] == 0
+
+
+@cuda.jit(device=True)
+def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
+    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q (n blocks), from its
+    mirror row, before its task arrives; True if the whole span was copied. Only if every id of the
+    request lies in its pool (`_in_pools`), so a request the poller refuses for an id out of range writes
+    nothing (one it refuses for naming a slot twice may have written its slots); each round of the span's
+    ids is read under the row's seqlock again."""
+    if not _in_pools(host, pool, mirror, heads, q, n, state):
+        return False
     t = cuda.threadIdx.x
     row = (q - 1) % mirror.shape[0]
     w = mirror.shape[1] // 2
@@ -239,10 +267,7 @@ def _copy_early(host, pool, mirror, heads, q, lo, hi, staged, state):  # pragma:
         cuda.syncthreads()
         i = t
         while i < m:
-            a, b = mirror[row, lo + i], mirror[row, w + lo + i]
-            if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
-                state[BAD] = 1
-            staged[0, i], staged[1, i] = a, b
+            staged[0, i], staged[1, i] = mirror[row, lo + i], mirror[row, w + lo + i]
             i += cuda.blockDim.x
         cuda.threadfence()  # these reads are done before the head is read again
         cuda.syncthreads()
@@ -302,7 +327,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             q, n = state[LANE_NEXT], state[NEXT_N]
             if 0 < n <= min(cap, w):  # what the fast lane posts as one task; other requests are left to theirs
                 lo, hi = span_of(cta, ctas, n)
-                if _copy_early(host, pool, mirror, heads, q, lo, hi, staged, state) and t == 0:
+                if _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state) and t == 0:
                     state[EARLY_SEQ], state[EARLY_N], state[EARLY_NS] = q, n, state[NEXT_NS]
             if t == 0:
                 state[LANE_NEXT] = q + 1

@@ -186,11 +186,10 @@ from pulseio._cuda.kernels import IDS_PER_ROUND
 from pulseio._native import task_ring as tr
 
 @cuda.jit
-def copies_only(host, pool, ids, mirror, entries, done, dev, gen, heads):  # the copy CTAs, no leader
+def copies_only(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas):  # copy CTA cta of ctas
     state = cuda.shared.array(9, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    rk._serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cuda.blockIdx.x, cuda.gridDim.x,
-                     state, staged)
+    rk._serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas, state, staged)
 
 rng = np.random.default_rng(5)
 words, H, D, slots, cap = 40, 32, 24, 4, 8
@@ -217,7 +216,7 @@ def forward(task, n, q):  # the leader's: a task naming request q's mirror row
     dev[rk.DEV_HEADER + (task - 1) % slots] = tr.pack_entry(task, n, tr.H2D, (q - 1) % 3)
     dev[rk.DEV_POSTED] = task
 
-def run(gen, first_task, steps=((0.3, lambda: None),)):  # one copy CTA of `gen`: steps (s, action), then exit
+def run(gen, first_task, steps=((0.3, lambda: None),), ctas=1):  # copy CTA 0 of `gen`: steps (s, action), exit
     dev[rk.DEV_START + gen % 2] = first_task
     t0 = time.time_ns()
     def drive():
@@ -227,7 +226,7 @@ def run(gen, first_task, steps=((0.3, lambda: None),)):  # one copy CTA of `gen`
         dev[rk.DEV_EXIT] = gen
     driver = threading.Thread(target=drive)
     driver.start()
-    copies_only[1, 32](host, pool, ids, mirror, addr(entries), addr(done), addr(dev), gen, addr(heads))
+    copies_only[1, 32](host, pool, ids, mirror, addr(entries), addr(done), addr(dev), gen, addr(heads), 0, ctas)
     driver.join()
     return t0
 
@@ -275,6 +274,12 @@ row(5, h5, p5)
 publish(5, 2)
 run(5, 5)
 assert np.array_equal(pool[p5], host[h5])
+# gen 6, as CTA 0 of 2: request 6's last id lies outside the pool, in CTA 1's span: CTA 0 copies nothing
+# of its own valid span either (a request the poller refuses writes nothing)
+row(6, [11, 12, 13, 99], [18, 19, 22, 23])
+publish(6, 4)
+run(6, 6, ctas=2)
+assert (pool[[18, 19, 22, 23]] == 0xDEAD).all()
 print("SIM-OK")
 """
 

@@ -165,3 +165,36 @@ def test_device_wait_is_refused_inside_a_graph_capture_before_it_enqueues_anythi
     torch.cuda.synchronize()
     assert torch.equal(y.cpu(), torch.full((4,), 2.0))
     assert torch.equal(rt.device_pool.slots[8:12].cpu(), rt.host_pool.blocks[:4])
+
+
+def test_reused_mirror_rows_and_requests_off_the_fast_lane_leave_every_slot_bit_exact() -> None:
+    """The resident copier copies requests early, as they are published (`resident_kernel.py`). With four
+    ids-mirror rows, reused every fourth request, requests the fast lane takes, requests that go another
+    route and requests the poller refuses (an id out of range) write overlapping slots one after another:
+    after each finished request its slots hold its blocks, never a late early copy of an earlier one."""
+    cfg = dataclasses.replace(CFG, ring_slots=4, max_outstanding=4)
+    rng = np.random.default_rng(11)
+    with pulseio.open_runtime(cfg) as rt:
+        assert rt._mirror_reader is not None and rt._mirror_reader.mirror_rows == 4
+        rt.host_pool.blocks.copy_(torch.randint(0, 256, rt.host_pool.blocks.shape, dtype=torch.uint8))
+        stream = torch.cuda.Stream()
+        refused = 0
+        for i in range(300):
+            n = int(rng.integers(1, 97))
+            ids = torch.from_numpy(rng.choice(cfg.host_blocks, n, replace=False)).cuda()
+            slots = torch.from_numpy(rng.choice(96, n, replace=False)).cuda()  # 96 slots, shared by all
+            kind = rng.choice(["lane", "other", "refused"], p=[0.6, 0.25, 0.15])
+            if kind == "refused":
+                ids[int(rng.integers(n))] = cfg.host_blocks + 1
+            strategy = Strategy.ZERO_COPY if kind == "other" else Strategy.RESIDENT
+            done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, strategy=strategy, tag=i)
+            out = _consume(rt, done, slots, stream)
+            stream.synchronize()
+            if kind == "refused":
+                with pytest.raises(TransferError, match="is out of range"):
+                    done.wait(timeout=10)
+                refused += 1
+                continue
+            assert done.wait(timeout=10)
+            assert torch.equal(out.cpu(), rt.host_pool.blocks[ids.cpu()]), f"request {i} ({kind})"
+        assert refused > 0
