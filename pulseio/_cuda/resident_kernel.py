@@ -225,6 +225,17 @@ def _wait_work(task, dev, gen, heads, rows, state):  # pragma: no cover - runs o
 
 
 @cuda.jit(device=True)
+def _check_head(heads, row, q, state):  # pragma: no cover - GPU / simulator
+    """Every thread of a copy CTA, after reading from mirror row `row`: the seqlock's second look. Sets
+    state[BAD] if the row's head is no longer q (a publish began rewriting it: what was read may be torn)."""
+    cuda.threadfence()  # this thread's reads of the row are done before the head is read again
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0 and load_acquire_gpu(heads + 16 * row) != q:
+        state[BAD] = 1
+    cuda.syncthreads()
+
+
+@cuda.jit(device=True)
 def _in_pools(host, pool, mirror, heads, q, n, state):  # pragma: no cover - GPU / simulator
     """Every thread of a copy CTA: whether all n ids of doorbell request q lie in their pools, read under
     its row's seqlock (its head still q after the read)."""
@@ -240,11 +251,7 @@ def _in_pools(host, pool, mirror, heads, q, n, state):  # pragma: no cover - GPU
         if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
             state[BAD] = 1
         i += cuda.blockDim.x
-    cuda.threadfence()  # these reads are done before the head is read again
-    cuda.syncthreads()
-    if t == 0 and load_acquire_gpu(heads + 16 * row) != q:
-        state[BAD] = 1
-    cuda.syncthreads()
+    _check_head(heads, row, q, state)
     return state[BAD] == 0
 
 
@@ -269,11 +276,7 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # prag
         while i < m:
             staged[0, i], staged[1, i] = mirror[row, lo + i], mirror[row, w + lo + i]
             i += cuda.blockDim.x
-        cuda.threadfence()  # these reads are done before the head is read again
-        cuda.syncthreads()
-        if t == 0 and load_acquire_gpu(heads + 16 * row) != q:
-            state[BAD] = 1
-        cuda.syncthreads()
+        _check_head(heads, row, q, state)
         if state[BAD] != 0:
             return False
         for j in range(m):
