@@ -25,10 +25,10 @@ held, possibly part of the copy). No wait can hang the process:
   publish to have run), then makes the stream wait for the copy's event.
 * The watchdog: a request a stream waits for that has not finished `device_wait_timeout_s` after the
   wait was enqueued is failed (`TransferError` naming it, its strategy and the stage it was stuck at)
-  and its word set, so the stream moves on. If it had not reached a copier yet it never will (though a
-  resident copier reading the ids mirror may have copied it early, as it was published); if it had (only
-  a GPU fault or a pulseio bug keeps a running copier from landing it), its copy may still write the
-  slots later: treat them as garbage either way.
+  and its word set, so the stream moves on. If it had not reached a copier yet it never will as a task
+  (though a resident copier reading the ids mirror may copy it early, as it is published, until the
+  poller has read it); if it had (only a GPU fault or a pulseio bug keeps a running copier from landing
+  it), its copy may still write the slots later: treat them as garbage either way.
 * A host-side wait for a non-RESIDENT copy to be enqueued is bounded by the same timeout, then raises.
 * `device_wait` cannot be captured in a CUDA graph (it raises): a replay would wait for the same
   request again. Publishing from a graph (`publish_device`, `expect_published`) is fine.

@@ -126,8 +126,8 @@ class Poller:
     def cancel(self, completion: Completion) -> bool:
         """Make sure request `completion.seq` is never copied, if it has not reached a copier yet: True
         if so (the caller then fails it). False once a copier has it (it may still land). A resident
-        copier reading an ids mirror may have copied it early all the same (`resident_kernel.py`): its row
-        is held until the poller has read it and fenced the row (`TaskRing.hold_row`)."""
+        copier reading an ids mirror may copy it early all the same, as it is published, until the poller
+        has read it and fenced its row (`resident_kernel.py`, `TaskRing.fence_row`)."""
         seq = completion.seq
         if self._lane is not None and completion.strategy is Strategy.RESIDENT:
             if not self._workers[0].resident.unmark(self._fast, seq):
@@ -136,8 +136,6 @@ class Poller:
             if self._pending.pop(seq, None) is None:
                 return False
             self._cancelled.add(seq)
-            if self._lane is not None:  # its mirror row stays until _dispatch fences it (TaskRing.fence_row)
-                self._workers[0].resident.hold_row(seq)
             return True
 
     # -- the thread --------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from .plan import Direction, TransferPlan, pieces
 
 _LINE = 16  # int64 words per 128-byte line
 _SPIN = 1_000_000  # loads per GIL-free spin (~1 ms) before a waiter checks that the server is up
-ROW_PENDING = -1  # `mirror_row_busy`: the row's request was given up and its `fence_row` is not posted yet
 
 
 def _lines(words: int) -> int:
@@ -165,13 +164,12 @@ class TaskRing:
 
     def mirror_row_busy(self, request: int) -> int:
         """The task still to land that reads the ids-mirror row doorbell request `request` would write
-        (`read_ids_from`), ROW_PENDING if the poller has yet to post one, or 0 if the row is free. A finished
-        request's task has landed, except one given up before it landed (the watchdog): its copy may still
-        run, and must find its own ids there."""
+        (`read_ids_from`), or 0 if the row is free. A finished request's task has landed, except one given
+        up before it landed (the watchdog): its copy may still run, and must find its own ids there."""
         if not self.mirror_rows:
             return 0
         task = int(self._row_task[(request - 1) % self.mirror_rows])
-        return task if task == ROW_PENDING else 0 if task == 0 or self.landed(task) else task
+        return 0 if task == 0 or self.landed(task) else task
 
     def fence_row(self, request: int) -> None:
         """Doorbell request `request` will not reach the copier as a task naming its ids-mirror row (the fast
@@ -183,12 +181,6 @@ class TaskRing:
         row = (request - 1) % self.mirror_rows
         empty = np.zeros(0, np.int64)
         self._row_task[row] = self.post(tr.H2D, empty, empty, row=row).seq
-
-    def hold_row(self, request: int) -> None:
-        """Keep doorbell request `request`'s ids-mirror row from being written again until `fence_row` has
-        posted its task (a request given up before the poller read it: it finishes before that)."""
-        if self.mirror_rows:
-            self._row_task[(request - 1) % self.mirror_rows] = ROW_PENDING
 
     def landed_ns(self, seq: int) -> int | None:
         """The server's clock when task seq landed (%globaltimer on a GPU), while its slot still holds it."""

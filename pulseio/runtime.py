@@ -31,7 +31,6 @@ from ._device_waits import DeviceWaits
 from ._devices import open_backend
 from ._native.task_ring import MAX_MIRROR_ROWS
 from ._poller import LatencySummary, Poller
-from ._resident import ROW_PENDING
 from ._wait_words import WaitWords
 from .backend import Backend
 from .config import RuntimeConfig
@@ -248,10 +247,6 @@ class Runtime:
                 raise WouldBlock(f"request seq={seq - slots} has not finished and RuntimeConfig.max_outstanding="
                                  f"{slots} requests may be outstanding; wait for it or raise the limit")
             task = self._mirror_reader.mirror_row_busy(seq) if self._mirror_reader is not None else 0
-            if task == ROW_PENDING:
-                raise WouldBlock(f"request seq={seq - slots} was given up before the poller read it, and its ids "
-                                 f"stay in the device mirror row that request seq={seq} would overwrite until the "
-                                 "poller has read it (the copier may be copying it early); wait")
             if task:
                 raise WouldBlock(f"request seq={seq - slots} was given up before it landed and its copy (resident "
                                  f"task {task}) may still read its ids in the device mirror row that request "

@@ -48,8 +48,10 @@ span lands it without copying again, and copy CTA 0 stamps the task taken when i
 CTA copies early, in seq order, only requests whose row no task it served has named since they were
 published, so never one that has landed (landing takes every CTA's part), and keeps that state for the
 next generation's CTA of its index, which serves the same span of each task. For a request the fast lane
-does not take, the poller posts a task of no blocks naming its row (`TaskRing.fence_row`), and the row is
-written again only once that task has landed, so an early copy never lands on slots reused since.
+does not take, the poller posts a task of no blocks naming its row (`TaskRing.fence_row`) as it reads
+it, and the row is written again only once that task has landed, so an early copy never lands on slots
+reused since (except those of a request given up before the poller read it, which are garbage anyway:
+`pulseio/_device_waits.py`).
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
