@@ -147,13 +147,15 @@ def test_device_wait_is_refused_inside_a_graph_capture_before_it_enqueues_anythi
     kept back ~1 s by a sleep on its stream, so the request is still pending when the capture asks."""
     publish = torch.cuda.Stream()
     ids, slots = torch.arange(4, device="cuda"), torch.arange(8, 12, device="cuda")
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    x = torch.ones(4, device="cuda")
+    with torch.cuda.stream(side):
+        torch.mul(x, 2)  # the multiply's first launch loads its module, waiting for the device: not behind the sleep
     torch.cuda.synchronize()
     with torch.cuda.stream(publish):
         torch.cuda._sleep(2_000_000_000)   # clock cycles: ~1 s
     done = rt.post_recall(host_ids=ids, device_slots=slots, stream=publish, strategy=Strategy.RESIDENT)
     assert not done.done()
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    x = torch.ones(4, device="cuda")
     with torch.cuda.stream(side):
         graph.capture_begin()   # not torch.cuda.graph(): that synchronizes the device first
         y = x * 2
@@ -188,13 +190,15 @@ def test_reused_mirror_rows_and_requests_off_the_fast_lane_leave_every_slot_bit_
                 ids[int(rng.integers(n))] = cfg.host_blocks + 1
             strategy = Strategy.ZERO_COPY if kind == "other" else Strategy.RESIDENT
             done = rt.post_recall(host_ids=ids, device_slots=slots, stream=stream, strategy=strategy, tag=i)
-            out = _consume(rt, done, slots, stream)
-            stream.synchronize()
-            if kind == "refused":
+            if kind == "refused":  # device_wait raises if the poller has refused it already, else the wait does
                 with pytest.raises(TransferError, match="is out of range"):
+                    _consume(rt, done, slots, stream)
+                    stream.synchronize()
                     done.wait(timeout=10)
                 refused += 1
                 continue
+            out = _consume(rt, done, slots, stream)
+            stream.synchronize()
             assert done.wait(timeout=10)
             assert torch.equal(out.cpu(), rt.host_pool.blocks[ids.cpu()]), f"request {i} ({kind})"
         assert refused > 0
