@@ -254,7 +254,9 @@ def _in_pools(host, pool, mirror, heads, q, n, state):  # pragma: no cover - GPU
             state[BAD] = 1
         i += cuda.blockDim.x
     _check_head(heads, row, q, state)
-    return state[BAD] == 0
+    ok = state[BAD] == 0
+    cuda.syncthreads()  # every thread has read it before thread 0 clears it again
+    return ok
 
 
 @cuda.jit(device=True)
@@ -330,11 +332,14 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             return
         if state[WORK] == SERVE_EARLY:  # a doorbell request on the device, its task not here yet
             q, n = state[LANE_NEXT], state[NEXT_N]
+            copied = False
             if 0 < n <= min(cap, w):  # what the fast lane posts as one task; other requests are left to theirs
                 lo, hi = span_of(cta, ctas, n)
-                if _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state) and t == 0:
-                    state[EARLY_SEQ], state[EARLY_N], state[EARLY_NS] = q, n, state[NEXT_NS]
+                copied = _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state)
+            cuda.syncthreads()  # every thread has read q and n before thread 0 moves on
             if t == 0:
+                if copied:
+                    state[EARLY_SEQ], state[EARLY_N], state[EARLY_NS] = q, n, state[NEXT_NS]
                 state[LANE_NEXT] = q + 1
             cuda.syncthreads()
             continue
