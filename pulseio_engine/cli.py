@@ -42,7 +42,7 @@ from pulseio.cliargs import (
 from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, BenchResult, run_bench
-from .calibration import CalibrationConfig, calibrate_checkpoint
+from .calibration import CalibrationConfig, PromptKind, calibrate_checkpoint
 from .config import CacheConfig, DType, SparseConfig, SparseMode
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
@@ -185,7 +185,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     check_writable(prog, "--out", args.out)
     config = CalibrationConfig(sink_tokens=args.sink_tokens, local_tokens=args.local_tokens)
     heads = calibrate_checkpoint(args.model, num_prompts=args.prompts, prompt_len=args.prompt_len, config=config,
-                                 device=require_device(prog, args.device))
+                                 kind=PromptKind(args.prompt_kind), device=require_device(prog, args.device))
     heads.save(args.out)
     print(f"best heads:  {list(heads.best)}\nworst heads: {list(heads.worst)}\n"
           f"two halves of the prompts agree on {heads.extra['agreement_best']:.0%} of best heads, "
@@ -290,11 +290,16 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)",
                        description="Rank each layer's KV heads by the dense attention mass outside the sink and "
-                                   "local windows, on prompts cut from public-domain text; write layer -> best/worst.")
+                                   "local windows, on prompts cut from public-domain text (by default with a fact "
+                                   "inserted, measured where the model answers a question about it); write layer -> "
+                                   "best/worst.")
     c.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
     c.add_argument("--out", required=True, type=Path, help="JSON file for the layer -> best/worst head map")
-    c.add_argument("--prompts", type=int_at_least(2), default=4, help="prompts cut from the calibration text")
-    c.add_argument("--prompt-len", type=int_at_least(16), default=512, help="tokens per prompt")
+    c.add_argument("--prompts", type=int_at_least(2), default=8, help="prompts cut from the calibration text")
+    c.add_argument("--prompt-len", type=int_at_least(16), default=2048, help="tokens per prompt")
+    c.add_argument("--prompt-kind", choices=[k.value for k in PromptKind], default=PromptKind.RETRIEVAL.value,
+                   help="retrieval: a fact in the text, measured at its answer; text: plain text, measured over "
+                        "each prompt's second half (default: retrieval)")
     c.add_argument("--sink-tokens", type=int_at_least(0), default=16, help="leading tokens not counted as middle")
     c.add_argument("--local-tokens", type=int_at_least(1), default=32, help="recent tokens not counted as middle")
     c.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")

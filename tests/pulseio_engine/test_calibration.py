@@ -10,17 +10,21 @@ from pulseio_engine import Engine
 from pulseio_engine.calibration import (
     CalibrationConfig,
     CalibrationError,
+    CalibrationPrompt,
     calibration_prompts,
     head_middle_mass,
     middle_mass,
     rank_heads,
+    retrieval_prompts,
+    text_prompts,
 )
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 
 
-def _ref_middle_mass(probs: torch.Tensor, config: CalibrationConfig) -> list[float]:
+def _ref_middle_mass(probs: torch.Tensor, config: CalibrationConfig, first: int | None = None) -> list[float]:
     h, t, _ = probs.shape
-    first = max(int(t * config.decode_fraction), config.sink_tokens + config.local_tokens)
+    if first is None:
+        first = max(int(t * config.decode_fraction), config.sink_tokens + config.local_tokens)
     out = []
     for head in range(h):
         per_pos = [sum(float(probs[head, pos, j]) for j in range(config.sink_tokens, pos - config.local_tokens + 1))
@@ -35,6 +39,7 @@ def test_middle_mass_matches_a_loop(config: CalibrationConfig) -> None:
     logits = torch.randn((3, 20, 20), generator=torch.Generator().manual_seed(0))
     probs = logits.masked_fill(~torch.ones(20, 20, dtype=torch.bool).tril(), -torch.inf).softmax(-1)
     torch.testing.assert_close(middle_mass(probs, config), torch.tensor(_ref_middle_mass(probs, config)))
+    torch.testing.assert_close(middle_mass(probs, config, 17), torch.tensor(_ref_middle_mass(probs, config, 17)))
 
 
 def test_dense_forward_has_the_attention_of_transformers(tiny_hf) -> None:  # noqa: ANN001
@@ -75,3 +80,42 @@ def test_calibration_prompts_and_windows() -> None:
         calibration_prompts([1, 2, 3], 2, 4)
     with pytest.raises(CalibrationError, match=r"prompts of 40 tokens leave no decode position"):
         CalibrationConfig(sink_tokens=16, local_tokens=32).first_position(40)
+
+
+def _chars(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def test_retrieval_prompts_put_a_fact_in_the_middle_and_measure_its_answer() -> None:
+    """Character-level tokens, so the prompt reads back as text: each prompt is a window of the text with
+    one fact inside, then its question; the ids end one token short of the answer, and the decode positions
+    (from `decode_from` on) are exactly those predicting the answer's tokens. The fact lies past the sink
+    window and before the local window of the first decode position; prompts are reproducible."""
+    text = "".join(f"line {i} of the play, spoken softly. " for i in range(400))
+    config = CalibrationConfig(sink_tokens=16, local_tokens=32)
+    prompts = retrieval_prompts(_chars(text), _chars, 5, 400, config)
+    assert prompts == retrieval_prompts(_chars(text), _chars, 5, 400, config)
+    assert prompts != retrieval_prompts(_chars(text), _chars, 5, 400, config, seed=1)
+    depths = set()
+    for p in prompts:
+        assert len(p.ids) <= 400
+        s = "".join(map(chr, p.ids))
+        fact_at = s.index(" Remember this: the password of the ")
+        gate, value = s[fact_at:].split(" gate is ", 1)[0].split()[-1], s[fact_at:].split(" gate is ", 1)[1][:6]
+        question = f" What is the password of the {gate} gate? The password of the {gate} gate is"
+        assert s[: p.decode_from + 1].endswith(question)
+        answer = f" {value}"
+        assert s[p.decode_from + 1:] == answer[:-1], "the positions from decode_from predict the answer's tokens"
+        fact_end = s.index(".", fact_at + 30) + 1
+        assert config.sink_tokens <= fact_at and fact_end - 1 <= p.decode_from - config.local_tokens
+        assert (s[:fact_at] + s[fact_end:].split(question)[0]) in text, "the rest is one window of the text"
+        depths.add(fact_at)
+    assert len(depths) > 1
+    with pytest.raises(CalibrationError, match=r"retrieval prompts of 150 tokens leave \d+ for the text around"):
+        retrieval_prompts(_chars(text), _chars, 2, 150, config)
+
+
+def test_text_prompts_measure_the_second_half() -> None:
+    config = CalibrationConfig(sink_tokens=2, local_tokens=3)
+    assert text_prompts(list(range(10)), 2, 8, config) == [CalibrationPrompt([0, 1, 2, 3, 4, 5, 6, 7], 5),
+                                                            CalibrationPrompt([2, 3, 4, 5, 6, 7, 8, 9], 5)]
