@@ -9,11 +9,11 @@ mass) retrieves in `solohead` mode, the worst in `solohead-reversed`.
 
 Two kinds of prompt (`PromptKind`), both cut from the Shakespeare text, which no evaluation task uses:
 
-- `retrieval` (the default): a window with one fact inserted at a random depth ("the password of the
-  river gate is 482913"), then a question about it and its answer; the decode positions are those
-  that predict the answer, where a head that reads the fact puts its mass on the middle. A head that
-  attends broadly while the model only continues text does not.
-- `text`: plain windows; the decode positions are each prompt's second half.
+- `text` (the default): plain windows; the decode positions are each prompt's second half.
+- `retrieval`: a window with one fact inserted at a random depth ("the password of the river gate is
+  482913"), then a question about it and its answer; the decode positions are those that predict the
+  answer, so the heads ranked first are those that look into the middle when the model must read
+  something there, not those that attend broadly while it only continues text.
 
 Stability: the prompts are split into two halves (even and odd), each ranks the heads, and we report
 the fraction of layers whose best (and worst) head agree.
@@ -185,7 +185,7 @@ def calibrate(model: CausalLM, prompts: list[CalibrationPrompt], config: Calibra
 
 
 def calibrate_checkpoint(spec: str, *, num_prompts: int, prompt_len: int, config: CalibrationConfig,
-                         kind: PromptKind = PromptKind.RETRIEVAL, device: str = "cpu") -> RetrievalHeads:
+                         kind: PromptKind = PromptKind.TEXT, device: str = "cpu") -> RetrievalHeads:
     """The `calibrate` command: load `spec` (a fetchable model name, .gguf, checkpoint directory or
     preset) in fp32, build prompts of `kind` from the Shakespeare calibration text (fetched once into
     the cache) and rank its heads. The result records the model, text, prompts and windows in `extra`."""

@@ -290,16 +290,14 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("calibrate", help="rank each layer's KV heads by middle-attention mass (SoloHead)",
                        description="Rank each layer's KV heads by the dense attention mass outside the sink and "
-                                   "local windows, on prompts cut from public-domain text (by default with a fact "
-                                   "inserted, measured where the model answers a question about it); write layer -> "
-                                   "best/worst.")
+                                   "local windows, on prompts cut from public-domain text; write layer -> best/worst.")
     c.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
     c.add_argument("--out", required=True, type=Path, help="JSON file for the layer -> best/worst head map")
-    c.add_argument("--prompts", type=int_at_least(2), default=8, help="prompts cut from the calibration text")
-    c.add_argument("--prompt-len", type=int_at_least(16), default=2048, help="tokens per prompt")
-    c.add_argument("--prompt-kind", choices=[k.value for k in PromptKind], default=PromptKind.RETRIEVAL.value,
-                   help="retrieval: a fact in the text, measured at its answer; text: plain text, measured over "
-                        "each prompt's second half (default: retrieval)")
+    c.add_argument("--prompts", type=int_at_least(2), default=4, help="prompts cut from the calibration text")
+    c.add_argument("--prompt-len", type=int_at_least(16), default=512, help="tokens per prompt")
+    c.add_argument("--prompt-kind", choices=[k.value for k in PromptKind], default=PromptKind.TEXT.value,
+                   help="text: plain text, measured over each prompt's second half; retrieval: a fact inserted in "
+                        "the text, measured where the model answers a question about it (default: text)")
     c.add_argument("--sink-tokens", type=int_at_least(0), default=16, help="leading tokens not counted as middle")
     c.add_argument("--local-tokens", type=int_at_least(1), default=32, help="recent tokens not counted as middle")
     c.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")

@@ -18,18 +18,19 @@ def test_cli_calibrate_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Mo
     (tmp_path / "shakespeare" / "plays.txt").write_text("Be collected: no more amazement. " * 40)
     monkeypatch.setenv("PULSEIO_CACHE", str(tmp_path))
     out = tmp_path / "heads.json"
-    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompts", "3", "--prompt-len", "300"]) == 0
+    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompts", "3", "--prompt-len", "96"]) == 0
     saved = json.loads(out.read_text())
     assert len(saved["best"]) == len(saved["worst"]) == 4 and saved["num_kv_heads"] == 2
-    assert saved["model"] == "tiny" and saved["num_prompts"] == 3 and saved["prompts"] == "retrieval"
+    assert saved["model"] == "tiny" and saved["num_prompts"] == 3 and saved["prompts"] == "text"
     assert "agree on" in capsys.readouterr().out
-    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompts", "3", "--prompt-len", "96",
-                 "--prompt-kind", "text"]) == 0
-    assert json.loads(out.read_text())["prompts"] == "text"
+    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompts", "3", "--prompt-len", "300",
+                 "--prompt-kind", "retrieval"]) == 0
+    assert json.loads(out.read_text())["prompts"] == "retrieval"
     capsys.readouterr()
-    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompt-len", "96"]) == 2
+    retrieval = ["--prompt-kind", "retrieval"]
+    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompt-len", "96", *retrieval]) == 2
     assert "retrieval prompts of 96 tokens leave" in capsys.readouterr().err
-    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompt-len", "40", "--prompt-kind", "text"]) == 2
+    assert main(["calibrate", "--model", "tiny", "--out", str(out), "--prompt-len", "40"]) == 2
     assert "leave no decode position" in capsys.readouterr().err
 
 
