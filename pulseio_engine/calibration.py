@@ -145,7 +145,7 @@ _GATES = ("north", "south", "river", "garden", "tower", "market", "chapel", "har
 
 def retrieval_prompts(token_ids: list[int], encode: Callable[[str], list[int]], num_prompts: int,
                       prompt_len: int, config: CalibrationConfig, seed: int = 0) -> list[CalibrationPrompt]:
-    """`num_prompts` prompts of `prompt_len` tokens: a window of the tokenized text (as
+    """`num_prompts` prompts of at most `prompt_len` tokens: a window of the tokenized text (as
     `calibration_prompts` cuts them) with a fact inserted at a random depth outside the sink and
     local windows, then a question and its answer. The decode positions predict the answer."""
     rng = random.Random(f"calibration/{seed}")
