@@ -103,12 +103,13 @@ from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 from .kernels import IDS_PER_ROUND, copy_row, copy_span, span_of
 from .sysmem import (
     atomic_add_gpu,
-    atomic_max_gpu,
     globaltimer,
     load_acquire_gpu,
     load_acquire_sys,
+    load_relaxed_gpu,
     load_relaxed_sys,
     pause,
+    reduce_max_release_gpu,
     store_relaxed_sys,
     store_release_gpu,
     store_release_sys,
@@ -238,12 +239,17 @@ def _check_head(heads, row, q, state):  # pragma: no cover - GPU / simulator
 
 
 @cuda.jit(device=True)
-def _in_pools(host, pool, mirror, heads, q, n, state):  # pragma: no cover - GPU / simulator
-    """Every thread of a copy CTA: whether all n ids of doorbell request q lie in their pools, read under
-    its row's seqlock (its head still q after the read)."""
+def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
+    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q (n blocks), from its
+    mirror row, before its task arrives; True if the whole span was copied. Only if every id of the
+    request lies in its pool, so a request the poller refuses for an id out of range writes nothing (one
+    it refuses for naming a slot twice may have written its slots). One read of the row checks every id
+    and stages the span's first round of ids, under the row's seqlock; each later round of the span's ids
+    (a span longer than IDS_PER_ROUND) is read under the seqlock again."""
     t = cuda.threadIdx.x
     row = (q - 1) % mirror.shape[0]
     w = mirror.shape[1] // 2
+    m = min(hi - lo, staged.shape[1])
     if t == 0:
         state[BAD] = 0
     cuda.syncthreads()
@@ -252,26 +258,17 @@ def _in_pools(host, pool, mirror, heads, q, n, state):  # pragma: no cover - GPU
         a, b = mirror[row, i], mirror[row, w + i]
         if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
             state[BAD] = 1
+        if lo <= i < lo + m:
+            staged[0, i - lo], staged[1, i - lo] = a, b
         i += cuda.blockDim.x
     _check_head(heads, row, q, state)
-    ok = state[BAD] == 0
-    cuda.syncthreads()  # every thread has read it before thread 0 clears it again
-    return ok
-
-
-@cuda.jit(device=True)
-def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
-    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q (n blocks), from its
-    mirror row, before its task arrives; True if the whole span was copied. Only if every id of the
-    request lies in its pool (`_in_pools`), so a request the poller refuses for an id out of range writes
-    nothing (one it refuses for naming a slot twice may have written its slots); each round of the span's
-    ids is read under the row's seqlock again."""
-    if not _in_pools(host, pool, mirror, heads, q, n, state):
-        return False
-    t = cuda.threadIdx.x
-    row = (q - 1) % mirror.shape[0]
-    w = mirror.shape[1] // 2
-    while lo < hi:
+    while state[BAD] == 0:
+        for j in range(m):
+            copy_row(host, staged[0, j], pool, staged[1, j])
+        cuda.syncthreads()  # every thread is done with these ids (and has read state[BAD]) before the next round
+        lo += m
+        if lo >= hi:
+            return True
         m = min(hi - lo, staged.shape[1])
         if t == 0:
             state[BAD] = 0
@@ -281,13 +278,7 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # prag
             staged[0, i], staged[1, i] = mirror[row, lo + i], mirror[row, w + lo + i]
             i += cuda.blockDim.x
         _check_head(heads, row, q, state)
-        if state[BAD] != 0:
-            return False
-        for j in range(m):
-            copy_row(host, staged[0, j], pool, staged[1, j])
-        cuda.syncthreads()
-        lo += m
-    return True
+    return False
 
 
 def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
@@ -376,16 +367,21 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
         if fetch:
             store_release_gpu(target, raise_at)
             store_release_gpu(target + 8, raise_to)
-        cuda.threadfence_system()  # this thread's stores are visible (host memory included) ...
-        cuda.syncthreads()  # ... before thread 0 counts the CTA done
+        # this thread's stores are visible before thread 0 counts the CTA done: to the host for D2H; for
+        # H2D to this GPU, whose kernels read the slots only after acquiring what the last CTA releases
+        if d2h != 0:
+            cuda.threadfence_system()
+        else:
+            cuda.threadfence()
+        cuda.syncthreads()
         if t == 0:
             count = dev + 8 * (DEV_HEADER + slots + slot)
-            if atomic_add_gpu(count, 1) == ctas - 1:  # the last CTA of this task
+            if atomic_add_gpu(count, 1) == ctas - 1:  # the last CTA of this task (acquires every CTA's part)
                 store_release_gpu(count, 0)
-                atomic_max_gpu(dev + 8 * DEV_WATERMARK, task)
-                raise_at = load_acquire_gpu(target)
+                reduce_max_release_gpu(dev + 8 * DEV_WATERMARK, task)
+                raise_at, raise_to = load_relaxed_gpu(target), load_relaxed_gpu(target + 8)  # after the add
                 if raise_at != 0:  # a request's wait word, in pinned host memory: a store, not an atomic
-                    store_release_sys(raise_at, load_acquire_gpu(target + 8))
+                    store_release_sys(raise_at, raise_to)
                 store_release_sys(entry + 8 * ENTRY_LANDED_NS, globaltimer())
                 cuda.threadfence_system()
                 store_release_sys(done + 8 * slot, task)

@@ -36,7 +36,7 @@ if numba_config.ENABLE_CUDASIM:  # pragma: no cover - the simulator runs device 
 
     store_relaxed_sys = store_release_sys
 
-    load_acquire_gpu, store_release_gpu = load_acquire_sys, store_release_sys
+    load_acquire_gpu, load_relaxed_gpu, store_release_gpu = load_acquire_sys, load_acquire_sys, store_release_sys
 
     def atomic_add_gpu(addr, value):
         with _atomic_lock:
@@ -44,11 +44,9 @@ if numba_config.ENABLE_CUDASIM:  # pragma: no cover - the simulator runs device 
             _cell(addr).value = old + int(value)
             return old
 
-    def atomic_max_gpu(addr, value):
+    def reduce_max_release_gpu(addr, value):
         with _atomic_lock:
-            old = _cell(addr).value
-            _cell(addr).value = max(old, int(value))
-            return old
+            _cell(addr).value = max(_cell(addr).value, int(value))
 
     def pause():
         pass
@@ -99,11 +97,12 @@ else:
     _load_acquire_sys = _load("ld.acquire.sys.b64 $0, [$1];")
     _load_relaxed_sys = _load("ld.relaxed.sys.b64 $0, [$1];")
     _load_acquire_gpu = _load("ld.acquire.gpu.b64 $0, [$1];")
+    _load_relaxed_gpu = _load("ld.relaxed.gpu.b64 $0, [$1];")
     _store_release_sys = _store("st.release.sys.b64 [$0], $1;")
     _store_relaxed_sys = _store("st.relaxed.sys.b64 [$0], $1;")
     _store_release_gpu = _store("st.release.gpu.b64 [$0], $1;")
+    _reduce_max_release_gpu = _store("red.release.gpu.global.max.s64 [$0], $1;")
     _atomic_add_gpu = _atomic("atom.acq_rel.gpu.add.u64 $0, [$1], $2;")
-    _atomic_max_gpu = _atomic("atom.acq_rel.gpu.max.s64 $0, [$1], $2;")
 
     @cuda.jit(device=True, inline=True)
     def load_acquire_sys(addr):
@@ -119,6 +118,11 @@ else:
     def load_acquire_gpu(addr):
         """The int64 at a device-memory addr, acquire at GPU scope (CTAs of this GPU)."""
         return _load_acquire_gpu(addr)
+
+    @cuda.jit(device=True, inline=True)
+    def load_relaxed_gpu(addr):
+        """The int64 at a device-memory addr, read from L2 (not L1), no ordering: independent loads overlap."""
+        return _load_relaxed_gpu(addr)
 
     @cuda.jit(device=True, inline=True)
     def store_release_sys(addr, value):
@@ -139,9 +143,10 @@ else:
         return _atomic_add_gpu(addr, value)
 
     @cuda.jit(device=True, inline=True)
-    def atomic_max_gpu(addr, value):
-        """Raise the int64 at a device-memory addr to at least value; returns the old value."""
-        return _atomic_max_gpu(addr, value)
+    def reduce_max_release_gpu(addr, value):
+        """Raise the int64 at a device-memory addr to at least value, after this thread's earlier accesses;
+        no old value comes back, so the thread does not wait for the L2 round trip."""
+        _reduce_max_release_gpu(addr, value)
 
     @cuda.jit(device=True, inline=True)
     def pause():
