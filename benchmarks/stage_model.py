@@ -1,13 +1,13 @@
 """Carry a cached model to the device machine in pieces: a call there brings at most 64 MiB.
 
-    python benchmarks/stage_model.py split MODEL DIR     here: DIR/MODEL/setNN/ of <= 60 MiB each
+    python benchmarks/stage_model.py split MODEL DIR     here: DIR/MODEL/setNN/ of <= 48 MiB each
     python benchmarks/stage_model.py put MODEL DIR       there, once per call that carried a set
 
 `split` checks the cached file against `pulseio_engine.fetch.MODELS` (a cached file is trusted as is by
 `fetch_model`, so this is where a bad one is caught), then cuts it, its tokenizer folder (`<gguf>.tokenizer/`,
 which saves converting the vocabulary again: its stamp names the file's size and mtime, and `put` restores
 the mtime) and the Shakespeare text (calibration and perplexity; the device reaches no package index) into
-chunks, packed into sets of at most 60 MiB. Every set holds `manifest.json` (each file's cache path, size,
+chunks, packed into sets of at most 48 MiB. Every set holds `manifest.json` (each file's cache path, size,
 mtime, SHA-256, and its chunks' names and SHA-256). DIR should be git-ignored (.git/info/exclude) and each
 set carried in its own call: `carry=["DIR/MODEL/set00"]`.
 
@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-SET_BYTES = 60 << 20
+SET_BYTES = 48 << 20  # a call carries 64 MiB with the working tree: leave the tree 16 MiB
 MISSING, CORRUPT = 3, 1
 
 
