@@ -22,7 +22,7 @@
 #   MODES=vanilla,quest OUT=/tmp/acc bash benchmarks/run_accuracy_gpu.sh
 #
 # Settings (environment): MODEL (smollm2), CONTEXTS (2048,4096,8192), TASKS (all five), MODES (all four),
-# BUDGETS (512,1024,2048), SAMPLES (20), BATCH (default: every request of an engine, as memory allows),
+# BUDGETS (512,1024,2048), GROUP_SCORE (the sparse modes' group rule; default: the engine's), SAMPLES (20), BATCH (default: every request of an engine, as memory allows),
 # HEADS (a heads.json; default: calibrate), DEVICE (cuda), STAGE (folder of carried sets, default stage),
 # TABLE_LIMIT_S (the eval-table run's limit; default: what is left of 540 s, so the tarball is written inside
 # a 10-minute call),
@@ -65,7 +65,7 @@ trap pack EXIT
   python -c "import sys, torch; print('python: ', sys.version.split()[0], ' torch', torch.__version__)" 2>&1
   echo "model:   $MODEL  contexts $CONTEXTS  samples $SAMPLES  batch ${BATCH:-all}"
   echo "tasks:   $TASKS"
-  echo "modes:   $MODES  budgets $BUDGETS  heads ${HEADS:-calibrated here}"
+  echo "modes:   $MODES  budgets $BUDGETS  group score ${GROUP_SCORE:-default}  heads ${HEADS:-calibrated here}"
 } > "$WORK/header.txt"
 cat "$WORK/header.txt"
 
@@ -100,7 +100,7 @@ table() {  # $1: shard index, $2: its GPU; one eval-table process, on GPU $2 whe
   ${SHARDED:+env CUDA_VISIBLE_DEVICES=$2} timeout -k 10 "$TABLE_LIMIT_S" python -m pulseio_engine.cli eval-table \
     --model "$MODEL" --context-len "$CONTEXTS" --task "$TASKS" --mode "$MODES" --token-budget "$BUDGETS" \
     --samples "$SAMPLES" --heads "$HEADS" --device "$DEVICE" --out "$WORK" --resume --shard "$1/$SHARDS" \
-    ${BATCH:+--batch "$BATCH"} > "$WORK/eval_table.$START.$1.log" 2>&1
+    ${BATCH:+--batch "$BATCH"} ${GROUP_SCORE:+--group-score "$GROUP_SCORE"} > "$WORK/eval_table.$START.$1.log" 2>&1
 }
 [ "$SHARDS" -gt 1 ] && SHARDED=1
 SHARD_LIST=${SHARD_LIST:-$(seq -s ' ' 0 $((SHARDS - 1)))}

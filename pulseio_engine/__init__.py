@@ -7,6 +7,7 @@ from .config import Architecture as Architecture
 from .config import CacheConfig as CacheConfig
 from .config import DType as DType
 from .config import EngineConfig as EngineConfig
+from .config import GroupScore as GroupScore
 from .config import ModelConfig as ModelConfig
 from .config import OffloadConfig as OffloadConfig
 from .config import RecallMode as RecallMode

@@ -139,6 +139,14 @@ class SparseMode(Enum):
     SOLOHEAD_REVERSED = "solohead-reversed"    # the calibration's worst head picks: the paper's control
 
 
+class GroupScore(Enum):
+    """How the query heads of a GQA group combine their Quest bounds into one score per block."""
+
+    MAX_NORM = "max-norm"   # each head's bounds less its best block's, then the group's max: a block any head
+                            # ranks near its own top ranks high (each head's softmax is its own)
+    SUM = "sum"             # the bounds added: a head with larger logits outweighs the others
+
+
 @dataclass(frozen=True)
 class SparseConfig:
     """Block-sparse decode attention: each request attends to at most `token_budget` tokens, in whole
@@ -150,10 +158,13 @@ class SparseConfig:
     block_size: int = 16
     sink_blocks: int = 1
     local_blocks: int = 2
+    group_score: GroupScore = GroupScore.MAX_NORM
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, SparseMode):
             raise TypeError(f"SparseConfig.mode must be a SparseMode, got {self.mode!r}")
+        if not isinstance(self.group_score, GroupScore):
+            raise TypeError(f"SparseConfig.group_score must be a GroupScore, got {self.group_score!r}")
         _positive("SparseConfig", token_budget=self.token_budget, block_size=self.block_size,
                   local_blocks=self.local_blocks)
         if isinstance(self.sink_blocks, bool) or not isinstance(self.sink_blocks, int) or self.sink_blocks < 0:

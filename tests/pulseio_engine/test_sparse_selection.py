@@ -8,11 +8,11 @@ import torch
 from sparse_reference import ref_digest, ref_recall, ref_scores, ref_select
 
 from pulseio_engine.attention import paged_decode_attention_reference
-from pulseio_engine.config import SparseConfig, SparseMode
+from pulseio_engine.config import GroupScore, SparseConfig, SparseMode
 from pulseio_engine.kv.digests import BlockDigests
 from pulseio_engine.kv.residency import apply_recall, plan_recall
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
-from pulseio_engine.kv.selection import group_query, score_blocks, select_blocks, select_for_layer
+from pulseio_engine.kv.selection import group_scores, head_bounds, select_blocks, select_for_layer
 from pulseio_engine.offload import hot_attention
 
 BS = 16
@@ -59,16 +59,44 @@ def test_digests_cover_exactly_the_filled_tokens(heads: tuple[int, ...] | None) 
     assert digests.width == (HKV if heads is None else 1)
 
 
-def test_scores_equal_the_quest_formula_summed_over_the_group() -> None:
+@pytest.mark.parametrize("rule", list(GroupScore))
+def test_scores_equal_the_quest_formula_combined_over_the_group(rule: GroupScore) -> None:
+    """Requests of 10, 7 and 3 blocks in 10 block columns: padding columns hold larger digests than any
+    real block, which must not move a head's best (MAX_NORM) nor any real block's score."""
     gen = torch.Generator().manual_seed(1)
     q = torch.randn((3, HKV * G, D), generator=gen)
     a, b = torch.randn((2, 3, 10, HKV, D), generator=gen)
     dmax, dmin = torch.maximum(a, b), torch.minimum(a, b)
+    real = [10, 7, 3]
+    for i, n in enumerate(real):
+        dmax[i, n:], dmin[i, n:] = 50.0, -50.0
+    num_tokens = torch.tensor([n * BS - 3 for n in real])          # the last block partly filled
     for head in (None, 0, 1):
         heads = list(range(HKV)) if head is None else [head]
-        got = score_blocks(*group_query(q, HKV, head), dmax[:, :, heads], dmin[:, :, heads])
-        want = ref_scores(q, dmax, dmin, HKV, heads)
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got = group_scores(head_bounds(q, HKV, head, dmax[:, :, heads], dmin[:, :, heads]), num_tokens, BS, rule)
+        want = ref_scores(q, dmax, dmin, HKV, heads, rule, real)
+        for i, n in enumerate(real):
+            torch.testing.assert_close(got[i, :, :n], want[i, :, :n], rtol=1e-5, atol=1e-5)
+
+
+def test_max_norm_keeps_the_block_one_query_head_wants_where_the_sum_follows_the_loudest() -> None:
+    """Two query heads of one KV head, 7 blocks, two middle slots. Head 0's logits run 20x head 1's:
+    it favours blocks 3 then 4; head 1 favours block 2 alone. SUM keeps 3 and 4 (20 and 19 against 1);
+    MAX_NORM scores each block by its best standing in any head (3 and 2 lead their heads, 4 trails head
+    0's best by 1 point, as every other block trails head 1's), so it keeps 2 and 3."""
+    config = SparseConfig(token_budget=4 * BS, sink_blocks=1, local_blocks=1)     # sink 0, local 6, 2 middle
+    q = torch.zeros((1, 2, 2))                        # [B, Hq, D]; one KV head
+    q[0, 0, 0], q[0, 1, 1] = 10.0, 1.0
+    keys = torch.zeros((7, 2))                        # one key per block: digest max = min = key
+    keys[3, 0], keys[4, 0], keys[2, 1] = 2.0, 1.9, 1.0
+    digest = keys[None, :, None, :]                   # [B, NB, S, D]
+    n = torch.tensor([7 * BS])
+    picks = {}
+    for rule in GroupScore:
+        scores = group_scores(head_bounds(q, 1, None, digest, digest), n, BS, rule)
+        picks[rule] = [b for b in select_blocks(scores, n, config)[0, 0].tolist() if b not in (0, 6)]
+    assert picks[GroupScore.SUM] == [3, 4]
+    assert picks[GroupScore.MAX_NORM] == [2, 3]
 
 
 CONTEXTS = [1, 15, 16, 17, 64, 65, 100, 160, 161, 250]   # shorter than, equal to and longer than the budget
@@ -99,10 +127,11 @@ def test_short_contexts_select_everything_and_ties_go_to_the_lower_block() -> No
     assert got.tolist() == [[[0, 1, 2, 9]]], "sink 0, local 9, then the lowest tied middle blocks"
 
 
+@pytest.mark.parametrize("rule", list(GroupScore))
 @pytest.mark.parametrize("mode", list(SparseMode))
-def test_select_for_layer_uses_the_mode_heads(mode: SparseMode) -> None:
+def test_select_for_layer_uses_the_mode_heads(mode: SparseMode, rule: GroupScore) -> None:
     heads = RetrievalHeads(HKV, best=(1, 0), worst=(0, 1)).heads_for(mode)
-    config = SparseConfig(token_budget=3 * BS, sink_blocks=1, local_blocks=1)
+    config = SparseConfig(token_budget=3 * BS, sink_blocks=1, local_blocks=1, group_score=rule)
     digests, keys, gen = _digests(heads), {}, torch.Generator().manual_seed(3)
     table = [2, 6, 8, 10, 11]
     _append(digests, keys, table, 0, 70, gen)
@@ -113,7 +142,7 @@ def test_select_for_layer_uses_the_mode_heads(mode: SparseMode) -> None:
         head_ids = list(range(HKV)) if heads is None else [heads[layer]]
         dmax = torch.stack([ref_digest(keys[p], None, 0)[0] for p in table])[None] * (layer + 1)
         dmin = torch.stack([ref_digest(keys[p], None, 0)[1] for p in table])[None] * (layer + 1)
-        want = ref_scores(q, dmax, dmin, HKV, head_ids)
+        want = ref_scores(q, dmax, dmin, HKV, head_ids, rule)
         for s in range(got.shape[1]):
             assert got[0, s].tolist() == ref_select(want[0, s].tolist(), 70, config)
 
@@ -192,6 +221,8 @@ def test_sparse_config_states_its_rules() -> None:
         SparseConfig(token_budget=32, sink_blocks=1, local_blocks=2)
     with pytest.raises(TypeError, match=r"SparseConfig.mode must be a SparseMode, got 'quest'"):
         SparseConfig(mode="quest")
+    with pytest.raises(TypeError, match=r"SparseConfig.group_score must be a GroupScore, got 'sum'"):
+        SparseConfig(group_score="sum")
 
 
 def test_retrieval_heads_round_trip_and_validate(tmp_path) -> None:  # noqa: ANN001
