@@ -43,6 +43,7 @@ class TaskRing:
     def __init__(self, alloc_host: Callable[..., HostMemory], *, slots: int, cap: int) -> None:
         if not 1 <= cap <= tr.MAX_TASK_BLOCKS:
             raise ConfigError(f"a resident task holds 1..{tr.MAX_TASK_BLOCKS} blocks, got cap={cap}")
+        tr.warm_up()  # compiled now, not by the poller's first request
         self.slots, self.cap = slots, cap
         entries_at = _LINE
         done_at = entries_at + _lines(tr.ENTRY_WORDS * slots)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ._inflight import InFlight, Issue
 from ._issuer import Issuer, Queued
+from ._native import validate
 from .config import DmaConfig
 from .errors import ClosedError, InvalidRequestError, WaitTimeout, WouldBlock
 from .memory import DevicePool, HostPool
@@ -71,6 +72,7 @@ class DmaEngine:
         self.host = host
         self.device = device
         self.config = config or DmaConfig()
+        validate.warm_up()  # `make_plan`'s id check compiled now, not by the first transfer
         self._inflight = InFlight(self._synchronize, self._query, self._resolve)
         self._routes = host.backend.open_routes(host, device, self.config, self._inflight.reclaim)
         self._lock = threading.Lock()

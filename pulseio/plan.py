@@ -50,8 +50,9 @@ _INT64 = np.dtype(np.int64)  # builtin dtypes are singletons: `is` is the cheap 
 
 
 def as_id_array(ids: Any, *, name: str) -> np.ndarray:
-    """ids: [n] any integer dtype, host (list, numpy, CPU torch tensor) -> [n] int64 numpy."""
-    if type(ids) is np.ndarray and ids.dtype is _INT64 and ids.ndim == 1:
+    """ids: [n] any integer dtype, host (list, numpy, CPU torch tensor) -> [n] int64 numpy, C-contiguous (the
+    one layout the compiled id check is compiled for)."""
+    if type(ids) is np.ndarray and ids.dtype is _INT64 and ids.ndim == 1 and ids.flags.c_contiguous:
         return ids  # the common case, on every submit: skip the general checks
     device = getattr(ids, "device", None)
     if device is not None and getattr(device, "type", "cpu") != "cpu":
@@ -67,7 +68,7 @@ def as_id_array(ids: Any, *, name: str) -> np.ndarray:
             raise TypeError(f"{name} must have an integer dtype, got {array.dtype}")
     if array.ndim != 1:
         raise InvalidRequestError(f"{name} must be one-dimensional, got shape {array.shape}")
-    return array.astype(np.int64, copy=False)
+    return np.ascontiguousarray(array, dtype=np.int64)
 
 
 def _check_range(ids: np.ndarray, limit: int, *, name: str, pool: str) -> None:

@@ -197,3 +197,26 @@ else:  # pragma: no cover - exercised where numba is absent: no fast lane, a loc
         ticket = fetch_add(ctrl + 8 * CTRL_TICKET, 1)
         while load_acquire(ctrl + 8 * CTRL_SERVING) != ticket:
             time.sleep(0)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) what the posters, the waiters, the host copier and the fast lane
+    call, on a scratch ring, with the argument types they pass: a first call compiles for seconds, holding
+    the GIL, and on the poller's thread that is seconds for which no request reaches a copier."""
+    import numpy as np
+
+    from .layout import OUT_COLUMNS, slot_words
+
+    ctrl, done = np.zeros(CTRL_WORDS, np.int64), np.zeros(2, np.int64)
+    entries, task_ids = np.zeros((2, ENTRY_WORDS), np.int64), np.zeros((2, 4), np.int64)
+    ids, none = np.zeros(1, np.int64), np.zeros(0, np.int64)
+    seq, _ = post(ctrl.ctypes.data, task_ids, entries, entries.ctypes.data, done, ids, ids, H2D, 0, 0, True, -1)
+    entry_holds(int(pack_entry(seq, 1, H2D)), seq)
+    wait_at_least(done.ctypes.data, 0, 1)
+    lock(ctrl.ctypes.data)
+    unlock(ctrl.ctypes.data)
+    if forward is not None:   # nothing is published in `words`: it spins one load and returns
+        words, out = np.zeros(2 * slot_words(1), np.int64), np.zeros((2, OUT_COLUMNS), np.int64)
+        forward(1, words.ctypes.data, words, 2, slot_words(1), 1, 1, np.zeros(2, np.int64), 1, 1, task_ids, entries,
+                entries.ctypes.data, done, ctrl.ctypes.data, 0, 1, 0, none, out, np.zeros(2, np.int64),
+                np.zeros(2, np.int64))

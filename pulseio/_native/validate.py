@@ -35,3 +35,10 @@ if NATIVE:
                 return REPEAT, i
             seen[byte] |= bit
         return OK, -1
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) `check_ids` for the types `make_plan` passes, now."""
+    if NATIVE:
+        ids = np.zeros(1, np.int64)
+        check_ids(ids, ids, 1, 1, False)
