@@ -30,8 +30,15 @@ def outcome(tiny_qwen3) -> dict:  # noqa: ANN001
                               timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the offload case hung past {TIMEOUT_S} s:\n{str(exc.stderr)[-6000:]}")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + _first_expiry(proc.stderr) + proc.stderr[-6000:]
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _first_expiry(stderr: str) -> str:
+    """The runtime's report at the first expired device wait (every thread's stack: who held the request
+    back), which the tail of a long failure would cut off."""
+    at = stderr.find("at the first expired device wait")
+    return "" if at < 0 else stderr[at:at + 12000] + "\n...\n"
 
 
 @pytest.mark.parametrize("mode", ["quest", "solohead"])
