@@ -84,8 +84,9 @@ def gaps_markdown(found: Sequence[Gap], floor: float) -> str:
 
 def write_plot(path: Path, records: Sequence[Record]) -> None:
     """Score (perplexity: lower is better) against budget, one line per sparse mode and full attention
-    as a dashed line; one row of panels per (model, context), one column per task. Scores share the
-    0..1 axis, so a gap looks as large as it is."""
+    as a dashed black line; one row of panels per (model, context), one column per task. A mode keeps its
+    colour and marker in every panel; under a non-default group rule (`mode_label`) its line is dotted.
+    Scores share the 0..1 axis, so a gap looks as large as it is. One legend for the figure, above it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,19 +95,23 @@ def write_plot(path: Path, records: Sequence[Record]) -> None:
     rows = sorted({(r["model"], r["context_len"]) for r in records})
     order = [t.value for t in Task]
     tasks = sorted({r["task"] for r in records}, key=lambda t: order.index(t) if t in order else len(order))
-    modes = [m for m in mode_labels(list(records)) if m != EvalMode.VANILLA.value]
-    budgets = sorted({r["token_budget"] for r in records if mode_label(r) in modes})
-    fig, axes = plt.subplots(len(rows), len(tasks), figsize=(3.2 * len(tasks), 2.6 * len(rows)), squeeze=False)
+    labels = [m for m in mode_labels(list(records)) if m != EvalMode.VANILLA.value]
+    base = [m.value for m in EvalMode if m is not EvalMode.VANILLA]
+    style = {label: dict(color=f"C{base.index(label.split()[0])}", marker="osD^"[base.index(label.split()[0]) % 4],
+                         linestyle="-" if label in base else ":") for label in labels}
+    budgets = sorted({r["token_budget"] for r in records if mode_label(r) in labels})
+    fig, axes = plt.subplots(len(rows), len(tasks), figsize=(3.2 * len(tasks), 2.6 * len(rows) + 0.6), squeeze=False)
+    handles: dict[str, Any] = {}
     for (model, n), panels in zip(rows, axes):
         for task, ax in zip(tasks, panels):
             mine = [r for r in records if (r["model"], r["context_len"], r["task"]) == (model, n, task)]
-            for i, mode in enumerate(modes):
-                pts = sorted((r["token_budget"], r["score"]) for r in mine if mode_label(r) == mode)
+            for label in labels:
+                pts = sorted((r["token_budget"], r["score"]) for r in mine if mode_label(r) == label)
                 if pts:
-                    ax.plot(*zip(*pts), marker="osD^v<>p"[i % 8], label=mode, alpha=0.85)
+                    handles[label] = ax.plot(*zip(*pts), label=label, alpha=0.85, **style[label])[0]
             for r in mine:
                 if r["mode"] == EvalMode.VANILLA.value:
-                    ax.axhline(r["score"], color="black", linestyle="--", linewidth=1, label="full")
+                    handles["full"] = ax.axhline(r["score"], color="black", linestyle="--", linewidth=1, label="full")
             ax.set_xscale("log", base=2)
             ax.set_xticks(budgets, [str(b) for b in budgets], minor=False)
             ax.minorticks_off()
@@ -115,10 +120,12 @@ def write_plot(path: Path, records: Sequence[Record]) -> None:
             ax.set_title(f"{model} {n // 1024}K: {task}", fontsize=8)
             ax.grid(True, alpha=0.3)
             ax.tick_params(labelsize=7)
-    axes[0][0].legend(fontsize=6)
     for ax in axes[-1]:
         ax.set_xlabel("token budget", fontsize=8)
-    fig.tight_layout()
+    shown = [label for label in [*labels, "full"] if label in handles]
+    fig.legend([handles[label] for label in shown], shown, loc="upper center", ncol=len(shown), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
