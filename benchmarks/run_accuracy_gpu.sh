@@ -30,6 +30,8 @@
 # process; N: N processes, process i on GPU i with --shard i/N, all into $WORK: the cells run N at a time),
 # SHARD_LIST (which of those shards this run starts, default all: "1" runs shard 1/N alone, so another run
 # can take shard 0 later), SHARD_GPUS (the GPU of each of SHARD_LIST, default the shard's own index).
+# Several processes split the host's available memory between them (PULSEIO_MEMORY_LIMIT, unless it is set);
+# another run started beside them sees only what they left.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 MODEL=${MODEL:-smollm2}
@@ -105,6 +107,12 @@ table() {  # $1: shard index, $2: its GPU; one eval-table process, on GPU $2 whe
 [ "$SHARDS" -gt 1 ] && SHARDED=1
 SHARD_LIST=${SHARD_LIST:-$(seq -s ' ' 0 $((SHARDS - 1)))}
 shards=(${SHARD_LIST//,/ }); gpus=(${SHARD_GPUS:-${SHARD_LIST}}); gpus=(${gpus[@]//,/ })
+if [ "${#shards[@]}" -gt 1 ] && [ -z "${PULSEIO_MEMORY_LIMIT:-}" ]; then
+  # each process sizes its batch from the memory it sees free (half of it): started together, they would
+  # all see the same free memory and ask for more than the machine has (seen: a shard killed by the kernel)
+  export PULSEIO_MEMORY_LIMIT=$(( $(awk '/^MemAvailable:/ {print $2}' /proc/meminfo) / ${#shards[@]} ))K
+  say "${#shards[@]} processes share this machine: each sizes its batch within PULSEIO_MEMORY_LIMIT=$PULSEIO_MEMORY_LIMIT"
+fi
 pids=()
 for k in "${!shards[@]}"; do table "${shards[$k]}" "${gpus[$k]}" & pids+=($!); done
 rc=0
