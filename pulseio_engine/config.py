@@ -142,9 +142,12 @@ class SparseMode(Enum):
 class GroupScore(Enum):
     """How the query heads of a GQA group combine their Quest bounds into one score per block."""
 
+    SUM = "sum"             # the bounds added: a head with larger logits outweighs the others
     MAX_NORM = "max-norm"   # each head's bounds less its best block's, then the group's max: a block any head
                             # ranks near its own top ranks high (each head's softmax is its own)
-    SUM = "sum"             # the bounds added: a head with larger logits outweighs the others
+
+
+DEFAULT_GROUP_SCORE = GroupScore.SUM   # what SparseConfig, the evaluations and their records assume unless told
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ class SparseConfig:
     block_size: int = 16
     sink_blocks: int = 1
     local_blocks: int = 2
-    group_score: GroupScore = GroupScore.MAX_NORM
+    group_score: GroupScore = DEFAULT_GROUP_SCORE
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, SparseMode):

@@ -29,7 +29,7 @@ from pulseio.cliargs import (
     require_device,
 )
 
-from ..config import GroupScore, RecallMode, SparseMode
+from ..config import DEFAULT_GROUP_SCORE, GroupScore, RecallMode, SparseMode
 from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
 from .locality import LocalityConfig, run_locality
@@ -41,8 +41,8 @@ from .tasks import Task
 _TASKS = tuple(t.value for t in Task)
 _MODES = tuple(m.value for m in EvalMode)
 _BATCH_HELP = "concurrent requests at most; default: all of them, as far as half the free memory holds their KV"
-_GROUP_HELP = ("how a GQA group's query heads combine their block scores: max-norm (each head's against its own "
-               "best, then the max) or sum")
+_GROUP_HELP = ("how a GQA group's query heads combine their block scores: sum, or max-norm (each head's against its "
+               "own best, then the max)")
 
 
 def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
@@ -128,7 +128,7 @@ def _shared(p: argparse.ArgumentParser) -> None:
 
 
 def _group_score(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--group-score", choices=[g.value for g in GroupScore], default=GroupScore.MAX_NORM.value,
+    p.add_argument("--group-score", choices=[g.value for g in GroupScore], default=DEFAULT_GROUP_SCORE.value,
                    help=_GROUP_HELP)
 
 

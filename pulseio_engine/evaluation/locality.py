@@ -36,7 +36,16 @@ from typing import Any
 import torch
 
 from ..calibration import calibration_prompts
-from ..config import CacheConfig, DType, EngineConfig, GroupScore, OffloadConfig, SparseConfig, SparseMode
+from ..config import (
+    DEFAULT_GROUP_SCORE,
+    CacheConfig,
+    DType,
+    EngineConfig,
+    GroupScore,
+    OffloadConfig,
+    SparseConfig,
+    SparseMode,
+)
 from ..engine import TORCH_DTYPES, Engine
 from ..errors import EngineError
 from ..kv.block_table import blocks_for
@@ -58,7 +67,7 @@ class LocalityConfig:
     token_budget: int
     mode: SparseMode = SparseMode.SOLOHEAD
     samples: int = 1
-    group_score: GroupScore = GroupScore.MAX_NORM
+    group_score: GroupScore = DEFAULT_GROUP_SCORE
 
     def __post_init__(self) -> None:
         for name, low in (("context_len", 1), ("steps", 2), ("token_budget", 1), ("samples", 1)):

@@ -27,6 +27,7 @@ from typing import Any
 from pulseio.machine import memory_budget
 
 from ..config import (
+    DEFAULT_GROUP_SCORE,
     CacheConfig,
     DType,
     EngineConfig,
@@ -73,7 +74,7 @@ class EvalConfig:
     token_budget: int = 2048
     recall: RecallMode = RecallMode.DOORBELL
     seed: int = 0
-    group_score: GroupScore = GroupScore.MAX_NORM
+    group_score: GroupScore = DEFAULT_GROUP_SCORE
 
     def __post_init__(self) -> None:
         for name in ("context_len", "samples", "token_budget"):
@@ -97,9 +98,9 @@ def record_group_score(record: dict[str, Any]) -> str | None:
 
 
 def mode_label(record: dict[str, Any]) -> str:
-    """The record's mode as tables name it: `solohead`, or `solohead (sum)` under a non-default group rule."""
+    """The record's mode as tables name it: `solohead`, or `solohead (max-norm)` under a non-default group rule."""
     rule = record_group_score(record)
-    return record["mode"] if rule in (None, GroupScore.MAX_NORM.value) else f"{record['mode']} ({rule})"
+    return record["mode"] if rule in (None, DEFAULT_GROUP_SCORE.value) else f"{record['mode']} ({rule})"
 
 
 @dataclass(frozen=True)

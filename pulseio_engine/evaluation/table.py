@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import GroupScore, RecallMode, SparseConfig
+from ..config import DEFAULT_GROUP_SCORE, GroupScore, RecallMode, SparseConfig
 from ..errors import EngineError
 from ..kv.recall import RecallError
 from ..kv.retrieval_heads import RetrievalHeads
@@ -69,7 +69,7 @@ class TableConfig:
     seed: int = 0
     batch: int | None = None       # concurrent requests at most; None: all of a cell's, as memory allows
     shard: tuple[int, int] = (0, 1)    # (k, n): this process runs every n-th cell from the k-th (one per GPU)
-    group_score: GroupScore = GroupScore.MAX_NORM
+    group_score: GroupScore = DEFAULT_GROUP_SCORE
     skipped: tuple[Cell, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:

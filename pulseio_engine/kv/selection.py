@@ -3,10 +3,10 @@
 Quest's upper bound on a block's attention logit is sum_i max(q_i M_i, q_i m_i) with M, m the block's
 key max and min. Since M >= m, max(q M, q m) = relu(q) M + min(q, 0) m, so the bounds of every query
 head are two batched matmuls. The G query heads of a GQA group read the same blocks but each through its
-own softmax, so their bounds combine into one score per KV head (`GroupScore`): by default each head's
-bounds less its best block's bound (a log-scale upper estimate of the block's weight against that head's
-top block), then the group's max; `SUM` adds the bounds, which lets the head with the largest logits
-decide for the group.
+own softmax, so their bounds combine into one score per KV head (`GroupScore`): `SUM` (the default) adds
+them, which lets the head with the largest logits decide for the group; `MAX_NORM` takes each head's bounds
+less its best block's bound (a log-scale upper estimate of the block's weight against that head's top
+block), then the group's max.
 
 A request with n blocks keeps blocks [0, sink) and [n - local, n) (the block being written is the
 last one) and fills the rest of its K = budget_blocks with the best-scoring blocks between, ties to

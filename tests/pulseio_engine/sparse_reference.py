@@ -20,7 +20,7 @@ def ref_digest(keys: list[torch.Tensor], heads: tuple[int, ...] | None, layer: i
 
 
 def ref_scores(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, num_kv_heads: int,
-               kv_heads: list[int], rule: GroupScore = GroupScore.MAX_NORM,
+               kv_heads: list[int], rule: GroupScore = GroupScore.SUM,
                real_blocks: list[int] | None = None) -> torch.Tensor:
     """q: [B, Hq, D]; dmax, dmin: [B, NB, Hkv, D] -> [B, len(kv_heads), NB]: for each selecting KV head,
     each of its query heads' sum_i max(q_i M_i, q_i m_i), combined over the group by `rule`: added (SUM),

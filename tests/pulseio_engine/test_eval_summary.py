@@ -12,7 +12,7 @@ from pulseio_engine.evaluation.summary import Gap, combine, gaps
 
 
 def _record(task: str, mode: str, score: float, *, n: int = 4096, budget: int | None = None,
-            model: str = "m", rule: str | None = "max-norm") -> dict:
+            model: str = "m", rule: str | None = "sum") -> dict:
     record = {"task": task, "mode": mode, "score": score, "context_len": n, "model": model, "samples": 20,
               "token_budget": n if budget is None else budget}
     if mode != "vanilla" and rule is not None:
@@ -77,18 +77,20 @@ def test_cli_writes_the_grid_the_gaps_and_a_plot(tmp_path: Path, capsys: pytest.
 
 def test_a_mode_under_another_group_rule_is_its_own_column_and_gap(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """Records without a group rule were written when `sum` was the only one, and say so."""
+    """Records without a group rule were written when `sum` was the only one: they count as `sum`."""
     old = _folder(tmp_path / "old", [_record("niah-single", "vanilla", 1.0),
                                      _record("niah-single", "solohead", 0.75, budget=512, rule=None)])
-    new = _folder(tmp_path / "new", [_record("niah-single", "solohead", 0.85, budget=512),
-                                     _record("niah-single", "quest", 0.5, budget=512, rule="sum")])
+    new = _folder(tmp_path / "new", [_record("niah-single", "solohead", 0.85, budget=512, rule="max-norm"),
+                                     _record("niah-single", "quest", 0.5, budget=512, rule="max-norm"),
+                                     _record("niah-single", "solohead", 0.7, budget=512)])
     records = combine([old, new])
-    assert len(records) == 4, "the two rules' solohead cells are different cells"
+    assert len(records) == 4, "two rules, two solohead cells; the later sum record replaces the older"
     by_mode = {g.mode: g.points for g in gaps(records)}
-    assert by_mode == {"quest (sum)": pytest.approx(-50.0), "solohead": pytest.approx(-15.0),
-                       "solohead (sum)": pytest.approx(-25.0)}
+    assert by_mode == {"quest (max-norm)": pytest.approx(-50.0), "solohead": pytest.approx(-30.0),
+                       "solohead (max-norm)": pytest.approx(-15.0)}
     assert main(["eval-summary", str(old), str(new)]) == 0
-    assert "| context | budget | vanilla | quest (sum) | solohead | solohead (sum) |" in capsys.readouterr().out
+    header = "| context | budget | vanilla | quest (max-norm) | solohead | solohead (max-norm) |"
+    assert header in capsys.readouterr().out
 
 
 def test_cli_rejects_a_path_that_is_not_a_folder_of_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]
