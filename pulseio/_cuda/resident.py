@@ -141,15 +141,20 @@ class ResidentCopier(TaskRing):
         write_value(stream_handle, entry_at, word)
 
     def _check_running(self, seq: int) -> None:
-        """A waiter whose task is late: start a generation if the kernel stopped, raise if the GPU failed."""
+        """A waiter whose task is late: start a generation if the kernel stopped, raise if the GPU failed.
+        Under the launch lock, the stream is queried before the stop word is read: a generation that stops
+        between the two reads has written its stop word by then (it does so before it exits), and none is
+        launched in between, so an idle stream without the current generation's stop word is a generation
+        that exited without the handshake. (Read the other way round, a generation stopping in between
+        looked like that.)"""
         with self._launch_lock:
+            try:
+                idle = self.stream.query()
+            except RuntimeError as exc:  # a sticky CUDA error: the kernel faulted
+                raise CudaError("resident copy kernel", -1, str(exc)) from exc
             if self._ctrl[tr.CTRL_STOPPED] == self._gen:
                 self._launch()
                 return
-        try:
-            idle = self.stream.query()
-        except RuntimeError as exc:  # a sticky CUDA error: the kernel faulted
-            raise CudaError("resident copy kernel", -1, str(exc)) from exc
         if idle and not self.landed(seq):
             raise PulseInternalError(f"resident task {seq} was posted, no kernel is running and it has not landed")
 
