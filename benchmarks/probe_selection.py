@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from pulseio_engine.evaluation.run import EvalConfig, EvalMode, Prompt, eval_engine, load_eval_checkpoint, make_prompts  # noqa: E402
 from pulseio_engine.evaluation.tasks import Task, make_sample, string_match_all  # noqa: E402
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads  # noqa: E402
-from pulseio_engine.kv.selection import group_scores, head_bounds, select_blocks  # noqa: E402
+from pulseio_engine.kv.selection import block_scores, head_bounds, select_blocks  # noqa: E402
 from pulseio_engine.offload import OffloadBatch  # noqa: E402
 from pulseio_engine.request import SamplingParams  # noqa: E402
 
@@ -123,8 +123,8 @@ class Probe:
             emax, emin = o.digests.gather(layer, batch.block_tables[:1, :nb])
             assert torch.equal(emax, dmax) and torch.equal(emin, dmin), "digests differ from the host keys"
         num_tokens = torch.tensor([n])
+        scores = block_scores(q[:1], hkv, None, dmax, dmin, num_tokens, bs, sparse.group_score)   # [1, Hkv, nb]
         per_head = head_bounds(q[:1], hkv, None, dmax, dmin)                          # [1, Hkv, G, nb]
-        scores = group_scores(per_head, num_tokens, bs, sparse.group_score)           # [1, Hkv, nb]
         quest = select_blocks(scores, num_tokens, sparse)[0]                          # [Hkv, K]
         group = q.shape[1] // hkv
         qf = q[0].float().view(hkv, group, d)                                         # [Hkv, G, D]

@@ -28,24 +28,38 @@ from .digests import BlockDigests
 PAD = -1
 
 
+def _grouped(q: torch.Tensor, num_kv_heads: int, head: int | None) -> torch.Tensor:
+    """q: [B, Hq, D] -> [B, S, G, D] fp32: each selecting KV head's G query heads (S = Hkv, or 1 for `head`)."""
+    b, hq, d = q.shape
+    grouped = q.float().view(b, num_kv_heads, hq // num_kv_heads, d)    # [B, Hkv, G, D]
+    return grouped if head is None else grouped[:, head:head + 1]
+
+
+def _bounds(q_pos: torch.Tensor, q_neg: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor) -> torch.Tensor:
+    """q_pos, q_neg: [B, S, G, D]; dmax, dmin: [B, NB, S, D] -> [B, S, G, NB] fp32."""
+    return (torch.einsum("bsgd,bnsd->bsgn", q_pos, dmax.float())
+            + torch.einsum("bsgd,bnsd->bsgn", q_neg, dmin.float()))
+
+
 def head_bounds(q: torch.Tensor, num_kv_heads: int, head: int | None, dmax: torch.Tensor,
                 dmin: torch.Tensor) -> torch.Tensor:
     """q: [B, Hq, D]; dmax, dmin: [B, NB, S, D] digests -> each query head's Quest bound [B, S, G, NB] fp32,
     G query heads per KV head; S = Hkv, or 1 when `head` names the one selecting KV head."""
-    b, hq, d = q.shape
-    grouped = q.float().view(b, num_kv_heads, hq // num_kv_heads, d)    # [B, Hkv, G, D]
-    if head is not None:
-        grouped = grouped[:, head:head + 1]                             # [B, 1, G, D]
-    return (torch.einsum("bsgd,bnsd->bsgn", grouped.clamp(min=0), dmax.float())
-            + torch.einsum("bsgd,bnsd->bsgn", grouped.clamp(max=0), dmin.float()))
+    grouped = _grouped(q, num_kv_heads, head)
+    return _bounds(grouped.clamp(min=0), grouped.clamp(max=0), dmax, dmin)
 
 
-def group_scores(bounds: torch.Tensor, num_tokens: torch.Tensor, block_size: int, rule: GroupScore
-                 ) -> torch.Tensor:
-    """bounds: [B, S, G, NB] (`head_bounds`); num_tokens: [B] -> one score per block [B, S, NB]. Blocks
-    past a request's context (padding columns of its block table) take no part in a head's best."""
+def block_scores(q: torch.Tensor, num_kv_heads: int, head: int | None, dmax: torch.Tensor, dmin: torch.Tensor,
+                 num_tokens: torch.Tensor, block_size: int, rule: GroupScore) -> torch.Tensor:
+    """One score per selecting KV head and block [B, S, NB] fp32 (arguments as `head_bounds`; num_tokens: [B]).
+    SUM: the group's bounds added, which is the bound of its summed relu(q) and min(q, 0): two matmuls, not
+    2G. MAX_NORM: each head's bounds less its best over the request's blocks (padding columns of its block
+    table take no part), then the group's max."""
     if rule is GroupScore.SUM:
-        return bounds.sum(2)
+        grouped = _grouped(q, num_kv_heads, head)
+        return _bounds(grouped.clamp(min=0).sum(2, keepdim=True), grouped.clamp(max=0).sum(2, keepdim=True),
+                       dmax, dmin)[:, :, 0]
+    bounds = head_bounds(q, num_kv_heads, head, dmax, dmin)                             # [B, S, G, NB]
     n = (num_tokens + block_size - 1) // block_size                                    # [B] blocks
     real = torch.arange(bounds.shape[-1], device=bounds.device) < n[:, None]          # [B, NB]
     best = torch.where(real[:, None, None, :], bounds, -torch.inf).amax(-1, keepdim=True)   # [B, S, G, 1]
@@ -78,9 +92,8 @@ def select_for_layer(digests: BlockDigests, layer: int, q: torch.Tensor, block_t
     decoded; block_tables: [B, NB] physical block ids; num_tokens: [B] -> logical block ids [B, S, K]."""
     head = None if digests.heads is None else digests.heads[layer]
     dmax, dmin = digests.gather(layer, block_tables)
-    bounds = head_bounds(q, digests.num_kv_heads, head, dmax, dmin)
-    return select_blocks(group_scores(bounds, num_tokens, config.block_size, config.group_score), num_tokens,
-                         config)
+    scores = block_scores(q, digests.num_kv_heads, head, dmax, dmin, num_tokens, config.block_size, config.group_score)
+    return select_blocks(scores, num_tokens, config)
 
 
 class BlockSelector(Protocol):

@@ -12,7 +12,7 @@ from pulseio_engine.config import GroupScore, SparseConfig, SparseMode
 from pulseio_engine.kv.digests import BlockDigests
 from pulseio_engine.kv.residency import apply_recall, plan_recall
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
-from pulseio_engine.kv.selection import group_scores, head_bounds, select_blocks, select_for_layer
+from pulseio_engine.kv.selection import block_scores, select_blocks, select_for_layer
 from pulseio_engine.offload import hot_attention
 
 BS = 16
@@ -73,7 +73,7 @@ def test_scores_equal_the_quest_formula_combined_over_the_group(rule: GroupScore
     num_tokens = torch.tensor([n * BS - 3 for n in real])          # the last block partly filled
     for head in (None, 0, 1):
         heads = list(range(HKV)) if head is None else [head]
-        got = group_scores(head_bounds(q, HKV, head, dmax[:, :, heads], dmin[:, :, heads]), num_tokens, BS, rule)
+        got = block_scores(q, HKV, head, dmax[:, :, heads], dmin[:, :, heads], num_tokens, BS, rule)
         want = ref_scores(q, dmax, dmin, HKV, heads, rule, real)
         for i, n in enumerate(real):
             torch.testing.assert_close(got[i, :, :n], want[i, :, :n], rtol=1e-5, atol=1e-5)
@@ -93,7 +93,7 @@ def test_max_norm_keeps_the_block_one_query_head_wants_where_the_sum_follows_the
     n = torch.tensor([7 * BS])
     picks = {}
     for rule in GroupScore:
-        scores = group_scores(head_bounds(q, 1, None, digest, digest), n, BS, rule)
+        scores = block_scores(q, 1, None, digest, digest, n, BS, rule)
         picks[rule] = [b for b in select_blocks(scores, n, config)[0, 0].tolist() if b not in (0, 6)]
     assert picks[GroupScore.SUM] == [3, 4]
     assert picks[GroupScore.MAX_NORM] == [2, 3]
