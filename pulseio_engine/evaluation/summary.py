@@ -95,10 +95,11 @@ def write_plot(path: Path, records: Sequence[Record]) -> None:
     rows = sorted({(r["model"], r["context_len"]) for r in records})
     order = [t.value for t in Task]
     tasks = sorted({r["task"] for r in records}, key=lambda t: order.index(t) if t in order else len(order))
-    labels = [m for m in mode_labels(list(records)) if m != EvalMode.VANILLA.value]
+    modes = {label: mode for label, mode in mode_labels(list(records)).items() if mode != EvalMode.VANILLA.value}
+    labels = list(modes)
     base = [m.value for m in EvalMode if m is not EvalMode.VANILLA]
-    style = {label: dict(color=f"C{base.index(label.split()[0])}", marker="osD^"[base.index(label.split()[0]) % 4],
-                         linestyle="-" if label in base else ":") for label in labels}
+    style = {label: dict(color=f"C{base.index(mode)}", marker="osD^"[base.index(mode) % 4],
+                         linestyle="-" if label == mode else ":") for label, mode in modes.items()}
     budgets = sorted({r["token_budget"] for r in records if mode_label(r) in labels})
     fig, axes = plt.subplots(len(rows), len(tasks), figsize=(3.2 * len(tasks), 2.6 * len(rows) + 0.6), squeeze=False)
     handles: dict[str, Any] = {}

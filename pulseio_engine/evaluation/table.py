@@ -263,7 +263,7 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
     lines: list[str] = []
     for model, task in sorted({(r["model"], r["task"]) for r in records}, key=_task_order):
         mine = [r for r in records if (r["model"], r["task"]) == (model, task)]
-        modes = mode_labels(mine)
+        modes = list(mode_labels(mine))
         sparse = [m for m in modes if m != EvalMode.VANILLA.value]
         perplexity = task == Task.PERPLEXITY.value
         samples = sorted({r["samples"] for r in mine})
@@ -284,11 +284,12 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
     return "\n".join(lines) + "\n"
 
 
-def mode_labels(records: list[dict[str, Any]]) -> list[str]:
-    """The records' `mode_label`s, in `EvalMode` order, each mode's default group rule first."""
+def mode_labels(records: list[dict[str, Any]]) -> dict[str, str]:
+    """The records' `mode_label`s -> their modes, in `EvalMode` order, each mode's default group rule first."""
     labels = {mode_label(r): r["mode"] for r in records}
     order = [m.value for m in EvalMode]
-    return sorted(labels, key=lambda label: (order.index(labels[label]), label != labels[label], label))
+    return {label: labels[label] for label in
+            sorted(labels, key=lambda label: (order.index(labels[label]), label != labels[label], label))}
 
 
 def _cell(record: dict[str, Any] | None, perplexity: bool, skipped: bool) -> str:
