@@ -22,7 +22,8 @@
 #   MODES=vanilla,quest OUT=/tmp/acc bash benchmarks/run_accuracy_gpu.sh
 #
 # Settings (environment): MODEL (smollm2), CONTEXTS (2048,4096,8192), TASKS (all five), MODES (all four),
-# BUDGETS (512,1024,2048), GROUP_SCORE (the sparse modes' group rule; default: the engine's), SAMPLES (20), BATCH (default: every request of an engine, as memory allows),
+# BUDGETS (512,1024,2048), GROUP_SCORE (the sparse modes' group rule; default: the engine's), SAMPLES (20),
+# BATCH (default: every request of an engine, as memory allows),
 # HEADS (a heads.json; default: calibrate), DEVICE (cuda), STAGE (folder of carried sets, default stage),
 # TABLE_LIMIT_S (the eval-table run's limit; default: what is left of 540 s, so the tarball is written inside
 # a 10-minute call),
