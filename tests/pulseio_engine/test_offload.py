@@ -10,7 +10,9 @@ from sparse_reference import ref_offload_decode
 
 from pulseio_engine import CacheConfig, Engine, KVHandoff, PromptTooLongError, RetrievalHeads, SamplingParams
 from pulseio_engine.config import (
+    DEFAULT_GROUP_SCORE,
     Architecture,
+    GroupScore,
     ModelConfig,
     OffloadConfig,
     RecallMode,
@@ -34,10 +36,10 @@ def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
 
 
 def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
-            local: int = 2, host_blocks: int = 4096, **kw) -> Engine:
+            local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, **kw) -> Engine:
     m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
-                                                local_blocks=local),
+                                                local_blocks=local, group_score=group),
                             recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense)
     return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
                              retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
@@ -77,12 +79,17 @@ def test_a_budget_covering_the_context_decodes_exactly_as_vanilla(tiny_qwen3, mo
     assert got == vanilla
 
 
-@pytest.mark.parametrize("mode,recall", MODES, ids=[f"{m.value}-{r.value}" for m, r in MODES])
-def test_a_small_budget_equals_the_plain_reference_of_the_same_selection(tiny_qwen3, mode, recall) -> None:
+REFERENCE_CASES = [(m, r, DEFAULT_GROUP_SCORE) for m, r in MODES] + [
+    (m, RecallMode.DOORBELL, GroupScore.MAX_NORM) for m in SparseMode]     # 2 query heads per KV head
+
+
+@pytest.mark.parametrize("mode,recall,group", REFERENCE_CASES,
+                         ids=[f"{m.value}-{r.value}-{g.value}" for m, r, g in REFERENCE_CASES])
+def test_a_small_budget_equals_the_plain_reference_of_the_same_selection(tiny_qwen3, mode, recall, group) -> None:
     """Budget 4 blocks of 8 (sink 1, local 1) over contexts of up to 8 blocks: each decode step's chosen
     blocks and logits equal `ref_offload_decode`, which recomputes digests, scores and selection by loops."""
     path = str(tiny_qwen3[0])
-    with _engine(path, mode, recall, budget=4 * BS, dense=1, local=1) as engine:
+    with _engine(path, mode, recall, budget=4 * BS, dense=1, local=1, group=group) as engine:
         logits_seen: list[torch.Tensor] = []
         end = engine.model.end
         engine.model.end = lambda state: logits_seen.append(end(state)) or logits_seen[-1]   # record, pass on
