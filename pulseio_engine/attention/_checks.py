@@ -20,6 +20,7 @@ def check_paged_decode_args(
     context_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    num_kv_heads: int | None = None,
 ) -> None:
     """Raise TypeError/ValueError naming the offending value and the rule it breaks."""
     for name, t in (
@@ -31,7 +32,7 @@ def check_paged_decode_args(
     ):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _check_dims(q, k_cache, v_cache, block_tables, context_lens)
+    _check_dims(q, k_cache, v_cache, block_tables, context_lens, num_kv_heads)
     _check_dtypes(q, k_cache, v_cache, block_tables, context_lens)
     _check_devices(q, k_cache, v_cache, block_tables, context_lens)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
@@ -40,7 +41,7 @@ def check_paged_decode_args(
         _check_out(q, out)
 
 
-def _check_dims(q, k_cache, v_cache, block_tables, context_lens) -> None:
+def _check_dims(q, k_cache, v_cache, block_tables, context_lens, num_kv_heads) -> None:
     if q.dim() != 3:
         raise ValueError(f"q must be [B, Hq, D] (3 dims), got shape {tuple(q.shape)}")
     if k_cache.dim() != 4:
@@ -51,10 +52,25 @@ def _check_dims(q, k_cache, v_cache, block_tables, context_lens) -> None:
     _, block_size, hkv, kv_dim = k_cache.shape
     if kv_dim != head_dim:
         raise ValueError(f"head_dim of q ({head_dim}) must equal head_dim of k_cache ({kv_dim})")
-    if hkv < 1 or hq % hkv != 0:
-        raise ValueError(f"Hq ({hq}) must be a multiple of Hkv ({hkv}) for grouped-query attention")
+    heads = hkv if num_kv_heads is None else num_kv_heads
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or hq % heads != 0:
+        raise ValueError(f"Hq ({hq}) must be a multiple of Hkv ({heads}) for grouped-query attention")
     if block_size < 1:
         raise ValueError(f"block_size (k_cache.shape[1]) must be >= 1, got {block_size}")
+    if block_tables.dim() == 3:   # row tables: [B, S, M], row s serving KV heads [s * Hkv / S, (s + 1) * Hkv / S)
+        rows = block_tables.shape[1]
+        if block_tables.shape[0] != batch or rows < 1 or block_tables.shape[2] < 1 or heads % rows:
+            raise ValueError(f"row block_tables must be [B={batch}, S, max_blocks>=1] with S dividing Hkv ({heads}), "
+                             f"got shape {tuple(block_tables.shape)}")
+        if hkv not in (heads, heads // rows):
+            raise ValueError(f"k_cache must hold all {heads} KV heads or the {heads // rows} of one table row, "
+                             f"got {hkv}")
+        if tuple(context_lens.shape) != (batch, rows):
+            raise ValueError(f"context_lens must be [B={batch}, S={rows}] with row tables, got shape "
+                             f"{tuple(context_lens.shape)}")
+        return
+    if num_kv_heads not in (None, hkv):
+        raise ValueError(f"num_kv_heads ({num_kv_heads}) must equal k_cache's heads ({hkv}) with [B, M] block_tables")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or block_tables.shape[1] < 1:
         raise ValueError(f"block_tables must be [B={batch}, max_blocks>=1], got shape {tuple(block_tables.shape)}")
     if context_lens.dim() != 1 or context_lens.shape[0] != batch:

@@ -20,6 +20,10 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
   benchmarks/bench_attention.py; on sm_90 the K/V loads compile to 16-byte vector loads either way.
 - The program id order puts the KV head fastest, so the Hkv programs of one (sequence, split) run
   together and read neighbouring bytes of the same pages.
+- Row tables (sparse attention): a sequence has TABLE_ROWS tables, row kv_head // HEADS_PER_ROW serving
+  its KV heads, each with its own context length (the selected blocks differ per row). The cache holds
+  CACHE_HEADS heads per page: every KV head (the paged cache: head kv_head) or one row's (a pool of
+  per-row units: head kv_head % CACHE_HEADS). Plain tables are the case TABLE_ROWS = 1.
 """
 
 from __future__ import annotations
@@ -87,8 +91,10 @@ def _paged_decode_split_kernel(
     stride_vh,
     stride_vd,
     stride_btb,
+    stride_bts,
     stride_btn,
     stride_lens,
+    stride_lens_s,
     stride_ob,
     stride_oh,
     stride_os,
@@ -103,12 +109,16 @@ def _paged_decode_split_kernel(
     DIRECT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PREFETCH: tl.constexpr,
+    HEADS_PER_ROW: tl.constexpr,
+    CACHE_HEADS: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2)
+    row = kv_head // HEADS_PER_ROW
+    cache_head = kv_head % CACHE_HEADS
 
-    ctx = tl.minimum(tl.load(lens_ptr + b * stride_lens), max_context)  # never read past the block-table row
+    ctx = tl.minimum(tl.load(lens_ptr + b * stride_lens + row * stride_lens_s), max_context)  # within the table
     n_tiles = tl.cdiv(ctx, BLOCK_N)
     tiles_per_split = tl.cdiv(n_tiles, num_splits)
     tile_lo = split * tiles_per_split
@@ -128,9 +138,9 @@ def _paged_decode_split_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
-    k_head = k_ptr + kv_head * stride_kh
-    v_head = v_ptr + kv_head * stride_vh
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb + row * stride_bts
+    k_head = k_ptr + cache_head * stride_kh
+    v_head = v_ptr + cache_head * stride_vh
     limit = tl.minimum(ctx, tile_hi * BLOCK_N)  # tokens of this split end here
     tok = tile_lo * BLOCK_N + offs_n
     if PREFETCH:  # registers hold tile i+1 while tile i is computed; used with num_stages=1

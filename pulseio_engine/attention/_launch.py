@@ -112,20 +112,25 @@ def check_triton_shapes(q: torch.Tensor, k_cache: torch.Tensor) -> None:
 
 def paged_decode_attention_triton(
     q: torch.Tensor,  # [B, Hq, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    block_tables: torch.Tensor,  # [B, max_blocks] int32
-    context_lens: torch.Tensor,  # [B] int32
+    k_cache: torch.Tensor,  # [num_blocks, block_size, C, D]: C = Hkv, or Hkv / S with row tables
+    v_cache: torch.Tensor,  # [num_blocks, block_size, C, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] or row tables [B, S, max_blocks], int32
+    context_lens: torch.Tensor,  # [B] (or [B, S]) int32
     scale: float,
     *,
     out: torch.Tensor | None = None,  # [B, Hq, D], q.dtype
     config: DecodeConfig | None = None,
+    num_kv_heads: int | None = None,  # Hkv; default C
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
     """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
     check_triton_shapes(q, k_cache)
     batch, hq, head_dim = q.shape
-    _, page_size, hkv, _ = k_cache.shape
-    max_blocks = block_tables.shape[1]
+    _, page_size, cache_heads, _ = k_cache.shape
+    hkv = num_kv_heads or cache_heads
+    rows = block_tables.shape[1] if block_tables.dim() == 3 else 1
+    max_blocks = block_tables.shape[-1]
+    table_strides = (block_tables.stride(0), block_tables.stride(1) if rows > 1 else 0, block_tables.stride(-1))
+    lens_strides = (context_lens.stride(0), context_lens.stride(1) if context_lens.dim() == 2 else 0)
     if config is None:
         config = choose_config(
             batch=batch,
@@ -166,8 +171,8 @@ def paged_decode_attention_triton(
         *q.stride(),
         *k_cache.stride(),
         *v_cache.stride(),
-        *block_tables.stride(),
-        context_lens.stride(0),
+        *table_strides,
+        *lens_strides,
         *part_strides,
         *lse_strides,
         GROUP=group,
@@ -178,6 +183,8 @@ def paged_decode_attention_triton(
         DIRECT=direct,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PREFETCH=config.prefetch,
+        HEADS_PER_ROW=hkv // rows,
+        CACHE_HEADS=cache_heads,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

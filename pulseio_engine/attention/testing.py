@@ -91,3 +91,56 @@ def dense_attention(case: PagedCase) -> torch.Tensor:  # [B, Hq, D], float64, on
         scores = torch.einsum("hd,nhd->hn", case.q[b].double(), k) * case.scale
         outs.append(torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v))
     return torch.stack(outs)
+
+
+@dataclass(frozen=True)
+class RowCase:
+    """Row tables over a paged case: row s of sequence b reads a subset of its pages with KV heads
+    [s * Hkv / S, (s + 1) * Hkv / S); `pooled` re-lays the pages as per-row units of Hkv / S heads."""
+
+    q: torch.Tensor  # [B, Hq, D]
+    k_cache: torch.Tensor  # [pages, block_size, C, D], C = Hkv (paged) or Hkv / S (pooled)
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [B, S, max_blocks] int32
+    context_lens: torch.Tensor  # [B, S] int32
+    num_kv_heads: int
+    scale: float
+    expect: torch.Tensor  # [B, Hq, D] float64: naive attention over each row's selected tokens
+
+
+def random_row_case(base: PagedCase, *, rows: int, pooled: bool, seed: int = 0) -> RowCase:
+    """Each (sequence, row) keeps a random subset of its pages, always its last (partly filled) one,
+    ascending: the shape of a sparse selection."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, hq, head_dim = base.q.shape
+    num_pages, _, block_size, hkv, _ = base.kv.shape
+    per_row, group = hkv // rows, hq // hkv
+    lens = base.context_lens.tolist()
+    max_blocks = base.block_tables.shape[1]
+    tables = torch.zeros((batch, rows, max_blocks), dtype=torch.int32)
+    row_lens = torch.zeros((batch, rows), dtype=torch.int32)
+    units = []  # pooled: [2, block_size, per_row, D] per (page, row) used
+    expect = torch.zeros((batch, hq, head_dim), dtype=torch.float64)
+    for b, n in enumerate(lens):
+        pages = -(-n // block_size)
+        for s in range(rows):
+            keep = sorted(set(torch.randperm(pages, generator=gen)[: max(1, pages // 2)].tolist()) | {pages - 1})
+            heads = slice(s * per_row, (s + 1) * per_row)
+            ids = base.block_tables[b, keep].long()
+            if pooled:
+                tables[b, s, : len(keep)] = torch.arange(len(units), len(units) + len(keep), dtype=torch.int32)
+                units.extend(base.kv[ids.tolist()][:, :, :, heads].unbind(0))
+            else:
+                tables[b, s, : len(keep)] = ids.int()
+            row_lens[b, s] = (len(keep) - 1) * block_size + (n - 1) % block_size + 1
+            tokens = torch.cat([torch.arange(p * block_size, min(n, (p + 1) * block_size)) for p in keep])
+            k = base.dense_k[b].cpu()[tokens][:, heads].double()          # [t, per_row, D]
+            v = base.dense_v[b].cpu()[tokens][:, heads].double()
+            qs = base.q[b, s * per_row * group:(s + 1) * per_row * group].cpu().double().view(per_row, group, -1)
+            probs = torch.softmax(torch.einsum("hgd,thd->hgt", qs, k) * base.scale, dim=-1)
+            expect[b, s * per_row * group:(s + 1) * per_row * group] = \
+                torch.einsum("hgt,thd->hgd", probs, v).reshape(-1, head_dim)
+    kv = torch.stack(units) if pooled else base.kv.cpu()
+    dev = base.q.device
+    return RowCase(base.q, kv[:, 0].to(dev), kv[:, 1].to(dev), tables.to(dev), row_lens.to(dev), hkv,
+                   base.scale, expect.to(dev))

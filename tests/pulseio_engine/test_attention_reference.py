@@ -129,3 +129,30 @@ def test_invalid_arguments_raise_with_the_rule(change, error, message):
     change(args)
     with pytest.raises(error, match="^" + re.escape(message)):
         paged_decode_attention(**args)
+
+
+@pytest.mark.parametrize("rows,pooled", [(1, False), (3, False), (3, True), (1, True)])
+def test_row_tables_read_each_rows_selected_pages_only(rows, pooled):
+    """Sparse attention: every (sequence, row) attends to its own subset of pages with its KV heads; the
+    cache is either the paged one (all heads) or per-row units. Unselected pages are NaN-poisoned."""
+    from pulseio_engine.attention.testing import random_row_case
+
+    base = random_paged_case(context_lens=[1, 17, 64, 150], num_q_heads=6, num_kv_heads=3, head_dim=32)
+    case = random_row_case(base, rows=rows, pooled=pooled)
+    got = paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                                 case.scale, num_kv_heads=case.num_kv_heads)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.double(), case.expect, rtol=1e-5, atol=1e-5)
+
+
+def test_row_tables_refuse_a_cache_of_neither_width():
+    from pulseio_engine.attention.testing import random_row_case
+
+    base = random_paged_case(context_lens=[5, 40], num_q_heads=8, num_kv_heads=4, head_dim=32)
+    case = random_row_case(base, rows=2, pooled=True)       # units of 2 heads
+    with pytest.raises(ValueError, match=re.escape("k_cache must hold all 8 KV heads or the 4 of one table row")):
+        paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                               case.scale, num_kv_heads=8)
+    with pytest.raises(ValueError, match=re.escape("context_lens must be [B=2, S=2] with row tables")):
+        paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens[:, 0],
+                               case.scale, num_kv_heads=4)

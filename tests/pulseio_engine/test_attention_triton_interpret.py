@@ -84,6 +84,13 @@ CASES = {
     ),
 }
 LENS = [1, 17, 64, 150]
+# row tables (sparse attention): id -> (rows S, pooled per-row units, Hq, Hkv, DecodeConfig fields or None)
+ROW_CASES = {
+    "rows-per-kv-head-paged": (4, False, 8, 4, (16, 4, 2, 2)),            # Quest on the paged cache
+    "rows-per-kv-head-pooled": (4, True, 8, 4, (32, 4, 2, 3)),            # Quest's hot slots: 1 head a unit
+    "one-row-all-heads-pooled": (1, True, 10, 2, None),                  # SoloHead's hot slots
+    "two-rows-of-two-heads-paged": (2, False, 12, 4, (16, 4, 2, 1)),
+}
 
 
 def _run_case(kwargs: dict, config: tuple | None) -> dict:
@@ -121,11 +128,27 @@ def _run_case(kwargs: dict, config: tuple | None) -> dict:
     }
 
 
+def _run_row_case(rows: int, pooled: bool, hq: int, hkv: int, config: tuple | None) -> dict:
+    from pulseio_engine.attention._launch import DecodeConfig, paged_decode_attention_triton
+    from pulseio_engine.attention.testing import random_paged_case, random_row_case
+
+    base = random_paged_case(context_lens=LENS, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, max_blocks=11)
+    case = random_row_case(base, rows=rows, pooled=pooled)
+    out = torch.full_like(case.q, float("nan"))
+    got = paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                                        case.scale, out=out, config=DecodeConfig(*config) if config else None,
+                                        num_kv_heads=case.num_kv_heads)
+    return {"same_out": got is out, "max_err": (got.double() - case.expect).abs().max().item(),
+            "max_ref": case.expect.abs().max().item()}
+
+
 def _main() -> None:
     results = {}
-    for name, (kwargs, config, _) in CASES.items():
+    runs = [(name, _run_case, (kwargs, config)) for name, (kwargs, config, _) in CASES.items()]
+    runs += [(name, _run_row_case, args) for name, args in ROW_CASES.items()]
+    for name, run, args in runs:
         try:
-            results[name] = _run_case(kwargs, config)
+            results[name] = run(*args)
         except Exception as exc:  # reported to the parent test, which fails with it
             results[name] = {"error": repr(exc)}
     print(json.dumps(results))
@@ -146,13 +169,16 @@ def results() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(CASES) + list(ROW_CASES))
 def test_interpreted_kernel_matches_reference(results, name):
+    """Plain cases against the torch reference; row-table cases against naive float64 attention over each
+    row's selected tokens (poisoned pages and table entries must not be read)."""
     result = results[name]
     assert "error" not in result, result.get("error")
     assert result["same_out"], "the kernel must write into and return the given out tensor"
     assert result["max_ref"] > 0.1  # the check below is not vacuous
-    assert result["max_err"] <= CASES[name][2] * max(1.0, result["max_ref"]), result
+    tol = CASES[name][2] if name in CASES else 1e-5
+    assert result["max_err"] <= tol * max(1.0, result["max_ref"]), result
 
 
 if __name__ == "__main__":
