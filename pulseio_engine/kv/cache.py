@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .digests import BlockDigests
+from .token_store import store_tokens
+
 
 @dataclass(frozen=True)
 class KVCacheStatistics:
@@ -60,19 +63,16 @@ class KVCache:
         return self.kv[layer][:, 1]   # [num_blocks, block_size, Hkv, D], strided view
 
     def rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Flat K and V row indices of cache slots, for `write`. slots: [T] int64
-        (block * block_size + offset) -> ([T], [T]) int64 rows of `kv[l].view(-1, Hkv, D)`.
-        Computed once per batch step, used by every layer."""
-        block, offset = slots // self.block_size, slots % self.block_size
-        k_rows = block * (2 * self.block_size) + offset
-        return k_rows, k_rows + self.block_size
+        """Where tokens go, for `write`. slots: [T] int64 (block * block_size + offset) -> (blocks [T, 1],
+        offsets [T]) int64. Computed once per batch step, used by every layer."""
+        return (slots // self.block_size)[:, None], slots % self.block_size
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """Store new tokens' K/V at `rows` (from `rows(slots)`). k, v: [T, Hkv, D].
-        No host sync: safe inside CUDA-graph capture."""
-        flat = self.kv[layer].view(-1, self.num_kv_heads, self.head_dim)   # [num_blocks * 2 * bs, Hkv, D]
-        flat.index_copy_(0, rows[0], k)
-        flat.index_copy_(0, rows[1], v)
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
+              digests: BlockDigests | None = None) -> None:
+        """Store new tokens' K/V at `rows` (from `rows(slots)`), and fold K into `digests` in the same pass.
+        k, v: [T, Hkv, D]. No host sync: safe inside CUDA-graph capture."""
+        blocks, offsets = rows
+        store_tokens(self.kv[layer], blocks, offsets, k, v, digests=digests, layer=layer, digest_blocks=blocks[:, 0])
 
     def gather(self, layer: int, block_ids: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's first `num_tokens` K and V. block_ids: [n_blocks] int64 -> ([n, Hkv, D], [n, Hkv, D])."""
