@@ -34,6 +34,7 @@ from .memory import HostPool as HostPool
 from .plan import Direction as Direction
 from .plan import Strategy as Strategy
 from .plan import TransferPlan as TransferPlan
+from .recall_graph import RecallGraph as RecallGraph
 from .runtime import Runtime as Runtime
 from .runtime import RuntimeStatistics as RuntimeStatistics
 from .runtime import open_runtime as open_runtime

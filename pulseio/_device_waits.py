@@ -31,7 +31,12 @@ held, possibly part of the copy). No wait can hang the process:
   it), its copy may still write the slots later: treat them as garbage either way.
 * A host-side wait for a non-RESIDENT copy to be enqueued is bounded by the same timeout, then raises.
 * `device_wait` cannot be captured in a CUDA graph (it raises): a replay would wait for the same
-  request again. Publishing from a graph (`publish_device`, `expect_published`) is fine.
+  request again. Publishing from a graph (`publish_device`, `expect_published`) is fine, and so is a
+  `RecallGraph` (`pulseio/recall_graph.py`), whose captured wait reads the seq its publish took on the
+  device. Before each replay `serve_replay` does for all its requests what `device_wait` does for one:
+  one copier generation launched in the stream's order, up until the last request has landed (every
+  publish of the replay is enqueued with the replay itself, so none waits on a driver call still to be
+  made), and the watchdog armed for each.
 """
 
 from __future__ import annotations
@@ -96,6 +101,17 @@ class DeviceWaits:
             raise error
         if completion.transfer is not None:  # None: it finished with nothing to copy
             completion.transfer.device_wait(stream)
+
+    def serve_replay(self, completions: Sequence[Completion], stream: Any) -> None:
+        """A graph about to be replayed on `stream` publishes these RESIDENT requests, in this order, and waits for
+        them on the device itself (see the module doc)."""
+        last: dict[int, Completion] = {}
+        for completion in completions:
+            last[completion.seq % len(self._workers)] = completion
+        for completion in last.values():
+            self._copier(completion.seq).serve_for(stream, self._words.address(completion.seq), completion.seq)
+        for completion in completions:
+            self._watchdog.arm(completion.seq, self._timeout, completion)
 
     def _copier(self, seq: int) -> Any:
         return self._workers[seq % len(self._workers)].resident

@@ -24,8 +24,11 @@ class HostProducer:
         self._thread = threading.Thread(target=self._run, name="pulseio-host-producer", daemon=True)
         self._thread.start()
 
-    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any = None) -> None:
-        """ids, slots: [>= count] integer ids, host (torch CPU tensor or numpy); count: int or [1] array."""
+    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any = None, seq_out: Any = None) -> None:
+        """ids, slots: [>= count] integer ids, host (torch CPU tensor or numpy); count: int or [1] array.
+        seq_out is for captured device waits, which need a device."""
+        if seq_out is not None:
+            raise NotImplementedError("the host backend has no device: a publish cannot feed a captured device wait")
         self._queue.put((ids, slots, count, tag))
 
     def _run(self) -> None:
@@ -41,6 +44,9 @@ class HostProducer:
         """Any host integer ids do: the producer thread copies them (make_plan validates them later)."""
 
     def wait_word(self, stream: Any, address: int, value: int) -> None:
+        raise NotImplementedError("the host backend has no device to wait on")
+
+    def wait_seq(self, stream: Any, seq_at: int, words_base: int, words: int) -> None:
         raise NotImplementedError("the host backend has no device to wait on")
 
     def drain_sync(self, timeout: float) -> bool:

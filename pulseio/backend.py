@@ -103,14 +103,19 @@ class Publisher(Protocol):
     ids_mirror: Any  # [rows, 2 * max_blocks] int64 device tensor of the requests' ids, or None
     mirror_heads: Any  # [rows, 2] int64 device tensor: the (seq, count) each mirror row holds, or None
 
-    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
-        """Enqueue the publish of ids[:count] -> slots[:count]; never waits."""
+    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any, seq_out: Any = None) -> None:
+        """Enqueue the publish of ids[:count] -> slots[:count]; never waits. seq_out: where the publish stores
+        the seq it took (a [1] int64 device tensor), for `wait_seq`; None: nowhere."""
 
     def check_ids(self, name: str, ids: Any) -> None:
         """Refuse ids the producer cannot publish where they lie (InvalidRequestError naming `name`)."""
 
     def wait_word(self, stream: Any, address: int, value: int) -> None:
         """Enqueue on `stream`: wait until the int64 at `address` reaches value (where waits_on_device)."""
+
+    def wait_seq(self, stream: Any, seq_at: int, words_base: int, words: int) -> None:
+        """Enqueue on `stream` (which may be capturing a CUDA graph): wait for the wait word of the request whose
+        seq an earlier publish stored at `seq_at` (where waits_on_device)."""
 
     def drain_sync(self, timeout: float) -> bool:
         """Wait up to `timeout` s until every publish posted has run; False if not."""

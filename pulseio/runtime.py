@@ -41,6 +41,7 @@ from .handle import settle
 from .interrupts import Completion, InterruptPump
 from .memory import DevicePool, HostPool
 from .plan import Direction, IdArray, Strategy, make_plan
+from .recall_graph import RecallGraph, check_capturable
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,33 @@ class Runtime:
             for completion in completions:
                 self._poller.expect(completion)
             self._ticket += n
+        return completions
+
+    def recall_graph(self) -> RecallGraph:
+        """A RecallGraph: recalls captured into a CUDA graph with their device waits (pulseio/recall_graph.py).
+        Needs the CUDA backend and a resident copier on every I/O worker (ConfigError otherwise)."""
+        check_capturable(self)
+        import torch
+
+        return RecallGraph(self, torch)
+
+    def _post_captured(self, host_ids: Any, device_slots: Any, count: Any, tag: int, stream: Any, seq_out: Any) -> None:
+        """Capture a publish (seq from the device counter, stored in seq_out) and its device wait on `stream`."""
+        count = self._check_post(host_ids, device_slots, count, tag)
+        with self._lock:
+            self._check_open()
+            self._publisher.post(host_ids, device_slots, count, tag, stream, seq_out=seq_out)
+        self._publisher.wait_seq(stream, seq_out.data_ptr(), self._words.base, self._words.slots)
+
+    def _arm_replay(self, tags: list[int], stream: Any) -> list[Completion]:
+        """Completions for the requests a RecallGraph's replay publishes, served and watched (see recall_graph)."""
+        with self._lock:
+            self._admit(len(tags))
+            completions = [self._completion(self._ticket + 1 + i, tag, Strategy.RESIDENT) for i, tag in enumerate(tags)]
+            for completion in completions:
+                self._poller.expect(completion)
+            self._ticket += len(tags)
+        self._waits.serve_replay(completions, stream)
         return completions
 
     def wait_ring_space(self, n: int = 1, *, timeout: float | None = None) -> None:

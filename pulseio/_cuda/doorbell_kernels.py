@@ -35,11 +35,11 @@ from . import (
 )
 from .launch import PackedKernel, array_args
 from .sysmem import globaltimer
-from .wait_kernel import WaitLauncher, refuse_in_capture
+from .wait_kernel import SeqWaitLauncher, WaitLauncher, refuse_in_capture
 
 PUBLISH_THREADS = 256
 PUBLISH_SIGNATURE = ("void(int64[:, ::1], int64[::1], int64[:, ::1], int64[:, ::1], int64[::1], int64[::1], "
-                     "int64[::1], int64, int64)")
+                     "int64[::1], int64, int64, int64[::1])")
 
 @cuda.jit(device=True)
 def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma: no cover - GPU / simulator
@@ -89,10 +89,13 @@ def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma:
     return seq
 
 
-def _publish_kernel(ring, counter, mirror, heads, ids, slots, count, count_static, tag):  # pragma: no cover
+def _publish_kernel(ring, counter, mirror, heads, ids, slots, count, count_static, tag, seq_out):  # pragma: no cover
+    """seq_out: [1] int64 device (where a captured device wait reads the seq this publish took) or [0]: none."""
     n = count_static if count_static >= 0 else count[0]
     if cuda.blockIdx.x == 0:
-        publish_device(ring, counter, mirror, heads, ids, slots, n, tag)
+        seq = publish_device(ring, counter, mirror, heads, ids, slots, n, tag)
+        if cuda.threadIdx.x == 0 and seq_out.shape[0] > 0:
+            seq_out[0] = seq
 
 
 publish_kernel = cuda.jit(_publish_kernel)  # lazily compiled: numba's own launch, for tests and the simulator
@@ -109,17 +112,18 @@ class PublishLauncher:
 
     def __init__(self, ring_ptr: int, capacity: int, slot_words: int, counter_ptr: int, mirror_ptr: int,
                  mirror_shape: tuple[int, int], heads_ptr: int) -> None:
-        self._kernel = PackedKernel(_compile_publish(), 57)
+        self._kernel = PackedKernel(_compile_publish(), 64)
         fixed = (*array_args(ring_ptr, (capacity, slot_words)), *array_args(counter_ptr, (1,)),
                  *array_args(mirror_ptr, mirror_shape), *array_args(heads_ptr, (mirror_shape[0], 2)))
         self._kernel.values[: len(fixed)] = fixed
         self._at = len(fixed)
 
     def __call__(self, stream_handle: int, ids_ptr: int, slots_ptr: int, length: int, count_ptr: int,
-                 count_static: int, tag: int) -> None:
+                 count_static: int, tag: int, seq_out_ptr: int = 0) -> None:
         at = self._at
         self._kernel.values[at:] = (*array_args(ids_ptr, (length,)), *array_args(slots_ptr, (length,)),
-                                    *array_args(count_ptr, (1,)), count_static, tag)
+                                    *array_args(count_ptr, (1,)), count_static, tag,
+                                    *array_args(seq_out_ptr or count_ptr, (1 if seq_out_ptr else 0,)))
         self._kernel.launch(stream_handle, 1, PUBLISH_THREADS)
 
 
@@ -143,11 +147,13 @@ class DevicePublisher:
                                       self.ids_mirror.data_ptr(), tuple(self.ids_mirror.shape),
                                       self.mirror_heads.data_ptr())
         self.wait = WaitLauncher()
+        self.wait_for_seq = SeqWaitLauncher()
         self.waits_on_device = True
         self._last: Any = None  # the stream of the previous publish
 
-    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any) -> None:
-        """Enqueue the publish of ids[:count] / slots[:count] on `stream` (torch stream or None: current)."""
+    def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any, seq_out: Any = None) -> None:
+        """Enqueue the publish of ids[:count] / slots[:count] on `stream` (torch stream or None: current);
+        seq_out: a [1] int64 device tensor the publish writes its seq into, or None."""
         self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
         if self._last is not None and self._last != stream and not driver.is_capturing(stream.cuda_stream):
@@ -162,7 +168,8 @@ class DevicePublisher:
         else:
             count_ptr, count_static = count.data_ptr(), -1
         length = min(ids.numel(), slots.numel())
-        self.launch(stream.cuda_stream, ids.data_ptr(), slots.data_ptr(), length, count_ptr, count_static, tag)
+        self.launch(stream.cuda_stream, ids.data_ptr(), slots.data_ptr(), length, count_ptr, count_static, tag,
+                    0 if seq_out is None else seq_out.data_ptr())
 
     def check_ids(self, name: str, ids: Any) -> None:
         """The publish kernel reads ids where they lie: a contiguous int64 tensor on this device."""
@@ -178,6 +185,14 @@ class DevicePublisher:
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
         refuse_in_capture(stream.cuda_stream)
         self.wait(stream.cuda_stream, address, value)
+
+    def wait_seq(self, stream: Any, seq_at: int, words_base: int, words: int) -> None:
+        """Enqueue on `stream`, which may be capturing a CUDA graph: wait until the wait word of the request
+        whose seq the int64 at `seq_at` (device memory, written by an earlier publish on `stream`) holds
+        reaches that seq; the words are `words` int64 at `words_base` (`pulseio._wait_words`)."""
+        self._bind_thread()
+        stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
+        self.wait_for_seq(stream.cuda_stream, seq_at, words_base, words)
 
     def _bind_thread(self) -> None:
         if not getattr(self._thread_ready, "ready", False):

@@ -18,9 +18,10 @@ from ..errors import InvalidRequestError
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 from .driver import is_capturing
 from .launch import PackedKernel
-from .sysmem import load_acquire_sys, pause
+from .sysmem import load_acquire_sys, load_relaxed_gpu, pause
 
 WAIT_SIGNATURE = "void(int64, int64)"
+WAIT_SEQ_SIGNATURE = "void(int64, int64, int64)"
 WAIT_THREADS = 32
 
 
@@ -29,6 +30,17 @@ def wait_word(address, value):  # pragma: no cover - runs on the GPU / simulator
     does ((word - value) as int64 >= 0): later work on the stream runs only after that."""
     if cuda.threadIdx.x == 0:
         while load_acquire_sys(address) - value < 0:
+            pause()
+
+
+def wait_seq(seq_at, words_base, words):  # pragma: no cover - runs on the GPU / simulator
+    """`wait_word` for the request whose seq an earlier kernel of this stream (a publish) stored at seq_at:
+    its word is (seq - 1) % words of the `words` int64 at words_base. The seq is read on the device, so
+    this wait can be captured in a CUDA graph: each replay waits for the request that replay published."""
+    if cuda.threadIdx.x == 0:
+        seq = load_relaxed_gpu(seq_at)
+        address = words_base + 8 * ((seq - 1) % words)
+        while load_acquire_sys(address) - seq < 0:
             pause()
 
 
@@ -44,6 +56,25 @@ def refuse_in_capture(stream_handle: int) -> None:
 @functools.cache
 def compile_wait_word():
     return cuda.jit(WAIT_SIGNATURE)(wait_word)
+
+
+@functools.cache
+def compile_wait_seq():
+    return cuda.jit(WAIT_SEQ_SIGNATURE)(wait_seq)
+
+
+class SeqWaitLauncher:
+    """Launches `wait_seq` (pre-packed, loaded at construction, thread-safe), on a stream that may be
+    capturing a CUDA graph."""
+
+    def __init__(self) -> None:
+        self._kernel = PackedKernel(compile_wait_seq(), 3)
+        self._lock = threading.Lock()
+
+    def __call__(self, stream_handle: int, seq_at: int, words_base: int, words: int) -> None:
+        with self._lock:
+            self._kernel.values[:] = (seq_at, words_base, words)
+            self._kernel.launch(stream_handle, 1, WAIT_THREADS)
 
 
 class WaitLauncher:

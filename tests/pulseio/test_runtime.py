@@ -218,3 +218,11 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
         other = rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1]))
         assert other.wait(timeout=10) and other.landed_ns is None and other.taken_ns is None
         assert rt.statistics().publish_to_landed.count == rt.statistics().publish_to_taken.count == 0
+
+
+def test_recall_graph_needs_a_cuda_device() -> None:
+    """Graph capture needs a GPU: on the host backend the refusal names why, before anything is captured."""
+    with pulseio.open_runtime(pulseio.RuntimeConfig(device="cpu", host_blocks=8, device_slots=8,
+                                                    block_bytes=64)) as rt:
+        with pytest.raises(pulseio.ConfigError, match="needs a CUDA device: the host backend has no graphs"):
+            rt.recall_graph()

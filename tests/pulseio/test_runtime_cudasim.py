@@ -25,16 +25,19 @@ SCRIPT = textwrap.dedent("""
     count = np.array([37], dtype=np.int64)
     mirror = np.full((2, 2 * bell.layout.blocks_per_slot), -1, dtype=np.int64)  # rows by seq: 1 -> 0, 2 -> 1, 3 -> 0
     heads = np.zeros((2, 2), dtype=np.int64)
-    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7)   # count decided "on the device"
+    none = np.zeros(0, dtype=np.int64)                      # no seq_out
+    seq_out = np.zeros(1, dtype=np.int64)
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7, none)   # count decided "on the device"
     assert heads.tolist() == [[1, 37], [0, 0]]
-    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 3, 8)    # count passed by the host
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 3, 8, seq_out)  # count passed by the host
+    assert seq_out[0] == 2, "the publish stores the seq it took where a captured device wait reads it"
     half = bell.layout.blocks_per_slot
     assert mirror[0, :37].tolist() == ids[:37].tolist() and mirror[0, half:half + 37].tolist() == slots[:37].tolist()
     assert mirror[1, :4].tolist() == [100, 101, 102, -1] and mirror[1, half:half + 3].tolist() == [39, 38, 37]
-    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 69, 9)   # more than a slot holds (68)
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 69, 9, none)   # more than a slot holds (68)
     assert heads.tolist() == [[3, -1], [2, 3]], "a bad count: no ids in the row, and the heads say so"
     no_mirror = np.zeros((0, 2 * half), np.int64)
-    publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 2), np.int64), ids, slots, count, 2, 10)
+    publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 2), np.int64), ids, slots, count, 2, 10, none)
     first, second, third, fourth = bell.poll_nowait()
     assert fourth.host_ids.tolist() == [100, 101]
     assert (first.seq, first.tag, first.error) == (1, 7, None), first
@@ -73,6 +76,16 @@ WAIT_SCRIPT = textwrap.dedent("""
     assert time.perf_counter() - t0 >= 0.25 and word[0] == 9
     word[0] = 1 << 62                             # the Runtime's RELEASED: every wait lets go (cyclic compare)
     wait_word[1, 32](address, 12)
+
+    from pulseio._cuda.wait_kernel import compile_wait_seq
+    wait_seq = compile_wait_seq()                 # the seq read on the device: words[(seq - 1) % 4]
+    words, cell = np.zeros(4, dtype=np.int64), np.array([6], dtype=np.int64)
+    words[:] = [5, 0, 7, 8]                       # only word 1 (seq 6's) is short of its seq
+    late = threading.Timer(0.3, lambda: words.__setitem__(1, 6))
+    late.start()
+    t0 = time.perf_counter()
+    wait_seq[1, 32](cell.ctypes.data, words.ctypes.data, 4)
+    assert time.perf_counter() - t0 >= 0.25 and words[1] == 6
     print("SIM-OK")
 """)
 
