@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Issue 14 on one H200: the offload path's GPU tests (with pulseio's chained device waits: 4 requests, each
-# published behind the last one's wait, then first launches behind them all), then `pulseio-engine bench` in the sparse modes
-# (qwen3-14b preset, random weights, handed-in random KV, selection by the shipped recall-locality model).
+# The sparse decode step on one H200: the GPU tests of its kernels and recall path (fused selection, token store,
+# row-table attention, captured recalls, the offload engine, pulseio's chained device waits), then `pulseio-engine
+# bench` in the sparse modes (qwen3-14b preset, random weights, handed-in random KV, the real scoring and top-K
+# steered to the shipped recall-locality model), each against its roofline; SPEC suffix "+vanilla" adds
+# --compare-vanilla (the dense step of the same batch, same process).
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
 # Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
 # BENCH_ARGS (more `bench` options for every run, say "--copier-idle-us 100"), PROFILE=1 (a torch.profiler
@@ -14,7 +16,7 @@ R=${R:-/tmp/sparse-results}; rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 PARTS=${PARTS:-"tests bench"}; STEPS=${STEPS:-20}; BUDGET=${BUDGET:-2048}
 CONFIGS=${CONFIGS:-"8x32768 24x8192"}
-SPECS=${SPECS:-"quest-all-on-gpu:quest offload-sync:solohead offload-doorbell:solohead offload-sync:quest offload-doorbell:quest"}
+SPECS=${SPECS:-"all-on-gpu:quest+vanilla all-on-gpu:solohead offload-doorbell:solohead offload-sync:solohead"}
 { date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; hostname
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -24,9 +26,10 @@ trap finish EXIT
 
 if [[ " $PARTS " == *" tests "* ]]; then
   echo "== gpu tests" | tee -a $R/progress.log
-  timeout 420 python -m pytest -q -m gpu -p no:cacheprovider tests/pulseio_engine/test_offload_gpu.py \
-    tests/pulseio/test_cuda_transfer.py tests/pulseio/test_runtime_gpu.py \
-    tests/pulseio_engine/test_engine_gpu.py tests/pulseio_engine/test_synthetic_selection.py \
+  timeout 420 python -m pytest -q -m gpu -p no:cacheprovider tests/pulseio_engine/test_fused_selection.py \
+    tests/pulseio_engine/test_token_store.py tests/pulseio_engine/test_attention_gpu.py \
+    tests/pulseio/test_recall_graph_gpu.py tests/pulseio_engine/test_offload_gpu.py \
+    tests/pulseio/test_cuda_transfer.py tests/pulseio/test_runtime_gpu.py tests/pulseio_engine/test_engine_gpu.py \
     "tests/pulseio/test_device_wait_patterns_gpu.py" -k "not test_device_wait_pattern or cold-4 or interleaved" \
     > $R/tests.log 2>&1
   echo "tests rc=$?" | tee -a $R/progress.log; tail -3 $R/tests.log
@@ -46,10 +49,11 @@ if [[ " $PARTS " == *" bench "* ]]; then
   for cfg in $CONFIGS; do
     b=${cfg%x*}; ctx=${cfg#*x}
     for spec in $SPECS; do
+      extra=""; [[ $spec == *+vanilla ]] && extra="--compare-vanilla"; spec=${spec%+vanilla}
       mode=${spec%:*}; sel=${spec#*:}; name=${mode}_${sel}_b${b}_ctx${ctx}
-      echo "== $name" | tee -a $R/progress.log
+      echo "== $name $extra" | tee -a $R/progress.log
       timeout 300 python -m pulseio_engine.cli bench --model qwen3-14b --mode $mode --selection $sel \
-        --batch-size $b --context-len $ctx --token-budget $BUDGET --steps $STEPS --warmup 3 \
+        --batch-size $b --context-len $ctx --token-budget $BUDGET --steps $STEPS --warmup 3 $extra \
         --json $R/$name.json ${PROFILE:+--profile $R/$name.profile.txt} ${BENCH_ARGS:-} > $R/$name.log 2>&1
       echo "rc=$? $(tail -1 $R/$name.log)" | tee -a $R/progress.log
     done

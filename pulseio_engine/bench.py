@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from enum import Enum
 
@@ -31,6 +32,12 @@ from .preflight import check_fits, estimate, fixes_for
 from .request import SamplingParams
 
 _CPU_WORKLOAD_END = "one eager decode step per step on the CPU (no CUDA graphs)."
+PROFILED_STEPS = 3   # steps after the timed ones, under the profiler that counts kernels (1 warm-up + 2 counted)
+
+
+def decode_len(context_len: int, warmup: int, steps: int) -> int:
+    """Positions a benchmark's request reaches: its prompt, the first step, the warm-up, timed and profiled steps."""
+    return context_len + warmup + steps + PROFILED_STEPS + 3
 
 
 class BenchMode(Enum):
@@ -57,6 +64,7 @@ class BenchResult:
     roofline_ms: float
     roofline_ratio: float       # step_ms / roofline_ms (1.0 = at the roofline)
     finite_logits: bool
+    kernels_per_step: float | None   # kernels on the GPU's own timeline per step (profiler; None on a CPU)
     compiled: bool              # decode halves ran through torch.compile
     compile_error: str | None   # why not, if torch.compile was asked for and failed
     torch_version: str
@@ -66,10 +74,11 @@ class BenchResult:
         return asdict(self)
 
     def summary(self) -> str:
+        kernels = "" if self.kernels_per_step is None else f", {self.kernels_per_step:,.0f} kernels/step"
         return (f"{self.model} {self.mode} B={self.batch_size} ctx={self.context_len}: "
                 f"{self.step_ms:.3f} ms/step ({self.tokens_per_s:,.0f} tok/s), "
                 f"{self.bytes_per_step / 1e9:.2f} GB/step, roofline {self.roofline_ms:.3f} ms at "
-                f"{self.copy_bandwidth_gbps:,.0f} GB/s -> {self.roofline_ratio:.3f}x")
+                f"{self.copy_bandwidth_gbps:,.0f} GB/s -> {self.roofline_ratio:.3f}x{kernels}")
 
 
 def measure_copy_bandwidth_sync(device: torch.device, nbytes: int = 2 << 30, iters: int = 10) -> float:
@@ -96,7 +105,7 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
-    max_len = context_len + warmup + steps + 3
+    max_len = decode_len(context_len, warmup, steps)
     num_blocks = 1 + batch_size * blocks_for(max_len, CacheConfig().block_size)
     copy_bytes = (2 << 30) if dev.type == "cuda" else (256 << 20)
     _preflight(source, device, batch_size, context_len, max_len, num_blocks)
@@ -111,7 +120,7 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     gen = torch.Generator().manual_seed(seed)
     for i in range(batch_size):
         prompt = torch.randint(0, engine.config.model.vocab_size, (context_len + 1,), generator=gen).tolist()
-        engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
+        engine.add_request(prompt, SamplingParams(max_new_tokens=max_len - context_len - 1, ignore_eos=True),
                            kv=RandomKV(context_len, seed=seed + i))
     bench_status(progress, "writing the KV and running the first decode step (captures the CUDA graph on a GPU)")
     engine.step()   # admits all, writes their KV, captures the graph, runs the first decode step
@@ -137,8 +146,26 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     sustained = timers[0].seconds_until(timers[-1]) / steps
     finite = bool(torch.isfinite(graphs.logits[:batch_size]).all())
     mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
+    kernels = count_kernels_per_step(lambda: (graphs.advance_nowait(bucket), graphs.run_nowait(bucket)), dev,
+                                     PROFILED_STEPS - 1)
     return _result(engine, source.spec, mode, device, batch_size, context_len, steps, use_cuda_graphs, sustained,
-                   per_step[len(per_step) // 2], mean_ctx, bandwidth, finite)
+                   per_step[len(per_step) // 2], mean_ctx, bandwidth, finite, kernels)
+
+
+def count_kernels_per_step(step: Callable[[], object], device: torch.device, steps: int = 2) -> float | None:
+    """Kernels the GPU ran per call of `step`, from its own timeline (torch.profiler's CUDA activity: each
+    kernel of a replayed CUDA graph is one record), memcpys and memsets left out; None on a CPU."""
+    if device.type != "cuda":
+        return None
+    step()
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
+    return len(kernels) / steps
 
 
 def _preflight(source: ModelSource, device: str, batch: int, context_len: int, max_len: int,
@@ -147,8 +174,9 @@ def _preflight(source: ModelSource, device: str, batch: int, context_len: int, m
     limit = source.config.max_position_embeddings
     if max_len > limit:
         raise PromptTooLongError(
-            f"--context-len {context_len} + warmup, steps and 3 = {max_len} positions exceed {source.spec}'s "
-            f"context of {limit}; pass --context-len {limit - (max_len - context_len)} or less"
+            f"--context-len {context_len} + the decoded positions (first, warm-up, timed, profiled) = {max_len} "
+            f"positions exceed {source.spec}'s context of {limit}; pass --context-len "
+            f"{limit - (max_len - context_len)} or less"
         )
     dtype = DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32
     need = estimate(source.config, dtype_bytes=TORCH_DTYPES[dtype].itemsize,
@@ -177,7 +205,7 @@ def decode_bytes_per_step(engine: Engine, batch_size: int, mean_context: float) 
 
 def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int, ctx: int, steps: int,
             graphs: bool, step_s: float, median_s: float, mean_ctx: float, bandwidth: float,
-            finite: bool) -> BenchResult:
+            finite: bool, kernels: float | None) -> BenchResult:
     weight_bytes, kv_bytes = decode_bytes_per_step(engine, batch, mean_ctx)
     total = weight_bytes + kv_bytes
     roofline_s = total / bandwidth
@@ -188,7 +216,7 @@ def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int
     return BenchResult(model, mode.value, name, str(engine.kv.dtype).removeprefix("torch."), batch, ctx, steps,
                        graphs and device.startswith("cuda"), step_s * 1e3, median_s * 1e3, batch / step_s,
                        weight_bytes, kv_bytes, total, bandwidth / 1e9, roofline_s * 1e3, step_s / roofline_s,
-                       finite, engine.model.compiled, engine.model.compile_error, torch.__version__, workload)
+                       finite, kernels, engine.model.compiled, engine.model.compile_error, torch.__version__, workload)
 
 
 class _Timer:

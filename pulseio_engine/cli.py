@@ -120,6 +120,9 @@ def _bench(args: argparse.Namespace) -> int:
     if copier and args.mode not in (SparseBenchMode.OFFLOAD_SYNC.value, SparseBenchMode.OFFLOAD_DOORBELL.value):
         raise UsageError(prog, f"{' and '.join(copier)} set the offload runtime's copier, and --mode {args.mode} "
                                "runs none; use --mode offload-doorbell or offload-sync")
+    if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
+        raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
+                               "(all-on-gpu, offload-sync, offload-doorbell)")
     if args.mode != BenchMode.VANILLA.value:
         try:
             SparseConfig(token_budget=args.token_budget)
@@ -132,21 +135,22 @@ def _bench(args: argparse.Namespace) -> int:
             steps=args.steps, warmup=args.warmup, device=device, use_cuda_graphs=not args.no_cuda_graphs,
             compile_decode=False if args.no_compile else None, progress=progress_enabled(args.progress))
         keys: tuple[str, ...] = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step",
-                                 "copy_bandwidth_gbps", "roofline_ms", "roofline_ratio", "cuda_graphs", "compiled",
-                                 "compile_error")
+                                 "copy_bandwidth_gbps", "roofline_ms", "roofline_ratio", "kernels_per_step",
+                                 "cuda_graphs", "compiled", "compile_error")
     else:
         result = run_sparse_bench(
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
             selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
-            profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs, dma=_copier_settings(args))
-        keys = ("step_ms", "cuda_graphs", "units_per_step", "recalled_mib_per_step", "unit_bytes", "recall_gbps",
-                "link_peak_gbps", "recall_fraction_of_peak", "publish_gbps", "publish_fraction_of_peak",
-                "publish_to_landed_us", "publish_to_taken_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90",
-                "poller_lag_us_p50", "poller_lag_us_p90", "copy_gbps", "copy_fraction_of_peak",
-                "recall_host_ms_per_step", "blocked_ms_per_step",
-                "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality", "copier_ctas",
-                "copier_idle_us")
+            profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs, dma=_copier_settings(args),
+            compare_vanilla=args.compare_vanilla)
+        keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
+                "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
+                "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
+                "unit_bytes", "link_peak_gbps", "recall_floor_ms", "publish_gbps", "publish_fraction_of_peak",
+                "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
+                "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
+                "copier_ctas", "copier_idle_us", "vanilla_ratio")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -250,15 +254,19 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="qwen3-14b", help=_model_help())
     b.add_argument("--mode", choices=[m.value for m in BenchMode] + [m.value for m in SparseBenchMode],
                    default=BenchMode.VANILLA.value,
-                   help="vanilla: all KV on the device, full attention (CUDA graphs, vs the roofline); "
-                        "quest-all-on-gpu: all KV on the device, Quest selection; offload-sync / offload-doorbell: "
-                        "offload-only requests recalled through pulseio (selection by a measured recall-locality "
-                        "model)")
+                   help="vanilla: all KV on the device, full attention; all-on-gpu: all KV on the device, sparse "
+                        "attention over the selected blocks in place; offload-sync / offload-doorbell: offload-only "
+                        "requests whose selected blocks are recalled through pulseio (sparse modes: the real "
+                        "scoring and top-K, steered to a measured recall locality; each vs its own roofline)")
     b.add_argument("--token-budget", type=int_at_least(1), default=2048,
                    help="sparse modes: tokens each request attends to (a multiple of the block size, 16)")
     b.add_argument("--selection", choices=[SparseMode.SOLOHEAD.value, SparseMode.QUEST.value],
                    default=SparseMode.SOLOHEAD.value,
-                   help="offload modes: shared selection (one unit per block: all KV heads) or head-wise (Quest)")
+                   help="sparse modes: one SoloHead head selects for all KV heads (one unit per block: all KV heads) "
+                        "or each KV head selects its own blocks (Quest)")
+    b.add_argument("--compare-vanilla", action="store_true",
+                   help="sparse modes: then run vanilla at the same batch and context in this process and report "
+                        "sparse step / vanilla step")
     b.add_argument("--batch-size", type=int_at_least(1), default=64, help="sequences decoded together")
     b.add_argument("--context-len", type=int_at_least(1), default=4096, help="tokens of KV per sequence")
     b.add_argument("--steps", type=int_at_least(1), default=100, help="timed decode steps")

@@ -1,23 +1,29 @@
-"""Offload requests: full KV in the host pool, a hot set on the device, recall through pulseio.
+"""Sparse decode of offloaded layers: full KV in the host pool, a hot set on the device, recall through pulseio.
 
-`Offloader` owns the engine's `pulseio.Runtime`, the `HostStore` over its pools, the block digests
-and the `Recaller`. For a decode batch of offload requests it returns an `OffloadBatch`, the model's
-attention for every offloaded layer (layers >= dense_layers; the dense layers use the paged cache).
-One offloaded layer of one decode step, all in fixed-shape tensors:
+`Offloader` owns the engine's `pulseio.Runtime`, the `HostStore` over its pools, the block digests, the
+`Recaller` and every request's selection state. For a decode batch it returns an `OffloadBatch` (offload
+requests) or a `DeviceSparseBatch` (all blocks on the GPU: Quest as published), the model's attention for
+every offloaded layer (layers >= dense_layers; the dense layers use the paged cache). One offloaded layer
+of one decode step is five launches, all fixed-shape, no host sync:
 
-    digests.update(k)                     fold the new key into its block's digest
-    store.append(k, v)                    the new token's KV to the host copy
-    select_for_layer(q)                   sink + local + top-k blocks, [B, S, K]
-    plan_recall(selected, resident)       which blocks to recall, into which hot slots
-    recaller.recall(...)                  pulseio: post_recall + device_wait (or the sync baseline)
-    store.write_hot(k, v)                 the new token into its (now resident) block's hot slot
-    hot_attention(q, selected slots)      attention over the selected blocks only
+    store_tokens(k, v)        the new token's KV to the host copy (or the paged cache), its key into the digest
+    score_blocks(q)           Quest bounds of every block, read through the block table
+    select_blocks_fused(...)  top-K per selecting row; the recall plan against the hot set (ids, slots, count),
+                              the hot set updated, the new token into its hot slot; the attention table
+    recall                    pulseio: publish + device wait (captured in the step's CUDA graph), or the
+                              sync baseline
+    paged_decode_attention    over each row's selected blocks: hot slots, or the paged cache in place
+
+A batch's selection state (residency, hot-slot owners, the previous selection's mask, steering counters) is
+stacked once per batch as [L, B, S, ...], so each layer's slice is contiguous; each request's state is then a
+view of it, so nothing is copied back after a step. Benchmarks on random weights set `Offloader.steering`
+(`SteeringProfile`): the real scoring and top-K still run, the measured locality steers which ids come out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.profiler import record_function
@@ -25,32 +31,38 @@ from torch.profiler import record_function
 import pulseio
 
 from .attention import chunk_attention, paged_decode_attention
-from .config import EngineConfig, OffloadConfig, RecallMode, SparseMode
+from .config import EngineConfig, GroupScore, OffloadConfig, RecallMode, SparseMode
 from .errors import OffloadCapacityError
 from .kv.block_table import blocks_for
 from .kv.cache import KVCache
 from .kv.digests import BlockDigests
+from .kv.fused_selection import HotRecall, NewToken, Steering, score_blocks, select_blocks_fused
 from .kv.handoff import KVSource
 from .kv.host_store import HostStore, OffloadSeq
 from .kv.offload_layout import OffloadFootprint, UnitLayout, offload_footprint
-from .kv.recall import Recaller, compact
-from .kv.residency import RecallPlan, apply_recall, plan_recall
+from .kv.recall import Recaller
 from .kv.retrieval_heads import RetrievalHeads
-from .kv.selection import BlockSelector, DigestSelector
+from .kv.selection import PAD
+from .kv.token_store import store_tokens
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
 
 
-def hot_attention(q: torch.Tensor, hot: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
-                  scale: float) -> torch.Tensor:
-    """Decode attention over selected hot slots. q: [B, Hq, D]; hot: [n_slots, 2, bs, hg, D];
-    table: [B * S, K] int64 slots, selected blocks ascending (the block being written last), padding
-    after; context_lens: [B * S] tokens in those blocks -> [B, Hq, D]. Each selecting row is one
-    'sequence' of the paged kernel with its hg KV heads and their Hq / S query heads."""
-    b, hq, d = q.shape
-    s = table.shape[0] // b
-    out = paged_decode_attention(q.reshape(b * s, hq // s, d), hot[:, 0], hot[:, 1], table.int(),
-                                 context_lens.int(), scale)
-    return out.view(b, hq, d)
+@dataclass(frozen=True)
+class SteeringProfile:
+    """A step-to-step locality imposed on the selection (`kv/steering.py`), for benchmarks on random weights:
+    `overlap[layer]` of each row's middle blocks stay from the previous step; `seed` seeds its randomness."""
+
+    overlap: tuple[float, ...]     # one fraction in [0, 1] per model layer
+    seed: int = 0
+
+
+@dataclass
+class SelectionState:
+    """One request's selection state per offloaded layer (L) and selecting row (S), on the model's device."""
+
+    mask: torch.Tensor       # [L, S, NB] uint8: the blocks selected at the last step
+    calls: torch.Tensor      # [L, S] int64: steering's call counters
+    selected: torch.Tensor   # [L, S, K] int64: the last step's selection (ids ascending, -1 padded)
 
 
 @dataclass(frozen=True)
@@ -95,10 +107,13 @@ class Offloader:
                                     num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
                                     block_size=sparse.block_size, dtype=dtype, device=device, heads=selecting)
         self.model = model
+        self.device = device
+        self.max_blocks = max_blocks_per_seq
+        self.rows = self.layout.groups if selecting is None else 1     # S: Hkv for Quest, 1 for SoloHead
         self.seqs: dict[int, OffloadSeq | None] = {}        # None: an all-on-GPU request holds nothing here
-        self.last_selection: dict[int, torch.Tensor] = {}   # layer -> [B, S, K] of the last decode step
-        # the digests' top-k; a benchmark on random weights may drive it with a recall-locality model instead
-        self.selector: BlockSelector = DigestSelector(self.digests, sparse)
+        self.selection: dict[int, SelectionState] = {}
+        self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
+        self.steering: SteeringProfile | None = None        # benchmarks on random weights only
 
     def footprint(self, context_tokens: int) -> OffloadFootprint:
         """(All-on-GPU: every layer whole on the device, plus the digests; nothing on the host.)"""
@@ -109,12 +124,25 @@ class Offloader:
                            dense_layer_bytes=fp.vanilla_device_bytes, hot_bytes=0, host_bytes=0)
         return fp
 
+    @property
+    def last_selection(self) -> dict[int, torch.Tensor]:
+        """layer -> [B, S, K] the last decode batch's selection at that layer (ids ascending, -1 padded)."""
+        batch = self.last_batch
+        return {} if batch is None else {self.dense + li: batch.selected[li] for li in range(batch.selected.shape[0])}
+
     def open(self, request_id: int, num_tokens: int) -> None:
         """Reserve host units and hot slots for a request of at most `num_tokens` tokens."""
         self.seqs[request_id] = None if self.store is None else self.store.open(num_tokens)
+        shape = (self.model.num_layers - self.dense, self.rows)
+        k = self.sparse.budget_blocks
+        self.selection[request_id] = SelectionState(
+            torch.zeros((*shape, self.max_blocks), dtype=torch.uint8, device=self.device),
+            torch.zeros(shape, dtype=torch.int64, device=self.device),
+            torch.full((*shape, k), PAD, dtype=torch.int64, device=self.device))
 
     def close_request(self, request_id: int) -> None:
         seq = self.seqs.pop(request_id, None)
+        self.selection.pop(request_id, None)
         if seq is not None and self.store is not None:
             self.store.close(seq)
 
@@ -150,24 +178,21 @@ class Offloader:
         `PrefillOffload` (the paged cache has no room for them)."""
         state.sparse = PrefillOffload(self, [self.seqs[r] for r in request_ids], state)
 
-    def begin(self, request_ids: Seq[int], state: BatchState) -> OffloadBatch:
-        """The offloaded layers' attention of a decode batch (prepared by the runner, eager)."""
+    def begin(self, request_ids: Seq[int]) -> OffloadBatch | DeviceSparseBatch:
+        """The offloaded layers' attention of a decode batch of these requests, in this order: their state
+        stacked once (eager; a CUDA graph of the batch's steps then updates it in place). Call
+        `start(state)` on it for each step."""
         missing = [r for r in request_ids if r not in self.seqs]
         if missing:
             raise OffloadCapacityError(f"requests {missing} are not offload requests (no host units); "
                                        "add them with add_request(..., offload=True)")
+        batch: OffloadBatch | DeviceSparseBatch
         if self.on_gpu:
-            state.sparse = DeviceSparseBatch(self, state)
-            return state.sparse
-        seqs: list[OffloadSeq] = [self.seqs[r] for r in request_ids]      # type: ignore[misc]
-        batch = OffloadBatch(self, state, seqs)
-        state.sparse = batch
+            batch = DeviceSparseBatch(self, request_ids)
+        else:
+            batch = OffloadBatch(self, request_ids)
+        self.last_batch = batch
         return batch
-
-    def end(self, request_ids: Seq[int], batch: OffloadBatch | DeviceSparseBatch) -> None:
-        """Keep the batch's residency maps for the requests' next steps."""
-        if isinstance(batch, OffloadBatch):
-            batch.write_back()
 
     def statistics(self) -> OffloadStatistics:
         if self.runtime is None or self.store is None:
@@ -209,7 +234,7 @@ class PrefillOffload:
     go to the host (through the pool's device view) and the digests; its attention reads earlier
     chunks back from the host, in the same stream order. One loop iteration per sequence, none per block."""
 
-    def __init__(self, owner: Offloader, seqs: list[OffloadSeq], state: BatchState) -> None:
+    def __init__(self, owner: Offloader, seqs: list[OffloadSeq | None], state: BatchState) -> None:
         meta: PrefillAttention = state.attention     # type: ignore[assignment]
         self.owner, self.seqs, self.spans = owner, seqs, meta.spans
 
@@ -223,134 +248,155 @@ class PrefillOffload:
         for seq, span in zip(self.seqs, self.spans, strict=True):
             rows = slice(span.row_start, span.row_start + span.length)
             positions = torch.arange(span.pos_start, span.pos_start + span.length, device=q.device)
-            units = seq.host_map[li][:, positions // bs].T                  # [n, S]
-            history = store.read(seq, li, span.pos_start)                   # ([p, Hkv, D], [p, Hkv, D])
-            store.append(units, positions % bs, k[rows], v[rows])
-            o.digests.update(layer, k[rows], span.block_ids[positions // bs] * bs + positions % bs)
+            units = seq.host_map[li][:, positions // bs].T                  # type: ignore[union-attr]  # [n, S]
+            history = store.read(seq, li, span.pos_start)                   # type: ignore[arg-type, union-attr]
+            store_tokens(store.host_view, units, positions % bs, k[rows], v[rows])   # type: ignore[union-attr]
+            o.digests.update(layer, k[rows], span.block_ids[positions // bs] * bs + positions % bs)   # many a block
             out[rows] = chunk_attention(q[rows], torch.cat([history[0], k[rows]]),
                                         torch.cat([history[1], v[rows]]), span.pos_start, o.scale)
         return out
 
 
-class _DecodeRows:
-    """Where each request of a decode batch stands: its blocks, length and the slot being written."""
+def _stack(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[L, ...] tensors, one per request -> [L, B, ...] contiguous; each part becomes a view of it, so the
+    request's state follows the batch's updates (nothing to copy back)."""
+    stacked = torch.stack(parts, dim=1)
+    for i, part in enumerate(parts):
+        part.set_(stacked.untyped_storage(), stacked.storage_offset() + i * stacked.stride(1),
+                  stacked[:, i].shape, stacked[:, i].stride())
+    return stacked
 
-    def __init__(self, owner: Offloader, state: BatchState) -> None:
+
+class _SparseBatch:
+    """A fixed decode batch's selection (shared by both modes): state stacked per offloaded layer, and the
+    per-step buffers its five launches per layer write (bounds, selection, attention table, lengths)."""
+
+    def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
+        o = owner
+        states = [o.selection[r] for r in request_ids]
+        b, s, k = len(request_ids), o.rows, o.sparse.budget_blocks
+        self.owner = o
+        self.mask = _stack([st.mask for st in states])             # [L, B, S, NB] uint8
+        self.calls = _stack([st.calls for st in states])           # [L, B, S] int64
+        self.selected = _stack([st.selected for st in states])     # [L, B, S, K] int64
+        groups = o.model.num_heads // o.model.num_kv_heads
+        c = 1 if o.sparse.group_score is GroupScore.SUM else groups
+        dev = o.device
+        self.bounds = torch.empty((b, s, c, o.max_blocks), dtype=torch.float32, device=dev)
+        self.table = torch.zeros((b, s, k), dtype=torch.int32, device=dev)
+        self.context_lens = torch.ones((b, s), dtype=torch.int32, device=dev)
+        self.head = None if o.digests.heads is None else o.digests.heads   # per layer, or None (every head)
+
+    def start(self, state: BatchState) -> None:
+        """This step's rows (graph-safe: derived on the device from the state's metadata); the batch
+        becomes the state's attention for the offloaded layers."""
         meta: DecodeAttention = state.attention    # type: ignore[assignment]
-        bs = owner.sparse.block_size
-        self.owner = owner
-        self.block_tables = meta.block_tables.long()                 # [B, NB] physical blocks
-        self.num_tokens = meta.context_lens.long()                   # [B], the token being decoded included
-        self.block = state.positions // bs                           # [B] logical block being written
-        self.offsets = state.positions % bs                          # [B]
-        self.slots = self.block_tables.gather(1, self.block[:, None])[:, 0] * bs + self.offsets   # [B]
+        bs = self.owner.sparse.block_size
+        self.block_tables = meta.block_tables                       # [B, NB] int32 physical blocks
+        self.num_tokens = meta.context_lens                         # [B] int32, the token being decoded included
+        self.offsets = state.positions % bs                         # [B] int64
+        self.block = state.positions // bs                          # [B] logical block being written
+        self.blocks = state.kv_rows[0][:, 0]                        # [B] int64 physical block being written
+        state.sparse = self                                         # type: ignore[assignment]
 
     def covers(self, layer: int) -> bool:
         return layer >= self.owner.dense
 
-
-class DeviceSparseBatch(_DecodeRows):
-    """The all-on-GPU baseline (Quest as published): the paged cache keeps every block, each offloaded
-    layer attends to its selected blocks there. One attention call per selecting row (S <= Hkv)."""
-
-    def __init__(self, owner: Offloader, state: BatchState) -> None:
-        super().__init__(owner, state)
-        self.kv, self.kv_rows = state.kv, state.kv_rows
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.prepare(layer, q, k, v)
-        return self.finish(layer, q, k, v)
-
-    def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the new token, select (nothing to recall: `OffloadBatch.prepare`'s counterpart)."""
-        o, kv = self.owner, self.kv
-        kv.write(layer, k, v, self.kv_rows)
-        o.digests.update(layer, k, self.slots)
-        with record_function("offload.select"):
-            selected = o.selector(layer, q, self.block_tables, self.num_tokens)     # [B, S, K]
-        o.last_selection[layer] = selected
-
-    def write_back(self) -> None:
-        """Nothing to keep between steps: the paged cache holds every block."""
-
-    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention over the layer's selected blocks, in the paged cache."""
-        o, kv = self.owner, self.kv
-        selected = o.last_selection[layer]
-        b, s, kk = selected.shape
-        tables = self.block_tables.gather(1, selected.clamp(min=0).view(b, s * kk)).view(b, s, kk).int()
-        count = (selected >= 0).sum(2)                                          # [B, S]
-        context = ((count - 1) * o.sparse.block_size + self.offsets[:, None] + 1).int()
-        hg, gq = kv.num_kv_heads // s, q.shape[1] // s
-        out = torch.empty_like(q)
-        for row in range(s):
-            heads, queries = slice(row * hg, (row + 1) * hg), slice(row * gq, (row + 1) * gq)
-            out[:, queries] = paged_decode_attention(q[:, queries], kv.k(layer)[:, :, heads], kv.v(layer)[:, :, heads],
-                                                     tables[:, row], context[:, row], o.scale)
-        return out
-
-
-class OffloadBatch(_DecodeRows):
-    """Per-step tensors of a decode batch of offload requests (L offloaded layers, S rows, K budget)."""
-
-    def __init__(self, owner: Offloader, state: BatchState, seqs: list[OffloadSeq]) -> None:
-        super().__init__(owner, state)
-        block = self.block
-        self.seqs = seqs
-        self._planned: dict[int, tuple[torch.Tensor, RecallPlan]] = {}
-        self.host_map = torch.stack([s.host_map for s in seqs])      # [B, L, S, NB]
-        self.hot = torch.stack([s.hot for s in seqs])                # [B, L, S, K]
-        self.resident = torch.stack([s.resident for s in seqs])      # [B, L, S, NB]
-        s = self.host_map.shape[2]
-        self.write_units = self.host_map.gather(3, block[:, None, None, None].expand(-1, self.host_map.shape[1],
-                                                                                      s, 1))[..., 0]   # [B, L, S]
-
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, Hq, D], k, v: [B, Hkv, D] of the tokens being decoded -> attention output [B, Hq, D]."""
-        ids, dst, count = self.prepare(layer, q, k, v)
-        with record_function("offload.recall"):
-            self.owner.recaller.recall(ids, dst, count, tag=layer)
+        recall = self.prepare(layer, q, k, v)
+        if recall is not None:
+            with record_function("offload.recall"):
+                self.owner.recaller.recall(*recall, tag=layer)      # type: ignore[union-attr]
         return self.finish(layer, q, k, v)
 
     def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Everything of `attend` before the recall, device work only: store the new token, select,
-        plan -> the compacted recall (host units, hot slots, count), for `Recaller.recall`."""
-        o, li = self.owner, layer - self.owner.dense
-        b, _, s, nb = self.host_map.shape
-        kk = o.sparse.budget_blocks
-        with record_function("offload.store"):
-            o.digests.update(layer, k, self.slots)
-            o.store.append(self.write_units[:, li], self.offsets, k, v)
-        with record_function("offload.select"):
-            selected = o.selector(layer, q, self.block_tables, self.num_tokens)
-        o.last_selection[layer] = selected                           # [B, S, K]
-        with record_function("offload.plan"):
-            rows = selected.reshape(b * s, kk)
-            resident = self.resident[:, li].reshape(b * s, nb)
-            plan = plan_recall(rows, resident, kk)
-            hot = self.hot[:, li].reshape(b * s, kk)                  # [B*S, K] device slots
-            units = self.host_map[:, li].reshape(b * s, nb).gather(1, plan.blocks.clamp(min=0))
-            self._planned[layer] = (rows, plan)
-            return compact(units, hot.gather(1, plan.slots.clamp(min=0)), plan.blocks >= 0)
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        raise NotImplementedError
 
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Everything of `attend` after the recall: residency, the new token into its hot slot, attention."""
-        o, li = self.owner, layer - self.owner.dense
-        b, _, s, nb = self.host_map.shape
-        kk, bs = o.sparse.budget_blocks, o.sparse.block_size
-        rows, plan = self._planned.pop(layer)
-        with record_function("offload.attention"):
-            resident = self.resident[:, li].reshape(b * s, nb)
-            self.resident[:, li] = apply_recall(resident, plan).view(b, s, nb)
-            hot = self.hot[:, li].reshape(b * s, kk)
-            table = hot.gather(1, plan.selected_slots.clamp(min=0))  # [B*S, K] slots, ascending blocks
-            count = (rows >= 0).sum(1)                                # [B*S]
-            o.store.write_hot(table.gather(1, (count - 1)[:, None]).view(b, s), self.offsets, k, v)
-            context = (count - 1) * bs + self.offsets.repeat_interleave(s) + 1
-            return hot_attention(q, o.store.hot, table, context, o.scale)
+        raise NotImplementedError
 
-    def write_back(self) -> None:
-        """Each request's residency map for its next step (copies, so a graph replay keeps them too)."""
-        for i, seq in enumerate(self.seqs):
-            seq.resident.copy_(self.resident[i])
+    def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, **mode: object) -> None:
+        """Score and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`)."""
+        o, li = self.owner, layer - self.owner.dense
+        head = None if self.head is None else self.head[layer]
+        with record_function("offload.select"):
+            score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
+                         num_kv_heads=o.model.num_kv_heads, head=head, rule=o.sparse.group_score, count=count,
+                         out=self.bounds)
+            steer = None
+            if o.steering is not None:
+                steer = Steering(o.steering.overlap[layer], self.calls[li], seed=o.steering.seed, layer=layer)
+            select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
+                                context_lens=self.context_lens, steer=steer, out=self.selected[li],
+                                **mode)       # type: ignore[arg-type]
+
+
+class DeviceSparseBatch(_SparseBatch):
+    """The all-on-GPU baseline (Quest as published, or SoloHead): the paged cache keeps every block, each
+    offloaded layer attends to its selected blocks there, in place (row tables: one launch for every row)."""
+
+    def start(self, state: BatchState) -> None:
+        super().start(state)
+        self.kv, self.kv_rows = state.kv, state.kv_rows
+
+    def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the new token (and its key into the digest), select: nothing to recall."""
+        with record_function("offload.store"):
+            self.kv.write(layer, k, v, self.kv_rows, digests=self.owner.digests)
+        self._select(layer, q, block_tables=self.block_tables)
+        return None
+
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention over the layer's selected blocks, in the paged cache."""
+        with record_function("offload.attention"):
+            return paged_decode_attention(q, self.kv.k(layer), self.kv.v(layer), self.table, self.context_lens,
+                                          self.owner.scale, num_kv_heads=self.owner.model.num_kv_heads)
+
+
+class OffloadBatch(_SparseBatch):
+    """A decode batch of offload requests: full KV on the host, each row's hot set on the device."""
+
+    def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
+        super().__init__(owner, request_ids)
+        seqs: list[OffloadSeq] = [owner.seqs[r] for r in request_ids]      # type: ignore[misc]
+        b, s, k = len(seqs), owner.rows, owner.sparse.budget_blocks
+        self.seqs = seqs
+        self.host_map = _stack([q.host_map for q in seqs])      # [L, B, S, NB] host unit of each block
+        self.hot = _stack([q.hot for q in seqs])                # [L, B, S, K] device slot of each hot entry
+        self.resident = _stack([q.resident for q in seqs])      # [L, B, S, NB] hot entry of each block, or -1
+        self.owners = _stack([q.owner for q in seqs])           # [L, B, S, K] block in each hot entry, or -1
+        dev = owner.device
+        self.recall_ids = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] host units
+        self.recall_dst = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] device slots
+        self.count = torch.zeros(1, dtype=torch.int64, device=dev)                 # [1] pairs to recall
+        self.write_slot = torch.zeros((b, s), dtype=torch.int64, device=dev)
+
+    def start(self, state: BatchState) -> None:
+        super().start(state)
+        length, b, s, _ = self.host_map.shape
+        at = self.block[None, :, None, None].expand(length, b, s, 1)
+        self.write_units = self.host_map.gather(3, at)[..., 0]       # [L, B, S] host unit being written
+
+    def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Everything of `attend` before the recall, device work only: the new token to the host (and its key
+        into the digest), select and plan -> the recall (host units, hot slots, count) for `Recaller.recall`."""
+        o, li = self.owner, layer - self.owner.dense
+        store = o.store
+        assert store is not None
+        with record_function("offload.store"):
+            store_tokens(store.host_view, self.write_units[li], self.offsets, k, v, digests=o.digests, layer=layer,
+                         digest_blocks=self.blocks)
+        hot = HotRecall(self.resident[li], self.owners[li], self.hot[li], self.host_map[li], self.recall_ids,
+                        self.recall_dst, self.count, self.write_slot, NewToken(k, v, store.hot))
+        self._select(layer, q, count=self.count, hot=hot)
+        return self.recall_ids, self.recall_dst, self.count
+
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Everything of `attend` after the recall: attention over the selected hot slots."""
+        hot = self.owner.store.hot                                             # type: ignore[union-attr]
+        with record_function("offload.attention"):
+            return paged_decode_attention(q, hot[:, 0], hot[:, 1], self.table, self.context_lens, self.owner.scale,
+                                          num_kv_heads=self.owner.model.num_kv_heads)

@@ -50,6 +50,11 @@ class ModelRunner:
     def device(self) -> torch.device:
         return self.model.device
 
+    @property
+    def offload_step_graph(self) -> OffloadStepGraph | None:
+        """The current offload batch's step (the one the last offload decode ran), or None."""
+        return self._offload_graph
+
     # ---- handoff -------------------------------------------------------------------------------
 
     def load_kv(self, seq: Sequence, source: KVSource, layers: range | None = None) -> None:
@@ -125,10 +130,8 @@ class ModelRunner:
             logits = self._offload_graph_for(seqs, offloader).run()
         else:
             state = self.prepare_decode(seqs)
-            ids = [s.request_id for s in seqs]
-            batch = offloader.begin(ids, state)
+            offloader.begin([s.request_id for s in seqs]).start(state)
             logits = self.model.forward(state)                    # [B, V]
-            offloader.end(ids, batch)
         tokens = sample_tokens(logits, temps, self.generator).tolist()
         if offloader.recaller is not None:
             offloader.recaller.check_landed()                     # the tokens are on the host: every recall ended

@@ -1,40 +1,40 @@
-"""Sparse decode benchmark: offload requests, and the all-on-GPU baseline, on one model.
+"""Sparse decode benchmark: offload requests, and the all-on-GPU baseline, on one model, against the sparse step's
+own roofline and, with `compare_vanilla`, against a dense step of the same batch in the same process.
 
 Modes (`pulseio-engine bench --mode`):
 
-- quest-all-on-gpu: every block stays in the paged cache; each offloaded layer attends to its Quest
-  selection there (`RecallMode.ALL_ON_GPU`). No recall, no memory saving.
+- all-on-gpu: every block stays in the paged cache; each offloaded layer attends to its selection (Quest per
+  KV head, or SoloHead's shared one, `--selection`) there, in place (`RecallMode.ALL_ON_GPU`). No recall, no
+  memory saving.
 - offload-sync / offload-doorbell: an offload-only engine (the paged cache keeps the dense layers; the
   other layers live in pinned host memory with a hot set per layer on the GPU). The selected blocks
   not in the hot set are recalled through pulseio: ids to the host and a host wait (sync), or
-  published from the device with a device wait (doorbell).
+  published from the device with a device wait, both captured in the step's CUDA graph (doorbell).
 
-Workload: handed-in random KV (`RandomKV`), random prompt tokens, greedy decode, each step as
-CUDA-graph pieces between the recalls (`OffloadStepGraph`; `use_cuda_graphs=False`: eager). On
-random weights the query . digest top-k jumps at random every step, so selection is driven by a
-recall-locality model (`LocalitySelector`) whose per-layer step-to-step overlap of the selected
-middle blocks was measured on real models (`pulseio-engine locality`); the output names the source
-and the figures. The model's layers take the measured layers' overlaps by relative depth.
+Workload: handed-in random KV (`RandomKV`), random prompt tokens, greedy decode. The timed loop is the
+vanilla bench's: each step feeds its greedy tokens back on the device and replays the step's CUDA graph(s)
+(one for all-on-gpu and doorbell; one per layer for sync, whose recalls run on the host between them), the
+host at most 10 steps ahead; the first steps go through `Engine.step` (capture, warm-up). On random weights
+the query . digest top-k jumps at random every step, so the selection is steered (`kv/steering.py`): every
+layer still scores every digest and takes its top-K, but a row keeps the step-to-step overlap of its middle
+blocks measured on real models (`pulseio-engine locality`, `data/locality.json`; the output names the source).
 
-Measured per mode: step time (wall, engine.step to engine.step, which ends reading the sampled
-tokens); recalled units, MiB and unit size per step; recall GB/s while recalling, two ways, next to
-the host-to-device peak of a contiguous copy measured in the same process: bytes over the stream time
-from each layer's post to its data being usable (CUDA events around the recall call: when the GPU has
-caught up with the host, this includes the host's time to launch the publish), and, for doorbell
-requests on the resident copier, bytes over the device-clock time from the publish kernel's stamp to
-the copier's landed stamp (what the recall itself takes, whatever the host is doing); main-thread time
-per step inside recall calls and, of it, time in calls that wait (the sync baseline's id copy and
-host wait; the doorbell's post and device wait, which wait only when the ring is full); GPU bytes
-per request of the engine's actual KV-side tensors (paged cache, hot slots, digests) for a cache
-sized to exactly these requests, next to vanilla's.
+Measured per mode: step time (sustained, CUDA events) and the sparse roofline: the bytes a step must read
+(weights, the dense layers' KV, the selecting heads' digests, the selected KV, selection and recall
+bookkeeping) over the device-to-device copy bandwidth measured in the same run; kernels per step from the
+GPU's own timeline; the main thread's time per step (enqueueing it: inputs, the recalls' arming, replays);
+recalled units, MiB and unit size per step; for doorbell requests on the resident copier, bytes over the
+device-clock time from the publish kernel's stamp to the copier's landed stamp, next to the host-to-device
+peak of a contiguous copy in the same process; and GPU bytes per request of the engine's KV-side tensors.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,18 @@ from tqdm import tqdm
 
 from pulseio import DmaConfig
 
-from .bench import bench_status
+from .bench import (
+    PROFILED_STEPS,
+    BenchMode,
+    BenchResult,
+    _Timer,
+    bench_status,
+    count_kernels_per_step,
+    decode_bytes_per_step,
+    decode_len,
+    measure_copy_bandwidth_sync,
+    run_bench,
+)
 from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
 from .engine import Engine
 from .evaluation.locality import LocalityProfile, packaged_profiles
@@ -54,19 +65,19 @@ from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
 from .kv.recall import Recaller
 from .kv.retrieval_heads import RetrievalHeads
-from .kv.synthetic_selection import LocalitySelector
 from .model.checkpoint import ModelSource, open_model
+from .offload import SteeringProfile
 from .request import SamplingParams
 
 
 class SparseBenchMode(Enum):
-    QUEST_ALL_ON_GPU = "quest-all-on-gpu"
+    ALL_ON_GPU = "all-on-gpu"
     OFFLOAD_SYNC = "offload-sync"
     OFFLOAD_DOORBELL = "offload-doorbell"
 
     @property
     def recall(self) -> RecallMode:
-        return {SparseBenchMode.QUEST_ALL_ON_GPU: RecallMode.ALL_ON_GPU, SparseBenchMode.OFFLOAD_SYNC: RecallMode.SYNC,
+        return {SparseBenchMode.ALL_ON_GPU: RecallMode.ALL_ON_GPU, SparseBenchMode.OFFLOAD_SYNC: RecallMode.SYNC,
                 SparseBenchMode.OFFLOAD_DOORBELL: RecallMode.DOORBELL}[self]
 
 
@@ -84,41 +95,39 @@ def describe(profile: LocalityProfile) -> str:
 
 
 class TimedRecaller:
-    """A `Recaller` with the main thread's time in it, the stream's time from post to landed, and the
-    doorbell requests (whose publish and landed stamps give the same span on the device clock)."""
+    """A `Recaller` with the main thread's time in it and the doorbell requests (whose publish and landed stamps
+    give each request's span on the device clock)."""
 
     def __init__(self, inner: Recaller, device: torch.device) -> None:
-        self.inner, self.cuda = inner, device.type == "cuda"
+        self.inner = inner
         self.host_ns = 0
-        self.events: list[tuple[Any, Any]] = []
         self.requests: list[Any] = []
 
     def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> Any:
-        start = torch.cuda.Event(enable_timing=True) if self.cuda else None
-        if start is not None:
-            start.record()
         t0 = time.perf_counter_ns()
         done = self.inner.recall(ids, dst, count, tag=tag)
         self.host_ns += time.perf_counter_ns() - t0
-        if start is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            self.events.append((start, end))
         if done is not None and hasattr(done, "published_ns"):
             self.requests.append(done)
         return done
 
+    @property
+    def captures(self) -> bool:
+        return self.inner.captures
+
+    def recall_graph(self) -> Any:
+        return self.inner.recall_graph()
+
+    def arm(self, recalls: Any) -> list[Any]:
+        """A captured step's recalls: the main thread's time arming them, and their stamps."""
+        t0 = time.perf_counter_ns()
+        done = self.inner.arm(recalls)
+        self.host_ns += time.perf_counter_ns() - t0
+        self.requests.extend(done)
+        return done
+
     def check_landed(self) -> None:
         self.inner.check_landed()
-
-    def take_stream_seconds(self) -> float:
-        """Stream time spent from posts to landed since the last call (synchronizes)."""
-        if not self.events:
-            return 0.0
-        self.events[-1][1].synchronize()
-        seconds = sum(s.elapsed_time(e) for s, e in self.events) / 1e3
-        self.events.clear()
-        return seconds
 
     def take_publish_to_landed(self) -> StampTotals:
         """The finished doorbell requests since the last call that carry the device-clock stamps (RESIDENT),
@@ -174,6 +183,48 @@ def _percentile_us(samples_ns: tuple[int, ...], percentile: float) -> float | No
 
 
 @dataclass(frozen=True)
+class SparseStepBytes:
+    """What one sparse decode step must read from device memory, in bytes (its roofline's numerator)."""
+
+    weights: int          # every weight once (the embedding's gathered rows)
+    dense_kv: int         # the dense layers' whole KV
+    digests: int          # the selecting heads' key max and min, every block of every offloaded layer
+    selected_kv: int      # the selected blocks' K and V, every offloaded layer and row
+    bookkeeping: int      # bounds written and read, masks, block tables, residency and hot-set maps
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.dense_kv + self.digests + self.selected_kv + self.bookkeeping
+
+
+def sparse_step_bytes(engine: Engine, batch: int, mean_context: float, *, offload: bool) -> SparseStepBytes:
+    """The bytes of `SparseStepBytes` for `batch` requests of `mean_context` tokens on `engine` (its model, sparse
+    config, selection width and dtype)."""
+    off = engine.offloader
+    assert off is not None
+    m, sparse = engine.config.model, off.sparse
+    item = engine.kv.dtype.itemsize
+    weights, _ = decode_bytes_per_step(engine, batch, mean_context)
+    layers, dense = m.num_layers - off.dense, off.dense
+    token_kv = 2 * m.num_kv_heads * m.head_dim * item                      # K and V of one token, one layer
+    blocks = -(-int(mean_context) // sparse.block_size)
+    chosen = min(blocks, sparse.budget_blocks)
+    rows, width = off.rows, off.digests.width
+    bounds = off.last_batch.bounds.shape[2] if off.last_batch is not None else 1
+    per_row_layer = (2 * 4 * bounds * blocks          # bounds: written by the score kernel, read by the select kernel
+                     + 2 * blocks                     # the selection mask, read and written
+                     + 8 * chosen * 3)                # the selection, its table and (offload) residency lookups
+    if offload:
+        per_row_layer += 8 * blocks + 8 * 4 * sparse.budget_blocks   # residency row, host map reads, hot-set maps
+    return SparseStepBytes(
+        weights=weights,
+        dense_kv=int(dense * batch * mean_context * token_kv),
+        digests=layers * batch * blocks * width * m.head_dim * 2 * off.digests.max.element_size(),
+        selected_kv=layers * batch * chosen * sparse.block_size * token_kv,
+        bookkeeping=layers * batch * (rows * per_row_layer + 4 * blocks))
+
+
+@dataclass(frozen=True)
 class SparseBenchResult:
     model: str
     mode: str
@@ -183,16 +234,25 @@ class SparseBenchResult:
     context_len: int
     token_budget: int
     steps: int
-    cuda_graphs: bool              # the step ran as captured pieces between the recalls
-    step_ms: float                 # median wall time per step
-    step_ms_mean: float
+    cuda_graphs: bool              # the step ran as captured graphs (one, or one per layer for sync recalls)
+    graphs_per_step: int           # CUDA graph replays per step
+    step_ms: float                 # sustained: first timed step's start to the last one's end, over steps
+    step_ms_median: float          # median of per-step times
     tokens_per_s: float
+    step_bytes: SparseStepBytes    # what a step must read
+    bytes_per_step: int
+    copy_bandwidth_gbps: float | None   # device-to-device copy, read + written, this process (None on a CPU)
+    roofline_ms: float | None
+    roofline_ratio: float | None   # step_ms / roofline_ms
+    kernels_per_step: float | None     # on the GPU's own timeline (the resident copier's generations included)
+    host_ms_per_step: float        # main thread enqueueing a step (inputs, arming the recalls, replays)
+    recall_host_ms_per_step: float     # of it, in recall calls (sync) or in arming the captured recalls
+    blocked_ms_per_step: float     # main thread in calls that waited (sync's ids and copies; a full ring)
     unit_bytes: int                # one recalled transfer unit
     units_per_step: float          # recalled, all layers and requests
     recalled_mib_per_step: float
-    recall_gbps: float | None      # bytes / stream time from post to landed, while recalling
     link_peak_gbps: float | None   # contiguous pinned -> device copy, this process
-    recall_fraction_of_peak: float | None
+    recall_floor_ms: float | None  # recalled bytes / (0.8 x link peak): what the recall may add to a step
     publish_gbps: float | None     # bytes / device-clock time from publish to landed (doorbell, RESIDENT)
     publish_fraction_of_peak: float | None
     publish_to_landed_us: float | None   # mean per request, device clock
@@ -203,105 +263,144 @@ class SparseBenchResult:
     poller_lag_us_p90: float | None
     copy_gbps: float | None              # bytes / device-clock time from the copier's start to landed
     copy_fraction_of_peak: float | None
-    recall_host_ms_per_step: float     # main thread inside recall calls
-    blocked_ms_per_step: float         # of it, inside calls that wait (see the module doc)
     gpu_bytes_per_request: int         # paged cache + hot slots + digests, cache sized to these requests
     vanilla_gpu_bytes_per_request: int
     host_bytes_per_request: int
     locality: str
     copier_ctas: int | None        # the runtime's resident copier: copy CTAs (DmaConfig.zero_copy_ctas) and
     copier_idle_us: int | None     # how long a generation stays up without a task; None: no runtime
+    vanilla: BenchResult | None = None   # the dense step of the same batch, this process (compare_vanilla)
+
+    @property
+    def vanilla_ratio(self) -> float | None:
+        """This step over the dense step of the same batch (compare_vanilla), or None."""
+        return None if self.vanilla is None else self.step_ms / self.vanilla.step_ms
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["vanilla_ratio"] = self.vanilla_ratio
+        return out
 
     def summary(self) -> str:
         rate = ""
-        if self.recall_gbps is not None:
-            rate = f", recall {self.recall_gbps:.1f} GB/s{_of_peak(self.recall_fraction_of_peak)}"
-            if self.link_peak_gbps is not None:
-                rate += f" of {self.link_peak_gbps:.1f}"
         if self.publish_gbps is not None:
-            rate += (f" (publish -> landed {self.publish_gbps:.1f} GB/s{_of_peak(self.publish_fraction_of_peak)}, "
-                     f"{self.publish_to_landed_us:.0f} us a request: {self.publish_to_taken_us:.0f} us to the "
-                     f"copier's start (p50 {self.publish_to_taken_us_p50:.0f}, "
-                     f"p90 {self.publish_to_taken_us_p90:.0f}), then {self.copy_gbps or 0:.1f} GB/s"
-                     f"{_of_peak(self.copy_fraction_of_peak)})")
+            rate += (f", publish -> landed {self.publish_gbps:.1f} GB/s{_of_peak(self.publish_fraction_of_peak)} "
+                     f"({self.publish_to_landed_us:.0f} us a request, pickup p50 {self.publish_to_taken_us_p50:.0f} us)")
+        roof = "" if self.roofline_ms is None else \
+            f", roofline {self.roofline_ms:.2f} ms ({self.step_bytes.total / 1e9:.1f} GB) -> {self.roofline_ratio:.2f}x"
+        kernels = "" if self.kernels_per_step is None else f", {self.kernels_per_step:,.0f} kernels/step"
+        vs = "" if self.vanilla is None else \
+            f"; vanilla {self.vanilla.step_ms:.2f} ms/step -> sparse/vanilla {self.vanilla_ratio:.2f}"
+        recall = "" if not self.units_per_step else \
+            f", {self.recalled_mib_per_step:.1f} MiB/step recalled in {self.unit_bytes >> 10} KiB units{rate}"
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
-                f"budget={self.token_budget}: {self.step_ms:.2f} ms/step, {self.recalled_mib_per_step:.1f} MiB/step "
-                f"in {self.unit_bytes >> 10} KiB units{rate}, main thread {self.recall_host_ms_per_step:.2f} ms/step "
-                f"in recall ({self.blocked_ms_per_step:.2f} blocked), "
-                f"GPU {self.gpu_bytes_per_request / 2**20:.0f} MiB/request "
-                f"(vanilla {self.vanilla_gpu_bytes_per_request / 2**20:.0f})")
+                f"budget={self.token_budget}: {self.step_ms:.2f} ms/step ({self.tokens_per_s:,.0f} tok/s){roof}"
+                f"{kernels}{recall}, main thread {self.host_ms_per_step:.2f} ms/step "
+                f"({self.blocked_ms_per_step:.2f} blocked), GPU {self.gpu_bytes_per_request / 2**20:.0f} MiB/request "
+                f"(vanilla {self.vanilla_gpu_bytes_per_request / 2**20:.0f}){vs}")
 
 
 def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_size: int, context_len: int,
                      steps: int, token_budget: int = 2048, selection: SparseMode = SparseMode.SOLOHEAD,
                      warmup: int = 3, device: str | None = None, locality: LocalityProfile | None = None,
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
-                     use_cuda_graphs: bool = True, dma: DmaConfig | None = None) -> SparseBenchResult:
+                     use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
+                     compare_vanilla: bool = False) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it).
-    `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's)."""
+    `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
+    `compare_vanilla`: then run the dense bench at the same batch and context in this process
+    (`result.vanilla`, `result.vanilla_ratio`)."""
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
-    if mode is SparseBenchMode.QUEST_ALL_ON_GPU:
-        selection = SparseMode.QUEST
+    bandwidth = None
+    if dev.type == "cuda":
+        bench_status(progress, "measuring the device's copy bandwidth (2 GiB copies)")
+        bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
+    result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
+                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth)
+    if not compare_vanilla:
+        return result
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    bench_status(progress, f"vanilla at the same batch and context, for the ratio ({batch_size} x {context_len})")
+    vanilla = run_bench(source, mode=BenchMode.VANILLA, batch_size=batch_size, context_len=context_len, steps=steps,
+                        warmup=warmup, device=device, use_cuda_graphs=use_cuda_graphs, progress=progress, seed=seed)
+    return replace(result, vanilla=vanilla)
+
+
+def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, context_len: int, steps: int,
+                token_budget: int, selection: SparseMode, warmup: int, device: str,
+                locality: LocalityProfile | None, progress: bool, seed: int, profile: Path | None,
+                use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None) -> SparseBenchResult:
+    dev = torch.device(device)
     m, bs = source.config, CacheConfig().block_size
-    max_len = context_len + warmup + steps + 3
+    max_len = decode_len(context_len, warmup, steps)
     per_seq = blocks_for(max_len, bs)
     sparse = SparseConfig(mode=selection, token_budget=token_budget, block_size=bs)
-    on_gpu = mode is SparseBenchMode.QUEST_ALL_ON_GPU
+    on_gpu = mode is SparseBenchMode.ALL_ON_GPU
     groups = m.num_kv_heads if selection is SparseMode.QUEST else 1
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu, dma=dma)
     locality = locality or default_profile(selection, token_budget)
-    bench_status(progress, f"building {source.spec}, {mode.value}: {batch_size} x {max_len} tokens, "
-                           f"budget {token_budget}")
+    bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
+                           f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
                                cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
                                scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
                                offload=offload, retrieval_heads=_any_heads(m.num_layers, m.num_kv_heads))
     with engine:
         off = engine.offloader
-        off.selector = LocalitySelector(sparse, locality.overlap_for(m.num_layers, offload.dense_layers), rows=groups,
-                                        device=dev, seed=seed)
+        assert off is not None
+        off.steering = SteeringProfile(locality.overlap_for(m.num_layers, offload.dense_layers), seed=seed)
         timed = None
         if off.recaller is not None:
             timed = off.recaller = TimedRecaller(off.recaller, dev)     # type: ignore[assignment]
         gen = torch.Generator().manual_seed(seed)
         for i in range(batch_size):
             prompt = torch.randint(0, m.vocab_size, (context_len + 1,), generator=gen).tolist()
-            engine.add_request(prompt, SamplingParams(max_new_tokens=warmup + steps + 2, ignore_eos=True),
+            engine.add_request(prompt, SamplingParams(max_new_tokens=max_len - context_len - 1, ignore_eos=True),
                                kv=RandomKV(context_len, seed=seed + i), offload=True)
-        bench_status(progress, "loading the handed-in KV and running the first decode step")
-        engine.step()
+        bench_status(progress, "loading the handed-in KV, running the first decode steps (captures the step's graph)")
+        engine.step()                    # prefill: the handed-in KV
+        engine.step()                    # the first decode step: eager, then captured
+        graph = engine.runner.offload_step_graph
+        step = engine.step if graph is None else (lambda: (graph.advance_nowait(), graph.run()))
         for _ in range(warmup):
-            engine.step()
+            step()
         blocked0 = _blocked_ns(off)
         before = off.statistics()
         if timed is not None:
             timed.host_ns = 0
-            timed.take_stream_seconds()
             timed.take_publish_to_landed()
-        times, stream_s = [], 0.0
-        published = StampTotals()
+        timers: list[_Timer] = []
+        host_s = 0.0
         with _profiler(profile, dev) as prof:
-            for _ in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
+            for i in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
                           unit="step", leave=False):
+                timers.append(_Timer(dev))
                 t0 = time.perf_counter()
-                engine.step()
-                times.append(time.perf_counter() - t0)
-                if timed is not None:
-                    stream_s += timed.take_stream_seconds()  # after the step: its tokens were read, no stall added
-                    published += timed.take_publish_to_landed()
+                step()
+                host_s += time.perf_counter() - t0
+                timers[-1].stop()
+                if i % 10 == 9:
+                    timers[-1].wait()    # the host runs at most 10 steps ahead
+        per_step = sorted(t() for t in timers)
+        sustained = timers[0].seconds_until(timers[-1]) / steps
+        recall_host_ms = 0.0 if timed is None else timed.host_ns / 1e6 / steps
+        blocked_ms = (_blocked_ns(off) - blocked0) / 1e6 / steps
         if prof is not None and profile is not None:
             _write_profile(prof, profile, steps)
-        after = off.statistics()
+        kernels = count_kernels_per_step(step, dev, PROFILED_STEPS - 1)
+        if off.recaller is not None:
+            off.recaller.check_landed()            # the device is idle: raises if a recall failed
+        after = _settled_statistics(off, before)
+        published = StampTotals() if timed is None else timed.take_publish_to_landed()
         moved = after.bytes_recalled - before.bytes_recalled
+        counted = steps + PROFILED_STEPS             # the profiled steps recalled too
         peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
-        rate = moved / stream_s / 1e9 if stream_s > 0 and moved else None
         pub_s, pickup_s, pub_n = published.publish_to_landed_s, sum(published.pickups_ns) / 1e9, published.requests
         pub_rate = published.nbytes / pub_s / 1e9 if pub_s > 0 else None
         copy_rate = published.nbytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
@@ -312,19 +411,37 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         host = 0 if off.runtime is None else off.runtime.host_pool.blocks.nbytes // batch_size
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         used = None if off.runtime is None else off.runtime.config.dma
+        mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
+        nbytes = sparse_step_bytes(engine, batch_size, mean_ctx, offload=not on_gpu)
+        roofline = None if bandwidth is None else nbytes.total / bandwidth * 1e3
+        recalled = moved / counted
         return SparseBenchResult(
             source.spec, mode.value, selection.value, name, batch_size, context_len, token_budget, steps,
-            use_cuda_graphs and dev.type == "cuda",
-            statistics.median(times) * 1e3, statistics.fmean(times) * 1e3, batch_size / statistics.fmean(times),
-            off.layout.unit_bytes, moved / off.layout.unit_bytes / steps, moved / 2**20 / steps, rate, peak,
-            None if rate is None or peak is None else rate / peak,
+            use_cuda_graphs and dev.type == "cuda", 0 if graph is None else graph.graphs_per_step,
+            sustained * 1e3, per_step[len(per_step) // 2] * 1e3, batch_size / sustained,
+            nbytes, nbytes.total, None if bandwidth is None else bandwidth / 1e9, roofline,
+            None if roofline is None else sustained * 1e3 / roofline, kernels,
+            host_s * 1e3 / steps, recall_host_ms, blocked_ms,
+            off.layout.unit_bytes, recalled / off.layout.unit_bytes, recalled / 2**20, peak,
+            None if peak is None or not recalled else recalled / (0.8 * peak * 1e9) * 1e3,
             pub_rate, None if pub_rate is None or peak is None else pub_rate / peak,
             pub_s / pub_n * 1e6 if pub_n else None, pickup_s / pub_n * 1e6 if pub_n else None,
             published.pickup_us(50), published.pickup_us(90), published.poller_lag_us(50), published.poller_lag_us(90),
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
-            0.0 if timed is None else timed.host_ns / 1e6 / steps, (_blocked_ns(off) - blocked0) / 1e6 / steps,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us)
+
+
+def _settled_statistics(off: Any, before: Any, timeout_s: float = 5.0) -> Any:
+    """The offloader's statistics once pulseio has counted every recall the device has finished (its threads
+    finish completions a moment after the data lands)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        after = off.statistics()
+        rt = None if off.runtime is None else off.runtime.statistics()
+        if rt is None or rt.in_flight == 0 or time.monotonic() > deadline:
+            return after
+        time.sleep(1e-3)
 
 
 def _profiler(path: Path | None, device: torch.device) -> Any:

@@ -7,9 +7,9 @@ Both pools belong to the engine's `pulseio.Runtime` and hold transfer units (`Un
 prefill (`store_blocks`), each decoded token's KV as it is computed (`append`), so the host copy is
 always whole and a recall can fetch any block, the one being written included.
 
-Every write to the host pool goes through its device-mapped view (`HostPool.device_view`): index
-kernels on the model's stream store into pinned memory over the bus, ordered before the recalls
-that read it, with no copy call and no host sync.
+Every write to the host pool goes through its device-mapped view (`host_view`, from
+`HostPool.device_view`): kernels on the model's stream (`token_store.store_tokens`) store into pinned
+memory over the bus, ordered before the recalls that read it, with no copy call and no host sync.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class OffloadSeq:
     host_map: torch.Tensor    # [L, S, NB] int64: host unit of each block; 0 (the pool's spare) past its blocks
     hot: torch.Tensor         # [L, S, K] int64: device slot of each hot-set entry
     resident: torch.Tensor    # [L, S, NB] int64: hot-set entry holding each block, or -1
+    owner: torch.Tensor       # [L, S, K] int64: block held by each hot-set entry, or -1 (resident's inverse)
     units: list[int]          # host units held, for `close`
     slots: list[int]          # device slots held, for `close`
 
@@ -59,6 +60,11 @@ class HostStore:
     def units_for(self, num_tokens: int) -> int:
         """Host units a request of `num_tokens` tokens holds."""
         return self.num_layers * self.layout.groups * blocks_for(num_tokens, self.layout.block_size)
+
+    @property
+    def host_view(self) -> torch.Tensor:
+        """[n_host, 2, bs, hg, D]: the host pool as the device writes it (device-mapped pinned memory)."""
+        return self._host_writes
 
     @property
     def units_free(self) -> int:
@@ -91,8 +97,9 @@ class HostStore:
         host_map[:, :, :n] = torch.tensor(unit_ids, dtype=torch.int64).view(*shape, n)
         hot = torch.tensor(slot_ids, dtype=torch.int64).view(*shape, self.budget)
         resident = torch.full((*shape, self.max_blocks), PAD, dtype=torch.int64)
+        owner = torch.full((*shape, self.budget), PAD, dtype=torch.int64)
         return OffloadSeq(host_map.to(self.device), hot.to(self.device), resident.to(self.device),
-                          unit_ids, slot_ids)
+                          owner.to(self.device), unit_ids, slot_ids)
 
     def close(self, seq: OffloadSeq) -> None:
         self._units.free(seq.units)
@@ -114,22 +121,3 @@ class HostStore:
         units = self._host_writes[seq.host_map[layer, :, :n]]              # [S, n, 2, bs, hg, D]
         kv = units.permute(2, 1, 3, 0, 4, 5).flatten(3, 4).flatten(1, 2)   # [2, n * bs, Hkv, D]
         return kv[0, :num_tokens], kv[1, :num_tokens]
-
-    def append(self, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write one new token per row to the host. units: [T, S] host units of the tokens' blocks;
-        offsets: [T] offsets in them; k, v: [T, Hkv, D]."""
-        _write_units(self._host_writes, units, offsets, k, v)
-
-    def write_hot(self, slots: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The same token into its block's hot slot. slots: [B, S] device slots; offsets: [B]."""
-        _write_units(self.hot, slots, offsets, k, v)
-
-
-def _write_units(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
-                 v: torch.Tensor) -> None:
-    """pool: [n, 2, bs, hg, D]; units: [B, S]; offsets: [B]; k, v: [B, Hkv, D] with Hkv = S * hg."""
-    _, _, bs, hg, d = pool.shape
-    flat = pool.view(-1, hg, d)                                          # [n * 2 * bs, hg, D]
-    rows = (units * (2 * bs) + offsets[:, None]).reshape(-1)             # [B * S] K rows
-    flat.index_copy_(0, rows, k.reshape(-1, hg, d))
-    flat.index_copy_(0, rows + bs, v.reshape(-1, hg, d))

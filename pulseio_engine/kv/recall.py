@@ -7,6 +7,8 @@ fixed-size tensors, and counts them on the device. Then:
   the device: no host sync), and `device_wait()` orders the layer's attention after the copy. A request
   that fails later (pulseio's watchdog lets a stream go on unwritten slots rather than hang) is only known
   once the step is over: `check_landed`, called when the step's tokens reach the host, raises for it.
+  Captured in a CUDA graph (`captures`), the same publish and wait are `pulseio.RecallGraph` posts, and
+  `arm` is the host's whole part of a replay's recalls.
 - SYNC (the ArkVale-like baseline): the count and ids come to the host (a device sync), the host
   calls `recall(host_ids=, device_slots=)` and waits for it before the layer goes on.
 """
@@ -45,6 +47,35 @@ class Recaller:
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
         self._posted: list[tuple[int, Any]] = []     # (layer, completion) of the doorbell recalls since check_landed
+
+    @property
+    def captures(self) -> bool:
+        """Whether a CUDA graph can hold this recaller's recalls (doorbell recalls on a GPU runtime)."""
+        return self.mode is RecallMode.DOORBELL and self.runtime.backend.device.type == "cuda"
+
+    def recall_graph(self) -> Any:
+        """A `pulseio.RecallGraph` to capture a step's recalls into (see `captures`)."""
+        return self.runtime.recall_graph()
+
+    def arm(self, recalls: Any) -> list[Any]:
+        """Before a replay of a graph holding `recalls`: their Completions, watched by `check_landed`. Waits
+        (counted in blocked_ns) only when the ring or the outstanding requests have no room for them."""
+        try:
+            done = recalls.arm()
+        except pulseio.WouldBlock:
+            start = time.perf_counter_ns()
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                try:
+                    done = recalls.arm()
+                    break
+                except pulseio.WouldBlock:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(20e-6)
+            self.blocked_ns += time.perf_counter_ns() - start
+        self._posted.extend((c.tag, c) for c in done)
+        return done
 
     def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> Any:
         """Copy host units ids[:count] to device slots dst[:count] (from `compact`); returns once later

@@ -45,8 +45,8 @@ def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytes
     result = json.loads(path.read_text())
     assert (result["copier_ctas"], result["copier_idle_us"]) == (64, 70), "the flag set, the other pulseio's default"
     capsys.readouterr()
-    assert main([*common, "--mode", "quest-all-on-gpu", "--copier-ctas", "32"]) == 2
-    assert ("--copier-ctas set the offload runtime's copier, and --mode quest-all-on-gpu runs none"
+    assert main([*common, "--mode", "all-on-gpu", "--copier-ctas", "32"]) == 2
+    assert ("--copier-ctas set the offload runtime's copier, and --mode all-on-gpu runs none"
             in capsys.readouterr().err)
 
 

@@ -7,15 +7,25 @@ import dataclasses
 import pytest
 
 from pulseio_engine.config import SparseMode
-from pulseio_engine.sparse_bench import SparseBenchMode, StampTotals, default_profile, run_sparse_bench
+from pulseio_engine.evaluation.locality import LocalityProfile
+from pulseio_engine.sparse_bench import (
+    SparseBenchMode,
+    SparseStepBytes,
+    StampTotals,
+    default_profile,
+    run_sparse_bench,
+)
 
 
 @pytest.mark.parametrize("mode", list(SparseBenchMode), ids=[m.value for m in SparseBenchMode])
-def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode) -> None:
+@pytest.mark.parametrize("selection", [SparseMode.QUEST, SparseMode.SOLOHEAD])
+def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode, selection: SparseMode) -> None:
     r = run_sparse_bench("tiny", mode=mode, batch_size=2, context_len=320, steps=4, token_budget=64,
-                         selection=SparseMode.QUEST, device="cpu", progress=False)
-    assert r.steps == 4 and r.step_ms > 0 and not r.cuda_graphs
-    if mode is SparseBenchMode.QUEST_ALL_ON_GPU:
+                         selection=selection, device="cpu", progress=False)
+    assert r.steps == 4 and r.step_ms > 0 and not r.cuda_graphs and r.selection == selection.value
+    assert r.kernels_per_step is None and r.roofline_ms is None, "CPU: no GPU timeline, no copy bandwidth"
+    assert r.bytes_per_step == r.step_bytes.total > r.step_bytes.weights > 0
+    if mode is SparseBenchMode.ALL_ON_GPU:
         assert r.units_per_step == 0 and r.host_bytes_per_request == 0
         assert r.gpu_bytes_per_request > r.vanilla_gpu_bytes_per_request, "every block, and the digests"
     else:
@@ -33,6 +43,33 @@ def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode) -
         assert r.publish_to_taken_us_p50 is None and r.poller_lag_us_p50 is None
     blocked = r.blocked_ms_per_step
     assert blocked == 0 if mode is not SparseBenchMode.OFFLOAD_SYNC else blocked > 0
+    assert 0 <= r.recall_host_ms_per_step <= r.host_ms_per_step
+
+
+def test_the_sparse_roofline_counts_what_a_step_must_read() -> None:
+    """tiny: 4 layers (2 dense, 2 offloaded), 2 KV heads, head_dim 32, fp32 on a CPU; 2 requests of ~327 tokens
+    (21 blocks), budget 4 blocks: each offloaded layer reads each request's digests and 4 selected blocks."""
+    r = run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, batch_size=2, context_len=320, steps=4,
+                         token_budget=64, selection=SparseMode.QUEST, device="cpu", progress=False)
+    b: SparseStepBytes = r.step_bytes
+    token_kv = 2 * 2 * 32 * 4                                     # K and V, 2 heads, head_dim 32, fp32
+    mean_ctx = 320 + 2 + 3 + 1.5                                  # the timed steps' mean context
+    assert b.dense_kv == int(2 * 2 * mean_ctx * token_kv)         # 2 dense layers, 2 requests
+    assert b.digests == 2 * 2 * 21 * 2 * 32 * 2 * 4               # 2 layers, 2 requests, 21 blocks, 2 heads, max+min
+    assert b.selected_kv == 2 * 2 * 4 * 16 * token_kv             # 4 blocks of 16 tokens each
+    assert 0 < b.bookkeeping < b.digests
+
+
+def test_steering_sets_how_much_a_step_recalls() -> None:
+    """The measured locality steers the real selection: a row that keeps every middle block recalls almost
+    nothing after the first step, one that keeps none recalls its whole middle every step."""
+    def recalled(overlap: float) -> float:
+        profile = LocalityProfile("synthetic", SparseMode.SOLOHEAD, 320, 64, (2,), (overlap,), (0.1,))
+        return run_sparse_bench("tiny", mode=SparseBenchMode.OFFLOAD_DOORBELL, batch_size=2, context_len=320,
+                                steps=6, token_budget=64, device="cpu", progress=False, locality=profile).units_per_step
+    keep_all, keep_none = recalled(1.0), recalled(0.0)
+    assert keep_all <= 2 * 1, "at most a fresh local block per request and step"
+    assert keep_none >= 2 * 1 - 0.01 and keep_none > keep_all, "1 middle slot per row (4 - sink 1 - local 2)"
 
 
 def test_presets_select_with_the_closest_shipped_locality() -> None:
@@ -52,13 +89,18 @@ def test_stamp_totals_add_up_and_give_percentiles_per_request() -> None:
     assert StampTotals().pickup_us(50) is None and StampTotals().poller_lag_us(50) is None
 
 
-def test_summary_gives_fractions_of_the_peak_only_where_one_was_measured() -> None:
+def test_summary_and_compare_vanilla() -> None:
+    """The dense step of the same batch runs in the same process; the ratio is the two sustained step times."""
     r = run_sparse_bench("tiny", mode=SparseBenchMode.OFFLOAD_DOORBELL, batch_size=2, context_len=320, steps=2,
-                         token_budget=64, selection=SparseMode.QUEST, device="cpu", progress=False)
-    assert r.link_peak_gbps is None and r.publish_gbps is not None      # CPU: nothing to compare with
-    assert " = " not in r.summary() and f"(publish -> landed {r.publish_gbps:.1f} GB/s, " in r.summary()
-    peak = 2 * r.publish_gbps
-    on_gpu = dataclasses.replace(r, link_peak_gbps=peak, recall_gbps=peak / 4, recall_fraction_of_peak=0.25,
-                                 publish_fraction_of_peak=r.publish_gbps / peak)
-    assert f"recall {peak / 4:.1f} GB/s = 0.25 of {peak:.1f} (publish" in on_gpu.summary()
-    assert f"publish -> landed {r.publish_gbps:.1f} GB/s = 0.50, " in on_gpu.summary()
+                         token_budget=64, selection=SparseMode.QUEST, device="cpu", progress=False,
+                         compare_vanilla=True)
+    assert r.vanilla is not None and (r.vanilla.batch_size, r.vanilla.context_len) == (2, 320)
+    assert r.vanilla_ratio == pytest.approx(r.step_ms / r.vanilla.step_ms)
+    assert r.to_dict()["vanilla_ratio"] == r.vanilla_ratio
+    text = r.summary()
+    assert f"sparse/vanilla {r.vanilla_ratio:.2f}" in text and "roofline" not in text   # CPU: no roofline
+    assert r.link_peak_gbps is None and r.publish_gbps is not None and " = " not in text
+    on_gpu = dataclasses.replace(r, link_peak_gbps=2 * r.publish_gbps, publish_fraction_of_peak=0.5,
+                                 roofline_ms=r.step_ms / 2, roofline_ratio=2.0)
+    assert f"publish -> landed {r.publish_gbps:.1f} GB/s = 0.50 " in on_gpu.summary()
+    assert f"roofline {r.step_ms / 2:.2f} ms ({r.bytes_per_step / 1e9:.1f} GB) -> 2.00x" in on_gpu.summary()

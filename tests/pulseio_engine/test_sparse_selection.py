@@ -7,13 +7,12 @@ import pytest
 import torch
 from sparse_reference import ref_digest, ref_recall, ref_scores, ref_select
 
-from pulseio_engine.attention import paged_decode_attention_reference
+from pulseio_engine.attention import paged_decode_attention, paged_decode_attention_reference
 from pulseio_engine.config import GroupScore, SparseConfig, SparseMode
 from pulseio_engine.kv.digests import BlockDigests
 from pulseio_engine.kv.residency import apply_recall, plan_recall
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.kv.selection import block_scores, select_blocks, select_for_layer
-from pulseio_engine.offload import hot_attention
 
 BS = 16
 HKV, G, D = 2, 3, 8
@@ -175,9 +174,10 @@ def test_each_query_head_selects_and_reads_through_its_own_kv_head_as_dense_atte
     for h in range(HKV):
         for j, block in enumerate(selected[0, h].tolist()):
             hot[1 + h * kk + j, 0, :, 0], hot[1 + h * kk + j, 1, :, 0] = blocks[0][block, :, h], blocks[1][block, :, h]
-    table = 1 + torch.arange(HKV * kk).view(HKV, kk)                # [B * S, K] slots of the selected blocks
+    table = 1 + torch.arange(HKV * kk, dtype=torch.int32).view(1, HKV, kk)   # [B, S, K] slots of the selection
     scale = D ** -0.5
-    got = hot_attention(q, hot, table, torch.full((HKV,), kk * BS), scale)
+    got = paged_decode_attention(q, hot[:, 0], hot[:, 1], table, torch.full((1, HKV), kk * BS, dtype=torch.int32),
+                                 scale, num_kv_heads=HKV)
     dense = paged_decode_attention_reference(q, *blocks, torch.arange(nb, dtype=torch.int32)[None],
                                              torch.tensor([n], dtype=torch.int32), scale)
     torch.testing.assert_close(got, dense, rtol=0, atol=1e-5)
