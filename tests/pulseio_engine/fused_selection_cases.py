@@ -95,8 +95,10 @@ class _Side:
         return own
 
 
-def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, str | None]:
-    """All checks of one case over its steps -> {check: None or the first difference}."""
+def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
+    """All checks of one case over its steps -> {"checks": {check: None or the first difference},
+    "stats": what the steps exercised (blocks evicted and recalled after the first step, selected blocks
+    that the previous step selected too), so a test can tell a vacuous case}."""
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, spec.dtype)
     b, hq = len(spec.lens), spec.hkv * spec.group
@@ -109,8 +111,7 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, str | None]:
     if spec.mode == "hot":
         n_slots = 2 + b * s * k
         hg, d = spec.hkv // s, spec.d
-        state.update(resident=torch.full((b, s, spec.nb), -1, dtype=torch.int64),
-                     owner=torch.full((b, s, k), -1, dtype=torch.int64),
+        state.update(**_warm_residency(b, s, spec.nb, k, gen),
                      hot=(2 + torch.randperm(b * s * k, generator=gen)).view(b, s, k),
                      host_map=torch.randint(1, 10_000, (b, s, spec.nb), generator=gen),
                      recall_ids=torch.full((b * s * k,), -5, dtype=torch.int64),
@@ -120,7 +121,9 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, str | None]:
     kernel, ref = _Side(spec, state, device, True), _Side(spec, state, "cpu", False)
     lens = torch.tensor(spec.lens)
     failures: dict[str, str | None] = {}
+    stats = {"evicted": 0, "recalled": 0, "reselected": 0}
     for step in range(spec.steps):
+        before = {name: ref.t[name].clone() for name in ("mask", "resident") if name in ref.t}
         q = _values((b, hq, spec.d), spec, gen, low=-3).to(dtype)
         lo, hi = _values((2, n_phys, width, spec.d), spec, gen)
         dmax, dmin = torch.maximum(lo, hi).to(dtype), torch.minimum(lo, hi).to(dtype)
@@ -131,9 +134,27 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, str | None]:
         want = ref.step(q, dmax, dmin, tables, lens, got.cpu(), kv)
         _check_bounds(failures, step, got.cpu(), want, spec)
         _compare(failures, step, kernel, ref, spec)
+        if step:
+            stats["reselected"] += int((before["mask"].bool() & ref.t["mask"].bool()).sum())
+            if spec.mode == "hot":
+                stats["recalled"] += int(ref.t["count"])
+                stats["evicted"] += int(((before["resident"] >= 0) & (ref.t["resident"] < 0)).sum())
         lens = lens + torch.randint(1, BS, (b,), generator=gen)      # next step: blocks fill and new ones open
         lens = torch.minimum(lens, torch.tensor(spec.nb * BS))
-    return failures
+    return {"checks": failures, "stats": stats}
+
+
+def _warm_residency(b: int, s: int, nb: int, k: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """A valid starting hot set per row: a random number of hot indices (some rows none, some all) hold
+    random distinct blocks, so the first steps meet empty and evictable indices together."""
+    resident = torch.full((b, s, nb), -1, dtype=torch.int64)
+    owner = torch.full((b, s, k), -1, dtype=torch.int64)
+    for i in range(b):
+        for j in range(s):
+            used = torch.randperm(k, generator=gen)[:int(torch.randint(0, k + 1, (1,), generator=gen))]
+            blocks = torch.randperm(nb, generator=gen)[:len(used)]
+            owner[i, j, used], resident[i, j, blocks] = blocks, used
+    return {"resident": resident, "owner": owner}
 
 
 def _check_bounds(failures: dict, step: int, got: torch.Tensor, want: torch.Tensor, spec: Spec) -> None:
