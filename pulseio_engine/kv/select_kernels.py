@@ -124,7 +124,7 @@ def _select_kernel(
     K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
     HOT: tl.constexpr, STEER: tl.constexpr, ROWS: tl.constexpr, WRITE_KV: tl.constexpr,
-    HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -175,8 +175,8 @@ def _select_kernel(
     tl.store(s_row + ids, tl.full([BLOCK], -1, tl.int64), mask=pad)
     tl.debug_barrier()                                          # every thread has read its previous mask
     tl.store(m_row + ids, chosen.to(tl.uint8), mask=ids < nbw)
-    for start in range(BLOCK, nbw, BLOCK):
-        tl.store(m_row + start + ids, tl.zeros([BLOCK], tl.uint8), mask=start + ids < nbw)
+    for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
+        tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
     offset = (n_tok - 1) % BLOCK_SIZE
     tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
     t_row = table_ptr + b * stride_tb + s * stride_ts
@@ -297,7 +297,8 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
         KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
         STEER=steer is not None, ROWS=2 if steer is not None else 1, WRITE_KV=new is not None,
-        HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, num_warps=4 if block <= 2048 else 8,
+        HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
+        num_warps=4 if block <= 2048 else 8,
     )  # fmt: skip
 
 

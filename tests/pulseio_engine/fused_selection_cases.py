@@ -50,6 +50,8 @@ class Spec:
     steps: int = 1                   # consecutive decode steps (tokens appended between them)
     steer: float | None = None       # overlap, or None: no steering
     new_token: bool = False          # HOT: the new token's K, V into its hot slot
+    mask_extra: int = 5              # mask columns past NB (the kernel zeroes them)
+    random_mask: bool = False        # start from a random mask (a previous selection, and ones past NB)
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -105,8 +107,9 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
     s = spec.hkv if spec.head is None else 1
     width = spec.width or (spec.hkv if spec.head is None else 1)
     n_phys, k = 3 * spec.nb, spec.budget
-    nbw = spec.nb + 5
-    state = {"mask": torch.zeros((b, s, nbw), dtype=torch.uint8), "calls": torch.zeros((b, s), dtype=torch.int64),
+    nbw = spec.nb + spec.mask_extra
+    mask = torch.randint(0, 2, (b, s, nbw), generator=gen) if spec.random_mask else torch.zeros((b, s, nbw))
+    state = {"mask": mask.to(torch.uint8), "calls": torch.randint(0, 2**40, (b, s), generator=gen),
              "count": torch.full((1,), 99, dtype=torch.int64)}
     if spec.mode == "hot":
         n_slots = 2 + b * s * k
@@ -215,6 +218,7 @@ CASES: dict[str, Spec] = {
     "steer-paged": Spec((3, 12 * BS, 30 * BS, 44 * BS), 48, 8, steps=8, steer=0.5),
     "steer-hot-integer": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=8, steer=0.7, integer=True),
     "steer-full-overlap": Spec((20 * BS, 40 * BS), 48, 8, steps=5, steer=1.0, head=1),
+    "mask-wider-than-block": Spec((3, 20 * BS, 32 * BS), 32, 8, steps=3, steer=0.5, mask_extra=70, random_mask=True),
 }
 
 
