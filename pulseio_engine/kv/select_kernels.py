@@ -232,8 +232,9 @@ def _select_kernel(
 
 def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
                  out: torch.Tensor, count: torch.Tensor | None, *, num_kv_heads: int, head: int | None,
-                 max_norm: bool) -> None:
-    """`fused_selection.score_blocks` on Triton (arguments checked there)."""
+                 max_norm: bool, tile: int | None = None, num_warps: int | None = None) -> None:
+    """`fused_selection.score_blocks` on Triton (arguments checked there); tile, num_warps: override the
+    launch shape (benchmarks)."""
     b, hq, d = q.shape
     _, s, _, nb = out.shape
     if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
@@ -241,7 +242,7 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
                          "contiguous along it, and dmax and dmin of the same strides")
     if out.stride(3) != 1:
         raise ValueError("score_blocks out must be contiguous along NB")
-    tile = max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
+    tile = tile or max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
     width = dmax.shape[1]
     head0 = 0 if head is None else head
     col0, col_step = (0, 1) if head is None else ((0 if width == 1 else head), 0)
@@ -250,14 +251,15 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=hq // num_kv_heads, HEAD_DIM=d, TILE=tile, MAX_NORM=max_norm, HAS_COUNT=count is not None,
-        num_warps=8 if tile * d >= 8192 else 4,
+        num_warps=num_warps or (8 if tile * d >= 8192 else 4),
     )  # fmt: skip
 
 
 def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
                   mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
-                  block_tables: torch.Tensor | None, hot, steer) -> None:  # noqa: ANN001
-    """`fused_selection.select_blocks_fused` on Triton (arguments checked there)."""
+                  block_tables: torch.Tensor | None, hot, steer, num_warps: int | None = None) -> None:  # noqa: ANN001
+    """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
+    (benchmarks). 4 warps up to BLOCK = 2048, 8 above (at 8192, 128K-token rows, a few hundred bytes spill)."""
     from .steering import keep_target, steer_key
 
     b, s, c, nb = bounds.shape
@@ -298,7 +300,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
         STEER=steer is not None, ROWS=2 if steer is not None else 1, WRITE_KV=new is not None,
         HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
-        num_warps=4 if block <= 2048 else 8,
+        num_warps=num_warps or (4 if block <= 2048 else 8),
     )  # fmt: skip
 
 
