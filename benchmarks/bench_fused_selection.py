@@ -85,7 +85,8 @@ class Layer:
         pool = torch.zeros((1 + b * s * k, 2, BS, hg, D), dtype=torch.bfloat16, device=dev)
         kv = torch.randn((2, b, HKV, D), dtype=torch.bfloat16, device=dev)
         hot = HotRecall(torch.full((b, s, nb), -1, **long), torch.full((b, s, k), -1, **long),
-                        1 + torch.arange(b * s * k, device=dev).view(b, s, k), torch.arange(b * s * nb, **long).view(b, s, nb),
+                        1 + torch.arange(b * s * k, device=dev).view(b, s, k),
+                        torch.arange(b * s * nb, **long).view(b, s, nb),
                         torch.zeros(b * s * k * calls, **long), torch.zeros(b * s * k * calls, **long),
                         torch.zeros(1, **long), torch.zeros((b, s), **long), NewToken(kv[0], kv[1], pool))
         outs = {"mask": torch.zeros((b, s, nb), dtype=torch.uint8, device=dev),
@@ -113,7 +114,8 @@ def bench_score(layer: Layer, copy_gbps: float) -> None:
 
 
 def bench_select(layer: Layer) -> None:
-    config, maxnorm = layer.config, SparseConfig(token_budget=layer.config.token_budget, group_score=GroupScore.MAX_NORM)
+    config = layer.config
+    maxnorm = SparseConfig(token_budget=config.token_budget, block_size=BS, group_score=GroupScore.MAX_NORM)
     for s in (HKV, 1):
         for label, mode, cfg, c in (("paged sum", "paged", config, 1), ("hot sum", "hot", config, 1),
                                     ("hot sum steered", "steer", config, 1),
@@ -126,9 +128,9 @@ def bench_select(layer: Layer) -> None:
                 kw = dict(block_tables=layer.tables) if mode == "paged" else dict(hot=hot)
 
                 def run() -> None:
-                    select_kernels.launch_select(bounds, layer.num_tokens, cfg, outs["out"], outs["mask"], outs["table"],
-                                                 outs["context_lens"], kw.get("block_tables"), kw.get("hot"), steer,
-                                                 num_warps=warps)
+                    select_kernels.launch_select(bounds, layer.num_tokens, cfg, outs["out"], outs["mask"],
+                                                 outs["table"], outs["context_lens"], kw.get("block_tables"),
+                                                 kw.get("hot"), steer, num_warps=warps)
 
                 us = time_graph_us(run)
                 print(f"select S={s} {label:22s} warps {warps or 'auto':>4}: {us:8.1f} us", flush=True)
@@ -138,8 +140,8 @@ def bench_torch_path(layer: Layer) -> None:
     """What a layer does today: select_for_layer (gathered digests, fp32, sorts), plan_recall, compact,
     apply_recall and the table gather (OffloadBatch.prepare + finish, selection part)."""
     for label, heads, s in (("quest", None, HKV), ("solohead", (3,), 1)):
-        digests = BlockDigests(num_layers=1, num_blocks=layer.dmax.shape[0], num_kv_heads=HKV, head_dim=D, block_size=BS,
-                               dtype=torch.bfloat16, device="cuda", heads=heads)
+        digests = BlockDigests(num_layers=1, num_blocks=layer.dmax.shape[0], num_kv_heads=HKV, head_dim=D,
+                               block_size=BS, dtype=torch.bfloat16, device="cuda", heads=heads)
         digests.max[0].copy_(layer.dmax if heads is None else layer.solo_max)
         digests.min[0].copy_(layer.dmin if heads is None else layer.solo_min)
         hot, _ = layer.hot(s, calls=1)
