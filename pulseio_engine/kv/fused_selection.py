@@ -49,9 +49,10 @@ class HotRecall:
     owner: torch.Tensor        # [B, S, K] int64 in/out: hot index -> block, or -1
     hot: torch.Tensor          # [B, S, K] int64: hot index -> device slot of the pool
     host_map: torch.Tensor     # [B, S, NB] int64: block -> host unit
-    recall_ids: torch.Tensor   # [B * S * K] int64 out: host units to recall, entries [0, count)
-    recall_dst: torch.Tensor   # [B * S * K] int64 out: their device slots
+    recall_ids: torch.Tensor   # [>= B * S * K] int64 out: host units to recall, entries [0, count)
+    recall_dst: torch.Tensor   # [>= B * S * K] int64 out: their device slots
     count: torch.Tensor        # [1] int64: zeroed by `score_blocks(count=...)`, the pairs written after
+                               # (appended at count: pairs past the buffers' end are dropped, still counted)
     write_slot: torch.Tensor   # [B, S] int64 out: device slot of the block being written
     new_token: NewToken | None = None
 
@@ -114,7 +115,7 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
                         use_triton: bool | None = None) -> torch.Tensor:
     """`select_blocks(combine(bounds, num_tokens, config), num_tokens, config)` -> selected [B, S, K] int64
     (into `out` if given): ids ascending, -1 padded, ties to the lower id, all n blocks when n <= K.
-    bounds: [B, S, C, NB] fp32; num_tokens: [B] int, the token being decoded included.
+    bounds: [B, S, C, NB] fp32; num_tokens: [B] int, the token being decoded included, <= NB * block_size.
     Also writes mask: [B, S, NBW] uint8, NBW >= NB, 1 exactly at the selected blocks (with `steer`, read
     first as the previous step's selection); context_lens: [B, S] int32 tokens in the selected blocks;
     table: [B, S, K] int32 for attention: PAGED (block_tables [B, NB] given) the selected blocks' physical
@@ -173,7 +174,8 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
     ids, dst, n = compact(units, slots.gather(1, plan.slots.clamp(min=0)), plan.blocks >= 0)
     at = torch.arange(r * k, device=rows.device)
     for buffer, values in ((hot.recall_ids, ids), (hot.recall_dst, dst)):   # appended at count, as the kernel's
-        where = torch.where(at < n, hot.count + at, buffer.numel())          # atomic add does
+        cap = min(hot.recall_ids.numel(), hot.recall_dst.numel())            # atomic add does; none past the end
+        where = torch.where((at < n) & (hot.count + at < cap), hot.count + at, buffer.numel())
         buffer.copy_(torch.cat([buffer, buffer[:1]]).scatter_(0, where, values)[:-1])
     hot.count.add_(n)
     if hot.new_token is not None:

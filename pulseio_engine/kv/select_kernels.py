@@ -110,12 +110,12 @@ def _top(key, member, need, ROWS: tl.constexpr):
     return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= rest[:, None]))
 
 
-@triton.jit(do_not_specialize=["nb", "nbw", "steer_key"])
+@triton.jit(do_not_specialize=["nb", "nbw", "capacity", "steer_key"])
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
     k_ptr, v_ptr, pool_ptr, calls_ptr,
-    nb, nbw, keep_target, steer_key,
+    nb, nbw, capacity, keep_target, steer_key,
     stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
     stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
     stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_mapb, stride_maps,
@@ -129,7 +129,7 @@ def _select_kernel(
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
-    n = (n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE
+    n = tl.minimum((n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE, nb)      # (n <= NB is the contract; never read past)
     ids = tl.arange(0, BLOCK)
     real = ids < n
     in_table = ids < nb
@@ -211,8 +211,8 @@ def _select_kernel(
         tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
         at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
         units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=need_it, other=0)
-        tl.store(ids_ptr + at, units, mask=need_it)
-        tl.store(dst_ptr + at, dev, mask=need_it)
+        tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
+        tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
         if WRITE_KV:
             slot = tl.sum(tl.where(last, dev, 0), axis=0)
             hh = tl.arange(0, HG_PAD)[:, None]
@@ -291,7 +291,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls,
-        nb, mask.shape[2], target, key,
+        nb, mask.shape[2], min(ids.numel(), dst.numel()), target, key,
         bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(hmap), *_s2(wslot),

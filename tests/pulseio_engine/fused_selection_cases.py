@@ -52,6 +52,7 @@ class Spec:
     new_token: bool = False          # HOT: the new token's K, V into its hot slot
     mask_extra: int = 5              # mask columns past NB (the kernel zeroes them)
     random_mask: bool = False        # start from a random mask (a previous selection, and ones past NB)
+    zero_count: bool = True          # HOT: score_blocks zeroes count (False: it starts at 99, past the buffers)
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -85,10 +86,12 @@ class _Side:
         hot = None
         if spec.mode == "hot":
             new = NewToken(kv[0].to(dev), kv[1].to(dev), t["pool"]) if spec.new_token else None
-            hot = HotRecall(t["resident"], t["owner"], t["hot"], t["host_map"], t["recall_ids"], t["recall_dst"],
-                            t["count"], t["write_slot"], new)
+            cap = t["owner"].numel()           # B * S * K; the buffers run on: a guard that must stay untouched
+            hot = HotRecall(t["resident"], t["owner"], t["hot"], t["host_map"], t["recall_ids"][:cap],
+                            t["recall_dst"][:cap], t["count"], t["write_slot"], new)
         own = score_blocks(*args, num_kv_heads=spec.hkv, head=spec.head, rule=spec.rule,
-                           count=t["count"] if hot is not None else None, use_triton=self.triton)
+                           count=t["count"] if hot is not None and spec.zero_count else None,
+                           use_triton=self.triton)
         steer = Steering(spec.steer, t["calls"], seed=5, layer=3) if spec.steer is not None else None
         select_blocks_fused(own if bounds is None else bounds.to(dev), num_tokens.to(dev), _config(spec),
                             mask=t["mask"], table=self.out["table"], context_lens=self.out["context_lens"],
@@ -117,8 +120,8 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
         state.update(**_warm_residency(b, s, spec.nb, k, gen),
                      hot=(2 + torch.randperm(b * s * k, generator=gen)).view(b, s, k),
                      host_map=torch.randint(1, 10_000, (b, s, spec.nb), generator=gen),
-                     recall_ids=torch.full((b * s * k,), -5, dtype=torch.int64),
-                     recall_dst=torch.full((b * s * k,), -5, dtype=torch.int64),
+                     recall_ids=torch.full((3 * b * s * k,), -5, dtype=torch.int64),
+                     recall_dst=torch.full((3 * b * s * k,), -5, dtype=torch.int64),
                      write_slot=torch.full((b, s), -5, dtype=torch.int64),
                      pool=torch.randn((n_slots, 2, BS, hg, d), generator=gen).to(dtype))
     kernel, ref = _Side(spec, state, device, True), _Side(spec, state, "cpu", False)
@@ -177,10 +180,14 @@ def _compare(failures: dict, step: int, kernel: _Side, ref: _Side, spec: Spec) -
         got, want = kernel.t[name].cpu(), ref.t[name]
         _note(failures, name, step, None if torch.equal(got, want) else _first_diff(got, want))
     if spec.mode == "hot":
-        n = int(ref.t["count"])
+        n = min(int(ref.t["count"]), kernel.t["owner"].numel())
         pairs = [sorted(zip(side.t["recall_ids"].cpu()[:n].tolist(), side.t["recall_dst"].cpu()[:n].tolist()))
                  for side in (kernel, ref)]
         _note(failures, "recall_pairs", step, None if pairs[0] == pairs[1] else f"{pairs[0][:6]} vs {pairs[1][:6]}")
+        cap = kernel.t["owner"].numel()
+        guard = all(bool((side.t[name][cap:] == -5).all()) for side in (kernel, ref)
+                    for name in ("recall_ids", "recall_dst"))
+        _note(failures, "recall_guard", step, None if guard else "a recall pair was written past the buffers")
         owner, resident = kernel.t["owner"].cpu(), kernel.t["resident"].cpu()
         inverse = all(resident[i, j, blk] == slot for i in range(owner.shape[0]) for j in range(owner.shape[1])
                       for slot, blk in enumerate(owner[i, j].tolist()) if blk >= 0)
@@ -218,6 +225,7 @@ CASES: dict[str, Spec] = {
     "steer-paged": Spec((3, 12 * BS, 30 * BS, 44 * BS), 48, 8, steps=8, steer=0.5),
     "steer-hot-integer": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=8, steer=0.7, integer=True),
     "steer-full-overlap": Spec((20 * BS, 40 * BS), 48, 8, steps=5, steer=1.0, head=1),
+    "hot-count-not-zeroed": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=2, zero_count=False),
     "mask-wider-than-block": Spec((3, 20 * BS, 32 * BS), 32, 8, steps=3, steer=0.5, mask_extra=70, random_mask=True),
 }
 
