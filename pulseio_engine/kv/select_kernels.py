@@ -110,7 +110,7 @@ def _top(key, member, need, ROWS: tl.constexpr):
     return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= rest[:, None]))
 
 
-@triton.jit(do_not_specialize=["nb", "nbw", "capacity", "steer_key"])
+@triton.jit(do_not_specialize=["capacity", "steer_key"])
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
