@@ -23,11 +23,17 @@ Why they look the way they do:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
 from ..config import GroupScore, SparseConfig
+from .steering import keep_target, steer_key
+
+if TYPE_CHECKING:
+    from .fused_selection import HotRecall, Steering
 
 _SCORE_TILE_ELEMS = 8192     # TILE * D elements of max (and as many of min) per score program
 _MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields
@@ -257,27 +263,24 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
 
 def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
                   mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
-                  block_tables: torch.Tensor | None, hot, steer, num_warps: int | None = None) -> None:  # noqa: ANN001
+                  block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
+                  num_warps: int | None = None) -> None:
     """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
     (benchmarks). 4 warps up to BLOCK = 2048, 8 above (at 8192, 128K-token rows, a few hundred bytes spill)."""
-    from .steering import keep_target, steer_key
-
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
     block = triton.next_power_of_2(max(nb, k))
     if block > _MAX_BLOCK:
         raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} block columns, got {max(nb, k)}")
-    for name, t in (("bounds", bounds), ("out", out), ("mask", mask), ("table", table)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"select_blocks_fused wants {name} contiguous along its last dimension")
     new = hot.new_token if hot is not None else None
     dummy = out
     bt = block_tables if block_tables is not None else dummy
     res, own, slots, hmap, ids, dst, count, wslot = (
         (hot.resident, hot.owner, hot.hot, hot.host_map, hot.recall_ids, hot.recall_dst, hot.count,
          hot.write_slot) if hot is not None else (dummy,) * 8)
-    if hot is not None and any(t.stride(-1) != 1 for t in (res, own, slots, hmap)):
-        raise ValueError("select_blocks_fused wants the HotRecall maps contiguous along their last dimension")
+    if any(t.stride(-1) != 1 for t in (bounds, out, mask, table, res, own, slots, hmap)):
+        raise ValueError("select_blocks_fused wants bounds, out, mask, table and the HotRecall maps contiguous "
+                         "along their last dimension")
     kb = triton.next_power_of_2(k)
     scratch = torch.empty(b * s * kb if hot is not None else 1, dtype=torch.int32, device=bounds.device)
     kk, vv, pool = (new.k, new.v, new.pool) if new is not None else (dummy, dummy, dummy)

@@ -180,6 +180,13 @@ def test_select_states_what_it_takes() -> None:
     with pytest.raises(ValueError, match=r"^table must be \[B, S, K\] = \[2, 1, 4\] int32"):
         select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8),
                             **dict(out, table=torch.zeros((2, 1, 4), dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"^Steering wants calls \[B, S\] = \[2, 1\] and an overlap in \[0, 1\], "
+                                         r"got \[2, 1\] and 1.5$"):
+        select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8), **out,
+                            steer=Steering(1.5, torch.zeros((2, 1), dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"^digests of width 1 need head given \(W = 1\) or W = Hkv \(2\)$"):
+        score_blocks(torch.zeros((2, 6, 8)), torch.zeros((9, 1, 8)), torch.zeros((9, 1, 8)),
+                     torch.zeros((2, 8), dtype=torch.long), num_kv_heads=2, head=None, rule=GroupScore.SUM)
 
 
 # ---- the Triton kernels under the interpreter (CPU) --------------------------------------------------------------
