@@ -4,9 +4,8 @@ file run as a script, under TRITON_INTERPRET=1 in a child process: it prints one
 Each case runs the Triton path (`use_triton=True`) on `device` and the reference (CPU) side by side and
 returns {check: None if it held, else what differed}. The reference select is fed the Triton bounds, so
 ids are compared exactly whatever the fp32 summation order; the bounds themselves are compared with
-rtol 1e-5 (atol 1e-5 of the largest bound), or exactly when q and the digests are small integers (every sum exact in any order, and ties
-frequent, so ties to the lower id are exercised).
-"""
+rtol 1e-5 (atol 1e-5 of the largest bound), or exactly when q and the digests are small integers (every
+sum exact in any order, and ties frequent, so ties to the lower id are exercised)."""
 
 from __future__ import annotations
 
