@@ -59,7 +59,12 @@ def block_scores(q: torch.Tensor, num_kv_heads: int, head: int | None, dmax: tor
         grouped = _grouped(q, num_kv_heads, head)
         return _bounds(grouped.clamp(min=0).sum(2, keepdim=True), grouped.clamp(max=0).sum(2, keepdim=True),
                        dmax, dmin)[:, :, 0]
-    bounds = head_bounds(q, num_kv_heads, head, dmax, dmin)                             # [B, S, G, NB]
+    return max_norm(head_bounds(q, num_kv_heads, head, dmax, dmin), num_tokens, block_size)
+
+
+def max_norm(bounds: torch.Tensor, num_tokens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """MAX_NORM's combination: bounds [B, S, G, NB] fp32 -> [B, S, NB], each head's bounds less its best
+    over the request's n = ceil(num_tokens / block_size) blocks, then the group's max."""
     n = (num_tokens + block_size - 1) // block_size                                    # [B] blocks
     real = torch.arange(bounds.shape[-1], device=bounds.device) < n[:, None]          # [B, NB]
     best = torch.where(real[:, None, None, :], bounds, -torch.inf).amax(-1, keepdim=True)   # [B, S, G, 1]

@@ -133,3 +133,18 @@ def ref_offload_decode(model, keys: list[torch.Tensor], values: list[torch.Tenso
         x = post_attention(x, attn.to(x.dtype), lw.o, lw.post_norm, lw.gate_up, lw.down, cfg.rms_norm_eps)
     logits = F.linear(rms_norm(x, w.norm, cfg.rms_norm_eps), w.lm_head).float()[0]
     return logits, selections
+
+
+def ref_steer(scores: list[float], num_tokens: int, prev: set[int], keep: int, config: SparseConfig) -> list[int]:
+    """One row's steered selection, by definition: the forced blocks, then middle blocks by (class, score
+    descending, id ascending) with class kept 2 > fresh 1 > unkept stale 0, where the kept blocks are the
+    `keep` best stale ones (stale: middle blocks in `prev`); all n blocks when n <= K; padded with -1."""
+    k = config.budget_blocks
+    n = math.ceil(num_tokens / config.block_size)
+    if n <= k:
+        return list(range(n)) + [-1] * (k - n)
+    forced = set(range(config.sink_blocks)) | set(range(n - config.local_blocks, n))
+    middle = sorted(range(config.sink_blocks, n - config.local_blocks), key=lambda i: (-scores[i], i))
+    kept = set([i for i in middle if i in prev][:keep])
+    rank = sorted(middle, key=lambda i: (-(2 if i in kept else 0 if i in prev else 1), -scores[i], i))
+    return sorted(forced | set(rank[: k - len(forced)]))

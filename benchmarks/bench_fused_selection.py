@@ -1,0 +1,184 @@
+"""One sparse layer's selection on one GPU: the fused score and select kernels against the torch path they
+replace, at the shape of the issue (qwen3-14b: 40 q / 8 KV heads, head_dim 128; 8 requests x 32K tokens,
+block 16: NB = 2048; budget 2048 tokens: K = 128).
+
+Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
+
+Workload: bf16 queries and digests with random values (speed does not depend on them; the top-K does not
+either: the threshold search runs 16 steps whatever the keys), block tables of shuffled physical ids, every
+request at the full context. Each line is the median of 15 CUDA-graph replays of 10 back-to-back calls
+(what a captured decode step sees), per call. Score lines give the digest bytes read (max and min of every
+block column of every selecting row) per second, and that against a 1 GiB `copy_` (read + write bytes)
+timed in the same process. HOT select runs steered (overlap 0.9) so each call recalls ~a tenth of K, as
+real models do; its recall buffers are sized so the replays never run past them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
+
+from pulseio_engine.config import GroupScore, SparseConfig  # noqa: E402
+from pulseio_engine.kv import select_kernels  # noqa: E402
+from pulseio_engine.kv.digests import BlockDigests  # noqa: E402
+from pulseio_engine.kv.fused_selection import HotRecall, NewToken, Steering, select_blocks_fused  # noqa: E402
+from pulseio_engine.kv.recall import compact  # noqa: E402
+from pulseio_engine.kv.residency import apply_recall, plan_recall  # noqa: E402
+from pulseio_engine.kv.selection import select_for_layer  # noqa: E402
+
+HQ, HKV, D, BS = 40, 8, 128, 16
+
+
+def time_graph_us(fn, calls: int = 10, replays: int = 15) -> float:
+    """Median time of one call, from CUDA-graph replays of `calls` back-to-back calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return statistics.median(times)
+
+
+class Layer:
+    """One layer's digests, queries, tables and a HOT row state per selecting-row count S."""
+
+    def __init__(self, batch: int, context: int, budget: int) -> None:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.b, self.nb, self.k = batch, context // BS, budget // BS
+        n_phys = batch * self.nb + 8
+        bf16 = dict(dtype=torch.bfloat16, device="cuda")
+        self.q = torch.randn((batch, HQ, D), generator=gen, **bf16)
+        self.dmax = torch.randn((n_phys, HKV, D), generator=gen, **bf16)
+        self.dmin = self.dmax - torch.rand((n_phys, HKV, D), generator=gen, **bf16)
+        self.solo_max, self.solo_min = self.dmax[:, 3:4].contiguous(), self.dmin[:, 3:4].contiguous()
+        perm = torch.randperm(n_phys, generator=gen, device="cuda")[: batch * self.nb]
+        self.tables = perm.view(batch, self.nb).int()
+        self.num_tokens = torch.full((batch,), context, device="cuda")
+        self.config = SparseConfig(token_budget=budget, block_size=BS)
+
+    def bounds(self, s: int, c: int) -> torch.Tensor:
+        return torch.randn((self.b, s, c, self.nb), device="cuda")
+
+    def hot(self, s: int, calls: int = 256) -> tuple[HotRecall, dict[str, torch.Tensor]]:
+        b, k, nb, dev = self.b, self.k, self.nb, "cuda"
+        long = dict(dtype=torch.int64, device=dev)
+        hg = HKV // s
+        pool = torch.zeros((1 + b * s * k, 2, BS, hg, D), dtype=torch.bfloat16, device=dev)
+        kv = torch.randn((2, b, HKV, D), dtype=torch.bfloat16, device=dev)
+        hot = HotRecall(torch.full((b, s, nb), -1, **long), torch.full((b, s, k), -1, **long),
+                        1 + torch.arange(b * s * k, device=dev).view(b, s, k),
+                        torch.arange(b * s * nb, **long).view(b, s, nb),
+                        torch.zeros(b * s * k * calls, **long), torch.zeros(b * s * k * calls, **long),
+                        torch.zeros(1, **long), torch.zeros((b, s), **long), NewToken(kv[0], kv[1], pool))
+        outs = {"mask": torch.zeros((b, s, nb), dtype=torch.uint8, device=dev),
+                "table": torch.empty((b, s, k), dtype=torch.int32, device=dev),
+                "context_lens": torch.empty((b, s), dtype=torch.int32, device=dev),
+                "out": torch.empty((b, s, k), **long)}
+        return hot, outs
+
+
+def bench_score(layer: Layer, copy_gbps: float) -> None:
+    b, nb = layer.b, layer.nb
+    for label, dmax, dmin, head, rule in (("quest sum", layer.dmax, layer.dmin, None, GroupScore.SUM),
+                                          ("quest max-norm", layer.dmax, layer.dmin, None, GroupScore.MAX_NORM),
+                                          ("solohead sum W=1", layer.solo_max, layer.solo_min, 3, GroupScore.SUM)):
+        s, c = (HKV if head is None else 1), (1 if rule is GroupScore.SUM else HQ // HKV)
+        out = torch.empty((b, s, c, nb), dtype=torch.float32, device="cuda")
+        nbytes = b * s * nb * D * 2 * dmax.element_size()
+        for tile, warps in ((None, None), (32, 4), (64, 4), (64, 8), (128, 8)):
+            us = time_graph_us(lambda: select_kernels.launch_score(  # noqa: B023
+                layer.q, dmax, dmin, layer.tables, out, None, num_kv_heads=HKV, head=head,
+                max_norm=rule is GroupScore.MAX_NORM, tile=tile, num_warps=warps))
+            gbps = nbytes / us / 1e3
+            print(f"score {label:18s} tile {tile or 'auto':>4} warps {warps or 'auto':>4}: {us:8.1f} us "
+                  f"{nbytes / 2**20:6.1f} MiB {gbps:7.0f} GB/s ({gbps / copy_gbps:4.0%} of copy_)", flush=True)
+
+
+def bench_select(layer: Layer) -> None:
+    config = layer.config
+    maxnorm = SparseConfig(token_budget=config.token_budget, block_size=BS, group_score=GroupScore.MAX_NORM)
+    for s in (HKV, 1):
+        for label, mode, cfg, c in (("paged sum", "paged", config, 1), ("hot sum", "hot", config, 1),
+                                    ("hot sum steered", "steer", config, 1),
+                                    ("hot max-norm steered", "steer", maxnorm, HQ // HKV)):
+            for warps in (None, 4, 8):
+                bounds = layer.bounds(s, c)
+                hot, outs = layer.hot(s)
+                calls = torch.zeros((layer.b, s), dtype=torch.int64, device="cuda")
+                steer = Steering(0.9, calls, seed=1, layer=3) if mode == "steer" else None
+                kw = dict(block_tables=layer.tables) if mode == "paged" else dict(hot=hot)
+
+                def run() -> None:
+                    select_kernels.launch_select(bounds, layer.num_tokens, cfg, outs["out"], outs["mask"],
+                                                 outs["table"], outs["context_lens"], kw.get("block_tables"),
+                                                 kw.get("hot"), steer, num_warps=warps)
+
+                us = time_graph_us(run)
+                print(f"select S={s} {label:22s} warps {warps or 'auto':>4}: {us:8.1f} us", flush=True)
+
+
+def bench_torch_path(layer: Layer) -> None:
+    """What a layer does today: select_for_layer (gathered digests, fp32, sorts), plan_recall, compact,
+    apply_recall and the table gather (OffloadBatch.prepare + finish, selection part)."""
+    for label, heads, s in (("quest", None, HKV), ("solohead", (3,), 1)):
+        digests = BlockDigests(num_layers=1, num_blocks=layer.dmax.shape[0], num_kv_heads=HKV, head_dim=D,
+                               block_size=BS, dtype=torch.bfloat16, device="cuda", heads=heads)
+        digests.max[0].copy_(layer.dmax if heads is None else layer.solo_max)
+        digests.min[0].copy_(layer.dmin if heads is None else layer.solo_min)
+        hot, _ = layer.hot(s, calls=1)
+        b, k, nb = layer.b, layer.k, layer.nb
+        tables = layer.tables.long()
+
+        def run() -> None:
+            selected = select_for_layer(digests, 0, layer.q, tables, layer.num_tokens, layer.config)
+            rows, resident = selected.reshape(b * s, k), hot.resident.view(b * s, nb)
+            plan = plan_recall(rows, resident, k)
+            slots = hot.hot.view(b * s, k)
+            compact(hot.host_map.view(b * s, nb).gather(1, plan.blocks.clamp(min=0)),
+                    slots.gather(1, plan.slots.clamp(min=0)), plan.blocks >= 0)
+            hot.resident.view(b * s, nb).copy_(apply_recall(resident, plan))
+            slots.gather(1, plan.selected_slots.clamp(min=0))
+
+        us = time_graph_us(run)
+        print(f"torch path {label:10s} (select_for_layer + plan + compact + apply): {us:8.1f} us", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=32768)
+    parser.add_argument("--budget", type=int, default=2048)
+    args = parser.parse_args()
+    print(torch.cuda.get_device_name(0), torch.__version__, select_kernels.triton.__version__, flush=True)
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_gbps = 2 * src.numel() / time_graph_us(lambda: dst.copy_(src), calls=5, replays=10) / 1e3
+    del src, dst
+    print(f"copy_ 1 GiB: {copy_gbps:.0f} GB/s (read + write)", flush=True)
+    layer = Layer(args.batch, args.context, args.budget)
+    bench_score(layer, copy_gbps)
+    bench_select(layer)
+    bench_torch_path(layer)
+
+
+if __name__ == "__main__":
+    main()

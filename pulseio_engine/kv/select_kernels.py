@@ -1,0 +1,312 @@
+"""Triton kernels of `fused_selection`: Quest bounds from the paged digests, and the per-row select.
+
+Why they look the way they do:
+
+- Score: a sparse decode layer streams one layer's digests (per-head Quest at 8 x 32K on Qwen3-14B:
+  64 MiB) and must do it near HBM bandwidth, so one program is one tile of TILE block columns of one
+  (row, request): TILE ids from the block table, then a [TILE, D] tile of max and of min through them
+  (rows of D contiguous elements: 16-byte loads), the row's G queries loaded once, fp32 FMAs and a sum
+  over D. The grid (tiles, rows, requests) fills the GPU; nothing is gathered or converted beforehand.
+- Select: one program per row with every block column in registers (BLOCK = next power of two of
+  max(NB, K)). The top-K is a selection, not a sort: scores become order-preserving int32 keys (-0.0 is
+  0.0 first, as the sort sees them), a 16-step radix-4 search finds the need-th largest key (each step
+  counts three candidate thresholds at once, packed in one int64 sum: one CTA reduction per step), the
+  blocks above it are taken and the ties at it go to the lowest ids through a cumsum; a cumsum of the
+  chosen mask then writes the ids ascending. Steering runs the same search on two disjoint sets at once
+  (the stale blocks, whose top `keep` are kept, and the fresh ones), rows of a [2, BLOCK] tensor.
+- HOT plan: the program writes its mask to global memory and, after `tl.debug_barrier()` (a CTA barrier
+  makes the program's own global writes visible to its threads), gathers through it: whether each hot
+  index's owner is still selected, then the rank -> free hot index match through a small scratch row.
+  The recall pairs are appended at an offset reserved by one `tl.atomic_add` per program on `count`,
+  which the score kernel's first program zeroed earlier in stream order.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from ..config import GroupScore, SparseConfig
+from .steering import keep_target, steer_key
+
+if TYPE_CHECKING:
+    from .fused_selection import HotRecall, Steering
+
+_SCORE_TILE_ELEMS = 8192     # TILE * D elements of max (and as many of min) per score program
+_MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields
+
+
+@triton.jit
+def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, head0, col0, col_step,
+                  stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
+                  stride_ob, stride_os, stride_oc,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
+                  HAS_COUNT: tl.constexpr):
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if HAS_COUNT:
+        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s == 0) & (b == 0))
+    blocks = tile * TILE + tl.arange(0, TILE)
+    valid = blocks < nb
+    ids = tl.load(bt_ptr + b * stride_btb + blocks * stride_btn, mask=valid, other=0).to(tl.int64)
+    offs_d = tl.arange(0, HEAD_DIM)
+    at = (ids * stride_dn + (col0 + s * col_step) * stride_dw)[:, None] + offs_d[None, :]     # [TILE, D]
+    dmax = tl.load(dmax_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+    dmin = tl.load(dmin_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+    q_row = q_ptr + b * stride_qb + ((head0 + s) * GROUP) * stride_qh + offs_d
+    out_row = out_ptr + b * stride_ob + s * stride_os + blocks
+    if MAX_NORM:
+        for g in tl.static_range(GROUP):
+            qg = tl.load(q_row + g * stride_qh).to(tl.float32)
+            bound = tl.sum(dmax * tl.maximum(qg, 0.0)[None, :] + dmin * tl.minimum(qg, 0.0)[None, :], axis=1)
+            tl.store(out_row + g * stride_oc, bound, mask=valid)
+    else:
+        pos = tl.zeros([HEAD_DIM], tl.float32)
+        neg = tl.zeros([HEAD_DIM], tl.float32)
+        for g in tl.static_range(GROUP):
+            qg = tl.load(q_row + g * stride_qh).to(tl.float32)
+            pos += tl.maximum(qg, 0.0)
+            neg += tl.minimum(qg, 0.0)
+        tl.store(out_row, tl.sum(dmax * pos[None, :] + dmin * neg[None, :], axis=1), mask=valid)
+
+
+@triton.jit
+def _order_key(x):
+    """fp32 -> int32 whose signed order is the floats' order, -0.0 and 0.0 one key."""
+    bits = tl.where(x == 0.0, 0.0, x).to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _mix32(x):
+    """murmur3's 32-bit finalizer (uint32 arithmetic wraps), as `steering.mix32`."""
+    x ^= x >> 16
+    x *= 0x85EBCA6B
+    x ^= x >> 13
+    x *= 0xC2B2AE35
+    x ^= x >> 16
+    return x
+
+
+@triton.jit
+def _top(key, member, need, ROWS: tl.constexpr):
+    """key: [BLOCK] int32 order keys; member: [ROWS, BLOCK] bool; need: [ROWS] int32 ->
+    [ROWS, BLOCK] bool, per row its `need` members of largest key, ties to the lower index."""
+    key2 = key[None, :]
+    need64 = need.to(tl.int64)
+    t = tl.zeros([ROWS], tl.int64)               # threshold so far, in unsigned key space [0, 2^32)
+    for step in tl.static_range(16):             # 2 bits a step, high first: t = the need-th largest key
+        digit = 1 << (30 - 2 * step)
+        base = t - 2147483648                    # back to the signed keys
+        ge = ((key2 >= (base + digit).to(tl.int32)[:, None]).to(tl.int64)
+              + ((key2 >= (base + 2 * digit).to(tl.int32)[:, None]).to(tl.int64) << 21)
+              + ((key2 >= (base + 3 * digit).to(tl.int32)[:, None]).to(tl.int64) << 42))
+        cnt = tl.sum(tl.where(member, ge, 0), axis=1)                       # [ROWS]: 3 counts, 21 bits each
+        t = tl.where((cnt >> 42) >= need64, t + 3 * digit,
+                     tl.where(((cnt >> 21) & 0x1FFFFF) >= need64, t + 2 * digit,
+                              tl.where((cnt & 0x1FFFFF) >= need64, t + digit, t)))
+    thr = (t - 2147483648).to(tl.int32)[:, None]
+    above = member & (key2 > thr)
+    tied = member & (key2 == thr)
+    rest = need - tl.sum(above.to(tl.int32), axis=1)
+    return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= rest[:, None]))
+
+
+@triton.jit(do_not_specialize=["capacity", "steer_key"])
+def _select_kernel(
+    bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
+    res_ptr, owner_ptr, hot_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
+    k_ptr, v_ptr, pool_ptr, calls_ptr,
+    nb, nbw, capacity, keep_target, steer_key,
+    stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
+    stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
+    stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_mapb, stride_maps,
+    stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
+    stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
+    K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, ROWS: tl.constexpr, WRITE_KV: tl.constexpr,
+    HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
+    n = tl.minimum((n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE, nb)      # (n <= NB is the contract; never read past)
+    ids = tl.arange(0, BLOCK)
+    real = ids < n
+    in_table = ids < nb
+    b_row = bounds_ptr + b * stride_bb + s * stride_bs
+    if MAX_NORM:  # each head's bounds less its best over the request's blocks, then the group's max
+        score = tl.full([BLOCK], float("-inf"), tl.float32)
+        for g in tl.static_range(GROUP):
+            x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0)
+            score = tl.maximum(score, x - tl.max(tl.where(real, x, float("-inf")), axis=0))
+    else:
+        score = tl.load(b_row + ids, mask=in_table, other=0.0)
+    key = _order_key(score)
+    forced = real & ((ids < SINK) | (ids >= n - LOCAL))
+    middle = real & ~forced
+    m_row = mask_ptr + b * stride_mb + s * stride_ms
+    which = tl.arange(0, ROWS)
+    if STEER:  # two sets: the stale middle blocks (top `keep` kept) and the fresh ones
+        prev = tl.load(m_row + ids, mask=in_table & (ids < nbw), other=0) != 0
+        stale = middle & prev
+        fresh = middle & ~prev
+        counts = tl.sum(stale.to(tl.int32) + (fresh.to(tl.int32) << 16), axis=0)
+        calls_at = calls_ptr + b * stride_callb + s * stride_calls
+        calls = tl.load(calls_at)
+        tl.store(calls_at, calls + 1)
+        row = (b * tl.num_programs(0) + s).to(tl.uint32)
+        h = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
+        u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
+        keep = tl.minimum(counts & 0xFFFF, tl.floor(keep_target + u).to(tl.int32))
+        stale_need = tl.maximum(keep, (K - SINK - LOCAL) - (counts >> 16))
+        member = tl.where(which[:, None] == 0, stale[None, :], fresh[None, :])
+        need = tl.where(which == 0, stale_need, K - SINK - LOCAL - stale_need)
+    else:
+        member = middle[None, :] & (which[:, None] == 0)
+        need = tl.zeros([ROWS], tl.int32) + (K - SINK - LOCAL)
+    picked = tl.sum(_top(key, member, need, ROWS).to(tl.int32), axis=0) > 0
+    chosen = tl.where(n > K, forced | picked, real)
+
+    pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1          # where each chosen id lands, ascending
+    n_sel = tl.sum(chosen.to(tl.int32), axis=0)
+    pad = (ids >= n_sel) & (ids < K)
+    s_row = sel_ptr + b * stride_selb + s * stride_sels
+    tl.store(s_row + pos, ids.to(tl.int64), mask=chosen)
+    tl.store(s_row + ids, tl.full([BLOCK], -1, tl.int64), mask=pad)
+    tl.debug_barrier()                                          # every thread has read its previous mask
+    tl.store(m_row + ids, chosen.to(tl.uint8), mask=ids < nbw)
+    for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
+        tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
+    offset = (n_tok - 1) % BLOCK_SIZE
+    tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
+    t_row = table_ptr + b * stride_tb + s * stride_ts
+    if HOT:
+        tl.debug_barrier()                                      # the mask is visible to every thread
+        r_row = res_ptr + b * stride_rb + s * stride_rs
+        o_row = owner_ptr + b * stride_ob + s * stride_os
+        h_row = hot_ptr + b * stride_hb + s * stride_hs
+        res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
+        need_it = chosen & (res < 0)                            # selected, not resident: recalled
+        j = tl.arange(0, KB)
+        own = tl.load(o_row + j, mask=j < K, other=-1).to(tl.int32)
+        held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
+        empty = (j < K) & (own < 0)
+        evictable = (own >= 0) & ~held
+        n_empty = tl.sum(empty.to(tl.int32), axis=0)
+        free_rank = tl.where(empty, tl.cumsum(empty.to(tl.int32), axis=0) - 1,
+                             n_empty + tl.cumsum(evictable.to(tl.int32), axis=0) - 1)
+        scratch = scratch_ptr + (b * tl.num_programs(0) + s) * KB
+        tl.store(scratch + free_rank, j, mask=empty | evictable)   # free rank -> hot index
+        rank = tl.cumsum(need_it.to(tl.int32), axis=0) - 1
+        n_need = tl.sum(need_it.to(tl.int32), axis=0)
+        tl.debug_barrier()
+        index = tl.where(need_it, tl.load(scratch + rank, mask=need_it, other=0), res)   # hot index, chosen ids
+        tl.store(r_row + own, tl.full([KB], -1, tl.int64), mask=evictable & (free_rank < n_need))
+        tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
+        tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
+        dev = tl.load(h_row + index, mask=chosen, other=0)      # device slot of every chosen block
+        tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
+        tl.store(t_row + ids, tl.load(h_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
+        last = ids == n - 1                                     # the block being written
+        tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
+        at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
+        units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=need_it, other=0)
+        tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
+        tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
+        if WRITE_KV:
+            slot = tl.sum(tl.where(last, dev, 0), axis=0)
+            hh = tl.arange(0, HG_PAD)[:, None]
+            dd = tl.arange(0, HEAD_DIM)[None, :]
+            heads = s * HG + hh
+            k_new = tl.load(k_ptr + b * stride_kb + heads * stride_kh + dd, mask=hh < HG)
+            v_new = tl.load(v_ptr + b * stride_vb + heads * stride_vh + dd, mask=hh < HG)
+            dst = pool_ptr + slot * stride_pn + offset * stride_pt + hh * stride_ph + dd
+            tl.store(dst, k_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
+            tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
+    else:
+        bt_row = bt_ptr + b * stride_btb
+        phys = tl.load(bt_row + ids * stride_btn, mask=chosen, other=0)
+        tl.store(t_row + pos, phys.to(tl.int32), mask=chosen)
+        tl.store(t_row + ids, tl.load(bt_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
+
+
+def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
+                 out: torch.Tensor, count: torch.Tensor | None, *, num_kv_heads: int, head: int | None,
+                 max_norm: bool, tile: int | None = None, num_warps: int | None = None) -> None:
+    """`fused_selection.score_blocks` on Triton (arguments checked there); tile, num_warps: override the
+    launch shape (benchmarks)."""
+    b, hq, d = q.shape
+    _, s, _, nb = out.shape
+    if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
+        raise ValueError(f"the score kernel wants a power-of-two head_dim (got {d}), q and the digests "
+                         "contiguous along it, and dmax and dmin of the same strides")
+    if out.stride(3) != 1:
+        raise ValueError("score_blocks out must be contiguous along NB")
+    tile = tile or max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
+    width = dmax.shape[1]
+    head0 = 0 if head is None else head
+    col0, col_step = (0, 1) if head is None else ((0 if width == 1 else head), 0)
+    _score_kernel[(triton.cdiv(nb, tile), s, b)](
+        q, dmax, dmin, block_tables, out, count if count is not None else out, nb, head0, col0, col_step,
+        q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), block_tables.stride(0), block_tables.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=hq // num_kv_heads, HEAD_DIM=d, TILE=tile, MAX_NORM=max_norm, HAS_COUNT=count is not None,
+        num_warps=num_warps or (8 if tile * d >= 8192 else 4),
+    )  # fmt: skip
+
+
+def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
+                  mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
+                  block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
+                  num_warps: int | None = None) -> None:
+    """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
+    (benchmarks). 4 warps up to BLOCK = 2048, 8 above (at 8192, 128K-token rows, a few hundred bytes spill)."""
+    b, s, c, nb = bounds.shape
+    k = config.budget_blocks
+    block = triton.next_power_of_2(max(nb, k))
+    if block > _MAX_BLOCK:
+        raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} block columns, got {max(nb, k)}")
+    new = hot.new_token if hot is not None else None
+    dummy = out
+    bt = block_tables if block_tables is not None else dummy
+    res, own, slots, hmap, ids, dst, count, wslot = (
+        (hot.resident, hot.owner, hot.hot, hot.host_map, hot.recall_ids, hot.recall_dst, hot.count,
+         hot.write_slot) if hot is not None else (dummy,) * 8)
+    if any(t.stride(-1) != 1 for t in (bounds, out, mask, table, res, own, slots, hmap)):
+        raise ValueError("select_blocks_fused wants bounds, out, mask, table and the HotRecall maps contiguous "
+                         "along their last dimension")
+    kb = triton.next_power_of_2(k)
+    scratch = torch.empty(b * s * kb if hot is not None else 1, dtype=torch.int32, device=bounds.device)
+    kk, vv, pool = (new.k, new.v, new.pool) if new is not None else (dummy, dummy, dummy)
+    hg = pool.shape[3] if new is not None else 1
+    d = pool.shape[4] if new is not None else 1
+    if new is not None and (d & (d - 1) or kk.stride(2) != 1 or vv.stride(2) != 1 or pool.stride(4) != 1):
+        raise ValueError("the new token's K, V and the hot pool must be contiguous along a power-of-two head_dim")
+    calls = steer.calls if steer is not None else dummy
+    target = keep_target(steer.overlap, config) if steer is not None else 0.0
+    key = steer_key(steer.seed, steer.layer) if steer is not None else 0
+    _select_kernel[(s, b)](
+        bounds, num_tokens, out, mask, table, context_lens, bt,
+        res, own, slots, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls,
+        nb, mask.shape[2], min(ids.numel(), dst.numel()), target, key,
+        bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
+        mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
+        context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(hmap), *_s2(wslot),
+        *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
+        K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
+        KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
+        STEER=steer is not None, ROWS=2 if steer is not None else 1, WRITE_KV=new is not None,
+        HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
+        num_warps=num_warps or (4 if block <= 2048 else 8),
+    )  # fmt: skip
+
+
+def _s2(t: torch.Tensor) -> tuple[int, int]:
+    """The first two strides of a tensor (0, 0 for the dummies of unused arguments of fewer dimensions)."""
+    return (t.stride(0), t.stride(1)) if t.dim() >= 2 else (0, 0)

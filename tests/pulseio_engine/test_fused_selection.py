@@ -1,0 +1,330 @@
+"""The fused selection (`kv/fused_selection.py`): its torch reference against the definitions, its Triton
+kernels against the reference under TRITON_INTERPRET=1 (a child process; only where there is no CUDA
+device and Triton is installed), and on a GPU in bf16 (`-m gpu`). Steering's property, the measured overlap,
+is checked here too (it replaces `kv/synthetic_selection.LocalitySelector` as the benchmark's selection)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fused_selection_cases import CASES, gpu_specs, run_case
+from sparse_reference import ref_steer
+
+from pulseio_engine.config import GroupScore, SparseConfig, SparseMode
+from pulseio_engine.evaluation.locality import middle_overlap, packaged_profile
+from pulseio_engine.kv.digests import BlockDigests
+from pulseio_engine.kv.fused_selection import HotRecall, NewToken, Steering, score_blocks, select_blocks_fused
+from pulseio_engine.kv.selection import select_blocks, select_for_layer
+from pulseio_engine.kv.steering import mix32, steer_key, steer_uniform, steered_scores
+
+CASES_SCRIPT = Path(__file__).with_name("fused_selection_cases.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _buffers(b: int, s: int, nb: int, k: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    return {"mask": torch.zeros((b, s, nb), dtype=torch.uint8, device=device),
+            "table": torch.empty((b, s, k), dtype=torch.int32, device=device),
+            "context_lens": torch.empty((b, s), dtype=torch.int32, device=device)}
+
+
+@pytest.mark.parametrize("rule", list(GroupScore))
+@pytest.mark.parametrize("heads", [None, (1, 0)])
+def test_reference_equals_select_for_layer(rule: GroupScore, heads: tuple[int, ...] | None) -> None:
+    """score_blocks + select_blocks_fused on CPU is select_for_layer, bit for bit, straight from the paged
+    digests; PAGED's table is the selected blocks' physical ids, padded with the row's first."""
+    gen = torch.Generator().manual_seed(0)
+    config = SparseConfig(token_budget=6 * 16, sink_blocks=1, local_blocks=2, group_score=rule)
+    digests = BlockDigests(num_layers=2, num_blocks=40, num_kv_heads=2, head_dim=8, block_size=16,
+                           dtype=torch.float32, device="cpu", heads=heads)
+    digests.max.normal_(generator=gen)
+    digests.min.copy_(digests.max - torch.rand(digests.max.shape, generator=gen))
+    tables = torch.randint(0, 40, (3, 12), generator=gen)
+    num_tokens = torch.tensor([12 * 16, 40, 100])
+    q = torch.randn((3, 6, 8), generator=gen)
+    for layer in range(2):
+        head = None if heads is None else heads[layer]
+        bounds = score_blocks(q, digests.max[layer], digests.min[layer], tables, num_kv_heads=2, head=head, rule=rule)
+        out = _buffers(3, bounds.shape[1], 12, 6)
+        got = select_blocks_fused(bounds, num_tokens, config, block_tables=tables, **out)
+        assert torch.equal(got, select_for_layer(digests, layer, q, tables, num_tokens, config))
+        assert torch.equal(out["table"].long(), tables.gather(1, got.clamp(min=0).flatten(1)).view_as(got))
+        assert torch.equal(out["mask"].sum(2), (got >= 0).sum(2).to(torch.uint8))
+
+
+def test_reference_steering_is_the_lexicographic_class_order() -> None:
+    """steered_scores + select_blocks against the plain-Python definition, with many ties (integer scores)."""
+    gen = torch.Generator().manual_seed(1)
+    config = SparseConfig(token_budget=10 * 16, sink_blocks=2, local_blocks=1)
+    for trial in range(30):
+        nb = int(torch.randint(8, 40, (1,), generator=gen))
+        num_tokens = torch.randint(1, nb * 16 + 1, (3,), generator=gen)
+        scores = torch.randint(-2, 3, (3, 2, nb), generator=gen).float()
+        prev = torch.rand((3, 2, nb), generator=gen) < 0.4
+        keep = torch.randint(0, 9, (3, 2), generator=gen)
+        got = select_blocks(steered_scores(scores, num_tokens, prev, keep, config), num_tokens, config)
+        for i in range(3):
+            for s in range(2):
+                want = ref_steer(scores[i, s].tolist(), int(num_tokens[i]), set(prev[i, s].nonzero()[:, 0].tolist()),
+                                 int(keep[i, s]), config)
+                assert got[i, s].tolist() == want, (trial, i, s)
+
+
+def test_steering_hash_is_murmur_finalizer_of_key_row_and_call() -> None:
+    calls = torch.tensor([[0, 7], [2**33 + 5, 3]])
+    key = steer_key(3, 11)
+    u = steer_uniform(key, calls)
+    for row, c in enumerate(calls.flatten().tolist()):
+        h = mix32(mix32(key ^ row) ^ (c & 0xFFFFFFFF))
+        assert u.flatten()[row].item() == (h >> 8) / 2**24
+
+
+CONFIG = SparseConfig(token_budget=512, block_size=16, sink_blocks=1, local_blocks=2)    # K = 32, m = 29
+NB = 256
+
+
+def _steered(num_tokens: torch.Tensor, overlap: float, rows: int, state: dict, *, config: SparseConfig = CONFIG,
+             nb: int = NB, layer: int = 0, seed: int = 0, hot: HotRecall | None = None) -> torch.Tensor:
+    """One reference call with random scores (as random weights make them), steered; `state` keeps the
+    row's mask and call counter between calls."""
+    b, k = num_tokens.shape[0], config.budget_blocks
+    gen = state.setdefault("gen", torch.Generator().manual_seed(seed + 100 * layer))
+    state.setdefault("mask", torch.zeros((b, rows, nb), dtype=torch.uint8))
+    state.setdefault("calls", torch.zeros((b, rows), dtype=torch.int64))
+    bounds = torch.randn((b, rows, 1, nb), generator=gen)
+    tables = torch.zeros((b, nb), dtype=torch.long) if hot is None else None
+    return select_blocks_fused(bounds, num_tokens, config, mask=state["mask"],
+                               table=torch.empty((b, rows, k), dtype=torch.int32),
+                               context_lens=torch.empty((b, rows), dtype=torch.int32), block_tables=tables, hot=hot,
+                               steer=Steering(overlap, state["calls"], seed=seed, layer=layer))
+
+
+@pytest.mark.parametrize("overlap", [0.0, 0.3, 0.85, 1.0])
+def test_steered_overlap_is_the_asked_one(overlap: float) -> None:
+    """The measurement's own definition (`middle_overlap`), 4 requests x 2 rows x 49 transitions: the mean
+    overlap of the middle blocks with the previous step's selection is overlap * m / m."""
+    state: dict = {}
+    num_tokens = torch.tensor([1500, 2048, 2100, 4000])
+    kept = middle = 0
+    previous = _steered(num_tokens, overlap, 2, state)
+    for step in range(1, 50):
+        current = _steered(num_tokens + step, overlap, 2, state)
+        k, m = middle_overlap(previous, current, CONFIG)
+        kept, middle, previous = kept + int(k.sum()), middle + int(m.sum()), current
+    assert middle > 0
+    assert kept / middle == pytest.approx(overlap, abs=0.02)
+
+
+def test_steering_keeps_the_selection_contract_and_short_rows_select_everything() -> None:
+    state: dict = {}
+    num_tokens = torch.tensor([100, 32 * 16, 32 * 16 + 1, 3000])
+    for step in range(20):
+        got = _steered(num_tokens + step, 0.7, 2, state)
+        for i, n in enumerate(((num_tokens + step + 15) // 16).tolist()):
+            for row in got[i].tolist():
+                real = [x for x in row if x >= 0]
+                assert real == sorted(set(real)) and row[len(real):] == [-1] * (len(row) - len(real))
+                assert {0, n - 2, n - 1} <= set(real) and len(real) == min(n, 32)
+                assert n > 32 or real == list(range(n))
+
+
+def test_same_seed_same_steering_other_seed_or_layer_other() -> None:
+    def run(seed: int, layer: int) -> list[torch.Tensor]:
+        state: dict = {"gen": torch.Generator().manual_seed(0)}
+        return [_steered(torch.tensor([2048, 3000]) + step, 0.6, 2, state, seed=seed, layer=layer) for step in range(6)]
+
+    assert all(torch.equal(a, b) for a, b in zip(run(7, 0), run(7, 0)))
+    assert not all(torch.equal(a, b) for a, b in zip(run(7, 0), run(8, 0)))
+    assert not all(torch.equal(a, b) for a, b in zip(run(7, 0), run(7, 1)))
+
+
+@pytest.mark.parametrize(("mode", "budget"), [(SparseMode.SOLOHEAD, 1024), (SparseMode.QUEST, 512)])
+def test_steered_hot_rows_recall_what_the_real_model_did(mode: SparseMode, budget: int) -> None:
+    """Driven by a shipped locality profile, HOT mode recalls per step the fraction of the budget the real
+    model recalled, layer by layer: what the benchmark relies on (was LocalitySelector's test)."""
+    profile = packaged_profile("smollm2", mode, budget)
+    config = SparseConfig(mode=mode, token_budget=budget)
+    k, rows, b = config.budget_blocks, 3 if mode is SparseMode.QUEST else 1, 2
+    nb = (profile.context_len + 64) // 16 + 1
+    overlap = profile.overlap_for(30, 2)
+    for layer in (2, 11, 20, 29):
+        hot = HotRecall(torch.full((b, rows, nb), -1), torch.full((b, rows, k), -1),
+                        torch.arange(b * rows * k).view(b, rows, k), torch.zeros((b, rows, nb), dtype=torch.long),
+                        torch.empty(b * rows * k, dtype=torch.long), torch.empty(b * rows * k, dtype=torch.long),
+                        torch.zeros(1, dtype=torch.long), torch.empty((b, rows), dtype=torch.long))
+        state: dict = {}
+        fetched = 0
+        for step in range(41):
+            hot.count.zero_()                  # score_blocks(count=...) does this in the engine
+            _steered(torch.full((b,), profile.context_len + 1 + step), overlap[layer], rows, state, config=config,
+                     nb=nb, layer=layer, hot=hot)
+            fetched += int(hot.count) if step else 0
+        measured = profile.recall_fraction[profile.layers.index(layer)]
+        assert fetched / (40 * b * rows * k) == pytest.approx(measured, abs=0.01), layer
+
+
+def test_select_states_what_it_takes() -> None:
+    bounds = torch.zeros((2, 1, 1, 8))
+    out = _buffers(2, 1, 8, 4)
+    config = SparseConfig(token_budget=64)
+    with pytest.raises(ValueError, match=r"^select_blocks_fused takes block_tables \(PAGED"):
+        select_blocks_fused(bounds, torch.tensor([5, 9]), config, **out)
+    with pytest.raises(ValueError, match=r"^group_score SUM takes bounds \[B, S, 1, NB\], got C = 3"):
+        select_blocks_fused(torch.zeros((2, 1, 3, 8)), torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8),
+                            **out)
+    with pytest.raises(ValueError, match=r"^table must be \[B, S, K\] = \[2, 1, 4\] int32"):
+        select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8),
+                            **dict(out, table=torch.zeros((2, 1, 4), dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"^Steering wants calls \[B, S\] = \[2, 1\] and an overlap in \[0, 1\], "
+                                         r"got \[2, 1\] and 1.5$"):
+        select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8), **out,
+                            steer=Steering(1.5, torch.zeros((2, 1), dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"^digests of width 1 need head given \(W = 1\) or W = Hkv \(2\)$"):
+        score_blocks(torch.zeros((2, 6, 8)), torch.zeros((9, 1, 8)), torch.zeros((9, 1, 8)),
+                     torch.zeros((2, 8), dtype=torch.long), num_kv_heads=2, head=None, rule=GroupScore.SUM)
+
+
+# ---- the Triton kernels under the interpreter (CPU) --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernels")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, str(CASES_SCRIPT)], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_kernels_match_the_reference(interpreted: dict, name: str) -> None:
+    result = interpreted[name]
+    assert "error" not in result, result.get("error")
+    _assert_case(name, CASES[name], result)
+
+
+def _assert_case(name: str, spec, result: dict) -> None:  # noqa: ANN001
+    failed = {check: problem for check, problem in result["checks"].items() if problem is not None}
+    assert not failed, failed
+    assert "selected" in result["checks"] and "bounds" in result["checks"]
+    if spec.mode == "hot" and spec.zero_count:
+        assert result["stats"]["evicted"] > 0 and result["stats"]["recalled"] > 0, result["stats"]
+    if spec.steps > 1:
+        assert result["stats"]["reselected"] > 0, result["stats"]
+
+
+# ---- on a GPU -------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(gpu_specs()))
+def test_gpu_kernels_match_the_reference(name: str) -> None:
+    spec = gpu_specs()[name]
+    _assert_case(name, spec, run_case(spec, "cuda"))
+
+
+@pytest.mark.gpu
+def test_gpu_steered_overlap_is_the_asked_one() -> None:
+    """The kernel's steering over 40 steps of qwen3-14b-like rows: the measured overlap is the asked one."""
+    b, rows, nb, overlap = 4, 8, 2048, 0.85
+    config = SparseConfig(token_budget=128 * 16)
+    mask = torch.zeros((b, rows, nb), dtype=torch.uint8, device="cuda")
+    calls = torch.zeros((b, rows), dtype=torch.int64, device="cuda")
+    out = _buffers(b, rows, nb, 128, "cuda")
+    out.pop("mask")
+    tables = torch.zeros((b, nb), dtype=torch.long, device="cuda")
+    num_tokens = torch.tensor([20000, 25000, 30000, 32000], device="cuda")
+    previous, kept, middle = None, 0, 0
+    for step in range(40):
+        bounds = torch.randn((b, rows, 1, nb), device="cuda")
+        current = select_blocks_fused(bounds, num_tokens + step, config, mask=mask, block_tables=tables,
+                                      steer=Steering(overlap, calls, seed=1, layer=5), **out)
+        if previous is not None:
+            k, m = middle_overlap(previous.cpu(), current.cpu(), config)
+            kept, middle = kept + int(k.sum()), middle + int(m.sum())
+        previous = current.clone()
+    assert kept / middle == pytest.approx(overlap, abs=0.01)
+    assert int(calls.min()) == int(calls.max()) == 40
+
+
+@pytest.mark.gpu
+def test_gpu_no_host_sync_and_a_cuda_graph_replays_it() -> None:
+    """score + select (HOT, steered, the new token written) run eagerly with sync debug mode on 'error', and
+    a captured graph of both, replayed step after step, leaves exactly the state the eager calls leave."""
+    eager, graphed = _GraphCase(), _GraphCase()
+    _GraphCase().step()                                  # compiles the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            eager.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        graphed.step(advance=False)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(4):
+        graph.replay()
+        graphed.num_tokens.add_(5)
+    torch.cuda.synchronize()
+    for name, value in eager.state().items():
+        assert torch.equal(value, graphed.state()[name]), name
+
+
+class _GraphCase:
+    """One HOT, steered layer of 4 requests x 8 rows (qwen3-14b's heads), its state on the GPU."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        b, hkv, d, nb, self.k, dev = 4, 8, 128, 512, 64, "cuda"
+        self.config = SparseConfig(token_budget=self.k * 16)
+        bf16 = dict(dtype=torch.bfloat16, device=dev)
+        self.q = torch.randn((b, 5 * hkv, d), generator=gen, **bf16)
+        self.dmax = torch.randn((3 * nb, hkv, d), generator=gen, **bf16)
+        self.dmin = self.dmax - torch.rand((3 * nb, hkv, d), generator=gen, **bf16)
+        self.tables = torch.randint(0, 3 * nb, (b, nb), generator=gen, device=dev, dtype=torch.int32)
+        self.num_tokens = torch.tensor([8000, 7000, 5000, 900], device=dev)
+        long = dict(dtype=torch.int64, device=dev)
+        k = self.k
+        self.t = {"resident": torch.full((b, hkv, nb), -1, **long), "owner": torch.full((b, hkv, k), -1, **long),
+                  "hot": 1 + torch.randperm(b * hkv * k, generator=gen, device=dev).view(b, hkv, k),
+                  "host_map": torch.randint(1, 10**6, (b, hkv, nb), generator=gen, **long),
+                  "recall_ids": torch.zeros(b * hkv * k, **long), "recall_dst": torch.zeros(b * hkv * k, **long),
+                  "count": torch.zeros(1, **long), "write_slot": torch.zeros((b, hkv), **long),
+                  "pool": torch.zeros((1 + b * hkv * k, 2, 16, 1, d), **bf16),
+                  "k": torch.randn((b, hkv, d), generator=gen, **bf16),
+                  "v": torch.randn((b, hkv, d), generator=gen, **bf16),
+                  "mask": torch.zeros((b, hkv, nb), dtype=torch.uint8, device=dev),
+                  "calls": torch.zeros((b, hkv), **long),
+                  "bounds": torch.empty((b, hkv, 1, nb), dtype=torch.float32, device=dev),
+                  "selected": torch.empty((b, hkv, k), **long),
+                  "table": torch.empty((b, hkv, k), dtype=torch.int32, device=dev),
+                  "context_lens": torch.empty((b, hkv), dtype=torch.int32, device=dev)}
+
+    def step(self, advance: bool = True) -> None:
+        t = self.t
+        hot = HotRecall(t["resident"], t["owner"], t["hot"], t["host_map"], t["recall_ids"], t["recall_dst"],
+                        t["count"], t["write_slot"], NewToken(t["k"], t["v"], t["pool"]))
+        score_blocks(self.q, self.dmax, self.dmin, self.tables, num_kv_heads=8, head=None, rule=GroupScore.SUM,
+                     count=t["count"], out=t["bounds"])
+        select_blocks_fused(t["bounds"], self.num_tokens, self.config, mask=t["mask"], table=t["table"],
+                            context_lens=t["context_lens"], hot=hot, steer=Steering(0.8, t["calls"], seed=2, layer=4),
+                            out=t["selected"])
+        if advance:
+            self.num_tokens.add_(5)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        n = int(self.t["count"])
+        pairs = torch.stack([self.t["recall_ids"][:n], self.t["recall_dst"][:n]]).T.tolist()
+        state = {name: v for name, v in self.t.items() if name not in ("recall_ids", "recall_dst")}
+        return dict(state, pairs=torch.tensor(sorted(pairs)))
