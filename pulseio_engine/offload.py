@@ -23,7 +23,7 @@ view of it, so nothing is copied back after a step. Benchmarks on random weights
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch.profiler import record_function

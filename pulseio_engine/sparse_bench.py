@@ -285,7 +285,8 @@ class SparseBenchResult:
         rate = ""
         if self.publish_gbps is not None:
             rate += (f", publish -> landed {self.publish_gbps:.1f} GB/s{_of_peak(self.publish_fraction_of_peak)} "
-                     f"({self.publish_to_landed_us:.0f} us a request, pickup p50 {self.publish_to_taken_us_p50:.0f} us)")
+                     f"({self.publish_to_landed_us:.0f} us a request, "
+                     f"pickup p50 {self.publish_to_taken_us_p50:.0f} us)")
         roof = "" if self.roofline_ms is None else \
             f", roofline {self.roofline_ms:.2f} ms ({self.step_bytes.total / 1e9:.1f} GB) -> {self.roofline_ratio:.2f}x"
         kernels = "" if self.kernels_per_step is None else f", {self.kernels_per_step:,.0f} kernels/step"

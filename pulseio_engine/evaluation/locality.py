@@ -3,7 +3,7 @@
 How much of a layer's selection survives from one decode step to the next decides how much a step
 recalls. Random weights make the top-k jump at random (nearly the whole budget recalled per step), so
 a benchmark on a random-weight preset drives its selection with the locality measured here instead
-(`kv/synthetic_selection.LocalitySelector`, fed from `pulseio_engine/data/locality.json`).
+(`kv/steering.py`, fed from `pulseio_engine/data/locality.json`).
 
 The measurement: windows of a public-domain text (Shakespeare's plays) of `context_len + steps`
 tokens; each window is one offload request whose first `context_len` tokens are prefilled and whose
@@ -212,7 +212,7 @@ class LocalityProfile:
                    tuple(d["overlap"]), tuple(d["recall_fraction"]))
 
     def overlap_for(self, num_layers: int, dense_layers: int) -> tuple[float, ...]:
-        """One overlap per layer of a model of `num_layers` layers (for `LocalitySelector`): the measured
+        """One overlap per layer of a model of `num_layers` layers (for steering): the measured
         offloaded layers stretched by relative depth (nearest) over layers [dense_layers, num_layers);
         dense layers, which never select, get 1.0."""
         count = num_layers - dense_layers

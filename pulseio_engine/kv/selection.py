@@ -17,9 +17,6 @@ the config only, so a CUDA graph can capture it. No loop runs per block or per r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 
 from ..config import GroupScore, SparseConfig
@@ -99,25 +96,3 @@ def select_for_layer(digests: BlockDigests, layer: int, q: torch.Tensor, block_t
     dmax, dmin = digests.gather(layer, block_tables)
     scores = block_scores(q, digests.num_kv_heads, head, dmax, dmin, num_tokens, config.block_size, config.group_score)
     return select_blocks(scores, num_tokens, config)
-
-
-class BlockSelector(Protocol):
-    """What the offload path calls per offloaded layer and step: `DigestSelector` (Quest's scores over the
-    digests) or `kv/synthetic_selection.LocalitySelector` (random weights, a measured locality).
-    q: [B, Hq, D]; block_tables: [B, NB]; num_tokens: [B] int64 -> block ids [B, S, K] int64 as
-    `select_blocks` returns them."""
-
-    def __call__(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-                 num_tokens: torch.Tensor) -> torch.Tensor: ...
-
-
-@dataclass(frozen=True)
-class DigestSelector:
-    """`select_for_layer` as a `BlockSelector`."""
-
-    digests: BlockDigests
-    config: SparseConfig
-
-    def __call__(self, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-                 num_tokens: torch.Tensor) -> torch.Tensor:
-        return select_for_layer(self.digests, layer, q, block_tables, num_tokens, self.config)

@@ -30,7 +30,7 @@ def store_tokens(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor,
     if k.shape[0] == 0:
         return
     if pool.is_cuda:
-        from .store_kernel import launch_store_tokens   # Triton is imported only on the CUDA path
+        from .store_kernel import launch_store_tokens  # Triton is imported only on the CUDA path
 
         digest = None
         if digests is not None:

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent("""
     heads = np.zeros((2, 2), dtype=np.int64)
     none = np.zeros(0, dtype=np.int64)                      # no seq_out
     seq_out = np.zeros(1, dtype=np.int64)
-    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7, none)   # count decided "on the device"
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7, none)   # count chosen "on the device"
     assert heads.tolist() == [[1, 37], [0, 0]]
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 3, 8, seq_out)  # count passed by the host
     assert seq_out[0] == 2, "the publish stores the seq it took where a captured device wait reads it"

@@ -1,7 +1,7 @@
 """The fused selection (`kv/fused_selection.py`): its torch reference against the definitions, its Triton
 kernels against the reference under TRITON_INTERPRET=1 (a child process; only where there is no CUDA
 device and Triton is installed), and on a GPU in bf16 (`-m gpu`). Steering's property, the measured overlap,
-is checked here too (it replaces `kv/synthetic_selection.LocalitySelector` as the benchmark's selection)."""
+is checked here too (the benchmark's selection on random weights)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_same_seed_same_steering_other_seed_or_layer_other() -> None:
 @pytest.mark.parametrize(("mode", "budget"), [(SparseMode.SOLOHEAD, 1024), (SparseMode.QUEST, 512)])
 def test_steered_hot_rows_recall_what_the_real_model_did(mode: SparseMode, budget: int) -> None:
     """Driven by a shipped locality profile, HOT mode recalls per step the fraction of the budget the real
-    model recalled, layer by layer: what the benchmark relies on (was LocalitySelector's test)."""
+    model recalled, layer by layer: what the benchmark relies on."""
     profile = packaged_profile("smollm2", mode, budget)
     config = SparseConfig(mode=mode, token_budget=budget)
     k, rows, b = config.budget_blocks, 3 if mode is SparseMode.QUEST else 1, 2
