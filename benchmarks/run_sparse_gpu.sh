@@ -5,7 +5,7 @@
 # steered to the shipped recall-locality model), each against its roofline; SPEC suffix "+vanilla" adds
 # --compare-vanilla (the dense step of the same batch, same process).
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
-# Env: PARTS, STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
+# Env: PARTS, TESTS (pytest paths) and TESTS_TIMEOUT_S (420), STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
 # BENCH_ARGS (more `bench` options for every run, say "--copier-idle-us 100"), PROFILE=1 (a torch.profiler
 # table per run), R (the work folder, /tmp/sparse-results: one per concurrent run).
 # PARTS=stall: the offload GPU case STALL_RUNS (5) times in fresh processes, one line each with its first-expiry
@@ -26,11 +26,12 @@ trap finish EXIT
 
 if [[ " $PARTS " == *" tests "* ]]; then
   echo "== gpu tests" | tee -a $R/progress.log
-  timeout 420 python -m pytest -q -m gpu -p no:cacheprovider tests/pulseio_engine/test_fused_selection.py \
-    tests/pulseio_engine/test_token_store.py tests/pulseio_engine/test_attention_gpu.py \
-    tests/pulseio/test_recall_graph_gpu.py tests/pulseio_engine/test_offload_gpu.py \
-    tests/pulseio/test_cuda_transfer.py tests/pulseio/test_runtime_gpu.py tests/pulseio_engine/test_engine_gpu.py \
-    "tests/pulseio/test_device_wait_patterns_gpu.py" -k "not test_device_wait_pattern or cold-4 or interleaved" \
+  TESTS=${TESTS:-"tests/pulseio_engine/test_fused_selection.py tests/pulseio_engine/test_token_store.py
+    tests/pulseio_engine/test_attention_gpu.py tests/pulseio/test_recall_graph_gpu.py
+    tests/pulseio_engine/test_offload_gpu.py tests/pulseio/test_cuda_transfer.py tests/pulseio/test_runtime_gpu.py
+    tests/pulseio_engine/test_engine_gpu.py tests/pulseio/test_device_wait_patterns_gpu.py"}
+  timeout ${TESTS_TIMEOUT_S:-420} python -m pytest -q -m gpu -p no:cacheprovider -rfE $TESTS \
+    -k "not test_device_wait_pattern or cold-4 or interleaved" \
     > $R/tests.log 2>&1
   echo "tests rc=$?" | tee -a $R/progress.log; tail -3 $R/tests.log
 fi
