@@ -175,3 +175,17 @@ def test_cuda_graph_replay_follows_new_lengths_and_tables():
     out.fill_(float("nan"))
     graph.replay()
     _assert_close(out.clone(), _reference(second))
+
+
+@pytest.mark.parametrize("rows,pooled", [(8, False), (8, True), (1, True), (1, False), (2, True)])
+def test_row_tables_match_naive_attention_over_each_rows_selection(rows, pooled):
+    """Sparse attention in one launch: Quest's per-head rows on the paged cache (8, False) and on 1-head hot
+    units (8, True), SoloHead's one row on all-head hot units (1, True), in bf16 at the qwen3-14b shape."""
+    from pulseio_engine.attention.testing import random_row_case
+
+    base = _case("qwen3-14b", [17, 333, 1024, 4099])
+    case = random_row_case(base, rows=rows, pooled=pooled)
+    out = torch.full_like(case.q, float("nan"))
+    got = paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                                 case.scale, out=out, num_kv_heads=case.num_kv_heads)
+    _assert_close(got, case.expect.to(got.dtype))
