@@ -222,8 +222,12 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
         block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
+        ring_slots=max(64, STEPS_AHEAD * num_layers), max_outstanding=max(1024, 2 * STEPS_AHEAD * num_layers),
         spin_iterations=offload.poll_spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
         dma=dma)
+
+
+STEPS_AHEAD = 12   # steps of recalls the ring holds: a host enqueueing that far ahead of the GPU never waits for room
 
 
 RESIDENT_IDLE_US = 5000   # longer than a decode step's gap between two layers' recalls, and than most steps

@@ -245,8 +245,9 @@ class SparseBenchResult:
     roofline_ms: float | None
     roofline_ratio: float | None   # step_ms / roofline_ms
     kernels_per_step: float | None     # on the GPU's own timeline (the resident copier's generations included)
-    host_ms_per_step: float        # main thread enqueueing a step (inputs, arming the recalls, replays)
-    recall_host_ms_per_step: float     # of it, in recall calls (sync) or in arming the captured recalls
+    host_ms_per_step: float        # main thread's work enqueueing a step (inputs, arming the recalls, replays),
+                                   # its waits (blocked_ms_per_step) left out
+    recall_host_ms_per_step: float     # of it, in recall calls (sync) or arming the captured recalls
     blocked_ms_per_step: float     # main thread in calls that waited (sync's ids and copies; a full ring)
     unit_bytes: int                # one recalled transfer unit
     units_per_step: float          # recalled, all layers and requests
@@ -422,7 +423,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             sustained * 1e3, per_step[len(per_step) // 2] * 1e3, batch_size / sustained,
             nbytes, nbytes.total, None if bandwidth is None else bandwidth / 1e9, roofline,
             None if roofline is None else sustained * 1e3 / roofline, kernels,
-            host_s * 1e3 / steps, recall_host_ms, blocked_ms,
+            host_s * 1e3 / steps - blocked_ms, recall_host_ms - blocked_ms, blocked_ms,
             off.layout.unit_bytes, recalled / off.layout.unit_bytes, recalled / 2**20, peak,
             None if peak is None or not recalled else recalled / (0.8 * peak * 1e9) * 1e3,
             pub_rate, None if pub_rate is None or peak is None else pub_rate / peak,

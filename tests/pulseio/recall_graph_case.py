@@ -44,7 +44,7 @@ def main(layers: int, k: int, replays: int, temperature: str) -> dict:
                 base = (step * 613 + layer * 97) % cfg.host_blocks                  # [1]
                 ids = (base + torch.arange(k, device="cuda") * stride) % cfg.host_blocks   # [K] distinct
                 slots = 1 + layer * k + torch.arange(k, device="cuda")
-                count = (k - (step + layer) % 3).reshape(1)                      # decided on the device
+                count = (k - (step + layer) % min(k, 3)).reshape(1)              # decided on the device
                 if recalls is not None:
                     recalls.post(host_ids=ids, device_slots=slots, count=count, tag=layer)
                 outs[layer].copy_(pool.index_select(0, slots))                  # the consumer
@@ -74,7 +74,7 @@ def main(layers: int, k: int, replays: int, temperature: str) -> dict:
             for layer in range(layers):
                 base = ((r + 1) * 613 + layer * 97) % cfg.host_blocks
                 ids = (base + np.arange(k) * stride) % cfg.host_blocks
-                n = k - (r + 1 + layer) % 3
+                n = k - (r + 1 + layer) % min(k, 3)
                 want = host[torch.from_numpy(ids[:n])]
                 ok = bool(torch.equal(got[layer][:n], want))
                 landed = done[layer].wait(10) is done[layer] and done[layer].num_blocks == n
