@@ -110,8 +110,7 @@ class DeviceWaits:
             last[completion.seq % len(self._workers)] = completion
         for completion in last.values():
             self._copier(completion.seq).serve_for(stream, self._words.address(completion.seq), completion.seq)
-        for completion in completions:
-            self._watchdog.arm(completion.seq, self._timeout, completion)
+        self._watchdog.arm_all([(c.seq, c) for c in completions], self._timeout)
 
     def _copier(self, seq: int) -> Any:
         return self._workers[seq % len(self._workers)].resident

@@ -110,13 +110,16 @@ class Poller:
                         "takes the regular path (tens of microseconds more); pip install numba")
         return lane
 
-    def expect(self, completion: Completion) -> None:
-        """Register the completion of the request that will be published as `completion.seq`."""
+    def expect(self, *completions: Completion) -> None:
+        """Register the completions of the requests that will be published as their seqs (one lock for all)."""
         with self._lock:
             self._check_alive()
-            self._pending[completion.seq] = completion
-        if self._lane is not None and completion.strategy is Strategy.RESIDENT:
-            self._fast[(completion.seq - 1) % len(self._fast)] = completion.seq
+            for completion in completions:
+                self._pending[completion.seq] = completion
+        if self._lane is not None:
+            for completion in completions:
+                if completion.strategy is Strategy.RESIDENT:
+                    self._fast[(completion.seq - 1) % len(self._fast)] = completion.seq
 
     def forget(self, seq: int) -> None:
         """Drop an expectation whose publish was never launched (its launch raised)."""

@@ -30,9 +30,16 @@ class Watchdog:
         self._thread.start()
 
     def arm(self, key: int, timeout: float, item: Any) -> None:
+        self.arm_all([(key, item)], timeout)
+
+    def arm_all(self, items: list[tuple[int, Any]], timeout: float) -> None:
+        """Arm (key, item) pairs with one deadline, under one lock."""
+        deadline = time.monotonic() + timeout
         with self._cond:
-            self._armed[key] = (time.monotonic() + timeout, item)
-            if len(self._armed) == 1:  # otherwise the thread is polling already
+            idle = not self._armed
+            for key, item in items:
+                self._armed[key] = (deadline, item)
+            if idle and self._armed:  # otherwise the thread is polling already
                 self._cond.notify()
 
     def disarm(self, key: int) -> None:

@@ -177,8 +177,7 @@ class Runtime:
         with self._lock:
             self._admit(n)
             completions = [self._completion(self._ticket + 1 + i, None, strategy) for i in range(n)]
-            for completion in completions:
-                self._poller.expect(completion)
+            self._poller.expect(*completions)
             self._ticket += n
         return completions
 
@@ -203,8 +202,7 @@ class Runtime:
         with self._lock:
             self._admit(len(tags))
             completions = [self._completion(self._ticket + 1 + i, tag, Strategy.RESIDENT) for i, tag in enumerate(tags)]
-            for completion in completions:
-                self._poller.expect(completion)
+            self._poller.expect(*completions)
             self._ticket += len(tags)
         self._waits.serve_replay(completions, stream)
         return completions

@@ -266,7 +266,9 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
                   block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
                   num_warps: int | None = None) -> None:
     """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
-    (benchmarks). 4 warps up to BLOCK = 2048, 8 above (at 8192, 128K-token rows, a few hundred bytes spill)."""
+    (benchmarks). 8 warps up to BLOCK = 2048, 16 above: the threshold search's 16 CTA-wide counts cost per
+    element a thread holds (sm_90: 113-126 registers, no spill up to 4096; at 8192, 128K-token rows, a few
+    hundred bytes spill)."""
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
     block = triton.next_power_of_2(max(nb, k))
@@ -303,7 +305,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
         STEER=steer is not None, ROWS=2 if steer is not None else 1, WRITE_KV=new is not None,
         HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
-        num_warps=num_warps or (4 if block <= 2048 else 8),
+        num_warps=num_warps or (8 if block <= 2048 else 16),
     )  # fmt: skip
 
 
