@@ -59,6 +59,7 @@ from .bench import (
 )
 from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
 from .engine import Engine
+from .errors import EngineError
 from .evaluation.locality import LocalityProfile, packaged_profiles
 from .kv.block_table import blocks_for
 from .kv.cache import kv_bytes_per_token
@@ -271,6 +272,7 @@ class SparseBenchResult:
     copier_ctas: int | None        # the runtime's resident copier: copy CTAs (DmaConfig.zero_copy_ctas) and
     copier_idle_us: int | None     # how long a generation stays up without a task; None: no runtime
     vanilla: BenchResult | None = None   # the dense step of the same batch, this process (compare_vanilla)
+    vanilla_error: str | None = None     # why compare_vanilla got no dense step (it did not fit, say)
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -327,8 +329,13 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     bench_status(progress, f"vanilla at the same batch and context, for the ratio ({batch_size} x {context_len})")
-    vanilla = run_bench(source, mode=BenchMode.VANILLA, batch_size=batch_size, context_len=context_len, steps=steps,
-                        warmup=warmup, device=device, use_cuda_graphs=use_cuda_graphs, progress=progress, seed=seed)
+    try:
+        vanilla = run_bench(source, mode=BenchMode.VANILLA, batch_size=batch_size, context_len=context_len,
+                            steps=steps, warmup=warmup, device=device, use_cuda_graphs=use_cuda_graphs,
+                            progress=progress, seed=seed)
+    except (torch.OutOfMemoryError, EngineError) as exc:     # the sparse result stands; say why there is no ratio
+        bench_status(progress, f"vanilla did not run: {exc}")
+        return replace(result, vanilla_error=f"{type(exc).__name__}: {exc}"[:500])
     return replace(result, vanilla=vanilla)
 
 
