@@ -96,6 +96,9 @@ PULSEIO = [
     (["bench", "--block-sizes", str(1 << 30)], "--block-sizes"),
     (["bench", "--zero-copy-ctas", "0"], "got 0"),
     (["bench", "--json", "{tmp}/file/bench.json"], "bench.json"),
+    (["bench", "--json", "/proc/bench.json"], "--json /proc/bench.json cannot be written"),   # root passes os.access
+    (["bench", "--plot", "/proc/bench.png"], "--plot /proc/bench.png cannot be written"),
+    (["bench", "--json", "{tmp}"], "is a directory"),
     ([], "required"),
 ]
 if NO_GPU:
