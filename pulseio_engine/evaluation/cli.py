@@ -133,7 +133,30 @@ def _group_score(p: argparse.ArgumentParser) -> None:
 
 
 def _heads(args: argparse.Namespace) -> RetrievalHeads | None:
-    return RetrievalHeads.load(args.heads) if args.heads else None
+    """--heads, loaded; a file that is missing, not JSON or not a heads file is one line naming it and what it
+    should hold (RetrievalHeads' own errors say what is wrong inside; this adds the file and the fix)."""
+    path: Path | None = args.heads
+    if path is None:
+        return None
+    should = (f"it should hold the JSON that `pulseio-engine calibrate --model {args.model} --out heads.json` writes "
+              '({"num_kv_heads": ..., "best": [one KV head per layer], "worst": [...]})')
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(args.prog, f"--heads {path} cannot be read ({exc.strerror}); {should}") from None
+    except UnicodeDecodeError:
+        raise UsageError(args.prog, f"--heads {path} is not text, so not a retrieval-head file; {should}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(args.prog, f"--heads {path} is not JSON ({exc}); {should}") from None
+    if not isinstance(data, dict):
+        raise UsageError(args.prog, f"--heads {path} holds a JSON {type(data).__name__}, not a retrieval-head "
+                                    f"object; {should}")
+    try:
+        return RetrievalHeads.from_json(text, source=str(path))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(args.prog, f"--heads {path} is not a retrieval-head file ({exc}); {should}") from None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -226,7 +249,7 @@ def _locality(args: argparse.Namespace) -> int:
     prog = args.prog
     if args.json is not None:
         check_writable(prog, "--json", args.json)
-    heads = RetrievalHeads.load(args.heads) if args.heads else None
+    heads = _heads(args)
     try:
         config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples,
                                 GroupScore(args.group_score))
