@@ -33,7 +33,7 @@ from ..config import DEFAULT_GROUP_SCORE, GroupScore, RecallMode, SparseMode
 from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
 from .locality import LocalityConfig, run_locality
-from .run import EvalConfig, EvalMode, check_heads, run_eval
+from .run import EvalConfig, EvalMode, check_heads, has_random_weights, random_weights_note, run_eval
 from .summary import combine, gaps, gaps_markdown, write_plot
 from .table import CellsFailed, TableConfig, markdown, run_table
 from .tasks import Task
@@ -167,6 +167,8 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         config = EvalConfig(Task(args.task), args.context_len, args.samples, EvalMode(args.mode),
                             args.token_budget, RecallMode(args.recall), args.seed, GroupScore(args.group_score))
+        if has_random_weights(args.model):
+            print(f"{prog}: {random_weights_note(args.model)}", file=sys.stderr, flush=True)
         result = run_eval(args.model, config, heads=heads, device=require_device(prog, args.device), batch=args.batch)
     except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
         raise EngineError(str(exc)) from exc
@@ -175,7 +177,8 @@ def _eval(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['task']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
           f"score {result['score']:.4g} over {result['samples']} samples ({result['seconds']:.1f} s, "
-          f"batch {result['batch']})")
+          f"batch {result['batch']})" + (" -- RANDOM WEIGHTS: noise, not accuracy" if result.get("random_weights")
+                                         else ""))
     return 0
 
 
@@ -205,6 +208,8 @@ def _eval_table(args: argparse.Namespace) -> int:
     for mode in table.modes:
         check_heads(mode, heads, args.model)
     device = require_device(prog, args.device)
+    if has_random_weights(args.model):
+        print(f"{prog}: {random_weights_note(args.model)}", file=sys.stderr, flush=True)
     start = time.monotonic()
     say = lambda text: print(f"[{time.monotonic() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
     try:

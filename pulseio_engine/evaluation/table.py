@@ -267,8 +267,9 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
         sparse = [m for m in modes if m != EvalMode.VANILLA.value]
         perplexity = task == Task.PERPLEXITY.value
         samples = sorted({r["samples"] for r in mine})
+        noise = " -- RANDOM WEIGHTS: noise, not accuracy" if any(r.get("random_weights") for r in mine) else ""
         lines += [f"### {model}: {task} ({'perplexity, lower is better' if perplexity else 'score'}; "
-                  f"{'/'.join(map(str, samples))} samples)", "",
+                  f"{'/'.join(map(str, samples))} samples){noise}", "",
                   "| context | budget | " + " | ".join(modes) + " |", "|---:|---:|" + "---:|" * len(modes)]
         for n in sorted({r["context_len"] for r in mine}):
             vanilla = {r["mode"]: r for r in mine if r["context_len"] == n and r["mode"] == EvalMode.VANILLA.value}
