@@ -235,12 +235,19 @@ def _eval_summary(args: argparse.Namespace) -> int:
     for option, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:
             check_writable(prog, option, path)
-    records = combine(args.folders)
+    grid = combine(args.folders)
+    records = grid.records
     if not records:
         raise UsageError(prog, f"no eval records in {', '.join(map(str, args.folders))}")
     used = [f for f in map(str, args.folders) if any(r["folder"] == f for r in records)]
     text = (markdown(records) + "\n### Gap to full attention\n\n" + gaps_markdown(gaps(records, args.floor), args.floor)
             + "\nRecords from: " + ", ".join(used) + "\n")
+    if grid.replaced:
+        text += "\nCells with a record in several folders (the last folder's is used):\n\n" + "".join(
+            f"- {r.cell}: {r.used}, not {r.dropped}\n" for r in grid.replaced)
+    for r in grid.replaced:
+        print(f"{prog}: note: {r.cell} has records in several folders: using {r.used}, not {r.dropped}",
+              file=sys.stderr)
     print(text, end="")
     if args.out is not None:
         args.out.write_text(text)

@@ -246,15 +246,20 @@ def _path(out: Path, model: str, cell: Cell, task: Task) -> Path:
 
 def load_records(folder: Path) -> list[dict[str, Any]]:
     """Every eval record (a JSON object with task, mode and score) in `folder`."""
-    records = []
+    return [record for _, record in record_files(folder)]
+
+
+def record_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(file, record) of every eval record in `folder`, by file name; other JSON files are skipped."""
+    found = []
     for path in sorted(folder.glob("*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and {"task", "mode", "score", "context_len"} <= record.keys():
-            records.append(record)
-    return records
+            found.append((path, record))
+    return found
 
 
 def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -> str:
