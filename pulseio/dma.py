@@ -49,7 +49,21 @@ class DmaStatistics:
 
 
 class DmaEngine:
-    """Moves blocks between a HostPool and a DevicePool of the same backend.
+    """Moves blocks between a HostPool and a DevicePool of the same backend, ids chosen on the host.
+
+        with pulseio.DmaEngine(host, device) as dma:                       # config: a DmaConfig, or defaults
+            t = dma.recall(host_ids=np.array([7, 90_001]), device_slots=np.array([0, 1]))   # a Transfer
+            t.device_wait()                                                # the stream waits, not the host
+            dma.offload(device_slots=[5], host_ids=[42]).wait()            # GPU slot -> host block
+
+    host, device: the pools (same backend, same block_bytes). config: a `DmaConfig` (staging buffers,
+    the copy kernels' CTA budget, max_inflight, `auto=`: the `AutoPolicy` behind Strategy.AUTO).
+    recall(host_ids=, device_slots=) copies host blocks into device slots, offload(device_slots=,
+    host_ids=) back; submit(plan) takes a `TransferPlan`. Each takes `strategy=` (a `Strategy`, default
+    AUTO), returns a `Transfer` (a `Handle`: done / wait / await / device_wait) and never waits for the
+    copy; it waits for room only past max_inflight, which the `_nowait` twins (recall_nowait, ...) answer
+    with WouldBlock. statistics() counts submitted, completed, failed, bytes and issues; close() (or
+    `with`) lets the transfers in flight finish and stops the worker.
 
     Bad input raises on `submit`'s thread and queues nothing. A failure while copying (a CUDA error)
     fails the transfers of that one issue -- merged transfers share it -- and the engine goes on.
