@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -196,13 +197,31 @@ def progress_enabled(requested: bool) -> bool:
 
 
 def check_writable(prog: str, option: str, path: Path) -> None:
-    """Refuse, before any work, an output path that cannot be written (its folders may not exist yet)."""
-    if path.exists() and (path.is_dir() or not os.access(path, os.W_OK)):
-        what = "is a directory" if path.is_dir() else "is not writable"
-        raise UsageError(prog, f"{option} {path} {what}; pass a file path you can write")
+    """Refuse, before any work, an output path that cannot be written (its folders may not exist yet).
+
+    Permission bits are not enough (root passes every `os.access` check, and /proc or a read-only mount
+    refuse files whatever the bits say), so this tries: it opens an existing file for appending (its
+    contents untouched), or creates and removes a file in the nearest folder that exists."""
+    if path.is_dir():
+        raise UsageError(prog, f"{option} {path} is a directory; pass a file path you can write")
+    if path.exists():
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as exc:
+            raise UsageError(prog, f"{option} {path} cannot be written ({exc.strerror}); "
+                                   "pass a path you can write") from None
+        return
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UsageError(prog, f"{option} {path} cannot be written: {parent} is not a writable directory; "
+    if not parent.is_dir():
+        raise UsageError(prog, f"{option} {path} cannot be written: {parent} is a file, not a folder; "
                                "pass a path you can write")
+    try:
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".pulseio-write-check-")
+    except OSError as exc:
+        raise UsageError(prog, f"{option} {path} cannot be written: {parent} takes no new files "
+                               f"({exc.strerror}); pass a path you can write") from None
+    os.close(fd)
+    os.unlink(probe)

@@ -13,11 +13,21 @@ from .plan import Direction, Strategy
 
 @dataclass(frozen=True)
 class AutoPolicy:
-    """Picks a strategy by (direction, block size, block count) from measured points.
+    """What `Strategy.AUTO` means: picks a strategy by (direction, block size, block count) from points
+    measured on this machine. Pass it in the DmaConfig of a DmaEngine or a Runtime:
 
-    `best` maps (direction, block_bytes) to [(num_blocks, strategy)] sorted by count: the strategy
-    measured fastest at that count. A request takes the point nearest in log(block size), then in
-    log(count). With no point for a direction, `fallback` decides.
+        records = json.loads(Path("results/bench.json").read_text())["records"]   # `pulseio bench` wrote it
+        policy = pulseio.AutoPolicy.from_records(records)
+        dma = pulseio.DmaEngine(host, device, pulseio.DmaConfig(auto=policy))
+        rt = pulseio.open_runtime(pulseio.RuntimeConfig(dma=pulseio.DmaConfig(auto=policy)))
+
+    Without one, DmaConfig's default policy has no points and uses `fallback`. (In the doorbell path
+    AUTO means RESIDENT whatever the policy.)
+
+    best: maps (direction, block_bytes) to [(num_blocks, strategy)] sorted by count: the strategy
+        measured fastest at that count. A request takes the point nearest in log(block size), then in
+        log(count). fallback: [(count limit, strategy)] for a direction with no point: the first whose
+        limit exceeds the count (ZERO_COPY under 256 blocks, else GATHER_DMA).
     """
 
     best: Mapping[tuple[Direction, int], tuple[tuple[int, Strategy], ...]] = field(default_factory=dict)

@@ -49,16 +49,25 @@ class DmaStatistics:
 
 
 class DmaEngine:
-    """Moves blocks between a HostPool and a DevicePool of the same backend.
+    """Moves blocks between a HostPool and a DevicePool of the same backend, ids chosen on the host.
+
+        with pulseio.DmaEngine(host, device) as dma:    # host, device: same backend and block_bytes
+            t = dma.recall(host_ids=np.array([7, 90_001]), device_slots=np.array([0, 1]))   # a Transfer
+            t.device_wait()                             # the stream waits, not the host
+            dma.offload(device_slots=[5], host_ids=[42]).wait()
+
+    config: a `DmaConfig` (staging, the copy kernels' CTA budget, max_inflight, `auto=` the `AutoPolicy`
+    behind Strategy.AUTO). recall(host_ids=, device_slots=), offload(device_slots=, host_ids=) and
+    submit(plan) (a `TransferPlan`) take `strategy=` (default AUTO) and return a `Transfer` (a `Handle`)
+    without waiting for the copy, only for room past max_inflight (their `_nowait` twins raise WouldBlock).
+    statistics(): counters; close() (or `with`): finishes what was submitted, stops the worker.
 
     Bad input raises on `submit`'s thread and queues nothing. A failure while copying (a CUDA error)
     fails the transfers of that one issue -- merged transfers share it -- and the engine goes on.
 
-    Transfers in flight at the same time are not ordered with respect to each other: routes run on
-    their own streams, merged transfers are one copy, and the RESIDENT kernel copies consecutive
-    tasks at once. So two of them must not write the same host block or device slot, nor may one
-    read what another writes (an offload from a slot and a recall into it). Submit the dependent
-    transfer once the first has landed: after `wait()`, or with `stream_ordered=True` behind
+    Transfers in flight together are not ordered (own streams, merged copies, the RESIDENT kernel copies
+    consecutive tasks at once): two must not write one block or slot, nor one read what another writes.
+    Submit the dependent one once the first has landed: after `wait()`, or `stream_ordered=True` behind
     `device_wait` on the submitting stream.
     """
 

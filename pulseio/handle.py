@@ -1,23 +1,5 @@
 """Handle: the one contract of every transfer a user holds (`Transfer` from a DmaEngine, `Completion` from
-a Runtime). It finishes exactly once, on a pulseio thread, landed or failed, never both.
-
-    handle.done()                 never waits: True once landed or failed
-    handle.wait(timeout=None)     waits (GIL released); returns the handle, raises WaitTimeout on timeout
-                                  and the transfer's error (TransferError, ClosedError) if it failed
-    handle.exception()            the error, or None; meaningful once done()
-    await handle                  the same as wait() for an event loop (uvloop or asyncio); cancelling
-                                  the await leaves the transfer running
-    handle.device_wait(stream)    later work on `stream` (default: current) runs once the data has landed
-                                  or the transfer failed; raises at once if it already failed. Never waits
-                                  on the host for the copy itself; routes whose copy is a launch may wait
-                                  until it is enqueued (see `pulseio.runtime` for the doorbell's contract).
-                                  On the host backend, with no device, it waits on the host.
-    handle.add_done_callback(fn)  fn(handle) on the finishing thread (now, if already done)
-
-Timing fields share one clock (`time.perf_counter_ns`): submitted_ns, finished_ns (None until done).
-A timeout changes nothing: the copy may still be running, and every buffer it may write stays
-reserved until it has finished.
-"""
+a Runtime), stated once, in the class's docstring (`help(pulseio.Handle)`)."""
 
 from __future__ import annotations
 
@@ -34,7 +16,28 @@ H = TypeVar("H", bound="Handle")
 
 
 class Handle:
-    """The contract above; see the module doc. Subclasses: `Transfer`, `Completion`."""
+    """One transfer in flight, and the only thing anyone waits on. You get one from `DmaEngine.recall` /
+    `offload` / `submit` (a `Transfer`) or `Runtime.post_recall` (a `Completion`); you never make one.
+    It finishes exactly once, on a pulseio thread, landed or failed, never both.
+
+        handle.done()                 never waits: True once landed or failed
+        handle.wait(timeout=None)     waits (GIL released); returns the handle, raises WaitTimeout on timeout
+                                      and the transfer's error (TransferError, ClosedError) if it failed
+        handle.exception()            the error, or None; meaningful once done()
+        await handle                  the same as wait() for an event loop (uvloop or asyncio); cancelling
+                                      the await leaves the transfer running
+        handle.device_wait(stream)    later work on `stream` (default: current) runs once the data has landed
+                                      or the transfer failed; raises at once if it already failed. Never waits
+                                      on the host for the copy itself; routes whose copy is a launch may wait
+                                      until it is enqueued (the doorbell's contract: `pulseio.runtime`).
+                                      On the host backend, with no device, it waits on the host.
+        handle.add_done_callback(fn)  fn(handle) on the finishing thread (now, if already done)
+
+    Fields: seq (submit order for a Transfer, publish order for a Completion), tag (the caller's, or None), num_blocks, nbytes, and the
+    timing fields on one clock (`time.perf_counter_ns`): submitted_ns, finished_ns (None until done),
+    latency_s. A timeout changes nothing: the copy may still be running, and every buffer it may write
+    stays reserved until it has finished.
+    """
 
     __slots__ = ("seq", "tag", "num_blocks", "nbytes", "submitted_ns", "finished_ns", "_exception", "_lock",
                  "_finished", "_callbacks")  # one per transfer: keep creation cheap

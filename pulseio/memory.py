@@ -55,7 +55,24 @@ class _DeviceMapped:
 
 
 class HostPool:
-    """num_blocks blocks of block_bytes in host memory; pinned and device-mapped on the CUDA backend."""
+    """`num_blocks` blocks of `block_bytes` each in host memory, addressed by id 0..num_blocks-1: where the
+    offloaded KV cache lives.
+
+        backend = pulseio.open_backend("auto")        # CudaBackend with a GPU, HostBackend without
+        host = pulseio.HostPool(backend, num_blocks=262_144, block_bytes=8192)
+        host.blocks[7]                                 # [block_bytes] uint8, CPU: block 7
+        host.view(torch.bfloat16, 2, 16, 128)          # [num_blocks, 2, 16, 128] bf16 alias of the pool
+
+    backend: from `pulseio.open_backend`. On the CUDA backend the memory is pinned and mapped into the
+        GPU's address space (the copy engine and copy kernels read it with no staging); on `HostBackend`
+        it is ordinary memory, and the same code runs without a GPU.
+    num_blocks, block_bytes: the geometry; block_bytes is a positive multiple of 16. A pool larger than
+        the machine's available memory raises `InsufficientMemoryError` before anything is allocated.
+
+    Move blocks with a `DmaEngine` (ids chosen on the host) or a `Runtime` (ids chosen on the GPU); the
+    pool itself holds no policy. `device_view` aliases it from the device. `close()` (or `with`) frees
+    it: only once no transfer uses it.
+    """
 
     def __init__(self, backend: Backend, num_blocks: int, block_bytes: int) -> None:
         _check_geometry("HostPool", num_blocks, block_bytes)
@@ -107,7 +124,17 @@ class HostPool:
 
 
 class DevicePool:
-    """num_slots blocks of block_bytes on the backend's device: where recalled blocks land."""
+    """`num_slots` blocks of `block_bytes` each on the backend's device, addressed by slot 0..num_slots-1:
+    where recalled blocks land and offloaded ones are read from.
+
+        device = pulseio.DevicePool(backend, num_slots=8192, block_bytes=8192)
+        device.slots                                   # [num_slots, block_bytes] uint8 on backend.device
+        device.view(torch.bfloat16, 2, 16, 128)        # [num_slots, 2, 16, 128] bf16 alias, for a model
+
+    backend: the same one as the HostPool it pairs with (`pulseio.open_backend`); on `HostBackend` the
+        "device" is the CPU. num_slots, block_bytes: the geometry; block_bytes is a positive multiple of
+        16 and equals the HostPool's. `close()` (or `with`) drops the memory: only once no transfer uses it.
+    """
 
     def __init__(self, backend: Backend, num_slots: int, block_bytes: int) -> None:
         _check_geometry("DevicePool", num_slots, block_bytes)

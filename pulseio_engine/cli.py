@@ -301,7 +301,8 @@ def _parser() -> argparse.ArgumentParser:
                                    "local windows, on prompts cut from public-domain text; write layer -> best/worst.")
     c.add_argument("--model", required=True, help=_model_help() + " (it needs a tokenizer)")
     c.add_argument("--out", required=True, type=Path, help="JSON file for the layer -> best/worst head map")
-    c.add_argument("--prompts", type=int_at_least(2), default=4, help="prompts cut from the calibration text")
+    c.add_argument("--prompts", type=int_at_least(2), default=8,
+                   help="prompts cut from the calibration text (8: what the published heads used)")
     c.add_argument("--prompt-len", type=int_at_least(16), default=512, help="tokens per prompt")
     c.add_argument("--prompt-kind", choices=[k.value for k in PromptKind], default=PromptKind.TEXT.value,
                    help="text: plain text, measured over each prompt's second half; retrieval: a fact inserted in "

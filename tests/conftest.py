@@ -1,10 +1,48 @@
-"""Shared pytest setup: `gpu` tests are skipped, saying why, where torch sees no CUDA device."""
+"""Shared pytest setup: `gpu` tests are skipped, saying why, where torch sees no CUDA device, and
+`needs_package` tests where a package only the GPU install has (`.[gpu]`) is missing, as on `.[cpu]`.
+
+    pytestmark = pytest.mark.needs_package("cuda.bindings")   # the module imports it inside its tests
+
+A test file that imports such a package does so inside its tests (or fixtures), so that a `.[cpu]`
+install collects it and skips it instead of stopping on an ImportError. Only the packages named in
+`GPU_PACKAGES` may be marked: any other missing import is a real failure. With
+PULSEIO_REQUIRE_GPU_PACKAGES=1 (CI's `.[all]` run) a missing one stops the run, naming it, instead.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
+
+# import name -> the distribution that provides it; all of them come with `.[gpu]`, none with `.[cpu]`
+GPU_PACKAGES = {"cuda.bindings": "cuda-python", "numba_cuda": "numba-cuda", "triton": "triton"}
+
+
+def _missing(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is None
+    except ModuleNotFoundError:          # a parent package (`cuda` of `cuda.bindings`) is missing
+        return True
+
+
+def _skip_missing_packages(items: list[pytest.Item]) -> None:
+    missing: dict[str, str] = {}
+    for item in items:
+        for mark in item.iter_markers("needs_package"):
+            (name,) = mark.args
+            if name not in GPU_PACKAGES:
+                raise pytest.UsageError(f"{item.nodeid}: needs_package({name!r}) names no GPU-only package; "
+                                        f"the marker takes one of {sorted(GPU_PACKAGES)}")
+            if _missing(name):
+                missing[name] = item.nodeid
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs {name} ({GPU_PACKAGES[name]}, installed by .[gpu] and .[all], not by .[cpu])"))
+    if missing and os.environ.get("PULSEIO_REQUIRE_GPU_PACKAGES") == "1":
+        raise pytest.UsageError("PULSEIO_REQUIRE_GPU_PACKAGES=1, but " + "; ".join(
+            f"{name} ({GPU_PACKAGES[name]}) is missing, needed by {nodeid} and maybe others"
+            for name, nodeid in missing.items()))
 
 
 def _cuda_available() -> bool:
@@ -16,6 +54,7 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_missing_packages(items)
     if _cuda_available():
         return
     import torch

@@ -70,6 +70,16 @@ ENGINE = [
     (["eval-table", "--model", "tiny", "--context-len", "256", "--out", "{tmp}/o", "--batch", "0"], "got 0"),
     (["eval-table", "--model", "tiny", "--context-len", "256", "--out", "{tmp}/o", "--heads", "{tmp}/no.json"],
      "no.json"),
+    (["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "256", "--heads", "{tmp}/file"],
+     "--heads {tmp}/file is not JSON"),
+    (["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "256", "--heads", "{tmp}/list.json"],
+     "--heads {tmp}/list.json holds a JSON list, not a retrieval-head object"),
+    (["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "256", "--heads", "{tmp}/badjson"],
+     "--heads {tmp}/badjson cannot be read"),
+    (["locality", "--model", "tiny", "--context-len", "256", "--heads", "{tmp}/bad.gguf"],
+     "--heads {tmp}/bad.gguf is not JSON"),
+    (["eval-table", "--model", "tiny", "--context-len", "256", "--out", "{tmp}/o", "--heads", "{tmp}/nokeys.json"],
+     "--heads {tmp}/nokeys.json is not a retrieval-head file"),
     (["eval-table", "--model", "no-such-model", "--context-len", "256", "--out", "{tmp}/o", "--mode", "quest",
       "--token-budget", "64"],
      "'no-such-model'"),
@@ -96,6 +106,9 @@ PULSEIO = [
     (["bench", "--block-sizes", str(1 << 30)], "--block-sizes"),
     (["bench", "--zero-copy-ctas", "0"], "got 0"),
     (["bench", "--json", "{tmp}/file/bench.json"], "bench.json"),
+    (["bench", "--json", "/proc/bench.json"], "--json /proc/bench.json cannot be written"),   # root passes os.access
+    (["bench", "--plot", "/proc/bench.png"], "--plot /proc/bench.png cannot be written"),
+    (["bench", "--json", "{tmp}"], "is a directory"),
     ([], "required"),
 ]
 if NO_GPU:
@@ -112,6 +125,8 @@ def tmp(tmp_path: Path) -> Path:
     (tmp_path / "badjson").mkdir()
     (tmp_path / "badjson" / "config.json").write_text("{not json")
     (tmp_path / "file").write_text("a file where a folder is expected")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "nokeys.json").write_text('{"best": [0]}')
     return tmp_path
 
 
@@ -143,6 +158,17 @@ def test_the_real_entry_points_print_one_line(module: str, argv: list[str]) -> N
     proc = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_bad_heads_file_says_what_it_should_hold_and_which_command_writes_one(tmp_path: Path, capfd) -> None:  # noqa: ANN001
+    heads = tmp_path / "heads.json"
+    heads.write_text("best: 0 1 2\n")
+    code = pulseio_engine.cli.main(["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "256",
+                                    "--mode", "solohead", "--heads", str(heads)])
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert f"--heads {heads} is not JSON (Expecting value: line 1 column 1 (char 0))" in line, line
+    assert "`pulseio-engine calibrate --model tiny --out heads.json` writes" in line and '"best"' in line, line
 
 
 def test_debug_shows_the_traceback() -> None:

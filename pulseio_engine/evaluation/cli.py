@@ -33,7 +33,7 @@ from ..config import DEFAULT_GROUP_SCORE, GroupScore, RecallMode, SparseMode
 from ..errors import EngineError
 from ..kv.retrieval_heads import RetrievalHeads
 from .locality import LocalityConfig, run_locality
-from .run import EvalConfig, EvalMode, check_heads, run_eval
+from .run import EvalConfig, EvalMode, check_heads, has_random_weights, random_weights_note, run_eval
 from .summary import combine, gaps, gaps_markdown, write_plot
 from .table import CellsFailed, TableConfig, markdown, run_table
 from .tasks import Task
@@ -133,7 +133,30 @@ def _group_score(p: argparse.ArgumentParser) -> None:
 
 
 def _heads(args: argparse.Namespace) -> RetrievalHeads | None:
-    return RetrievalHeads.load(args.heads) if args.heads else None
+    """--heads, loaded; a file that is missing, not JSON or not a heads file is one line naming it and what it
+    should hold (RetrievalHeads' own errors say what is wrong inside; this adds the file and the fix)."""
+    path: Path | None = args.heads
+    if path is None:
+        return None
+    should = (f"it should hold the JSON that `pulseio-engine calibrate --model {args.model} --out heads.json` writes "
+              '({"num_kv_heads": ..., "best": [one KV head per layer], "worst": [...]})')
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(args.prog, f"--heads {path} cannot be read ({exc.strerror}); {should}") from None
+    except UnicodeDecodeError:
+        raise UsageError(args.prog, f"--heads {path} is not text, so not a retrieval-head file; {should}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(args.prog, f"--heads {path} is not JSON ({exc}); {should}") from None
+    if not isinstance(data, dict):
+        raise UsageError(args.prog, f"--heads {path} holds a JSON {type(data).__name__}, not a retrieval-head "
+                                    f"object; {should}")
+    try:
+        return RetrievalHeads.from_json(text, source=str(path))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(args.prog, f"--heads {path} is not a retrieval-head file ({exc}); {should}") from None
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -144,6 +167,8 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         config = EvalConfig(Task(args.task), args.context_len, args.samples, EvalMode(args.mode),
                             args.token_budget, RecallMode(args.recall), args.seed, GroupScore(args.group_score))
+        if has_random_weights(args.model):
+            print(f"{prog}: {random_weights_note(args.model)}", file=sys.stderr, flush=True)
         result = run_eval(args.model, config, heads=heads, device=require_device(prog, args.device), batch=args.batch)
     except ValueError as exc:           # a config rule (budget, windows): stated by the config's message
         raise EngineError(str(exc)) from exc
@@ -152,7 +177,8 @@ def _eval(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
     print(f"{result['task']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
           f"score {result['score']:.4g} over {result['samples']} samples ({result['seconds']:.1f} s, "
-          f"batch {result['batch']})")
+          f"batch {result['batch']})" + (" -- RANDOM WEIGHTS: noise, not accuracy" if result.get("random_weights")
+                                         else ""))
     return 0
 
 
@@ -182,6 +208,8 @@ def _eval_table(args: argparse.Namespace) -> int:
     for mode in table.modes:
         check_heads(mode, heads, args.model)
     device = require_device(prog, args.device)
+    if has_random_weights(args.model):
+        print(f"{prog}: {random_weights_note(args.model)}", file=sys.stderr, flush=True)
     start = time.monotonic()
     say = lambda text: print(f"[{time.monotonic() - start:7.1f} s] {text}", file=sys.stderr, flush=True)
     try:
@@ -207,12 +235,19 @@ def _eval_summary(args: argparse.Namespace) -> int:
     for option, path in (("--out", args.out), ("--plot", args.plot)):
         if path is not None:
             check_writable(prog, option, path)
-    records = combine(args.folders)
+    grid = combine(args.folders)
+    records = grid.records
     if not records:
         raise UsageError(prog, f"no eval records in {', '.join(map(str, args.folders))}")
     used = [f for f in map(str, args.folders) if any(r["folder"] == f for r in records)]
     text = (markdown(records) + "\n### Gap to full attention\n\n" + gaps_markdown(gaps(records, args.floor), args.floor)
             + "\nRecords from: " + ", ".join(used) + "\n")
+    if grid.replaced:
+        text += "\nCells with a record in several folders (the last folder's is used):\n\n" + "".join(
+            f"- {r.cell}: {r.used}, not {r.dropped}\n" for r in grid.replaced)
+    for r in grid.replaced:
+        print(f"{prog}: note: {r.cell} has records in several folders: using {r.used}, not {r.dropped}",
+              file=sys.stderr)
     print(text, end="")
     if args.out is not None:
         args.out.write_text(text)
@@ -226,7 +261,7 @@ def _locality(args: argparse.Namespace) -> int:
     prog = args.prog
     if args.json is not None:
         check_writable(prog, "--json", args.json)
-    heads = RetrievalHeads.load(args.heads) if args.heads else None
+    heads = _heads(args)
     try:
         config = LocalityConfig(args.context_len, args.steps, args.token_budget, SparseMode(args.mode), args.samples,
                                 GroupScore(args.group_score))

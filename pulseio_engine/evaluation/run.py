@@ -46,6 +46,7 @@ from ..kv.block_table import blocks_for
 from ..kv.offload_layout import host_units_for
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint, load_checkpoint
+from ..model.presets import PRESETS
 from ..model.tokenizer import Tokenizer
 from ..request import SamplingParams, Sequence
 from .tasks import Task, make_sample, string_match_all
@@ -343,4 +344,17 @@ def make_record(model: str, config: EvalConfig, prompts: Seq[Prompt], answers: S
               "seed": config.seed, "score": value, "seconds": round(seconds, 3), "batch": batch, "results": results}
     if config.mode is not EvalMode.VANILLA:
         record["group_score"] = config.group_score.value
+    if has_random_weights(model):
+        record["random_weights"] = True     # a preset: the score measures nothing but the plumbing
     return record
+
+
+def has_random_weights(model: str) -> bool:
+    """A preset name (`tiny`, `qwen3-14b`, ...) builds random weights: its eval score is noise, not accuracy."""
+    return model in PRESETS
+
+
+def random_weights_note(model: str) -> str:
+    return (f"note: {model} is a preset with RANDOM weights: its score is noise, not accuracy (fine to check the "
+            "plumbing); for accuracy use a real model: --model smollm2, qwen2.5-coder-0.5b, a .gguf or a checkpoint "
+            "folder")

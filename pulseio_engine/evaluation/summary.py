@@ -2,7 +2,8 @@
 attention (the accuracy target), and a plot of score against budget.
 
 A grid is often run in pieces (a device session's worth at a time, a cell run again on a newer tree).
-`combine` takes the folders in order, and a cell found in more than one keeps the last folder's record.
+`combine` takes the folders in order, and a cell found in more than one keeps the last folder's record
+and says so (`Grid.replaced`); two records of one cell in one folder have no order, and are refused.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .run import EvalMode, mode_label
-from .table import load_records, mode_labels
+from .table import mode_labels, record_files
 from .tasks import Task
 
 Record = dict[str, Any]
@@ -26,16 +27,51 @@ def cell_key(record: Record) -> tuple[str, int, str, str, int | None]:
     return record["model"], record["context_len"], record["task"], mode_label(record), budget
 
 
-def combine(folders: Sequence[Path]) -> list[Record]:
-    """Every record of `folders`; a cell in several keeps the record of the last folder that has it."""
+class DuplicateRecordError(ValueError):
+    """One folder holds two records of one cell: which is meant cannot be told."""
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A cell found in several folders: the record used (the last folder's) and one it replaced."""
+
+    cell: str
+    used: str
+    dropped: str
+
+
+@dataclass(frozen=True)
+class Grid:
+    records: list[Record]           # one per cell; each has "folder" (and "file") added
+    replaced: list[Replaced]
+
+
+def cell_name(key: tuple[str, int, str, str, int | None]) -> str:
+    model, context, task, mode, budget = key
+    return f"{model} {task} context {context} {mode}" + ("" if budget is None else f" budget {budget}")
+
+
+def combine(folders: Sequence[Path]) -> Grid:
+    """Every record of `folders`; a cell in several keeps the record of the last folder that has it.
+    Raises DuplicateRecordError, naming both files, for two records of one cell in one folder."""
     cells: dict[tuple[str, int, str, str, int | None], Record] = {}
+    replaced = []
     for folder in folders:
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder} is not a folder of eval records")
-        for record in load_records(folder):
-            record["folder"] = str(folder)
-            cells[cell_key(record)] = record
-    return list(cells.values())
+        mine: dict[tuple[str, int, str, str, int | None], Path] = {}
+        for path, record in record_files(folder):
+            key = cell_key(record)
+            if key in mine:
+                raise DuplicateRecordError(
+                    f"{folder} holds two records of one cell ({cell_name(key)}): {mine[key].name} and {path.name}; "
+                    "keep one there (a rerun goes in a folder of its own, listed after the older one)")
+            mine[key] = path
+            record["folder"], record["file"] = str(folder), str(path)
+            if key in cells:
+                replaced.append(Replaced(cell_name(key), str(path), cells[key]["file"]))
+            cells[key] = record
+    return Grid(list(cells.values()), replaced)
 
 
 @dataclass(frozen=True)

@@ -246,15 +246,20 @@ def _path(out: Path, model: str, cell: Cell, task: Task) -> Path:
 
 def load_records(folder: Path) -> list[dict[str, Any]]:
     """Every eval record (a JSON object with task, mode and score) in `folder`."""
-    records = []
+    return [record for _, record in record_files(folder)]
+
+
+def record_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(file, record) of every eval record in `folder`, by file name; other JSON files are skipped."""
+    found = []
     for path in sorted(folder.glob("*.json")):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and {"task", "mode", "score", "context_len"} <= record.keys():
-            records.append(record)
-    return records
+            found.append((path, record))
+    return found
 
 
 def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -> str:
@@ -267,8 +272,9 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
         sparse = [m for m in modes if m != EvalMode.VANILLA.value]
         perplexity = task == Task.PERPLEXITY.value
         samples = sorted({r["samples"] for r in mine})
+        noise = " -- RANDOM WEIGHTS: noise, not accuracy" if any(r.get("random_weights") for r in mine) else ""
         lines += [f"### {model}: {task} ({'perplexity, lower is better' if perplexity else 'score'}; "
-                  f"{'/'.join(map(str, samples))} samples)", "",
+                  f"{'/'.join(map(str, samples))} samples){noise}", "",
                   "| context | budget | " + " | ".join(modes) + " |", "|---:|---:|" + "---:|" * len(modes)]
         for n in sorted({r["context_len"] for r in mine}):
             vanilla = {r["mode"]: r for r in mine if r["context_len"] == n and r["mode"] == EvalMode.VANILLA.value}

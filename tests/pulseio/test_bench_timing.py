@@ -5,6 +5,7 @@ so the figures are exact and the test does not depend on how busy the machine ru
 
 from __future__ import annotations
 
+import threading
 import time
 import types
 
@@ -69,22 +70,28 @@ class _PacedDevice:
     """A serial device in real time: a transfer takes `before` while the GEMM runs and `after` once it
     has ended. Landing waits sleep; the end is a sleep too, as a GEMM's synchronize would be. The pace
     switches when that sleep returns, not at its due time: on a busy machine the sleep overshoots, and
-    a transfer started in the overshoot must not count as one made under load."""
+    a transfer started in the overshoot must not count as one made under load. The run's `end_s` counts
+    from the first submit: a loaded machine may start the submitting loop late, and a run that ended
+    before it began would test nothing (seen: a 5 ms run over before the first submit, 0 bytes)."""
 
     def __init__(self, end_s: float, before: float, after: float) -> None:
-        self.t0 = time.perf_counter()
-        self.end_at, self.before, self.after = self.t0 + end_s, before, after
+        self.end_s, self.before, self.after = end_s, before, after
+        self.started = threading.Event()
         self.ended = False
-        self.last = self.t0
+        self.last = 0.0
         self.submitted = 0
 
     def submit(self, _: int) -> _Sleeper:
         start = max(time.perf_counter(), self.last)
+        if not self.started.is_set():
+            self.end_at = start + self.end_s
+            self.started.set()
         self.last = start + (self.after if self.ended else self.before)
         self.submitted += 1
         return _Sleeper(self.last)
 
     def wait_end(self) -> None:
+        self.started.wait()
         _Sleeper(self.end_at).wait()
         self.ended = True
 

@@ -6,13 +6,12 @@ import queue
 
 import pytest
 
-pytest.importorskip("cuda.bindings")
-pytest.importorskip("numba")
-
-from pulseio._cuda.buffers import BufferRing  # noqa: E402
+pytestmark = pytest.mark.needs_package("cuda.bindings")   # pulseio._cuda imports it
 
 
-def _ring(count: int) -> BufferRing:
+def _ring(count: int):  # noqa: ANN202 (BufferRing, imported here)
+    from pulseio._cuda.buffers import BufferRing
+
     ring = BufferRing.__new__(BufferRing)  # no pinned memory needed to test the bookkeeping
     ring._free = queue.SimpleQueue()
     ring._reclaim = lambda: False

@@ -10,7 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.needs_package("cuda.bindings")   # the kernels' modules import pulseio._cuda.driver
 
 SCRIPT = textwrap.dedent("""
     import numpy as np

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("triton")
+pytestmark = pytest.mark.needs_package("triton")   # pulseio_engine.attention._launch imports the kernels
 
-from pulseio_engine.attention._launch import DecodeConfig, choose_config  # noqa: E402
+
+@pytest.fixture(scope="module")
+def launch():  # noqa: ANN201 (the module)
+    from pulseio_engine.attention import _launch
+
+    return _launch
 
 
 @pytest.mark.parametrize(
@@ -18,8 +23,8 @@ from pulseio_engine.attention._launch import DecodeConfig, choose_config  # noqa
         (1, 8, 128, 8192),  # one long sequence
     ],
 )
-def test_long_contexts_get_enough_programs_to_fill_the_sms(batch, hkv, head_dim, max_blocks):
-    config = choose_config(
+def test_long_contexts_get_enough_programs_to_fill_the_sms(launch, batch, hkv, head_dim, max_blocks):
+    config = launch.choose_config(
         batch=batch, num_kv_heads=hkv, head_dim=head_dim, page_size=16, max_blocks=max_blocks, num_sms=132
     )
     assert batch * hkv * config.num_splits >= 4 * 132
@@ -27,8 +32,8 @@ def test_long_contexts_get_enough_programs_to_fill_the_sms(batch, hkv, head_dim,
     assert tiles // config.num_splits >= 4  # each split still streams several tiles
 
 
-def test_short_contexts_are_not_split_into_empty_programs():
-    config = choose_config(batch=1, num_kv_heads=8, head_dim=128, page_size=16, max_blocks=4, num_sms=132)
+def test_short_contexts_are_not_split_into_empty_programs(launch):
+    config = launch.choose_config(batch=1, num_kv_heads=8, head_dim=128, page_size=16, max_blocks=4, num_sms=132)
     assert config.num_splits == 1
 
 
@@ -44,9 +49,9 @@ def test_short_contexts_are_not_split_into_empty_programs():
         (dict(block_n=64, num_warps=4, num_stages=2, num_splits=0), "num_splits must be in [1, 1024], got 0"),
     ],
 )
-def test_config_validates(kwargs, message):
+def test_config_validates(launch, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        DecodeConfig(**kwargs)
+        launch.DecodeConfig(**kwargs)
 
 
 def test_kernel_rejects_head_dims_it_cannot_tile():

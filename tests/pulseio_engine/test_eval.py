@@ -78,6 +78,7 @@ def test_eval_two_samples_on_smollm2(tmp_path, capsys: pytest.CaptureFixture[str
         "task": "niah-single", "mode": "quest", "model": "smollm2", "context_len": 192, "token_budget": 64,
         "samples": 2}
     assert len(record["results"]) == 2 and 0.0 <= record["score"] <= 1.0
+    assert "random_weights" not in record
     assert all(r["prompt_tokens"] <= 192 and r["answers"] for r in record["results"])
     assert "niah-single quest budget 64" in capsys.readouterr().out
 
@@ -150,6 +151,8 @@ def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Monke
     assert "| context | budget | vanilla | quest |" in table
     assert "| 384 | 512 |" in table and "skipped (budget >= context)" in table
     assert "skip context 384 quest budget 512" in captured.err
+    assert "note: tiny is a preset with RANDOM weights: its score is noise, not accuracy" in captured.err
+    assert "### tiny: niah-single (score; 2 samples) -- RANDOM WEIGHTS: noise, not accuracy" in table
     record = json.loads((out / "tiny_384_niah-single_quest_64.json").read_text())
     assert {k: record[k] for k in ("task", "mode", "model", "context_len", "token_budget", "samples", "batch")} == {
         "task": "niah-single", "mode": "quest", "model": "tiny", "context_len": 384, "token_budget": 64,
@@ -162,6 +165,10 @@ def test_eval_table_on_the_tiny_preset(tmp_path: Path, monkeypatch: pytest.Monke
     assert main(["eval", "--model", "tiny", "--task", "niah-single", "--context-len", "384", "--samples", "2",
                  "--mode", "quest", "--token-budget", "64", "--batch", "1", "--json", str(alone)]) == 0
     assert json.loads(alone.read_text())["results"] == record["results"]
+    assert json.loads(alone.read_text())["random_weights"] is True and record["random_weights"] is True
+    captured = capsys.readouterr()
+    assert "tiny is a preset with RANDOM weights" in captured.err
+    assert "-- RANDOM WEIGHTS: noise, not accuracy" in captured.out
     assert record["group_score"] == "sum"
     assert "group_score" not in json.loads((out / "tiny_384_niah-single_vanilla.json").read_text())
     assert main([*argv, "--resume"]) == 0                      # every cell is there: nothing runs again

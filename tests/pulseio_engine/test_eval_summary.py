@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from pulseio_engine.cli import main
-from pulseio_engine.evaluation.summary import Gap, combine, gaps
+from pulseio_engine.evaluation.summary import DuplicateRecordError, Gap, Replaced, combine, gaps
 
 
 def _record(task: str, mode: str, score: float, *, n: int = 4096, budget: int | None = None,
@@ -32,12 +33,40 @@ def test_a_cell_in_several_folders_keeps_the_last_folders_record(tmp_path: Path)
     old = _folder(tmp_path / "old", [_record("niah-single", "vanilla", 1.0), _record("niah-single", "quest", 0.4,
                                                                                      budget=512)])
     new = _folder(tmp_path / "new", [_record("niah-single", "quest", 0.7, budget=512)])
-    records = combine([old, new])
-    assert sorted((r["mode"], r["score"], Path(r["folder"]).name) for r in records) == [
+    grid = combine([old, new])
+    assert sorted((r["mode"], r["score"], Path(r["folder"]).name) for r in grid.records) == [
         ("quest", 0.7, "new"), ("vanilla", 1.0, "old")]
-    assert [r["score"] for r in combine([new, old]) if r["mode"] == "quest"] == [0.4]
+    assert grid.replaced == [Replaced("m niah-single context 4096 quest budget 512", str(new / "0.json"),
+                                      str(old / "1.json"))]
+    assert [r["score"] for r in combine([new, old]).records if r["mode"] == "quest"] == [0.4]
     with pytest.raises(FileNotFoundError, match="missing is not a folder"):
         combine([tmp_path / "missing"])
+
+
+def test_two_records_of_one_cell_in_one_folder_are_refused_naming_both(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    run = _folder(tmp_path / "run", [_record("niah-single", "vanilla", 1.0),
+                                     _record("niah-single", "solohead", 0.9, budget=512),
+                                     _record("niah-single", "solohead", 0.6, budget=512)])
+    message = (f"{run} holds two records of one cell (m niah-single context 4096 solohead budget 512): 1.json and "
+               "2.json; keep one there")
+    with pytest.raises(DuplicateRecordError, match=re.escape(message)):
+        combine([run])
+    assert main(["eval-summary", str(run)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_says_which_record_of_a_cell_it_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = _folder(tmp_path / "old", [_record("niah-single", "vanilla", 1.0),
+                                     _record("niah-single", "solohead", 0.4, budget=512)])
+    new = _folder(tmp_path / "new", [_record("niah-single", "solohead", 0.7, budget=512)])
+    out = tmp_path / "summary.md"
+    assert main(["eval-summary", str(old), str(new), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert (f"note: m niah-single context 4096 solohead budget 512 has records in several folders: using "
+            f"{new / '0.json'}, not {old / '1.json'}") in captured.err
+    assert f"- m niah-single context 4096 solohead budget 512: {new / '0.json'}, not {old / '1.json'}" in out.read_text()
+    assert "| 4096 | 512 | 1.00 | 0.70 |" in captured.out
 
 
 def test_gap_counts_scored_cells_where_full_reaches_the_floor_and_names_the_missing_ones() -> None:
@@ -83,7 +112,7 @@ def test_a_mode_under_another_group_rule_is_its_own_column_and_gap(tmp_path: Pat
     new = _folder(tmp_path / "new", [_record("niah-single", "solohead", 0.85, budget=512, rule="max-norm"),
                                      _record("niah-single", "quest", 0.5, budget=512, rule="max-norm"),
                                      _record("niah-single", "solohead", 0.7, budget=512)])
-    records = combine([old, new])
+    records = combine([old, new]).records
     assert len(records) == 4, "two rules, two solohead cells; the later sum record replaces the older"
     by_mode = {g.mode: g.points for g in gaps(records)}
     assert by_mode == {"quest (max-norm)": pytest.approx(-50.0), "solohead": pytest.approx(-30.0),

@@ -193,7 +193,6 @@ def test_select_states_what_it_takes() -> None:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    pytest.importorskip("triton")
     if torch.cuda.is_available():
         pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernels")
     env = dict(os.environ, TRITON_INTERPRET="1",
@@ -204,6 +203,7 @@ def interpreted() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.needs_package("triton")
 @pytest.mark.parametrize("name", list(CASES))
 def test_interpreted_kernels_match_the_reference(interpreted: dict, name: str) -> None:
     result = interpreted[name]
