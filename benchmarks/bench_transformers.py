@@ -141,7 +141,8 @@ def run_mode(mode: str, model: Any, prompt: torch.Tensor, args: argparse.Namespa
 
     result, dev = ModeResult(mode), torch.device(args.device)
     model.set_attn_implementation(SPARSE_ATTENTION if mode.startswith("pulseio-sparse") else "sdpa")
-    warm = prompt[:, :args.warmup_context]
+    # the warm-up runs the mode's decode path: past the budget, so the sparse modes' top-k is a real choice
+    warm = prompt[:, :args.warmup_context + (args.budget if mode.startswith("pulseio-sparse") else 0)]
     with _closing(make_cache(mode, model, args, warm.shape[1] + 2)) as cache:
         generate(model, mode, warm, 2, cache, None)  # first launches, the runtime's threads, allocator growth
     if dev.type == "cuda":
@@ -255,18 +256,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="a tiny config on the CPU, a few tokens (CI)")
     parser.add_argument("--device", default=None, help="default: cuda, or cpu with --smoke")
     parser.add_argument("--context", type=int, default=None, help="prompt tokens (default 32768; smoke 300)")
-    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per mode (default 12; smoke 4)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per mode (default 16; smoke 4)")
     parser.add_argument("--budget", type=int, default=None, help="sparse modes: tokens attended per layer "
                         "(default 2048; smoke 64, so the small context still recalls)")
     parser.add_argument("--prefetch-layers", type=int, default=1, help="pulseio-layer: layers recalled ahead")
-    parser.add_argument("--warmup-context", type=int, default=512, help="prompt of each mode's warm-up generate()")
+    parser.add_argument("--warmup-context", type=int, default=None,
+                        help="prompt of each mode's warm-up generate(), plus the budget in the sparse modes "
+                             "(default 512; smoke 32)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--json", type=Path, default=None, help="write every result and the run's facts here")
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     args.context = args.context or (300 if args.smoke else 32768)
-    args.new_tokens = args.new_tokens or (4 if args.smoke else 12)
+    args.new_tokens = args.new_tokens or (4 if args.smoke else 16)
     args.budget = args.budget or (64 if args.smoke else 2048)
+    args.warmup_context = args.warmup_context or (32 if args.smoke else 512)
     args.modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
@@ -291,13 +295,17 @@ def facts(args: argparse.Namespace, model: Any, peak: float | None) -> dict[str,
                     "budget 2048); every mode runs its real path"}
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dev = torch.device(args.device)
     log(f"building the model ({'tiny, smoke' if args.smoke else 'Qwen3-8B shape'}) on {dev}")
     model = build_model(args)
     peak = link_peak_gbps(dev)
-    log(f"model built; link peak {peak and round(peak, 1)} GB/s; prompt {args.context} tokens, "
+    log(f"model built; link peak {_round(peak, 1)} GB/s; prompt {args.context} tokens, "
         f"{args.new_tokens} new tokens per mode")
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.context), generator=generator).to(dev)
@@ -314,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         r = results[mode]
         if "default" in results and r.tokens and results["default"].tokens:
             r.same_tokens_as_default = r.tokens == results["default"].tokens
-        log(f"{mode}: {r.ms_per_token and round(r.ms_per_token, 1)} ms/token, steady {r.steady_gib and round(r.steady_gib, 2)}"
-            f" GiB, recalled {r.recalled_mib_per_step and round(r.recalled_mib_per_step, 1)} MiB/step")
+        log(f"{mode}: {_round(r.ms_per_token, 1)} ms/token, steady {_round(r.steady_gib, 2)} GiB, "
+            f"recalled {_round(r.recalled_mib_per_step, 1)} MiB/step")
     summary = {"facts": facts(args, model, peak), "ratios": ratios(results),
                "results": {m: asdict(r) for m, r in results.items()}}
     print(table(results))

@@ -48,8 +48,9 @@ def block_scores(q: torch.Tensor, num_kv_heads: int, head: int | None, dmax: tor
                  dmin: torch.Tensor) -> torch.Tensor:
     """q: [B, Hq, D]; dmax, dmin: [B, S, NB, D] digests of the selecting heads -> Quest bounds [B, S, NB] fp32."""
     q_pos, q_neg = group_queries(q, num_kv_heads, head)                     # [B, S, D] each
-    return (torch.einsum("bsd,bsnd->bsn", q_pos, dmax.float())
-            + torch.einsum("bsd,bsnd->bsn", q_neg, dmin.float()))
+    # contiguous fp32 operands: the same values give the same bounds wherever the digests were sliced from
+    return (torch.einsum("bsd,bsnd->bsn", q_pos, dmax.float().contiguous())
+            + torch.einsum("bsd,bsnd->bsn", q_neg, dmin.float().contiguous()))
 
 
 def select_blocks(scores: torch.Tensor, budget: int, *, sink: int, local: int) -> torch.Tensor:
