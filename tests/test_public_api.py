@@ -32,3 +32,10 @@ def test_pulseio_public_api_lives_in_the_package() -> None:
     for name, obj in _public(pulseio):
         assert obj.__module__.startswith("pulseio."), f"{name} comes from {obj.__module__}"
         assert "_cuda" not in obj.__module__, f"{name} exposes the private CUDA layer"
+
+
+def test_the_transformers_integration_documents_its_public_names() -> None:
+    integration = pytest.importorskip("pulseio.integrations.transformers")
+    undocumented = [name for name, obj in _public(integration)
+                    if not (obj.__doc__ or "").strip() or (obj.__doc__ or "").strip().startswith(f"{name}(")]
+    assert undocumented == []

@@ -44,6 +44,7 @@ from .selection import block_digests as block_digests
 from .selection import block_scores as block_scores
 from .selection import select_blocks as select_blocks
 from .sparse_cache import SPARSE_ATTENTION as SPARSE_ATTENTION
+from .sparse_cache import RecallError as RecallError
 from .sparse_cache import SparseOffloadCache as SparseOffloadCache
 from .sparse_cache import SparseOffloadStatistics as SparseOffloadStatistics
 from .sparse_layout import SparseSelection as SparseSelection

@@ -38,6 +38,10 @@ SPARSE_ATTENTION = "pulseio_sparse"
 RESIDENT_IDLE_US = 5000  # a resident copier generation stays up between two layers' recalls (GPU)
 
 
+class RecallError(RuntimeError):
+    """A recall through pulseio failed after its layer had gone on (see `SparseOffloadCache._check_landed`)."""
+
+
 @dataclass(frozen=True)
 class SparseOffloadStatistics:
     """What a SparseOffloadCache has recalled (a snapshot; no device sync)."""
@@ -85,6 +89,7 @@ class SparseOffloadCache(PulseioCache):
                           for o in range(lay.offloaded)]
         self._markers = [self._marker(o + dense_layers) for o in range(lay.offloaded)]
         self._pending: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * lay.offloaded
+        self._posted: list[Any] = []  # this step's and unfinished earlier recalls (pulseio Completions)
 
     def _marker(self, layer: int) -> torch.Tensor:
         """An empty [B, Hkv, 0, D] tensor that `update` returns for an offloaded decode layer: it tells the
@@ -119,9 +124,14 @@ class SparseOffloadCache(PulseioCache):
             keys, values = torch.cat([old_k, key_states], 2), torch.cat([old_v, value_states], 2)
             self._store_tokens(o, n, key_states, value_states)
             self._set_digests(o, n // self.layout.block_size, keys)
+            self._hot_sets[o].reset()   # hot copies of the block the chunk went on lack its tokens
             return keys, values
-        self._store_tokens(o, n, key_states, value_states)
-        self._fold_digest(o, n, key_states)
+        if o == 0:
+            self._check_landed()
+        block, offset = divmod(n, self.layout.block_size)
+        host = self._host.view(self.layout.offloaded, self.layout.rows, self.layout.max_blocks, *self.layout.unit_shape)
+        host[o, :, block, :, :, offset] = torch.stack([self._rows(key_states), self._rows(value_states)], 1)[..., 0, :]
+        self._fold_digest(o, block, offset, key_states)
         self._pending[o] = (key_states, value_states)
         return self._markers[o], self._markers[o]
 
@@ -176,9 +186,8 @@ class SparseOffloadCache(PulseioCache):
         self._dmax[o, :, :, first_block:last] = dmax
         self._dmin[o, :, :, first_block:last] = dmin
 
-    def _fold_digest(self, o: int, n: int, key: torch.Tensor) -> None:
-        """The token at position n (key [B, Hkv, 1, D]) into its block's digest."""
-        block, offset = divmod(n, self.layout.block_size)
+    def _fold_digest(self, o: int, block: int, offset: int, key: torch.Tensor) -> None:
+        """A new token (key [B, Hkv, 1, D]) at `offset` of `block` into the block's digest."""
         k = self._selecting_keys(o, key)[:, :, 0]                                        # [B, S, D]
         if offset == 0:
             self._dmax[o, :, :, block] = k
@@ -186,6 +195,18 @@ class SparseOffloadCache(PulseioCache):
         else:
             torch.maximum(self._dmax[o, :, :, block], k, out=self._dmax[o, :, :, block])
             torch.minimum(self._dmin[o, :, :, block], k, out=self._dmin[o, :, :, block])
+
+    def _check_landed(self) -> None:
+        """Raise RecallError for a recall of an earlier step that failed: pulseio's watchdog let the layer's
+        stream go on over slots that were not written (see pulseio's device-wait contract), so that step's
+        output was wrong. Recalls not finished yet are looked at next step. No device sync."""
+        posted, self._posted = self._posted, []
+        for done in posted:
+            if not done.done():
+                self._posted.append(done)
+            elif done.exception() is not None:
+                raise RecallError(f"the recall for layer {done.tag} failed, so an earlier step attended slots that "
+                                  f"were not written: {done.exception()}") from done.exception()
 
     # -- attention: called by the registered attention function -----------------------------------------
 
@@ -209,6 +230,7 @@ class SparseOffloadCache(PulseioCache):
         done = self.runtime.post_recall(host_ids=plan.host_ids, device_slots=plan.device_slots, count=plan.count,
                                         tag=layer)
         done.device_wait()
+        self._posted.append(done)
         self._write_hot(hot.slots_of((n - 1) // lay.block_size), (n - 1) % lay.block_size, *pending)
         units = self._hot[plan.slots]                                                  # [R, K, 2, hpu, bs, D]
         kv = units.view(g.batch_size, lay.selecting, lay.budget, 2, lay.heads_per_unit, lay.block_size, -1)
@@ -219,10 +241,7 @@ class SparseOffloadCache(PulseioCache):
 
     def _write_hot(self, slots: torch.Tensor, offset: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """The new token (key, value [B, Hkv, 1, D]) into its block's hot slot of each row (slots: [R])."""
-        lay = self.layout
-        flat = self._hot.view(-1, lay.heads_per_unit, lay.block_size, lay.head_dim)    # [slots * 2, hpu, bs, D]
-        flat[slots * 2, :, offset] = self._rows(key)[:, :, 0]
-        flat[slots * 2 + 1, :, offset] = self._rows(value)[:, :, 0]
+        self._hot[slots, :, :, offset] = torch.stack([self._rows(key), self._rows(value)], 1)[..., 0, :]
 
     def _select_mask(self, mask: torch.Tensor, selected: torch.Tensor, valid: int) -> torch.Tensor:
         """mask: [B, 1, 1, n] (transformers' decode mask, shared by heads) -> [B, Hq, 1, valid] at the

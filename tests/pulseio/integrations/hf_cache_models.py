@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
+
+import pulseio
 
 VOCAB = 256
 
@@ -55,3 +58,27 @@ def greedy(model: Any, ids: torch.Tensor, n: int, cache: Any = None, attention: 
 
 def prompt_ids(length: int, *, seed: int = 1, vocab: int = VOCAB) -> torch.Tensor:
     return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def owned_tensors(root: Any) -> dict[int, int]:
+    """Every tensor storage reachable from `root` through attributes, lists, tuples and dicts -> nbytes by
+    address; pulseio's Runtime and DmaEngine are not entered (their own buffers are the footprint's
+    'pulseio' part, measured on a GPU)."""
+    storages: dict[int, int] = {}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (pulseio.Runtime, pulseio.DmaEngine, weakref.ref, type)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("pulseio", "transformers"):
+            stack.extend(vars(obj).values())
+    return storages

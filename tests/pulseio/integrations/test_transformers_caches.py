@@ -5,15 +5,13 @@ memory a cache claims is the memory its tensors hold."""
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import pytest
 import torch
-from hf_cache_models import greedy, prompt_ids, tiny_model
+from hf_cache_models import greedy, owned_tensors, prompt_ids, tiny_model
 from hf_sparse_reference import register_reference
 
-import pulseio
 from pulseio.integrations.transformers import (
     SPARSE_ATTENTION,
     CacheCapacityError,
@@ -88,30 +86,6 @@ def test_sparse_offload_with_a_small_budget_matches_the_plain_torch_reference(qw
     assert stats.bytes_recalled > first_step, "later steps recall too: the selection moves"
 
 
-def _tensors(root: Any) -> dict[int, int]:
-    """Every tensor storage reachable from `root` through attributes, lists, tuples and dicts -> nbytes by
-    address; pulseio's Runtime and DmaEngine are not entered (their own buffers are the footprint's
-    'pulseio' part, measured on a GPU)."""
-    storages: dict[int, int] = {}
-    seen: set[int] = set()
-    stack = [root]
-    while stack:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, (pulseio.Runtime, pulseio.DmaEngine, weakref.ref, type)):
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, (list, tuple, set)):
-            stack.extend(obj)
-        elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("pulseio", "transformers"):
-            stack.extend(vars(obj).values())
-    return storages
-
-
 @pytest.mark.parametrize("kind", ["layer", "quest", "solohead"])
 def test_the_memory_a_cache_claims_is_the_memory_its_tensors_hold(qwen3: Any, kind: str) -> None:
     ids = prompt_ids(40)
@@ -123,7 +97,7 @@ def test_the_memory_a_cache_claims_is_the_memory_its_tensors_hold(qwen3: Any, ki
                                    heads=None if kind == "quest" else [0, 1, 0, 1])
     with cache:
         greedy(qwen3, ids, 4, cache, attention="sdpa" if kind == "layer" else SPARSE_ATTENTION)
-        storages = _tensors(cache)
+        storages = owned_tensors(cache)
         host = cache.host_pool.blocks.untyped_storage().data_ptr()
         footprint = cache.memory_footprint()
     assert footprint.parts["pulseio"] == 0  # no GPU: the pools are pulseio's only buffers
