@@ -11,7 +11,9 @@ process on one prompt:
                      its update and the next layer back on a side stream)
     pulseio-layer    pulseio.integrations.transformers.LayerOffloadCache (whole layers, prefetched)
     pulseio-sparse   SparseOffloadCache with SoloHead (one fixed KV head per layer selects) and with Quest
-                     (every KV head selects), --budget tokens a layer
+                     (every KV head selects), --budget tokens a layer; each layer's decode work replays from
+                     CUDA graphs from the second decode step on; "-eager" runs SoloHead without them (its
+                     tokens must equal the graphed run's: a check, and what the graphs buy)
 
     python benchmarks/bench_transformers.py --json out/bench.json     # H200: ~3 minutes, see run_transformers_gpu.sh
     python benchmarks/bench_transformers.py --smoke                    # CPU, a tiny config, seconds (CI)
@@ -37,7 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pulseio, not an installed one
 
-MODES = ("default", "hf-offloaded", "pulseio-layer", "pulseio-sparse-solohead", "pulseio-sparse-quest")
+MODES = ("default", "hf-offloaded", "pulseio-layer", "pulseio-sparse-solohead", "pulseio-sparse-quest",
+         "pulseio-sparse-solohead-eager")
 QWEN3_8B = dict(num_hidden_layers=36, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                 intermediate_size=12288, vocab_size=151936, max_position_embeddings=40960, rope_theta=1e6,
                 tie_word_embeddings=False)
@@ -55,7 +58,8 @@ class ModeResult:
     mode: str
     ms_per_token: float | None = None  # mean decode step after the first
     tokens_per_s: float | None = None
-    first_step_ms: float | None = None  # the first decode step (the sparse hot sets fill on it)
+    first_steps_ms: list[float] = field(default_factory=list)  # the first two decode steps, left out of
+    # ms_per_token: the sparse hot sets fill on the first, its CUDA graphs are captured on the second
     prefill_s: float | None = None
     peak_gib: float | None = None  # torch.cuda.max_memory_allocated over the whole generate()
     decode_peak_gib: float | None = None  # ... over the decode steps only
@@ -65,6 +69,8 @@ class ModeResult:
     recalled_mib_per_step: float | None = None
     recall_gbps: float | None = None  # recalled bytes / decode time (the link's share the cache used)
     same_tokens_as_default: bool | None = None
+    graphed_halves: int | None = None  # sparse: decode halves replaying CUDA graphs (2 a layer once captured)
+    graph_failure: str | None = None
     tokens: list[int] = field(default_factory=list)
     error: str | None = None
 
@@ -116,8 +122,9 @@ def make_cache(mode: str, model: Any, args: argparse.Namespace, max_len: int) ->
         return LayerOffloadCache(model, max_cache_len=max_len, prefetch_layers=args.prefetch_layers)
     if mode.startswith("pulseio-sparse"):
         layers, kv = model.config.num_hidden_layers, model.config.num_key_value_heads
-        heads = [layer % kv for layer in range(layers)] if mode.endswith("solohead") else None
-        return SparseOffloadCache(model, max_cache_len=max_len, budget_tokens=args.budget, heads=heads)
+        heads = None if "quest" in mode else [layer % kv for layer in range(layers)]
+        return SparseOffloadCache(model, max_cache_len=max_len, budget_tokens=args.budget, heads=heads,
+                                  cuda_graphs=not mode.endswith("-eager"))
     return None
 
 
@@ -163,8 +170,8 @@ def run_mode(mode: str, model: Any, prompt: torch.Tensor, args: argparse.Namespa
 def _fill(result: ModeResult, clock: StepClock, start: float, dev: torch.device, tokens: torch.Tensor) -> None:
     steps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]  # decode steps (the first stamp ends prefill)
     result.prefill_s = clock.stamps[0] - start
-    result.first_step_ms = steps[0] * 1e3
-    later = steps[1:] or steps
+    result.first_steps_ms = [round(x * 1e3, 2) for x in steps[:2]]
+    later = steps[2:] or steps
     result.ms_per_token = sum(later) / len(later) * 1e3
     result.tokens_per_s = 1e3 / result.ms_per_token
     result.tokens = tokens.tolist()
@@ -179,6 +186,8 @@ def _fill_cache(result: ModeResult, cache: Any, clock: StepClock) -> None:
     result.cache_claimed_gib = footprint.device_bytes / 2**30
     result.cache_host_gib = footprint.host_bytes / 2**30
     moved = after.bytes_recalled - clock.first_stats.bytes_recalled  # landed during the decode steps
+    if hasattr(after, "graphed_halves"):
+        result.graphed_halves, result.graph_failure = after.graphed_halves, after.graph_failure
     decode_s = clock.stamps[-1] - clock.stamps[0]
     steps = max(len(clock.stamps) - 1, 1)
     result.recalled_mib_per_step = moved / steps / 2**20
@@ -229,25 +238,39 @@ def ratios(results: dict[str, ModeResult]) -> dict[str, float | None]:
     return {"layer_over_hf_offloaded": ratio("pulseio-layer", "hf-offloaded"),
             "sparse_solohead_over_layer": ratio("pulseio-sparse-solohead", "pulseio-layer"),
             "sparse_quest_over_layer": ratio("pulseio-sparse-quest", "pulseio-layer"),
-            "layer_over_default": ratio("pulseio-layer", "default")}
+            "layer_over_default": ratio("pulseio-layer", "default"),
+            "sparse_graphs_over_eager": ratio("pulseio-sparse-solohead", "pulseio-sparse-solohead-eager")}
+
+
+def checks(results: dict[str, ModeResult]) -> dict[str, bool | None]:
+    """Token agreements that must hold (None where a mode is missing): whole-layer offload attends to the same
+    KV as the default cache; a graphed sparse step computes what the eager one does."""
+    def same(a: str, b: str) -> bool | None:
+        x, y = results.get(a), results.get(b)
+        return None if x is None or y is None or not x.tokens or not y.tokens else x.tokens == y.tokens
+
+    return {"layer_tokens_equal_default": same("pulseio-layer", "default"),
+            "sparse_graphed_tokens_equal_eager": same("pulseio-sparse-solohead", "pulseio-sparse-solohead-eager")}
 
 
 def table(results: dict[str, ModeResult]) -> str:
     def f(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    rows = ["| mode | ms/token | tokens/s | first step ms | prefill s | GPU GiB steady | GPU GiB peak (decode) "
-            "| cache GiB claimed (host) | recalled MiB/step | recall GB/s | tokens = default |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| mode | ms/token | tokens/s | first 2 steps ms | prefill s | GPU GiB steady | GPU GiB peak (decode) "
+            "| cache GiB claimed (host) | recalled MiB/step | recall GB/s | graphed halves | tokens = default |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results.values():
         if r.error:
             rows.append(f"| {r.mode} | failed: {r.error[:80]} |")
             continue
         rows.append(f"| {r.mode} | {f(r.ms_per_token, '.1f')} | {f(r.tokens_per_s, '.2f')} | "
-                    f"{f(r.first_step_ms, '.1f')} | {f(r.prefill_s, '.1f')} | {f(r.steady_gib, '.2f')} | "
+                    f"{'/'.join(f'{x:.0f}' for x in r.first_steps_ms) or '-'} | {f(r.prefill_s, '.1f')} | "
+                    f"{f(r.steady_gib, '.2f')} | "
                     f"{f(r.peak_gib, '.2f')} ({f(r.decode_peak_gib, '.2f')}) | {f(r.cache_claimed_gib, '.3f')} "
                     f"({f(r.cache_host_gib, '.2f')}) | {f(r.recalled_mib_per_step, '.1f')} | "
-                    f"{f(r.recall_gbps, '.1f')} | {r.same_tokens_as_default} |")
+                    f"{f(r.recall_gbps, '.1f')} | {'-' if r.graphed_halves is None else r.graphed_halves} | "
+                    f"{r.same_tokens_as_default} |")
     return "\n".join(rows)
 
 
@@ -256,7 +279,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="a tiny config on the CPU, a few tokens (CI)")
     parser.add_argument("--device", default=None, help="default: cuda, or cpu with --smoke")
     parser.add_argument("--context", type=int, default=None, help="prompt tokens (default 32768; smoke 300)")
-    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per mode (default 16; smoke 4)")
+    parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per mode (default 16; smoke 5)")
     parser.add_argument("--budget", type=int, default=None, help="sparse modes: tokens attended per layer "
                         "(default 2048; smoke 64, so the small context still recalls)")
     parser.add_argument("--prefetch-layers", type=int, default=1, help="pulseio-layer: layers recalled ahead")
@@ -268,15 +291,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     args.context = args.context or (300 if args.smoke else 32768)
-    args.new_tokens = args.new_tokens or (4 if args.smoke else 16)
+    args.new_tokens = args.new_tokens or (5 if args.smoke else 16)
     args.budget = args.budget or (64 if args.smoke else 2048)
     args.warmup_context = args.warmup_context or (32 if args.smoke else 512)
     args.modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
-    if args.new_tokens < 2:
-        parser.error("--new-tokens must be >= 2 (the first decode step is reported apart)")
+    if args.new_tokens < 4:
+        parser.error("--new-tokens must be >= 4 (the first two decode steps are reported apart)")
     return args
 
 
@@ -324,10 +347,11 @@ def main(argv: list[str] | None = None) -> int:
             r.same_tokens_as_default = r.tokens == results["default"].tokens
         log(f"{mode}: {_round(r.ms_per_token, 1)} ms/token, steady {_round(r.steady_gib, 2)} GiB, "
             f"recalled {_round(r.recalled_mib_per_step, 1)} MiB/step")
-    summary = {"facts": facts(args, model, peak), "ratios": ratios(results),
+    summary = {"facts": facts(args, model, peak), "ratios": ratios(results), "checks": checks(results),
                "results": {m: asdict(r) for m, r in results.items()}}
     print(table(results))
     print(json.dumps(summary["ratios"]))
+    print(json.dumps(summary["checks"]))
     print(summary["facts"]["note"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

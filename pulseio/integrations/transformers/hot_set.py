@@ -22,12 +22,13 @@ class RecallPlan:
 
     host_ids, device_slots: [R * K] int64, device; count: [1] int64, device (how many pairs lead);
     slots: [R, K] int64, the device slot of each selected block once the recall has landed (padding: a
-    slot of the row, whose rows the caller leaves out)."""
+    slot of the row, whose rows the caller leaves out); selected: [R, K] the selection planned for."""
 
     host_ids: torch.Tensor
     device_slots: torch.Tensor
     count: torch.Tensor
     slots: torch.Tensor
+    selected: torch.Tensor
 
 
 class HotSet:
@@ -44,10 +45,6 @@ class HotSet:
     def reset(self) -> None:
         self.resident.fill_(-1)
         self.where.fill_(-1)
-
-    def slots_of(self, block: int) -> torch.Tensor:
-        """[R] int64: the device slot holding `block` in each row (it must be resident)."""
-        return self.slot0[:, 0] + self.where[:, block]
 
     def plan(self, selected: torch.Tensor) -> RecallPlan:
         """selected: [R, K] int64 block ids (ascending, -1 padding) -> the recall that makes them resident.
@@ -73,4 +70,4 @@ class HotSet:
         host_ids = (self.unit0 + selected.clamp(min=0)).reshape(-1)[order]
         device_slots = (self.slot0 + dest.clamp(max=k - 1)).reshape(-1)[order]
         return RecallPlan(host_ids=host_ids.contiguous(), device_slots=device_slots.contiguous(),
-                          count=missing.sum().reshape(1), slots=self.slot0 + entry)
+                          count=missing.sum().reshape(1), slots=self.slot0 + entry, selected=selected)

@@ -46,25 +46,31 @@ def group_queries(q: torch.Tensor, num_kv_heads: int, head: int | None) -> tuple
 
 def block_scores(q: torch.Tensor, num_kv_heads: int, head: int | None, dmax: torch.Tensor,
                  dmin: torch.Tensor) -> torch.Tensor:
-    """q: [B, Hq, D]; dmax, dmin: [B, S, NB, D] digests of the selecting heads -> Quest bounds [B, S, NB] fp32."""
+    """q: [B, Hq, D]; dmax, dmin: [B, S, NB, D] digests of the selecting heads -> Quest bounds [B, S, NB] fp32.
+    Each block's bound is a sum over D of its own row (products, then a reduction per row), so it does not
+    depend on how many block columns are scored alongside it."""
     q_pos, q_neg = group_queries(q, num_kv_heads, head)                     # [B, S, D] each
-    # contiguous fp32 operands: the same values give the same bounds wherever the digests were sliced from
-    return (torch.einsum("bsd,bsnd->bsn", q_pos, dmax.float().contiguous())
-            + torch.einsum("bsd,bsnd->bsn", q_neg, dmin.float().contiguous()))
+    return (q_pos[:, :, None] * dmax.float()).sum(-1) + (q_neg[:, :, None] * dmin.float()).sum(-1)
 
 
-def select_blocks(scores: torch.Tensor, budget: int, *, sink: int, local: int) -> torch.Tensor:
-    """scores: [B, S, n] over a context of n blocks -> block ids [B, S, budget] int64, ascending, padded
-    with -1 (see the module doc). n is the tensor's width, known on the host."""
-    b, s, n = scores.shape
-    ids = torch.arange(n, device=scores.device)
-    if n <= budget:
-        pad = torch.full((budget - n,), PAD, dtype=torch.int64, device=scores.device)
-        return torch.cat([ids, pad]).expand(b, s, budget).contiguous()
-    forced = (ids < sink) | (ids >= n - local)                               # [n]
-    ranked = torch.where(forced, torch.inf, scores)
+def select_blocks(scores: torch.Tensor, budget: int, *, sink: int, local: int,
+                  num_blocks: int | torch.Tensor | None = None) -> torch.Tensor:
+    """scores: [B, S, NB] -> block ids [B, S, budget] int64, ascending, padded with -1 (see the module doc).
+    num_blocks: blocks in the context (an int, or a [] int64 tensor on the scores' device: no host sync);
+    columns past it are not blocks. Default: NB. Shapes depend on NB and budget only."""
+    b, s, nb = scores.shape
+    if num_blocks is None:
+        num_blocks = nb
+    if nb < budget:   # fewer columns than the budget: pad, the padding is past the context
+        scores = torch.cat([scores, scores.new_zeros(b, s, budget - nb)], dim=2)
+        nb = budget
+    ids = torch.arange(nb, device=scores.device)                                   # [NB]
+    real = ids < num_blocks
+    forced = ((ids < sink) | (ids >= num_blocks - local)) & real
+    ranked = torch.where(real, torch.where(forced, torch.inf, scores), -torch.inf)
     order = torch.sort(ranked, dim=2, descending=True, stable=True).indices[..., :budget]
-    return torch.sort(order, dim=2).values
+    chosen = torch.sort(torch.where(order < num_blocks, order, nb), dim=2).values  # past the context: last ...
+    return torch.where(chosen < nb, chosen, PAD)                                   # ... and padding
 
 
 def selected_tokens(num_tokens: int, budget: int, block_size: int) -> int:

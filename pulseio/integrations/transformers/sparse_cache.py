@@ -31,8 +31,9 @@ import pulseio
 
 from .cache_base import CacheFootprint, KVGeometry, PulseioCache, allocated_beside, device_allocated
 from .hot_set import HotSet
-from .selection import block_digests, block_scores, select_blocks, selected_tokens
+from .selection import block_digests, selected_tokens
 from .sparse_layout import SparseLayout, SparseSelection
+from .sparse_step import Graphs, LayerStep, LayerTensors, StepInputs
 
 SPARSE_ATTENTION = "pulseio_sparse"
 RESIDENT_IDLE_US = 5000  # a resident copier generation stays up between two layers' recalls (GPU)
@@ -50,15 +51,19 @@ class SparseOffloadStatistics:
     landed: int
     bytes_recalled: int
     unit_bytes: int
+    graphed_halves: int  # decode halves replayed from CUDA graphs (2 per offloaded layer once captured)
+    graph_failure: str | None  # why capture was given up (the step then runs eagerly), or None
 
 
 class SparseOffloadCache(PulseioCache):
     """Sparse KV offload for `model.generate(past_key_values=cache)` on a model loaded with
-    attn_implementation="pulseio_sparse"; see the module doc. Selection options: `SparseSelection`."""
+    attn_implementation="pulseio_sparse"; see the module doc. Selection options: `SparseSelection`;
+    cuda_graphs: on a GPU, replay each layer's decode work from CUDA graphs (sparse_step.py); runtime: the
+    pulseio RuntimeConfig (default: one unit a block, see `_runtime_config`)."""
 
     def __init__(self, model: Any, *, max_cache_len: int, batch_size: int = 1, budget_tokens: int = 2048,
                  block_size: int = 16, sink_blocks: int = 1, local_blocks: int = 2, dense_layers: int = 2,
-                 heads: list[int] | tuple[int, ...] | None = None,
+                 heads: list[int] | tuple[int, ...] | None = None, cuda_graphs: bool = True,
                  runtime: pulseio.RuntimeConfig | None = None) -> None:
         geometry = KVGeometry.of(model, batch_size=batch_size, max_cache_len=max_cache_len)
         implementation = getattr(model.config, "_attn_implementation", None)
@@ -89,6 +94,13 @@ class SparseOffloadCache(PulseioCache):
                           for o in range(lay.offloaded)]
         self._markers = [self._marker(o + dense_layers) for o in range(lay.offloaded)]
         self._pending: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * lay.offloaded
+        self._inputs, self._gathered = _step_buffers(g, lay)
+        self.graphs = Graphs(dev) if cuda_graphs and dev.type == "cuda" else None
+        solo = self.selection.heads
+        self._steps = [LayerStep(LayerTensors(self._dmax[o], self._dmin[o], self._hot_sets[o],
+                                              None if solo is None else solo[o + dense_layers]),
+                                 self._inputs, self._hot, self._gathered, budget=lay.budget, sink=sink_blocks,
+                                 local=local_blocks, graphs=self.graphs) for o in range(lay.offloaded)]
         self._posted: list[Any] = []  # this step's and unfinished earlier recalls (pulseio Completions)
 
     def _marker(self, layer: int) -> torch.Tensor:
@@ -213,35 +225,29 @@ class SparseOffloadCache(PulseioCache):
     def attend_selected(self, layer: int, query: torch.Tensor, attention_mask: torch.Tensor | None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """query: [B, Hq, 1, D] of an offloaded layer in decode -> (K, V [B, Hkv, n_sel, D], mask) of the
-        selected blocks in position order, recalled and waited for on the device."""
+        selected blocks in position order, recalled and waited for on the device (see sparse_step.py)."""
         o = layer - self.selection.dense_layers
         pending, self._pending[o] = self._pending[o], None
         if pending is None:
             raise RuntimeError(f"layer {layer}: attention without a preceding update of the same layer")
-        lay, g = self.layout, self.geometry
+        lay, x = self.layout, self._inputs
         n = self.get_seq_length(layer)
-        nb = -(-n // lay.block_size)
-        head = None if self.selection.heads is None else self.selection.heads[layer]
-        scores = block_scores(query[:, :, -1], g.num_kv_heads, head, self._dmax[o, :, :, :nb], self._dmin[o, :, :, :nb])
-        selected = select_blocks(scores, lay.budget, sink=self.selection.sink_blocks,
-                                 local=self.selection.local_blocks)                   # [B, S, K]
-        hot = self._hot_sets[o]
-        plan = hot.plan(selected.view(lay.rows, lay.budget))
+        if o == 0:   # every offloaded layer of a decode step has the same context
+            x.num_blocks.fill_(-(-n // lay.block_size))
+            x.block.fill_((n - 1) // lay.block_size)
+            x.offset.fill_((n - 1) % lay.block_size)
+        x.q.copy_(query[:, :, -1])
+        x.kv.copy_(torch.stack([self._rows(pending[0]), self._rows(pending[1])], 1)[..., 0, :])
+        step = self._steps[o]
+        plan = step.before()
         done = self.runtime.post_recall(host_ids=plan.host_ids, device_slots=plan.device_slots, count=plan.count,
                                         tag=layer)
         done.device_wait()
         self._posted.append(done)
-        self._write_hot(hot.slots_of((n - 1) // lay.block_size), (n - 1) % lay.block_size, *pending)
-        units = self._hot[plan.slots]                                                  # [R, K, 2, hpu, bs, D]
-        kv = units.view(g.batch_size, lay.selecting, lay.budget, 2, lay.heads_per_unit, lay.block_size, -1)
-        kv = kv.permute(3, 0, 1, 4, 2, 5, 6).reshape(2, g.batch_size, g.num_kv_heads, lay.budget * lay.block_size, -1)
+        step.after(plan)
         valid = selected_tokens(n, lay.budget, lay.block_size)
-        mask = None if attention_mask is None else self._select_mask(attention_mask, selected, valid)
-        return kv[0, :, :, :valid], kv[1, :, :, :valid], mask
-
-    def _write_hot(self, slots: torch.Tensor, offset: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """The new token (key, value [B, Hkv, 1, D]) into its block's hot slot of each row (slots: [R])."""
-        self._hot[slots, :, :, offset] = torch.stack([self._rows(key), self._rows(value)], 1)[..., 0, :]
+        mask = None if attention_mask is None else self._select_mask(attention_mask, plan.selected, valid)
+        return self._gathered[0, :, :, :valid], self._gathered[1, :, :, :valid], mask
 
     def _select_mask(self, mask: torch.Tensor, selected: torch.Tensor, valid: int) -> torch.Tensor:
         """mask: [B, 1, 1, n] (transformers' decode mask, shared by heads) -> [B, Hq, 1, valid] at the
@@ -250,8 +256,8 @@ class SparseOffloadCache(PulseioCache):
             raise ValueError(f"pulseio_sparse attends one query token with a mask shared by all heads; got a mask "
                              f"of shape {tuple(mask.shape)}")
         lay, g = self.layout, self.geometry
-        pos = selected.clamp(min=0)[..., None] * lay.block_size + torch.arange(lay.block_size, device=mask.device)
-        pos = pos.flatten(2)[..., :valid]                                              # [B, S, valid]
+        pos = selected.view(g.batch_size, lay.selecting, lay.budget).clamp(min=0)[..., None] * lay.block_size
+        pos = (pos + torch.arange(lay.block_size, device=mask.device)).flatten(2)[..., :valid]     # [B, S, valid]
         picked = mask[:, 0, 0].gather(1, pos.flatten(1)).view(g.batch_size, lay.selecting, 1, valid)
         return picked.repeat_interleave(g.num_heads // lay.selecting, dim=1)
 
@@ -259,22 +265,42 @@ class SparseOffloadCache(PulseioCache):
 
     def statistics(self) -> SparseOffloadStatistics:
         rt = self.runtime.statistics()
+        graphs = self.graphs
         return SparseOffloadStatistics(recalls=rt.submitted, landed=rt.completed, bytes_recalled=rt.bytes_moved,
-                                       unit_bytes=self.layout.unit_bytes)
+                                       unit_bytes=self.layout.unit_bytes,
+                                       graphed_halves=0 if graphs is None else graphs.captured,
+                                       graph_failure=None if graphs is None else graphs.failed)
 
     def memory_footprint(self) -> CacheFootprint:
-        """The hot sets, digests, residency maps and dense layers on the device, pulseio's own device buffers;
-        the host pool."""
+        """The hot sets, digests, residency maps, dense layers and step buffers on the device, pulseio's own
+        device buffers and the CUDA graphs' pool (once captured, at the second decode step); the host pool."""
         maps = sum(h.resident.numel() * 8 + h.where.numel() * 8 + h.unit0.numel() * 16 for h in self._hot_sets)
+        x = self._inputs
+        step = sum(t.numel() * t.element_size() for t in (x.q, x.kv, x.num_blocks, x.block, x.offset, self._gathered))
         return CacheFootprint.of(self.host_pool.blocks.numel(), hot_sets=self.device_pool.slots.numel(),
                                  digests=2 * self._dmax.numel() * self._dmax.element_size(),
                                  dense_layers=self._dense.numel() * self._dense.element_size(), residency=maps,
-                                 pulseio=self._pulseio_device_bytes)
+                                 step_buffers=step, pulseio=self._pulseio_device_bytes,
+                                 graphs=0 if self.graphs is None else self.graphs.bytes)
 
     def close(self) -> None:
         if not self._closed:
             self.runtime.close()
         super().close()
+
+
+def _step_buffers(g: KVGeometry, lay: SparseLayout) -> tuple[StepInputs, torch.Tensor]:
+    """The static inputs of a decode step's halves and the buffer the selected blocks are gathered into
+    ([2, B, Hkv, K * bs, D]), shared by the layers."""
+    dev, dt = g.device, g.dtype
+    inputs = StepInputs(q=torch.empty((g.batch_size, g.num_heads, g.head_dim), dtype=dt, device=dev),
+                        kv=torch.empty((lay.rows, 2, lay.heads_per_unit, g.head_dim), dtype=dt, device=dev),
+                        num_blocks=torch.zeros((), dtype=torch.int64, device=dev),
+                        block=torch.zeros((), dtype=torch.int64, device=dev),
+                        offset=torch.zeros((), dtype=torch.int64, device=dev))
+    gathered = torch.empty((2, g.batch_size, g.num_kv_heads, lay.budget * lay.block_size, g.head_dim), dtype=dt,
+                           device=dev)
+    return inputs, gathered
 
 
 def _runtime_config(layout: SparseLayout, device: torch.device) -> pulseio.RuntimeConfig:

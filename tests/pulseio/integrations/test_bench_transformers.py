@@ -21,13 +21,16 @@ def test_the_transformers_bench_runs_every_mode_in_smoke(tmp_path: Path) -> None
     summary = json.loads(out.read_text())
     results = summary["results"]
     assert list(results) == ["default", "hf-offloaded", "pulseio-layer", "pulseio-sparse-solohead",
-                             "pulseio-sparse-quest"]
+                             "pulseio-sparse-quest", "pulseio-sparse-solohead-eager"]
     assert results["hf-offloaded"]["error"] == "transformers' offloaded cache needs a GPU"
-    for mode in ("default", "pulseio-layer", "pulseio-sparse-solohead", "pulseio-sparse-quest"):
+    for mode in ("default", "pulseio-layer", "pulseio-sparse-solohead", "pulseio-sparse-quest",
+                 "pulseio-sparse-solohead-eager"):
         r = results[mode]
-        assert r["error"] is None and r["ms_per_token"] > 0 and len(r["tokens"]) == 4, (mode, r)
+        assert r["error"] is None and r["ms_per_token"] > 0 and len(r["tokens"]) == 5, (mode, r)
     assert results["pulseio-layer"]["same_tokens_as_default"] is True
     assert results["pulseio-sparse-quest"]["recalled_mib_per_step"] > 0, "the smoke budget must make it recall"
     assert set(summary["ratios"]) == {"layer_over_hf_offloaded", "sparse_solohead_over_layer",
-                                      "sparse_quest_over_layer", "layer_over_default"}
+                                      "sparse_quest_over_layer", "layer_over_default", "sparse_graphs_over_eager"}
+    assert summary["checks"] == {"layer_tokens_equal_default": True, "sparse_graphed_tokens_equal_eager": True}
+    assert results["pulseio-sparse-solohead"]["graphed_halves"] == 0, "no CUDA graphs on a CPU"
     assert "| pulseio-layer |" in result.stdout and "random weights" in result.stdout
