@@ -33,7 +33,7 @@ from .cache_base import CacheFootprint, KVGeometry, PulseioCache, allocated_besi
 from .hot_set import HotSet
 from .selection import block_digests, selected_tokens
 from .sparse_layout import SparseLayout, SparseSelection
-from .sparse_step import Graphs, LayerStep, LayerTensors, StepInputs
+from .sparse_step import Graphs, LayerStep, LayerTensors, Pools, StepInputs
 
 SPARSE_ATTENTION = "pulseio_sparse"
 RESIDENT_IDLE_US = 5000  # a resident copier generation stays up between two layers' recalls (GPU)
@@ -94,12 +94,12 @@ class SparseOffloadCache(PulseioCache):
                           for o in range(lay.offloaded)]
         self._markers = [self._marker(o + dense_layers) for o in range(lay.offloaded)]
         self._pending: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * lay.offloaded
-        self._inputs, self._gathered = _step_buffers(g, lay)
+        self._inputs, self._pools = StepInputs.allocate(g), Pools.of(self._host, self._hot, g, lay)
         self.graphs = Graphs(dev) if cuda_graphs and dev.type == "cuda" else None
         solo = self.selection.heads
         self._steps = [LayerStep(LayerTensors(self._dmax[o], self._dmin[o], self._hot_sets[o],
                                               None if solo is None else solo[o + dense_layers]),
-                                 self._inputs, self._hot, self._gathered, budget=lay.budget, sink=sink_blocks,
+                                 self._inputs, self._pools, budget=lay.budget, sink=sink_blocks,
                                  local=local_blocks, graphs=self.graphs) for o in range(lay.offloaded)]
         self._posted: list[Any] = []  # this step's and unfinished earlier recalls (pulseio Completions)
 
@@ -140,11 +140,7 @@ class SparseOffloadCache(PulseioCache):
             return keys, values
         if o == 0:
             self._check_landed()
-        block, offset = divmod(n, self.layout.block_size)
-        host = self._host.view(self.layout.offloaded, self.layout.rows, self.layout.max_blocks, *self.layout.unit_shape)
-        host[o, :, block, :, :, offset] = torch.stack([self._rows(key_states), self._rows(value_states)], 1)[..., 0, :]
-        self._fold_digest(o, block, offset, key_states)
-        self._pending[o] = (key_states, value_states)
+        self._pending[o] = (key_states, value_states)   # to the host pool, its digest and hot slot: sparse_step
         return self._markers[o], self._markers[o]
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
@@ -198,16 +194,6 @@ class SparseOffloadCache(PulseioCache):
         self._dmax[o, :, :, first_block:last] = dmax
         self._dmin[o, :, :, first_block:last] = dmin
 
-    def _fold_digest(self, o: int, block: int, offset: int, key: torch.Tensor) -> None:
-        """A new token (key [B, Hkv, 1, D]) at `offset` of `block` into the block's digest."""
-        k = self._selecting_keys(o, key)[:, :, 0]                                        # [B, S, D]
-        if offset == 0:
-            self._dmax[o, :, :, block] = k
-            self._dmin[o, :, :, block] = k
-        else:
-            torch.maximum(self._dmax[o, :, :, block], k, out=self._dmax[o, :, :, block])
-            torch.minimum(self._dmin[o, :, :, block], k, out=self._dmin[o, :, :, block])
-
     def _check_landed(self) -> None:
         """Raise RecallError for a recall of an earlier step that failed: pulseio's watchdog let the layer's
         stream go on over slots that were not written (see pulseio's device-wait contract), so that step's
@@ -237,7 +223,8 @@ class SparseOffloadCache(PulseioCache):
             x.block.fill_((n - 1) // lay.block_size)
             x.offset.fill_((n - 1) % lay.block_size)
         x.q.copy_(query[:, :, -1])
-        x.kv.copy_(torch.stack([self._rows(pending[0]), self._rows(pending[1])], 1)[..., 0, :])
+        x.k.copy_(pending[0][:, :, -1])
+        x.v.copy_(pending[1][:, :, -1])
         step = self._steps[o]
         plan = step.before()
         done = self.runtime.post_recall(host_ids=plan.host_ids, device_slots=plan.device_slots, count=plan.count,
@@ -247,7 +234,8 @@ class SparseOffloadCache(PulseioCache):
         step.after(plan)
         valid = selected_tokens(n, lay.budget, lay.block_size)
         mask = None if attention_mask is None else self._select_mask(attention_mask, plan.selected, valid)
-        return self._gathered[0, :, :, :valid], self._gathered[1, :, :, :valid], mask
+        gathered = self._pools.gathered
+        return gathered[0, :, :, :valid], gathered[1, :, :, :valid], mask
 
     def _select_mask(self, mask: torch.Tensor, selected: torch.Tensor, valid: int) -> torch.Tensor:
         """mask: [B, 1, 1, n] (transformers' decode mask, shared by heads) -> [B, Hq, 1, valid] at the
@@ -275,8 +263,7 @@ class SparseOffloadCache(PulseioCache):
         """The hot sets, digests, residency maps, dense layers and step buffers on the device, pulseio's own
         device buffers and the CUDA graphs' pool (once captured, at the second decode step); the host pool."""
         maps = sum(h.resident.numel() * 8 + h.where.numel() * 8 + h.unit0.numel() * 16 for h in self._hot_sets)
-        x = self._inputs
-        step = sum(t.numel() * t.element_size() for t in (x.q, x.kv, x.num_blocks, x.block, x.offset, self._gathered))
+        step = sum(t.numel() * t.element_size() for t in (*self._inputs.tensors(), self._pools.gathered))
         return CacheFootprint.of(self.host_pool.blocks.numel(), hot_sets=self.device_pool.slots.numel(),
                                  digests=2 * self._dmax.numel() * self._dmax.element_size(),
                                  dense_layers=self._dense.numel() * self._dense.element_size(), residency=maps,
@@ -287,20 +274,6 @@ class SparseOffloadCache(PulseioCache):
         if not self._closed:
             self.runtime.close()
         super().close()
-
-
-def _step_buffers(g: KVGeometry, lay: SparseLayout) -> tuple[StepInputs, torch.Tensor]:
-    """The static inputs of a decode step's halves and the buffer the selected blocks are gathered into
-    ([2, B, Hkv, K * bs, D]), shared by the layers."""
-    dev, dt = g.device, g.dtype
-    inputs = StepInputs(q=torch.empty((g.batch_size, g.num_heads, g.head_dim), dtype=dt, device=dev),
-                        kv=torch.empty((lay.rows, 2, lay.heads_per_unit, g.head_dim), dtype=dt, device=dev),
-                        num_blocks=torch.zeros((), dtype=torch.int64, device=dev),
-                        block=torch.zeros((), dtype=torch.int64, device=dev),
-                        offset=torch.zeros((), dtype=torch.int64, device=dev))
-    gathered = torch.empty((2, g.batch_size, g.num_kv_heads, lay.budget * lay.block_size, g.head_dim), dtype=dt,
-                           device=dev)
-    return inputs, gathered
 
 
 def _runtime_config(layout: SparseLayout, device: torch.device) -> pulseio.RuntimeConfig:
