@@ -16,12 +16,14 @@ One decode step, layer l (visit v = forward x L + l, buffer v % R, R = prefetch_
                                               (the attention of the buffer's last occupant) is done
     return the buffer's [:n + 1] views        transformers' own attention reads them
 Only the new tokens go back to the host each step. The buffer a recall overwrites was last read by visit
-v + P - R <= v - 1, whose attention is already enqueued: stream order keeps it intact. A prompt (a forward
+v + P - R <= v - 1, whose attention is already enqueued: stream order keeps it intact. No host sync: the
+recall's ids are host ints (the cache counts tokens on the host), and a device wait is a stream wait. A prompt (a forward
 on an empty layer) attends to the model's own tensors and is written to the host pool the same way.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,8 @@ import torch
 import pulseio
 
 from .cache_base import CacheFootprint, KVGeometry, PulseioCache, allocated_beside, device_allocated
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,6 +89,10 @@ class LayerOffloadCache(PulseioCache):
         self._dma = pulseio.DmaEngine(self.host_pool, self.device_pool,
                                       pulseio.DmaConfig(staging_bytes=block_bytes, staging_buffers=2))
         self._pulseio_device_bytes = allocated_beside(g.device, before, self.device_pool.slots.numel())
+        if strategy not in self._dma.available:  # e.g. BATCHED needs cuMemcpyBatchAsync (CUDA 12.8 drivers)
+            log.warning("pulseio strategy %s is not available on this backend (%s); recalling layers with AUTO",
+                        strategy.value, sorted(s.value for s in self._dma.available))
+            self.strategy = pulseio.Strategy.AUTO
         shape = (2, g.batch_size, g.num_kv_heads, cap, g.head_dim)
         self._host = self.host_pool.device_view(g.dtype, tpu, g.head_dim).view(g.num_layers, *shape)
         self._buf = self.device_pool.view(g.dtype, tpu, g.head_dim).view(self.buffers, *shape)

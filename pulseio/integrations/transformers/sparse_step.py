@@ -17,7 +17,8 @@ replace. So the context length is a device scalar (`StepInputs.num_blocks`, fill
 query and the new token), nothing in a half depends on a host value, and on a GPU each half is captured into
 a CUDA graph at a layer's second decode step: one launch instead of dozens. Its first step runs eagerly; so
 does everything off CUDA (the code CI tests is the code a graph captures), and everything after a capture
-that failed (logged once, with the error).
+that failed (logged once, with the error). Capturing synchronizes the device (torch.cuda.graph does, before
+each capture): the one host sync of the decode path, on the second step only.
 """
 
 from __future__ import annotations
