@@ -21,11 +21,12 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--block-bytes", type=int, default=64 << 10)
     parser.add_argument("--counts", default="64,512", help="blocks per transfer, comma-separated")
+    parser.add_argument("--peak-max-bytes", type=int, default=256 << 20, help="largest single copy for the peak")
     args = parser.parse_args()
     counts = tuple(int(c) for c in args.counts.split(","))
     options = BenchOptions(device=args.device, block_sizes=(args.block_bytes,), counts=counts,
                            directions=(pulseio.Direction.H2D,), under_load=False, progress=False, volume=0.125,
-                           peak_max_bytes=256 << 20)
+                           peak_max_bytes=args.peak_max_bytes)
     meta, records = run_bench(options)
     print(format_table(meta, records))
     peak = meta["peak_gbps"]["h2d"]

@@ -73,6 +73,7 @@ def test_transformers_example_on_smollm2() -> None:
 
 
 def test_pcie_bench_example_checks_every_recall() -> None:
-    result = _run_example("06_pcie_bench.py", "--device", "cpu", "--block-bytes", "16384", "--counts", "64")
+    result = _run_example("06_pcie_bench.py", "--device", "cpu", "--block-bytes", "16384", "--counts", "64",
+                          "--peak-max-bytes", str(64 << 20))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "64 x 16 KiB: best" in result.stdout and "every recall bit-exact" in result.stdout, result.stdout
