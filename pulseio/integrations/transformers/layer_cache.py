@@ -17,8 +17,9 @@ One decode step, layer l (visit v = forward x L + l, buffer v % R, R = prefetch_
     return the buffer's [:n + 1] views        transformers' own attention reads them
 Only the new tokens go back to the host each step. The buffer a recall overwrites was last read by visit
 v + P - R <= v - 1, whose attention is already enqueued: stream order keeps it intact. No host sync: the
-recall's ids are host ints (the cache counts tokens on the host), and a device wait is a stream wait. A prompt (a forward
-on an empty layer) attends to the model's own tensors and is written to the host pool the same way.
+recall's ids are host ints (the cache counts tokens on the host), and a device wait is a stream wait. A
+prompt (a forward on an empty layer) attends to the model's own tensors and is written to the host pool the
+same way.
 """
 
 from __future__ import annotations

@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 class StepInputs:
     """Static tensors a step's halves read, filled before each layer (shared by the layers: stream order).
 
-    q: [B, Hq, D] the layer's query; k, v: [B, Hkv, D] the new token's key and value; num_blocks, block,
-    offset: [] int64, blocks in the context, and the new token's block and offset in it."""
+    q: [B, Hq, D] the layer's query; k, v: [B, Hkv, D] the new token's key and value; num_blocks, block: []
+    int64, blocks in the context and the new token's block; offset: [1] int64, the token's offset in its block
+    (one-dimensional: torch reads a 0-dim integer tensor used as an index on the host, a sync)."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -57,12 +58,12 @@ class StepInputs:
         def empty(*shape: int) -> torch.Tensor:
             return torch.empty(shape, dtype=g.dtype, device=g.device)
 
-        def index() -> torch.Tensor:
-            return torch.zeros((), dtype=torch.int64, device=g.device)
+        def index(*shape: int) -> torch.Tensor:
+            return torch.zeros(shape, dtype=torch.int64, device=g.device)
 
         return cls(q=empty(g.batch_size, g.num_heads, g.head_dim), k=empty(g.batch_size, g.num_kv_heads, g.head_dim),
                    v=empty(g.batch_size, g.num_kv_heads, g.head_dim), num_blocks=index(), block=index(),
-                   offset=index())
+                   offset=index(1))
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.q, self.k, self.v, self.num_blocks, self.block, self.offset)
@@ -121,7 +122,7 @@ class LayerStep:
         hpu, bs = pools.device.shape[2], pools.device.shape[3]
         kv = torch.stack([x.k, x.v], 1).view(b, 2, rows // b, hpu, d).transpose(1, 2).reshape(rows, 2, hpu, d)
         block = x.block.view(1, 1).expand(rows, 1)
-        pools.device[hot.slot0[:, 0] + hot.where.gather(1, block)[:, 0], :, :, x.offset] = kv
+        pools.device[hot.slot0[:, 0] + hot.where.gather(1, block)[:, 0], :, :, x.offset] = kv    # [R] x [1]
         pools.host[hot.unit0[:, 0] + x.block, :, :, x.offset] = kv
         self._fold_digest()
         units = pools.device.index_select(0, plan.slots.view(-1))                          # [R * K, 2, hpu, bs, D]

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hf_cache_models import greedy, owned_tensors, prompt_ids, tiny_model
 from hf_sparse_reference import register_reference
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pulseio.integrations.transformers import (
     SPARSE_ATTENTION,
@@ -189,3 +190,40 @@ def test_beam_search_is_refused_by_name(qwen3: Any) -> None:
     with LayerOffloadCache(qwen3, max_cache_len=40, batch_size=2) as cache, torch.no_grad():
         with pytest.raises(NotImplementedError, match="does not support"):
             qwen3.generate(ids, max_new_tokens=4, num_beams=2, do_sample=False, **cache_kwargs(qwen3, cache))
+
+
+class _NoHostReads(TorchDispatchMode):
+    """Fails on any op that reads a tensor's value on the host: on a GPU each is a device sync (and illegal
+    while a CUDA graph is captured). On the CPU they are cheap, so this is how CI catches them."""
+
+    HOST_READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+                  torch.ops.aten.masked_select.default, torch.ops.aten.is_nonzero.default}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in self.HOST_READS:
+            raise AssertionError(f"{func} reads a device value on the host")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["layer", "quest", "solohead"])
+def test_a_decode_step_of_ours_reads_no_device_value_on_the_host(qwen3: Any, kind: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """update() and the sparse attention run under a dispatch mode that refuses item(), nonzero() and the like
+    (a 0-dim integer tensor used as an index is one: torch reads it with item())."""
+    ids = prompt_ids(96, seed=9)
+    owner = LayerOffloadCache if kind == "layer" else SparseOffloadCache
+    for name in ("update", "attend_selected") if kind != "layer" else ("update",):
+        original = getattr(owner, name)
+
+        def guarded(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if self.get_seq_length(0) < 96:          # the prompt may read what it likes
+                return _original(self, *args, **kwargs)
+            with _NoHostReads():
+                return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(owner, name, guarded)
+    qwen3.set_attn_implementation("sdpa" if kind == "layer" else SPARSE_ATTENTION)
+    cache = LayerOffloadCache(qwen3, max_cache_len=112) if kind == "layer" else SparseOffloadCache(
+        qwen3, max_cache_len=112, budget_tokens=32, block_size=8, heads=None if kind == "quest" else [0, 1, 0, 1])
+    with cache:
+        assert len(greedy(qwen3, ids, 6, cache, attention="sdpa" if kind == "layer" else SPARSE_ATTENTION)) == 6
