@@ -4,26 +4,31 @@
     from pulseio.integrations.transformers import LayerOffloadCache, SparseOffloadCache, SPARSE_ATTENTION
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
-    with LayerOffloadCache(model, max_cache_len=len(prompt) + 256) as cache:     # whole layers, prefetched
+    with LayerOffloadCache(model, max_cache_len=ids.shape[1] + 256) as cache:   # whole layers, prefetched
         out = model.generate(ids, past_key_values=cache, max_new_tokens=256)
 
-    model = AutoModelForCausalLM.from_pretrained(path, ..., attn_implementation=SPARSE_ATTENTION)
-    with SparseOffloadCache(model, max_cache_len=32_768 + 256, budget_tokens=2048) as cache:   # Quest top-k
+    model.set_attn_implementation(SPARSE_ATTENTION)       # or from_pretrained(..., attn_implementation=...)
+    with SparseOffloadCache(model, max_cache_len=ids.shape[1] + 256, budget_tokens=2048) as cache:   # Quest
         out = model.generate(ids, past_key_values=cache, max_new_tokens=256)
     # heads=[h0, h1, ...]: SoloHead, one KV head per layer selects for all (e.g. `best` of a calibration file)
 
 - `LayerOffloadCache` (layer_cache.py): every layer's KV in the pinned host pool; decode recalls layer
   l + P into a ring of P + 1 device buffers through a `DmaEngine` while layer l computes, in a few large
   copies; only the new tokens go back to the host.
-- `SparseOffloadCache` (sparse_cache.py): the KV in block units in the host pool, a hot set of budget blocks
-  per layer on the device; each decode step scores Quest digests with q, recalls the missing top-k blocks
-  through `Runtime.post_recall` (ids decided on the device, no host sync) and attends to the selected
-  blocks only, through the attention implementation registered here as SPARSE_ATTENTION.
+- `SparseOffloadCache` (sparse_cache.py, sparse_step.py): the KV in block units in the host pool, a hot set
+  of budget blocks per layer on the device; each decode step scores Quest digests with q, recalls the
+  missing top-k blocks through `Runtime.post_recall` (ids decided on the device, no host sync) and attends
+  to the selected blocks only, through the attention implementation registered here as SPARSE_ATTENTION.
+  On a GPU a layer's decode work replays from two CUDA graphs from the second decode step on.
+- `memory_footprint()` says what a cache holds on the device and in the host pool; `statistics()` what it
+  moved (neither syncs); `reset()` readies a cache for another prompt; `close()` (or `with`) frees it.
 
-transformers is imported here and only here (`import pulseio` does not import it). `past_key_values=` works
-from 5.17 (the H200 image) to 5.24 (PyPI at the time of writing), where it is a deprecated alias of `cache=`.
-Greedy and sampled generation only: beam search and assisted decoding (`reorder_cache`, `crop`) are refused.
-Models whose every layer is full attention (Llama, Qwen2, Qwen3, ...).
+transformers is imported here and only here (`import pulseio` does not import it). Tested with transformers
+5.17.0 (the H200 image) and 5.24.0 (PyPI at the time of writing); other 5.x versions import with a warning,
+4.x is refused. `past_key_values=` works in both (a deprecated alias of `cache=` in 5.24: `cache_kwargs`
+picks the keyword the model takes). Greedy and sampled generation only: beam search and assisted decoding
+(`reorder_cache`, `crop`) are refused by name. Models whose every layer is full attention (Llama, Qwen2,
+Qwen3, ...); a batch of rows (left padding included) of one `batch_size` per cache.
 """
 
 from __future__ import annotations

@@ -157,6 +157,29 @@ def test_a_batch_of_two_rows_decodes_each_as_alone(qwen3: Any) -> None:
         assert out[:, 40:].tolist() == expected, attention
 
 
+def test_a_left_padded_batch_decodes_as_with_the_default_cache(qwen3: Any) -> None:
+    """Two prompts of 40 and 30 tokens, the second left-padded: the sparse cache picks the padding mask's
+    columns at the selected positions."""
+    ids, mask = torch.zeros(2, 40, dtype=torch.long), torch.zeros(2, 40, dtype=torch.long)
+    ids[0], ids[1, 10:] = prompt_ids(40, seed=23)[0], prompt_ids(30, seed=24)[0]
+    mask[0], mask[1, 10:] = 1, 1
+
+    def run(cache: Any, attention: str) -> list[list[int]]:
+        qwen3.set_attn_implementation(attention)
+        kwargs = {} if cache is None else cache_kwargs(qwen3, cache)
+        with torch.no_grad():
+            out = qwen3.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                                 **kwargs)
+        return out[:, 40:].tolist()
+
+    expected = run(None, "sdpa")
+    with LayerOffloadCache(qwen3, max_cache_len=48, batch_size=2) as cache:
+        assert run(cache, "sdpa") == expected
+    qwen3.set_attn_implementation(SPARSE_ATTENTION)
+    with SparseOffloadCache(qwen3, max_cache_len=48, batch_size=2, budget_tokens=48, block_size=8) as cache:
+        assert run(cache, SPARSE_ATTENTION) == expected
+
+
 def test_the_sparse_cache_refuses_a_model_that_does_not_attend_through_it(qwen3: Any) -> None:
     qwen3.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match=r"^the model attends with 'sdpa'; SparseOffloadCache needs "
