@@ -7,6 +7,9 @@
   (which opens a backend) imports it: the rest of pulseio reaches the GPU through the Backend seam.
 - The engine uses only pulseio's public names: `from pulseio import X` with X exported by
   `pulseio/__init__.py`, or a public (not underscored) module; never a private one.
+- `pulseio/integrations/**` (pulseio under other systems) is held to the engine's rule: pulseio's public names
+  only, as any offloading system outside this repo would use it; it imports its system (transformers) itself,
+  and nothing else in pulseio imports it or that system, so `import pulseio` stays free of them.
 """
 
 from __future__ import annotations
@@ -86,8 +89,12 @@ def test_only_the_backend_opener_imports_the_cuda_layer(path: Path) -> None:
         f"{path} imports pulseio._cuda: reach the GPU through the Backend seam (pulseio/backend.py)")
 
 
-@pytest.mark.parametrize("path", _sources("pulseio_engine"), ids=lambda p: str(p.relative_to(ROOT)))
-def test_the_engine_uses_only_public_pulseio_names(path: Path) -> None:
+def _public_users() -> list[Path]:
+    return _sources("pulseio_engine") + sorted((ROOT / "pulseio" / "integrations").rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", _public_users(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_engine_and_the_integrations_use_only_public_pulseio_names(path: Path) -> None:
     import pulseio
 
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -101,3 +108,26 @@ def test_the_engine_uses_only_public_pulseio_names(path: Path) -> None:
             parts = name.split(".")
             assert parts[0] != "pulseio" or not any(p.startswith("_") for p in parts[1:]), (
                 f"{path}: imports the private {name}; use pulseio's public names")
+
+
+INTEGRATED = {"transformers"}  # the systems pulseio/integrations put pulseio under: optional dependencies
+
+
+@pytest.mark.parametrize("path", _sources("pulseio"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_integrations_import_the_systems_they_integrate(path: Path) -> None:
+    parts = path.relative_to(ROOT).parts
+    if parts[:2] == ("pulseio", "integrations"):
+        assert not [n for n in _imports(path) if _root(n) == "pulseio" and n.startswith("pulseio.") and
+                    not n.startswith("pulseio.integrations")], f"{path}: import pulseio's public names from `pulseio`"
+        return
+    found = [n for n in _imports(path) if _root(n) in INTEGRATED or n.startswith("pulseio.integrations")]
+    assert not found, f"{path} imports {found}: only pulseio/integrations may (an optional dependency)"
+
+
+def test_importing_pulseio_imports_no_integrated_system() -> None:
+    import subprocess
+    import sys
+
+    code = f"import sys, pulseio; print(sorted(m for m in sys.modules if m.split('.')[0] in {INTEGRATED!r}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

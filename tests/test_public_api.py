@@ -71,3 +71,10 @@ def test_the_auto_policy_docstring_example_runs(tmp_path) -> None:  # noqa: ANN0
         t = dma.recall(host_ids=np.array([3]), device_slots=np.array([1])).wait()
         assert int(device.slots[1, 0]) == 9
         assert dma.statistics().by_strategy == {pulseio.Strategy.GATHER_DMA: 1}, t   # the fallback: ZERO_COPY
+
+
+def test_the_transformers_integration_documents_its_public_names() -> None:
+    integration = pytest.importorskip("pulseio.integrations.transformers")
+    undocumented = [name for name, obj in _public(integration)
+                    if not (obj.__doc__ or "").strip() or (obj.__doc__ or "").strip().startswith(f"{name}(")]
+    assert undocumented == []
