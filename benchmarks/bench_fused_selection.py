@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
+from bench_attention import time_graph_us  # noqa: E402  (its directory, benchmarks/, is sys.path[0])
 from pulseio_engine.config import GroupScore, SparseConfig  # noqa: E402
 from pulseio_engine.kv import select_kernels  # noqa: E402
 from pulseio_engine.kv.digests import BlockDigests  # noqa: E402
@@ -33,29 +33,6 @@ from pulseio_engine.kv.residency import apply_recall, plan_recall  # noqa: E402
 from pulseio_engine.kv.selection import select_for_layer  # noqa: E402
 
 HQ, HKV, D, BS = 40, 8, 128, 16
-
-
-def time_graph_us(fn, calls: int = 10, replays: int = 15) -> float:
-    """Median time of one call, from CUDA-graph replays of `calls` back-to-back calls."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return statistics.median(times)
 
 
 class Layer:

@@ -7,7 +7,7 @@ import torch
 
 from pulseio.machine import MemoryBudget, memory_budget, parse_bytes
 from pulseio_engine import cli
-from pulseio_engine.bench import run_bench
+from pulseio_engine.bench import decode_len, run_bench
 from pulseio_engine.model import checkpoint
 from pulseio_engine.model.presets import PRESETS, random_weights
 from pulseio_engine.preflight import InsufficientMemoryError, check_fits, estimate, weight_bytes
@@ -54,8 +54,8 @@ def test_generate_refuses_qwen3_14b_before_allocating(no_weights: None, capsys: 
 
 
 def test_bench_refuses_qwen3_14b_before_allocating(no_weights: None) -> None:
-    with pytest.raises(InsufficientMemoryError, match=r"qwen3-14b batch 64 x 4108 tokens needs about .*"
-                                                      r"fewer --batch-size or --context-len"):
+    with pytest.raises(InsufficientMemoryError, match=rf"qwen3-14b batch 64 x {decode_len(4000, 5, 100)} tokens needs "
+                                                      r"about .*fewer --batch-size or --context-len"):
         run_bench("qwen3-14b", batch_size=64, context_len=4000, steps=100, device="cpu", progress=False)
 
 
