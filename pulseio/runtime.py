@@ -66,7 +66,23 @@ class RuntimeStatistics:
 
 
 class Runtime:
-    """Pools, I/O workers, doorbell, poller and completions; see the module docstring."""
+    """The recall path for ids chosen on the GPU: a host pool and a device pool of `config.block_bytes` blocks,
+    I/O workers (`DmaEngine`s), the doorbell ring a publish kernel writes ids into, the poller thread that
+    reads it, and the completions.
+
+        with pulseio.open_runtime(pulseio.RuntimeConfig(device="cuda", host_blocks=..., device_slots=...)) as rt:
+            done = rt.post_recall(host_ids=ids, device_slots=slots, count=count)   # [N] int64 GPU tensors; no sync
+            done.device_wait()                 # later kernels on the stream see the blocks; the host never waits
+            done.wait()                        # or `await done`, `done.done()`: a Completion is a Handle
+
+    - `host_pool`, `device_pool`: the pools (`HostPool`, `DevicePool`); fill the host pool, read the slots.
+    - `post_recall` / `post_recall_nowait` (raises `WouldBlock` when the ring or the outstanding requests are
+      full) / `post_recall_async`: ids decided on the device, published by a kernel on the stream.
+    - `recall`: ids already on the host, straight to an I/O worker. `recall_graph()`: recalls captured into a
+      CUDA graph with their device waits (`RecallGraph`).
+    - `statistics()`, `close()` (or `with` / `async with`). Transfer settings, an `AutoPolicy` among them, go in
+      `RuntimeConfig(dma=DmaConfig(...))`. The device-wait contract: `docs/DESIGN.md`.
+    """
 
     def __init__(self, config: RuntimeConfig | None = None, *, backend: Backend | None = None) -> None:
         self.config = config = config or RuntimeConfig()

@@ -71,7 +71,7 @@ request whose publish has already run, and launches never pile up on the copier'
 them for one still queued behind other work is a deadlock: some operations wait for every running
 kernel first, on the host (a kernel's first launch under lazy module loading, a Triton module load,
 cudaFree) or on the GPU (some first launches under eager loading), and then the publish that would
-release the copier never runs (`benchmarks/probe_spinner_block.py`).
+release the copier never runs (shown by `git show 0ae30ef:benchmarks/probe_spinner_block.py`).
 """
 
 from __future__ import annotations
