@@ -19,7 +19,8 @@ QUOTING = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if p.is_dir()))
 def test_every_result_folder_is_quoted_by_the_readme_or_a_doc(folder: str) -> None:
-    linked = [page.name for page in QUOTING if re.search(rf"\]\([^)]*results/{re.escape(folder)}[/)]", page.read_text())]
+    link = rf"\]\([^)]*results/{re.escape(folder)}[/)]"
+    linked = [page.name for page in QUOTING if re.search(link, page.read_text())]
     assert linked, (f"benchmarks/results/{folder} is quoted by no page of README.md or docs/: summarize it in "
                     "benchmarks/results/README.md (its raw output stays in git history) and remove it")
 

@@ -65,7 +65,8 @@ def test_cli_says_which_record_of_a_cell_it_used(tmp_path: Path, capsys: pytest.
     captured = capsys.readouterr()
     assert (f"note: m niah-single context 4096 solohead budget 512 has records in several folders: using "
             f"{new / '0.json'}, not {old / '1.json'}") in captured.err
-    assert f"- m niah-single context 4096 solohead budget 512: {new / '0.json'}, not {old / '1.json'}" in out.read_text()
+    cell = "m niah-single context 4096 solohead budget 512"
+    assert f"- {cell}: {new / '0.json'}, not {old / '1.json'}" in out.read_text()
     assert "| 4096 | 512 | 1.00 | 0.70 |" in captured.out
 
 
