@@ -34,8 +34,8 @@ class Handle:
         handle.add_done_callback(fn)  fn(handle) on the finishing thread (now, if already done)
 
     Fields: seq (submit order for a Transfer, publish order for a Completion), tag (the caller's, or None),
-    num_blocks, nbytes, and the timing fields on one clock (`time.perf_counter_ns`): submitted_ns, finished_ns (None until done),
-    latency_s. A timeout changes nothing: the copy may still be running, and every buffer it may write
+    num_blocks, nbytes, and the timing fields on one clock (`time.perf_counter_ns`): submitted_ns,
+    finished_ns (None until done), latency_s. A timeout changes nothing: the copy may still be running, and every buffer it may write
     stays reserved until it has finished.
     """
 
