@@ -35,8 +35,8 @@ class Handle:
 
     Fields: seq (submit order for a Transfer, publish order for a Completion), tag (the caller's, or None),
     num_blocks, nbytes, and the timing fields on one clock (`time.perf_counter_ns`): submitted_ns,
-    finished_ns (None until done), latency_s. A timeout changes nothing: the copy may still be running, and every buffer it may write
-    stays reserved until it has finished.
+    finished_ns (None until done), latency_s. A timeout changes nothing: the copy may still be running, and
+    every buffer it may write stays reserved until it has finished.
     """
 
     __slots__ = ("seq", "tag", "num_blocks", "nbytes", "submitted_ns", "finished_ns", "_exception", "_lock",
