@@ -148,7 +148,8 @@ def test_transformations_in_order_each_noted() -> None:
     assert len(trace) == 20 and trace.requests[0].arrival_s == 0.0
     assert all(r.input_len <= 1000 and r.output_len <= 64 for r in trace.requests)
     assert [n.split(" ")[0] for n in trace.notes] == ["read", "window", "arrival", "input", "output"]
-    assert trace.notes[1] == "window from 3 s to 12 s, the first 20: 20 of 400 requests kept, times rebased to start at 0"
+    assert trace.notes[1] == ("window from 3 s to 12 s, the first 20: 20 of 400 requests kept, times rebased to start "
+                              "at 0")
 
 
 def test_transform_functions() -> None:
