@@ -222,6 +222,11 @@ class ServingEngine:
         stats = self.offload.offloader.statistics()
         return stats.recalls, stats.bytes_recalled
 
+    def host_pool_bytes(self) -> int:
+        """The offload engine's host pool (pinned host memory), 0 without one."""
+        off = None if self.offload is None else self.offload.offloader
+        return 0 if off is None or off.runtime is None else off.runtime.host_pool.blocks.nbytes
+
     def runtime_statistics(self) -> object | None:
         """The offload engine's pulseio `RuntimeStatistics` (None without one)."""
         off = None if self.offload is None else self.offload.offloader
