@@ -114,12 +114,12 @@ def _replay(args: argparse.Namespace) -> int:
     config = _serving_config(prog, args)
     trace = open_trace(TraceOptions(args.trace, TraceFormat(args.format), args.seed, args.start, args.duration,
                                     args.requests, args.time_scale, args.max_input, args.max_output))
-    say = _say(prog)
-    for note in trace.notes:
-        say(f"trace: {note}")
-    say(f"trace: {trace.describe()}")
     device = require_device(prog, args.device)
     source = open_model(args.model, progress=progress_enabled(args.progress))
+    for note in trace.notes:
+        print(f"trace: {note}")
+    print(f"trace: {trace.describe()}")
+    say = _say(prog)
     options = ReplayOptions(device=device, clock=None if args.clock == "auto" else ClockKind(args.clock),
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
                             use_cuda_graphs=not args.no_cuda_graphs)

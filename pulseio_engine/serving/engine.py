@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, RecallMode, SchedulerConfig
+from ..config import CacheConfig, DType, EngineConfig, ModelConfig, OffloadConfig, RecallMode, SchedulerConfig
 from ..engine import TORCH_DTYPES, Engine
 from ..kv.handoff import KVSource
 from ..kv.offload_layout import UnitLayout
@@ -57,6 +57,13 @@ def pool_sizes(config: ServingConfig, fp: Footprint, unit_bytes: int) -> PoolSiz
     return PoolSizes(normal, offload, max_offload, 1 + config.host_kv_bytes // unit_bytes)
 
 
+def footprint_for(config: ServingConfig, model: ModelConfig, dtype: DType) -> Footprint:
+    """What a request holds by class in engines built for `config` (before building them)."""
+    return Footprint.for_model(model, elem_bytes=TORCH_DTYPES[dtype].itemsize, block_size=config.block_size,
+                               dense_layers=config.dense_layers, budget_blocks=config.token_budget // config.block_size,
+                               selection=config.sparse)
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """One round: tokens each request gained, and the requests that finished (their whole output)."""
@@ -90,11 +97,8 @@ class ServingEngine:
                  use_cuda_graphs: bool = True, compile_decode: bool | None = None) -> None:
         self.config = config
         model = checkpoint.config
-        elem = torch.empty((), dtype=TORCH_DTYPES[dtype]).element_size()
-        self.footprint = Footprint.for_model(model, elem_bytes=elem, block_size=config.block_size,
-                                             dense_layers=config.dense_layers,
-                                             budget_blocks=config.token_budget // config.block_size,
-                                             selection=config.sparse)
+        elem = TORCH_DTYPES[dtype].itemsize
+        self.footprint = footprint_for(config, model, dtype)
         unit = 0
         if config.has_offload:
             unit = UnitLayout.for_mode(model, self._offload_config(1, 1, False), elem).unit_bytes

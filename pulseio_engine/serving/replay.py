@@ -33,10 +33,10 @@ from ..model.checkpoint import ModelSource, load_checkpoint
 from ..offload import SteeringProfile
 from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
 from ..trace import Trace
-from .budget import KVBudget
+from .budget import KVBudget, size
 from .clock import Clock, ClockKind
 from .config import ServingConfig
-from .engine import ServingEngine
+from .engine import ServingEngine, footprint_for
 from .gpu_busy import BusyMeter
 from .metrics import Recorder, m_summary
 from .outer import OuterScheduler
@@ -65,19 +65,21 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     max_len = _check_context(trace, source)
     heads = _heads(source, config, options.heads)
     _check_memory(source, config, device, dtype)
+    footprint = footprint_for(config, source.config, dtype)
+    budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
+    threshold = config.offload_threshold if config.has_offload else None
+    check = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch, max_offload=1)
+    for rid, r in enumerate(trace.requests):              # refuse up front what could never be admitted
+        check.check(rid, r.input_len, r.output_len)
     say(f"building {source.spec} ({dtype.value} on {device}), {config.describe()}: GPU KV cap "
-        f"{gib(config.gpu_kv_bytes)}" + (f", host pool {gib(config.host_kv_bytes)}" if config.has_offload else ""))
+        f"{size(config.gpu_kv_bytes)}" + (f", host pool {size(config.host_kv_bytes)}" if config.has_offload else ""))
     ckpt = load_checkpoint(source, dtype=TORCH_DTYPES[dtype], device=device, seed=options.seed)
     wall0 = time.perf_counter()
     with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
                        heads=heads, use_cuda_graphs=options.use_cuda_graphs) as serving:
         steering = _steer(serving, source, config, options.seed)
-        outer = OuterScheduler(KVBudget(serving.footprint, gpu_bytes=config.gpu_kv_bytes,
-                                        host_bytes=config.host_kv_bytes),
-                               threshold=config.offload_threshold if config.has_offload else None,
-                               max_batch=config.max_batch, max_offload=max(1, serving.sizes.max_offload))
-        for rid, r in enumerate(trace.requests):          # refuse up front what could never be admitted
-            outer.check(rid, r.input_len, r.output_len)
+        outer = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch,
+                               max_offload=max(1, serving.sizes.max_offload))
         kind = options.clock or (ClockKind.WALL if device.startswith("cuda") else ClockKind.VIRTUAL)
         recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
         pulse = _settled_runtime(serving)
