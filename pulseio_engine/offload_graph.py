@@ -136,23 +136,31 @@ class OffloadStepGraph:
         if piece > 0 and previous is not None and not previous.landed_nowait():
             previous.wait_device()
         if piece == 0:
-            self._start_split()
+            self.prepare_split()
+            if self._recall_graph is not None:
+                self._armed = self.offloader.recaller.arm(self._recall_graph)
         if self._graphs:
             self._graphs[piece].replay()
         else:
             self._eager[piece]()
         self._pending = self._posted(piece)
         if piece == self.num_pieces - 1 and not self._graphs:
-            self._ran_eagerly = True
+            self._ran_eagerly, self._eager = True, []
         return self._pending
 
-    def _start_split(self) -> None:
+    @property
+    def captured(self) -> bool:
+        """Whether steps replay captured graphs (False: the next step runs eagerly)."""
+        return bool(self._graphs)
+
+    def prepare_split(self) -> None:
+        """Before a split step, ahead of any other batch's work: capture the pieces if a step already ran eagerly
+        (a capture synchronizes the device, so it must not fall inside another batch's step), or build this
+        step's eager pieces. `run_piece(0)` does it itself if not done."""
         if not self._graphs and self._ran_eagerly and self.capture:
             self._capture_split()
-        if not self._graphs:
+        if not self._graphs and not self._eager:
             self._eager = self._pieces()
-        elif self._recall_graph is not None:
-            self._armed = self.offloader.recaller.arm(self._recall_graph)
 
     def _posted(self, piece: int) -> PendingRecall | None:
         if piece >= len(self._recalls) or self._recalls[piece][1] is None:

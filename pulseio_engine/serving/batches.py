@@ -23,11 +23,23 @@ class DecodeBatch:
     """One decode step of `seqs` on `engine`, in `num_pieces` pieces (see the module doc)."""
 
     def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool) -> None:
+        """Build it before any batch of the round runs: a split step due for capture is captured here."""
         self.engine, self.seqs, self.split = engine, tuple(seqs), split
         off = engine.offloader
         self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split)
         self.num_pieces = self.graph.num_pieces if self.graph is not None and split else 1
+        if self.graph is not None and split:
+            self.graph.prepare_split()
         self._tokens: torch.Tensor | None = None
+        self._last = False
+
+    @property
+    def warming(self) -> bool:
+        """A split step on a GPU that runs eagerly (its batch's first): its kernels may be launched for the first
+        time, and a first launch waits for every running kernel, a copier pinned to a later recall included.
+        Such a step must not run inside another batch's armed step (see `ServingEngine.step`)."""
+        g = self.graph
+        return g is not None and self.split and g.capture and not g.captured
 
     @property
     def size(self) -> int:
@@ -43,13 +55,14 @@ class DecodeBatch:
             self._tokens = graph.run().argmax(dim=-1)
             return None
         pending = graph.run_piece(piece)
-        if piece == self.num_pieces - 1:
-            assert graph.logits is not None
-            self._tokens = graph.logits.argmax(dim=-1)
+        self._last = piece == self.num_pieces - 1
         return pending
 
     def tokens_nowait(self) -> torch.Tensor:
-        """[B] int64 greedy tokens on the device, once the last piece ran."""
+        """[B] int64 greedy tokens on the device, once the last piece ran (split: the argmax is enqueued now, after
+        both batches' steps, so no kernel of it runs inside the other batch's step)."""
+        if self._tokens is None and self._last and self.graph is not None and self.graph.logits is not None:
+            self._tokens = self.graph.logits.argmax(dim=-1)
         if self._tokens is None:
             raise RuntimeError("the step's last piece has not run (this is a bug in pulseio_engine)")
         return self._tokens

@@ -123,6 +123,7 @@ class ServingEngine:
         self._by_local: dict[tuple[KVClass, int], int] = {}
         self.moves = MoveStatistics()
         self.rounds = 0
+        self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
 
     def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
@@ -200,7 +201,11 @@ class ServingEngine:
             elif work.decode:
                 decodes[kv_class] = DecodeBatch(eng, work.decode, split=split)
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
-        (self.inner.interleave if split else self.inner.coupled)(normal, offload)
+        if split and not any(b.warming for b in decodes.values()):
+            self.inner.interleave(normal, offload)
+        else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
+            self.warming_rounds += split
+            self.inner.coupled(*sorted(decodes.values(), key=lambda b: not b.warming))
         host = {c: HostTokens(b.tokens_nowait(), self._pinned[c]) for c, b in decodes.items()}
         for kv_class, batch in decodes.items():
             tokens = host[kv_class].wait_list()

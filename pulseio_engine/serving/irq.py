@@ -114,9 +114,9 @@ class InnerScheduler:
             pacer.launched()
             nxt += 1
 
-    def coupled(self, normal: DecodeBatch | None, offload: DecodeBatch | None) -> None:
-        """Each batch's whole step, its recalls waited for as they come."""
-        for batch in (normal, offload):
+    def coupled(self, *batches: DecodeBatch | None) -> None:
+        """Each batch's whole step in turn, in the order given, its recalls waited for as they come."""
+        for batch in batches:
             if batch is None:
                 continue
             for piece in range(batch.num_pieces):

@@ -28,7 +28,7 @@ SCHEMA: dict[str, Any] = {
                "steering": (str, type(None)), "kv": str},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
-                "recalls": int, "recalled_bytes": int, "rounds": int, "wall_s": NUM},
+                "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "m": (dict, type(None)),
     "moves": {"to_offload": int, "to_normal": int, "bytes_to_host": int, "bytes_from_host": int},
