@@ -27,7 +27,7 @@ from ..kv.offload_layout import UnitLayout
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
-from ..request import SamplingParams
+from ..request import SamplingParams, Sequence
 from .batches import DecodeBatch, HostTokens, pinned_tokens
 from .budget import Footprint, KVClass
 from .config import ServingConfig
@@ -44,6 +44,23 @@ class PoolSizes:
     max_offload: int         # offload requests with hot sets
     host_units: int          # the host pool, unit 0 included
 
+    def device_bytes(self, fp: Footprint) -> int:
+        """The KV-side device memory these pools take (paged caches with their digests, hot sets)."""
+        return self.normal_blocks * fp.normal_block + self.offload_blocks * fp.offload_block \
+            + self.max_offload * fp.offload_fixed
+
+
+def plan_pools(config: ServingConfig, model: ModelConfig, dtype: DType) -> tuple[Footprint, PoolSizes]:
+    """What a request holds by class, and the pools engines built for `config` allocate (before building them)."""
+    fp = Footprint.for_model(model, elem_bytes=TORCH_DTYPES[dtype].itemsize, block_size=config.block_size,
+                             dense_layers=config.dense_layers, budget_blocks=config.token_budget // config.block_size,
+                             selection=config.sparse)
+    unit = 0
+    if config.has_offload:
+        offload = OffloadConfig(sparse=config.sparse_config(), dense_layers=config.dense_layers)
+        unit = UnitLayout.for_mode(model, offload, TORCH_DTYPES[dtype].itemsize).unit_bytes
+    return fp, pool_sizes(config, fp, unit)
+
 
 def pool_sizes(config: ServingConfig, fp: Footprint, unit_bytes: int) -> PoolSizes:
     gpu = config.gpu_kv_bytes
@@ -55,13 +72,6 @@ def pool_sizes(config: ServingConfig, fp: Footprint, unit_bytes: int) -> PoolSiz
     host_blocks = config.host_kv_bytes // fp.host_block
     offload = 1 + max(1, min((gpu - fp.offload_fixed) // fp.offload_block, host_blocks))
     return PoolSizes(normal, offload, max_offload, 1 + config.host_kv_bytes // unit_bytes)
-
-
-def footprint_for(config: ServingConfig, model: ModelConfig, dtype: DType) -> Footprint:
-    """What a request holds by class in engines built for `config` (before building them)."""
-    return Footprint.for_model(model, elem_bytes=TORCH_DTYPES[dtype].itemsize, block_size=config.block_size,
-                               dense_layers=config.dense_layers, budget_blocks=config.token_budget // config.block_size,
-                               selection=config.sparse)
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,7 @@ class MoveStatistics:
 class _Request:
     kv_class: KVClass
     local: int                                        # the request's id in its engine
+    seq: Sequence                                     # its state there
     earlier: list[int] = field(default_factory=list)  # tokens generated before its last move
 
 
@@ -97,12 +108,8 @@ class ServingEngine:
                  use_cuda_graphs: bool = True, compile_decode: bool | None = None) -> None:
         self.config = config
         model = checkpoint.config
-        elem = TORCH_DTYPES[dtype].itemsize
-        self.footprint = footprint_for(config, model, dtype)
-        unit = 0
-        if config.has_offload:
-            unit = UnitLayout.for_mode(model, self._offload_config(1, 1, False), elem).unit_bytes
-        self.sizes = sizes = pool_sizes(config, self.footprint, unit)
+        self.footprint, self.sizes = plan_pools(config, model, dtype)
+        sizes = self.sizes
 
         def engine(blocks: int, offload: OffloadConfig | None) -> Engine:
             cfg = EngineConfig(model, CacheConfig(block_size=config.block_size, num_blocks=blocks),
@@ -152,14 +159,14 @@ class ServingEngine:
         eng = self.engine_for(kv_class)
         local = eng.add_request(prompt_ids, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True), kv=kv,
                                 offload=eng.offloader is not None)
-        self._requests[rid] = _Request(kv_class, local)
+        self._requests[rid] = _Request(kv_class, local, eng.sequence(local))
         self._by_local[kv_class, local] = rid
 
     def move(self, rid: int, to: KVClass) -> None:
         """Move a running request's KV to the other class's engine at a step boundary; its tokens continue."""
         req = self._requests[rid]
         src, dst = self.engine_for(req.kv_class), self.engine_for(to)
-        seq = src.sequence(req.local)
+        seq = req.seq
         kv = ResidentKV(src, seq, seq.num_computed)
         left = seq.sampling.max_new_tokens - len(seq.output_ids)
         local = dst.add_request(seq.token_ids, SamplingParams(max_new_tokens=left, ignore_eos=True), kv=kv,
@@ -167,11 +174,12 @@ class ServingEngine:
         if local not in {s.request_id for s in dst.admit()}:
             raise RuntimeError(f"request {rid} could not join the {to.value} engine at once (this is a bug in "
                                "pulseio_engine: the budget admitted it)")
-        moved = ResidentKV(dst, dst.sequence(local), seq.num_computed).host_bytes()
+        taken = dst.sequence(local)
+        moved = ResidentKV(dst, taken, seq.num_computed).host_bytes()
         out = kv.host_bytes()
         src.release(req.local)
         del self._by_local[req.kv_class, req.local]
-        self._requests[rid] = _Request(to, local, req.earlier + list(seq.output_ids))
+        self._requests[rid] = _Request(to, local, taken, req.earlier + list(seq.output_ids))
         self._by_local[to, local] = rid
         m = self.moves
         m.to_offload, m.to_normal = m.to_offload + (to is KVClass.OFFLOAD), m.to_normal + (to is KVClass.NORMAL)
@@ -179,7 +187,7 @@ class ServingEngine:
 
     def lengths(self) -> dict[int, int]:
         """Running (and waiting) requests' tokens now: prompt + generated."""
-        return {rid: self.engine_for(r.kv_class).sequence(r.local).num_tokens for rid, r in self._requests.items()}
+        return {rid: r.seq.num_tokens for rid, r in self._requests.items()}
 
     def has_unfinished(self) -> bool:
         return bool(self._requests)

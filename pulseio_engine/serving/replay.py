@@ -36,7 +36,7 @@ from ..trace import Trace
 from .budget import KVBudget, size
 from .clock import Clock, ClockKind
 from .config import ServingConfig
-from .engine import ServingEngine, footprint_for
+from .engine import ServingEngine, plan_pools
 from .gpu_busy import BusyMeter
 from .metrics import Recorder, m_summary
 from .outer import OuterScheduler
@@ -64,8 +64,8 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     device, dtype = options.device, DType.BFLOAT16 if options.device.startswith("cuda") else DType.FLOAT32
     max_len = _check_context(trace, source)
     heads = _heads(source, config, options.heads)
-    _check_memory(source, config, device, dtype)
-    footprint = footprint_for(config, source.config, dtype)
+    footprint, sizes = plan_pools(config, source.config, dtype)
+    _check_memory(source, config, device, dtype, sizes.device_bytes(footprint))
     budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
     threshold = config.offload_threshold if config.has_offload else None
     check = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch, max_offload=1)
@@ -179,7 +179,7 @@ def _steer(serving: ServingEngine, source: ModelSource, config: ServingConfig, s
     return describe(profile)
 
 
-def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype: DType) -> None:
+def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype: DType, pools: int) -> None:
     """The host pool against the host's memory, the weights and pools against the device's, before allocating."""
     host = memory_budget("cpu")
     if config.has_offload and host is not None and config.host_kv_bytes > host.nbytes:
@@ -187,7 +187,6 @@ def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype
             f"--host-kv-gib asks for a host pool of {gib(config.host_kv_bytes)}, more than the {gib(host.nbytes)} "
             f"this machine offers ({host.source}); pass a smaller --host-kv-gib")
     elem = TORCH_DTYPES[dtype].itemsize
-    pools = 3 * config.gpu_kv_bytes if config.has_offload else config.gpu_kv_bytes   # pool_sizes' worst case
     need = estimate(source.config, dtype_bytes=elem, kv_tokens=0, batch=config.max_batch, prefill_tokens=2048)
     need = type(need)(need.weights, pools, need.activations)
     what = f"{source.spec} serving {config.describe()} with a {gib(config.gpu_kv_bytes)} KV cap"
@@ -216,8 +215,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
     recalls, recalled = serving.recall_statistics()
     stats = serving.inner.stats
     sizes, fp = serving.sizes, serving.footprint
-    pools = (sizes.normal_blocks * fp.normal_block + sizes.offload_blocks * fp.offload_block
-             + sizes.max_offload * fp.offload_fixed)
+    pools = sizes.device_bytes(fp)
     expected = sum(r.output_len for r in trace.requests)
     completed = sum(r["finished_s"] is not None and r["tokens"] == r["output_len"] for r in records)
     return {

@@ -156,3 +156,23 @@ def test_tpot_is_the_time_between_a_requests_tokens_bucketed_by_input() -> None:
     assert tpot["<8K"]["p50_ms"] == pytest.approx(1000.0) and tpot["8K-32K"]["p50_ms"] == pytest.approx(500.0)
     assert tpot[">=32K"]["requests"] == 0 and tpot["all"]["requests"] == 2
     assert [bucket_of(n) for n in (8191, 8192, 32767, 32768)] == ["<8K", "8K-32K", "8K-32K", ">=32K"]
+
+
+@pytest.mark.slow
+def test_a_real_model_prefills_its_prompts_and_serves_both_classes(tmp_path: Path) -> None:
+    """smollm2 (fetched on first use): no handed-in KV, so each prompt is prefilled here, in its class's engine."""
+    from pulseio_engine.fetch import FetchError, fetch_smollm2
+
+    try:
+        fetch_smollm2()
+    except FetchError as exc:
+        pytest.skip(f"SmolLM2 is not available here: {exc}")
+    out = tmp_path / "real.json"
+    argv = ["replay", "--trace", "servegen-sample", "--requests", "6", "--max-output", "6", "--model", "smollm2",
+            "--mode", "pulseinfer", "--selection", "quest", "--gpu-kv-gib", "0.05", "--host-kv-gib", "0.25",
+            "--offload-threshold", "212", "--token-budget", "128", "--device", "cpu", "--no-progress", "--json",
+            str(out)]
+    assert main(argv) == 0
+    report = load_report(out)
+    assert report["summary"]["complete"] and report["config"]["kv"] == "prefilled"
+    assert report["config"]["steering"] is None and {r["class"] for r in report["requests"]} == {"normal", "offload"}
