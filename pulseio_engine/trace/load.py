@@ -58,6 +58,8 @@ class TraceOptions:
 
 
 def open_trace(options: TraceOptions) -> Trace:
+    """The requests `options` describe (see `TraceOptions`), each step from the file noted; raises TraceError
+    naming the file and line of a bad record, or saying which step left no request."""
     path, source = _resolve(options.spec)
     fmt = options.format if options.format is not TraceFormat.AUTO else _guess(path)
     if fmt is TraceFormat.MOONCAKE:
