@@ -32,7 +32,7 @@ class BusyMeter:
 
     def __init__(self, device: str, *, every: int = 50, rounds: int = 5) -> None:
         self.enabled = device.startswith("cuda")
-        self.every, self.rounds = every, rounds
+        self.every, self.rounds = every, min(rounds, every)
         self._round = 0
         self._prof: Any = None
         self.windows: list[tuple[float, float]] = []      # (busy seconds, window seconds)
