@@ -176,3 +176,41 @@ def test_a_real_model_prefills_its_prompts_and_serves_both_classes(tmp_path: Pat
     report = load_report(out)
     assert report["summary"]["complete"] and report["config"]["kv"] == "prefilled"
     assert report["config"]["steering"] is None and {r["class"] for r in report["requests"]} == {"normal", "offload"}
+
+
+def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernels_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    from pulseio_engine.serving.gpu_busy import BusyMeter
+
+    started: list[int] = []
+
+    def event(name: str, start: float, end: float) -> types.SimpleNamespace:
+        return types.SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA,
+                                     time_range=types.SimpleNamespace(start=start, end=end))
+
+    class FakeProfiler:
+        def __init__(self, activities: list) -> None:
+            pass
+
+        def start(self) -> None:
+            started.append(meter._round)
+
+        def stop(self) -> None:
+            pass
+
+        def events(self) -> list:      # a 100 us window: model kernels cover 0-30 and 50-60; the copier all of it
+            return [event("gemm", 0, 20), event("norm", 10, 30), event("attn", 50, 60),
+                    event("_resident_copy_kernel", 0, 100), event("wait_seq", 30, 50), event("Memcpy HtoD", 60, 100)]
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfiler)
+    meter = BusyMeter("cuda", every=10, rounds=3)
+    for _ in range(25):
+        meter.before_round()
+        meter.after_round()
+    assert started == [7, 17] and len(meter.windows) == 2
+    assert meter.fraction() == pytest.approx(40 / 100)
+    assert BusyMeter("cpu").fraction() is None
