@@ -23,6 +23,12 @@ request. Arm before every replay: a replay that was not armed still has its requ
 serves requests nobody expects), but the runtime's count of seqs falls behind the device's, so later
 Completions name the wrong requests (they fail on a tag mismatch where the tags differ).
 Only RESIDENT requests can be captured: every other route needs host driver calls after the publish.
+
+A step captured as several graphs (one per layer, so the host can run other work between them) may capture
+only the publish (`post(..., wait=False)`) and make the stream wait later, if at all: `wait_device(index)`
+launches, or captures, the wait for that post of the replay in flight. The Completions of `arm` tell the host,
+never waiting, whether a request has landed (`done()`), so a host that sees it landed needs no wait. All the
+graphs holding one RecallGraph's posts are replayed in capture order, and `arm` comes once before the first.
 """
 
 from __future__ import annotations
@@ -56,10 +62,13 @@ class RecallGraph:
         """Requests each replay publishes."""
         return len(self._posts)
 
-    def post(self, *, host_ids: Any, device_slots: Any, count: Any = None, tag: int = 0, stream: Any = None) -> None:
+    def post(self, *, host_ids: Any, device_slots: Any, count: Any = None, tag: int = 0, stream: Any = None,
+             wait: bool = True) -> int:
         """Capture, on `stream` (default: current, which must be capturing a CUDA graph), the publish of
-        host_ids[:count] -> device_slots[:count] and a device wait for it. Arguments as `Runtime.post_recall`;
-        the tensors must stay alive (and in place) as long as the graph is replayed."""
+        host_ids[:count] -> device_slots[:count] and (`wait`) a device wait for it; -> the post's index (the
+        place of its Completion in `arm`'s list). Arguments as `Runtime.post_recall`; the tensors must stay
+        alive (and in place) as long as the graph is replayed. Without `wait`, order later work after the
+        data with `wait_device(index)`."""
         torch = self._torch
         stream = stream if stream is not None else torch.cuda.current_stream(self._runtime.backend.device)
         with torch.cuda.stream(stream):
@@ -68,8 +77,18 @@ class RecallGraph:
             raise InvalidRequestError("RecallGraph.post records into a CUDA graph being captured on `stream`; "
                                       "outside a capture use Runtime.post_recall and device_wait")
         seq_out = torch.empty(1, dtype=torch.int64, device=self._runtime.backend.device)
-        self._runtime._post_captured(host_ids, device_slots, count, tag, stream, seq_out)
+        self._runtime._post_captured(host_ids, device_slots, count, tag, stream, seq_out, wait=wait)
         self._posts.append(_Post(tag, seq_out))
+        return len(self._posts) - 1
+
+    def wait_device(self, index: int, *, stream: Any = None) -> None:
+        """Later work on `stream` (default: current) runs once post `index` of the replay in flight has landed:
+        a one-thread wait kernel reading the seq that post's publish stored, launched now (after the replayed
+        publish, in stream order), or captured if `stream` is capturing. The replay was armed, so the
+        watchdog releases this wait, failing the request, if it does not land in time."""
+        if not 0 <= index < len(self._posts):
+            raise InvalidRequestError(f"post index {index} is not one of this RecallGraph's {len(self._posts)} posts")
+        self._runtime._wait_captured(self._posts[index].seq_out, stream)
 
     def arm(self, *, stream: Any = None) -> list[Completion]:
         """Before a replay on `stream` (default: current): one Completion per captured post, in post order.

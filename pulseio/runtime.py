@@ -205,12 +205,20 @@ class Runtime:
 
         return RecallGraph(self, torch)
 
-    def _post_captured(self, host_ids: Any, device_slots: Any, count: Any, tag: int, stream: Any, seq_out: Any) -> None:
-        """Capture a publish (seq from the device counter, stored in seq_out) and its device wait on `stream`."""
+    def _post_captured(self, host_ids: Any, device_slots: Any, count: Any, tag: int, stream: Any, seq_out: Any,
+                       *, wait: bool = True) -> None:
+        """Capture a publish (seq from the device counter, stored in seq_out) and (`wait`) its device wait on
+        `stream`."""
         count = self._check_post(host_ids, device_slots, count, tag)
         with self._lock:
             self._check_open()
             self._publisher.post(host_ids, device_slots, count, tag, stream, seq_out=seq_out)
+        if wait:
+            self._wait_captured(seq_out, stream)
+
+    def _wait_captured(self, seq_out: Any, stream: Any) -> None:
+        """The device wait of a captured publish that stored its seq in seq_out, on `stream` (capturing or not)."""
+        self._check_open()
         self._publisher.wait_seq(stream, seq_out.data_ptr(), self._words.base, self._words.slots)
 
     def _arm_replay(self, tags: list[int], stream: Any) -> list[Completion]:

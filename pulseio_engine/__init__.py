@@ -34,3 +34,12 @@ from .offload import OffloadStatistics as OffloadStatistics
 from .request import FinishReason as FinishReason
 from .request import RequestOutput as RequestOutput
 from .request import SamplingParams as SamplingParams
+from .serving import ReplayOptions as ReplayOptions
+from .serving import ServeMode as ServeMode
+from .serving import ServingConfig as ServingConfig
+from .serving import ServingEngine as ServingEngine
+from .serving import replay as replay
+from .trace import Trace as Trace
+from .trace import TraceError as TraceError
+from .trace import TraceOptions as TraceOptions
+from .trace import open_trace as open_trace

@@ -13,6 +13,10 @@
     pulseio-engine locality --model smollm2 --context-len 4096 --steps 64 --token-budget 1024 --mode solohead \
         --heads heads.json --json out/locality.json
     pulseio-engine eval-table --model smollm2 --context-len 2048,4096 --heads heads.json --out out/smollm2
+    pulseio-engine replay --trace mooncake-sample --model tiny --mode pulseinfer --gpu-kv-gib 0.02 \
+        --host-kv-gib 0.5 --offload-threshold 2048 --token-budget 256 --requests 50 --max-input 3072 \
+        --max-output 64 --json out/pulseinfer.json --plot out/pulseinfer.png
+    pulseio-engine replay-table out/*.json --plot out/compare.png
 
 Every option is checked before any work; a mistake is one line on stderr and exit code 2.
 Before a model is built, its memory (weights, KV, activations) is checked against the device's.
@@ -52,6 +56,7 @@ from .model.checkpoint import ModelSource, model_names, open_model
 from .offload import RESIDENT_IDLE_US
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
+from .serving.cli import add_parsers as add_serving_parsers
 from .sparse_bench import SparseBenchMode, SparseBenchResult, run_sparse_bench
 
 PROG = "pulseio-engine"
@@ -228,7 +233,8 @@ def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0],
                       epilog=f"{MEMORY_LIMIT_ENV}=8G (say) lowers the memory the preflight allows.")
     sub = p.add_subparsers(dest="command", required=True,
-                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,eval-table,eval-summary,locality}")
+                           metavar="{generate,bench,fetch,fetch-smollm2,calibrate,eval,eval-table,eval-summary,locality,"
+                                   "replay,replay-table}")
 
     g = sub.add_parser("generate", help="greedy (or sampled) generation for one prompt",
                        description="Greedy (or sampled) generation for one prompt.",
@@ -314,6 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_calibrate, prog=c.prog)
 
     add_eval_parsers(sub, _model_help())
+    add_serving_parsers(sub, _model_help())
 
     return p
 

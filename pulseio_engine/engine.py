@@ -129,10 +129,24 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Run one prefill or decode step; returns the requests that finished in it."""
+        return self.run(self.schedule())
+
+    def admit(self) -> tuple[Sequence, ...]:
+        """Admit waiting requests now (FIFO, while the cache has blocks for them) and load their handed-in KV;
+        -> those admitted. `step` does this first; a caller that moves a request here from another engine
+        calls it so the KV is in place before the other engine lets it go."""
+        admitted = self.scheduler.admit()
+        self._load_admitted(admitted)
+        return admitted
+
+    def schedule(self) -> ScheduledStep:
+        """The next step's work (`Scheduler.schedule`), the newly admitted requests' handed-in KV loaded."""
         step = self.scheduler.schedule()
-        for seq in step.admitted:
-            if seq.request_id in self._handoffs:
-                self._load_handoff(seq, self._handoffs.pop(seq.request_id))
+        self._load_admitted(step.admitted)
+        return step
+
+    def run(self, step: ScheduledStep) -> list[RequestOutput]:
+        """Run a scheduled step; returns the requests that finished in it."""
         sampled, logits = self._run(step)
         finished = []
         for row, (seq, token) in enumerate(sampled):
@@ -141,12 +155,52 @@ class Engine:
                 seq.forced_logprobs.append(float(logprob))
                 continue
             if seq.append_token(token) is not None:
-                self.scheduler.finish(seq)
-                if self.offloader is not None:
-                    self.offloader.close_request(seq.request_id)
-                finished.append(seq.to_output())
+                finished.append(self._finish(seq))
         self._steps += 1
         return finished
+
+    def commit_decode(self, seqs: Seq[Sequence], tokens: Seq[int]) -> list[RequestOutput]:
+        """A decode step of `seqs` that ran elsewhere (the serving loop's layer-interleaved batches): each fed
+        its token at `num_computed` and sampled `tokens[i]`. -> the requests that finished."""
+        finished = []
+        for seq, token in zip(seqs, tokens, strict=True):
+            if seq.num_computed + 1 != seq.num_tokens:
+                raise ValueError(f"request {seq.request_id} is not decoding its last token ({seq!r}): commit_decode "
+                                 "takes plain decode steps (no prefill, no decode_tail)")
+            seq.mark_computed(1)
+            if seq.append_token(int(token)) is not None:
+                finished.append(self._finish(seq))
+        self._decode_tokens += len(seqs)
+        self._steps += 1
+        return finished
+
+    def sequence(self, request_id: int) -> Sequence:
+        """A waiting or running request's state (KeyError once it finished or left)."""
+        for seq in (*self.scheduler.waiting, *self.scheduler.running):
+            if seq.request_id == request_id:
+                return seq
+        raise KeyError(f"request {request_id} is not waiting or running in this engine")
+
+    def release(self, request_id: int) -> Sequence:
+        """Drop a waiting or running request unfinished, returning its KV blocks, host units and hot slots
+        (it moved to another engine); -> its state as it was."""
+        seq = self.sequence(request_id)
+        self.scheduler.remove(seq)
+        self._handoffs.pop(request_id, None)
+        if self.offloader is not None:
+            self.offloader.close_request(request_id)
+        return seq
+
+    def _finish(self, seq: Sequence) -> RequestOutput:
+        self.scheduler.finish(seq)
+        if self.offloader is not None:
+            self.offloader.close_request(seq.request_id)
+        return seq.to_output()
+
+    def _load_admitted(self, admitted: Seq[Sequence]) -> None:
+        for seq in admitted:
+            if seq.request_id in self._handoffs:
+                self._load_handoff(seq, self._handoffs.pop(seq.request_id))
 
     def generate(self, prompts: Seq[Seq[int]], sampling: SamplingParams | None = None) -> list[RequestOutput]:
         """Run `prompts` to completion together; outputs in prompt order."""

@@ -17,6 +17,12 @@ How the recalls run between pieces decides how the step is captured:
 - sync recalls (the ArkVale-like baseline, ids to the host): one graph per piece, and the recall runs
   eagerly between replays, as the baseline must.
 
+Split (`split=True`, the serving loop's IRQ): the caller runs the pieces one by one (`run_piece`) and may run
+another batch's layers between them; each piece's recall is posted without its device wait (`PendingRecall`),
+and the caller waits on the device, or sees it landed on the host, before the next piece. Captured, that is
+one graph per piece, a doorbell publish captured at each piece's end (`RecallGraph.post(wait=False)`), one
+`arm` before piece 0 and an eager `RecallGraph.wait_device` only for a recall the host has not seen land.
+
 Pieces are captured once per batch (the same requests in the same order) into one memory pool; each reads
 the tensors the one before wrote, kept alive by this object. A step uploads token ids, positions, block
 tables and context lengths into static buffers (or `advance_nowait` moves them on on the device); slots
@@ -33,6 +39,7 @@ import numpy as np
 import torch
 
 from .kv.cache import KVCache
+from .kv.recall import PendingRecall
 from .model.batch_state import BatchState, DecodeAttention
 from .model.llama import CausalLM
 
@@ -41,10 +48,11 @@ class OffloadStepGraph:
     """The captured step of one offload batch (see the module doc)."""
 
     def __init__(self, model: CausalLM, kv: KVCache, offloader: Any, request_ids: tuple[int, ...],
-                 max_blocks: int, *, capture: bool = True) -> None:
-        """`capture=False` runs the pieces eagerly every step (a CPU, or a check of the pieces)."""
+                 max_blocks: int, *, capture: bool = True, split: bool = False) -> None:
+        """`capture=False` runs the pieces eagerly every step (a CPU, or a check of the pieces). `split`: run
+        piece by piece (`run_piece`), captured as one graph per piece (see the module doc)."""
         dev, b = model.device, len(request_ids)
-        self.capture = capture
+        self.capture, self.split = capture, split
         self.model, self.kv, self.offloader, self.request_ids = model, kv, offloader, request_ids
         self.batch = offloader.begin(request_ids)     # the batch's state, stacked once; the graph updates it
         self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)
@@ -56,6 +64,17 @@ class OffloadStepGraph:
         self._recall_graph: Any = None          # pulseio.RecallGraph when the recalls are captured
         self._recalls: list[tuple[int, tuple[torch.Tensor, ...] | None]] = []   # (layer, compacted recall)
         self._live: list[object] = []                                            # what the pieces share
+        self._eager: list[Callable[[], None]] = []     # split, before capture: this step's pieces
+        self._ran_eagerly = False                      # split: a step ran eagerly, the next one captures
+        self._posts: dict[int, int] = {}               # split, captured: piece -> its RecallGraph post
+        self._armed: list[Any] = []                    # split, captured: this step's Completions, in post order
+        self._pending: PendingRecall | None = None     # split: the last piece's recall
+
+    @property
+    def num_pieces(self) -> int:
+        """Pieces of a step: the first (embedding, dense layers, the first offloaded layer to its recall), one
+        per further offloaded layer, and the last (the last layer's attention and MLP, the logits)."""
+        return self.model.config.num_layers - self.offloader.dense + 1
 
     @property
     def graphs_per_step(self) -> int:
@@ -80,6 +99,13 @@ class OffloadStepGraph:
     def run(self) -> torch.Tensor:
         """One decode step -> logits [B, V] fp32 (a static buffer: read it before the next step). Never
         syncs the host once captured, except what a sync recall does."""
+        if self.split:
+            for piece in range(self.num_pieces):
+                pending = self.run_piece(piece)
+                if pending is not None:
+                    pending.wait_device()
+            assert self.logits is not None
+            return self.logits
         if not self._graphs:
             self._run_eagerly()
             logits = self.logits          # this step's; capturing points self.logits at the graph's buffer,
@@ -97,6 +123,69 @@ class OffloadStepGraph:
             logits = self.logits
         assert logits is not None
         return logits
+
+    def run_piece(self, piece: int) -> PendingRecall | None:
+        """Split steps: run piece `piece` (0 first, then in order) and post the recall it planned without the
+        device wait; -> that recall (None: the piece plans none). Before a piece, the previous piece's recall
+        is waited for on the device unless the caller saw it land. After the last piece, `logits` holds the
+        step's logits. The first step of a batch runs eagerly; with `capture`, the next one captures at piece 0."""
+        if not self.split:
+            raise RuntimeError("run_piece needs an OffloadStepGraph built with split=True (this is a bug in "
+                               "pulseio_engine)")
+        previous, self._pending = self._pending, None
+        if piece > 0 and previous is not None and not previous.landed_nowait():
+            previous.wait_device()
+        if piece == 0:
+            self.prepare_split()
+            if self._recall_graph is not None:
+                self._armed = self.offloader.recaller.arm(self._recall_graph)
+        if self._graphs:
+            self._graphs[piece].replay()
+        else:
+            self._eager[piece]()
+        self._pending = self._posted(piece)
+        if piece == self.num_pieces - 1 and not self._graphs:
+            self._ran_eagerly, self._eager = True, []
+        return self._pending
+
+    @property
+    def captured(self) -> bool:
+        """Whether steps replay captured graphs (False: the next step runs eagerly)."""
+        return bool(self._graphs)
+
+    def prepare_split(self) -> None:
+        """Before a split step, ahead of any other batch's work: capture the pieces if a step already ran eagerly
+        (a capture synchronizes the device, so it must not fall inside another batch's step), or build this
+        step's eager pieces. `run_piece(0)` does it itself if not done."""
+        if not self._graphs and self._ran_eagerly and self.capture:
+            self._capture_split()
+        if not self._graphs and not self._eager:
+            self._eager = self._pieces()
+
+    def _posted(self, piece: int) -> PendingRecall | None:
+        if piece >= len(self._recalls) or self._recalls[piece][1] is None:
+            return None
+        layer, args = self._recalls[piece]
+        if piece not in self._posts:
+            return self.offloader.recaller.post(*args, tag=layer)        # type: ignore[misc]
+        index, recalls = self._posts[piece], self._recall_graph
+        return PendingRecall(self._armed[index], layer, waiter=lambda: recalls.wait_device(index))
+
+    def _capture_split(self) -> None:
+        """One graph per piece in one pool; a doorbell recall's publish captured at its piece's end, no wait."""
+        pool = torch.cuda.graph_pool_handle()
+        recaller = self.offloader.recaller
+        recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
+        graphs, posts = [], {}
+        for i, piece in enumerate(self._pieces()):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                piece()
+                if recalls is not None and i < len(self._recalls) and self._recalls[i][1] is not None:
+                    layer, (ids, dst, count) = self._recalls[i]                   # type: ignore[misc]
+                    posts[i] = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+            graphs.append(graph)
+        self._graphs, self._posts, self._recall_graph = graphs, posts, recalls if posts else None
 
     def _run_eagerly(self) -> None:
         pieces = self._pieces()

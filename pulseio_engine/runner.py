@@ -127,7 +127,7 @@ class ModelRunner:
         replayed on a GPU, run eagerly elsewhere (the same work in the same order)."""
         temps = [s.sampling.temperature for s in seqs]
         if self.offload_pieces:
-            logits = self._offload_graph_for(seqs, offloader).run()
+            logits = self.offload_step(seqs, offloader).run()
         else:
             state = self.prepare_decode(seqs)
             offloader.begin([s.request_id for s in seqs]).start(state)
@@ -137,17 +137,26 @@ class ModelRunner:
             offloader.recaller.check_landed()                     # the tokens are on the host: every recall ended
         return tokens, logits
 
-    def _offload_graph_for(self, seqs: Seq[Sequence], offloader: Offloader) -> OffloadStepGraph:
-        """The batch's step graph with this step's inputs uploaded (captured anew when the batch changes)."""
+    def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False) -> OffloadStepGraph:
+        """The batch's step graph with this step's inputs uploaded (captured anew when the batch changes). `split`:
+        a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), captured one graph per piece."""
         key = tuple(s.request_id for s in seqs)
-        if self._offload_graph is None or self._offload_graph.request_ids != key:
+        graph = self._offload_graph
+        if graph is None or graph.request_ids != key or graph.split != split:
             self._offload_graph = None                            # let the old pieces' pool go first
             self._offload_graph = OffloadStepGraph(self.model, self.kv, offloader, key, self.max_blocks_per_seq,
-                                                   capture=self.graphs.use_graphs)
+                                                   capture=self.graphs.use_graphs, split=split)
         pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
         ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
         self._offload_graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))
         return self._offload_graph
+
+    def decode_nowait(self, seqs: Seq[Sequence]) -> torch.Tensor:
+        """One greedy decode step of plain (paged, dense) requests, enqueued; -> their tokens [B] int64 on the
+        device (a view of the graphs' buffer: copy it before the next step). Never syncs once captured."""
+        bucket = self.upload_decode(seqs)
+        self.graphs.run_nowait(bucket)
+        return self.graphs.next_tokens[:len(seqs)]
 
     def upload_decode(self, seqs: Seq[Sequence]) -> int:
         """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""

@@ -78,7 +78,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledStep:
-        admitted = self._admit()
+        admitted = self.admit()
         prefill = self._prefill_chunks()
         decode = () if prefill else tuple(self.running)
         return ScheduledStep(admitted, prefill, decode)
@@ -90,10 +90,20 @@ class Scheduler:
         self.allocator.free(seq.block_table.block_ids)
         seq.block_table.block_ids = []
 
+    def remove(self, seq: Sequence) -> None:
+        """Drop a waiting or running sequence unfinished (its blocks returned): it was moved elsewhere."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            return
+        self.running.remove(seq)
+        self.allocator.free(seq.block_table.block_ids)
+        seq.block_table.block_ids = []
+
     def statistics(self) -> SchedulerStatistics:
         return SchedulerStatistics(len(self.waiting), len(self.running), self.allocator.num_free)
 
-    def _admit(self) -> tuple[Sequence, ...]:
+    def admit(self) -> tuple[Sequence, ...]:
+        """Admit waiting sequences now, FIFO, as `schedule` does first; -> those admitted."""
         admitted = []
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]

@@ -131,3 +131,23 @@ def test_importing_pulseio_imports_no_integrated_system() -> None:
     code = f"import sys, pulseio; print(sorted(m for m in sys.modules if m.split('.')[0] in {INTEGRATED!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+# Bookkeeping that must run where torch cannot: trace parsing, the serving loop's decisions and its report.
+NO_TORCH = ["pulseio_engine/trace", "pulseio_engine/serving/budget.py", "pulseio_engine/serving/outer.py",
+            "pulseio_engine/serving/clock.py", "pulseio_engine/serving/config.py",
+            "pulseio_engine/serving/metrics.py", "pulseio_engine/serving/report.py"]
+
+
+@pytest.mark.parametrize("path", [p for entry in NO_TORCH for p in (sorted((ROOT / entry).rglob("*.py"))
+                                                                   if (ROOT / entry).is_dir() else [ROOT / entry])],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_bookkeeping_imports_no_torch(path: Path) -> None:
+    assert path.is_file()
+    torch_side = {n for n in _imports(path) if _root(n) == "torch"}
+    assert not torch_side, f"{path}: bookkeeping must not import torch ({sorted(torch_side)})"
+    local = [n for n in _imports(path) if n.startswith("pulseio_engine.")]
+    heavy = [n for n in local if n.split(".")[1] in {"engine", "runner", "offload", "model", "serving"}
+             and not any(n.startswith(ok) for ok in ("pulseio_engine.serving.budget", "pulseio_engine.serving.metrics",
+                                                     "pulseio_engine.serving.config"))]
+    assert not heavy, f"{path}: bookkeeping imports the device side: {heavy}"

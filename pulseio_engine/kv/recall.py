@@ -4,7 +4,10 @@ The plan's rows are padded; `compact` packs the needed (host unit, device slot) 
 fixed-size tensors, and counts them on the device. Then:
 
 - DOORBELL: `post_recall(host_ids=ids, device_slots=slots, count=count)` publishes ids and count as they lie (decided on
-  the device: no host sync), and `device_wait()` orders the layer's attention after the copy. A request
+  the device: no host sync), and `device_wait()` orders the layer's attention after the copy. `recall` does
+  both; `post` only publishes and hands back a `PendingRecall`, whose `landed_nowait()` says (never waiting)
+  whether the data is in place and whose `wait_device()` is the device wait, for a caller that runs other
+  work meanwhile (the serving loop's IRQ: another batch's layers while this recall lands). A request
   that fails later (pulseio's watchdog lets a stream go on unwritten slots rather than hang) is only known
   once the step is over: `check_landed`, called when the step's tokens reach the host, raises for it.
   Captured in a CUDA graph (`captures`), the same publish and wait are `pulseio.RecallGraph` posts, and
@@ -16,6 +19,7 @@ fixed-size tensors, and counts them on the device. Then:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,14 +85,14 @@ class Recaller:
         """Copy host units ids[:count] to device slots dst[:count] (from `compact`); returns once later
         device work sees them, with the request's pulseio handle (None: nothing to copy).
         ids, dst: [N] int64, count: [1] int64, on the model's device."""
-        done = self._doorbell(ids, dst, count, tag) if self.mode is RecallMode.DOORBELL else \
-            self._sync(ids, dst, count, tag)
-        if done is not None and done.exception() is not None:
-            raise RecallError(f"the recall for layer {tag} failed: {done.exception()}") from done.exception()
-        return done
+        return self.post(ids, dst, count, tag=tag).wait_device()
 
-    def _doorbell(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
-        """Waits only when the ring or the outstanding requests are full (counted in blocked_ns)."""
+    def post(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> PendingRecall:
+        """Start the recall of `recall` and return without the device wait: DOORBELL publishes it (waiting only
+        when the ring or the outstanding requests are full, counted in blocked_ns); SYNC carries it out whole
+        (its pending recall has landed). The buffers must not change until `wait_device`."""
+        if self.mode is not RecallMode.DOORBELL:
+            return PendingRecall(self._sync(ids, dst, count, tag), tag)
         try:
             done = self.runtime.post_recall_nowait(host_ids=ids, device_slots=dst, count=count, tag=tag)
         except pulseio.WouldBlock:
@@ -96,9 +100,8 @@ class Recaller:
             done = self.runtime.post_recall(host_ids=ids, device_slots=dst, count=count, tag=tag,
                                             timeout=self.timeout_s)
             self.blocked_ns += time.perf_counter_ns() - start
-        done.device_wait()
         self._posted.append((tag, done))
-        return done
+        return PendingRecall(done, tag, waiter=done.device_wait)
 
     def check_landed(self) -> None:
         """After a step's results reached the host: raise RecallError if a doorbell recall since the last
@@ -132,4 +135,32 @@ class Recaller:
                               f"{self.timeout_s} s") from exc
         except pulseio.PulseError as exc:
             raise RecallError(f"the recall for layer {tag} failed: {exc}") from exc
+        return done
+
+
+class PendingRecall:
+    """One layer's recall, posted and not yet waited for on the device (`Recaller.post`, or a captured
+    publish of `OffloadStepGraph`'s pieces). `landed_nowait()` never waits; `wait_device()` orders later work
+    on the current stream after the data (once; a recall that failed raises RecallError there)."""
+
+    __slots__ = ("handle", "tag", "_waiter", "_waited")
+
+    def __init__(self, handle: Any, tag: int, *, waiter: Callable[[], object] | None = None) -> None:
+        """handle: the pulseio Completion (None: nothing to copy); waiter: its device wait (None: none needed)."""
+        self.handle, self.tag, self._waiter, self._waited = handle, tag, waiter, waiter is None
+
+    def landed_nowait(self) -> bool:
+        """True once the data is in place or the recall failed (`wait_device` then raises). Never waits."""
+        return self.handle is None or self.handle.done()
+
+    def wait_device(self) -> Any:
+        """Later device work sees the data; returns the pulseio handle. A device wait, not a host one (on the
+        CPU backend the host waits). Raises the request's pulseio error if it had failed by the wait, and
+        RecallError if it had failed by the time the wait returns (as `Recaller.recall` always has)."""
+        if not self._waited:
+            self._waited = True
+            self._waiter()                     # type: ignore[misc]  # raises a request that failed already
+        done = self.handle
+        if done is not None and done.done() and done.exception() is not None:
+            raise RecallError(f"the recall for layer {self.tag} failed: {done.exception()}") from done.exception()
         return done

@@ -1,11 +1,14 @@
-"""One RecallGraph case in a fresh process: python recall_graph_case.py LAYERS K REPLAYS cold|warm.
+"""One RecallGraph case in a fresh process: python recall_graph_case.py LAYERS K REPLAYS cold|warm [split].
 
 Captures one CUDA graph of LAYERS "layers", each: a selection kernel (ids and a device count derived from a
 step counter the host bumps between replays), `RecallGraph.post` (publish + captured device wait), and a
 consumer that reads the recalled slots into an output buffer. Then REPLAYS times: bump the step, `arm()`,
 replay, and check every layer's output bit for bit against the host pool and every Completion. "cold": the
 consumer's kernels are first launched inside the capture; "warm": they ran once before it. The submitting
-thread must never sync during the replays (torch's sync debug mode is set to error). Prints one JSON line;
+thread must never sync during the replays (torch's sync debug mode is set to error). "split": each layer is two
+graphs, the selection with a publish-only post (`post(wait=False)`) and the consumer, replayed in order with the
+host between them: on even layers `wait_device(layer)` (launched eagerly), on odd layers the host spins on the
+armed Completion's done() and launches no wait (a landed recall needs none). Prints one JSON line;
 exits 0 only if every replay landed bit-exact. A hang is the parent's to kill: faulthandler dumps every
 thread's stack first.
 """
@@ -21,7 +24,7 @@ import time
 faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "100")), exit=True)
 
 
-def main(layers: int, k: int, replays: int, temperature: str) -> dict:
+def main(layers: int, k: int, replays: int, temperature: str, split: bool = False) -> dict:
     import numpy as np
     import torch
 
@@ -55,8 +58,11 @@ def main(layers: int, k: int, replays: int, temperature: str) -> dict:
             torch.cuda.synchronize()
         recalls = rt.recall_graph()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            body(recalls)
+        if split:
+            pieces = _capture_split(torch, recalls, layers, k, cfg.host_blocks, stride, step, pool, outs, stream)
+        else:
+            with torch.cuda.graph(graph, stream=stream):
+                body(recalls)
         torch.cuda.synchronize()
         results, t_host = [], 0.0
         torch.cuda.set_sync_debug_mode("error")
@@ -65,7 +71,10 @@ def main(layers: int, k: int, replays: int, temperature: str) -> dict:
                 step.fill_(r + 1)
                 t0 = time.perf_counter()
                 done = recalls.arm()
-                graph.replay()
+                if split:
+                    _replay_split(recalls, pieces, done)
+                else:
+                    graph.replay()
                 t_host += time.perf_counter() - t0
             torch.cuda.set_sync_debug_mode(0)
             stream.synchronize()
@@ -86,7 +95,36 @@ def main(layers: int, k: int, replays: int, temperature: str) -> dict:
                 "submitted": stats.submitted, "completed": stats.completed}
 
 
+def _capture_split(torch, recalls, layers, k, host_blocks, stride, step, pool, outs, stream) -> list:  # noqa: ANN001
+    """Per layer: a graph selecting and publishing (no captured wait), and a graph consuming."""
+    pieces = []
+    for layer in range(layers):
+        publish, consume = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        slots = 1 + layer * k + torch.arange(k, device="cuda")
+        with torch.cuda.graph(publish, stream=stream):
+            base = (step * 613 + layer * 97) % host_blocks
+            ids = (base + torch.arange(k, device="cuda") * stride) % host_blocks
+            count = (k - (step + layer) % min(k, 3)).reshape(1)
+            assert recalls.post(host_ids=ids, device_slots=slots, count=count, tag=layer, wait=False) == layer
+        with torch.cuda.graph(consume, stream=stream):
+            outs[layer].copy_(pool.index_select(0, slots))
+        pieces.append((publish, consume, ids, count, slots))     # the tensors the graphs use stay alive
+    return pieces
+
+
+def _replay_split(recalls, pieces, done) -> None:  # noqa: ANN001
+    for layer, (publish, consume, *_) in enumerate(pieces):
+        publish.replay()
+        if layer % 2 == 0:
+            recalls.wait_device(layer)
+        else:
+            deadline = time.monotonic() + 20
+            while not done[layer].done() and time.monotonic() < deadline:
+                time.sleep(20e-6)
+        consume.replay()
+
+
 if __name__ == "__main__":
-    out = main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    out = main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:] == ["split"])
     print(json.dumps(out))
     sys.exit(0 if out["ok"] and out["expired"] == 0 else 1)

@@ -22,15 +22,18 @@ CASE = Path(__file__).with_name("recall_graph_case.py")
 TIMEOUT_S = 120
 
 
-@pytest.mark.parametrize("layers,k,replays,temperature", [(40, 104, 6, "cold"), (40, 104, 6, "warm"),
-                                                          (3, 2048, 4, "cold"), (1, 1, 8, "warm")])
-def test_captured_recalls_land_bit_exact_on_every_replay(layers: int, k: int, replays: int, temperature: str) -> None:
+@pytest.mark.parametrize("layers,k,replays,temperature,split", [
+    (40, 104, 6, "cold", False), (40, 104, 6, "warm", False), (3, 2048, 4, "cold", False), (1, 1, 8, "warm", False),
+    (40, 104, 6, "warm", True), (3, 2048, 4, "cold", True)])
+def test_captured_recalls_land_bit_exact_on_every_replay(layers: int, k: int, replays: int, temperature: str,
+                                                         split: bool) -> None:
+    """split: publish-only posts, one graph per layer, the host waiting with wait_device or seeing done()."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     env = dict(os.environ, CASE_DUMP_AFTER_S=str(TIMEOUT_S - 20), PYTHONUNBUFFERED="1")
+    argv = [sys.executable, str(CASE), str(layers), str(k), str(replays), temperature] + (["split"] if split else [])
     try:
-        proc = subprocess.run([sys.executable, str(CASE), str(layers), str(k), str(replays), temperature],
-                              capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"killed after {TIMEOUT_S} s:\n{str(exc.stderr)[-6000:]}")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -52,3 +55,5 @@ def test_post_outside_a_capture_is_refused() -> None:
             recalls.post(host_ids=ids, device_slots=ids)
         with pytest.raises(InvalidRequestError, match="has captured no post"):
             recalls.arm()
+        with pytest.raises(InvalidRequestError, match="post index 0 is not one of this RecallGraph's 0 posts"):
+            recalls.wait_device(0)

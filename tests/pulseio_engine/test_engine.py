@@ -111,3 +111,24 @@ def test_eos_stops_and_sampling_is_seeded() -> None:
     hot = SamplingParams(max_new_tokens=6, temperature=5.0, ignore_eos=True)
     runs = [Engine.from_model("tiny", device="cpu", seed=7).generate([[1, 2]], hot)[0].output_ids for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+def test_a_decode_step_run_elsewhere_is_committed_and_a_request_can_leave_unfinished() -> None:
+    """The serving loop's hooks: admit, commit_decode (plain decode steps only), release (blocks back)."""
+    from pulseio_engine.kv.handoff import RandomKV
+
+    engine = Engine.from_model("tiny", device="cpu")
+    free = engine.scheduler.allocator.num_free
+    a = engine.add_request(list(range(1, 40)), SamplingParams(max_new_tokens=2, ignore_eos=True), kv=RandomKV(38))
+    b = engine.add_request(list(range(1, 20)), SamplingParams(max_new_tokens=3, ignore_eos=True))
+    assert [s.request_id for s in engine.admit()] == [a, b]
+    seq_a, seq_b = engine.sequence(a), engine.sequence(b)
+    with pytest.raises(ValueError, match=rf"^request {b} is not decoding its last token"):
+        engine.commit_decode([seq_b], [7])                       # b still needs its prefill
+    assert engine.commit_decode([seq_a], [7]) == [] and seq_a.output_ids == [7]
+    assert [o.output_ids for o in engine.commit_decode([seq_a], [9])] == [(7, 9)]
+    released = engine.release(b)
+    assert released is seq_b and not engine.has_unfinished()
+    assert engine.scheduler.allocator.num_free == free
+    with pytest.raises(KeyError, match=f"request {b} is not waiting or running"):
+        engine.sequence(b)

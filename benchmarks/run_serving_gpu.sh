@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The serving loop on one H200: its GPU tests (IRQ tokens against each batch alone with captured and late recalls,
+# sync-free steady rounds, a normal batch in per-layer pieces against one graph, a replay losing nothing; captured
+# publish-only recalls), then `pulseio-engine replay` of a Mooncake window in every mode at the same GPU KV cap
+# (qwen3-14b preset: random weights, handed-in random KV, selection steered to the shipped locality), and the table.
+#   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests replay" bash benchmarks/run_serving_gpu.sh
+# Env: PARTS ("tests replay"), TESTS_TIMEOUT_S (540); MODEL (qwen3-14b), TRACE (the shared Mooncake trace), START (0),
+# DURATION (120 s of the trace), TIME_SCALE (1), MAX_INPUT (32000), MAX_OUTPUT (1024), GPU_KV_GIB (24), HOST_KV_GIB (64),
+# THRESHOLD (8192), BUDGET (2048), MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
+# REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), DEVICE (cuda; cpu: a dry run of
+# the script with MODEL=tiny), R (/tmp/serving-results).
+# A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=600 REPLAY_TIMEOUT_S=1500 (longer than one command
+# may run on the lent machines: split it or run it where it may). Results: $OUT/serving.tgz.
+set -u
+R=${R:-/tmp/serving-results}; rm -rf $R; mkdir -p $R
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PULSEIO_NO_PROGRESS=1
+PARTS=${PARTS:-"tests replay"}; MODEL=${MODEL:-qwen3-14b}
+TRACE=${TRACE:-/work/shared/traces/mooncake/conversation_trace.jsonl}
+MODES=${MODES:-"vanilla quest offload-sync pulseinfer pulseinfer-noirq"}
+{ date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; hostname
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  free -g | head -2; echo "PARTS=$PARTS MODEL=$MODEL TRACE=$TRACE MODES=$MODES"; } > $R/meta.txt 2>&1
+finish() { mkdir -p ${OUT:-/tmp} && tar czf ${OUT:-/tmp}/serving.tgz -C $R . ; }
+trap finish EXIT
+
+if [[ " $PARTS " == *" tests "* ]]; then
+  echo "== gpu tests" | tee -a $R/progress.log
+  timeout ${TESTS_TIMEOUT_S:-540} python -m pytest -q -m gpu -p no:cacheprovider -rfE -s \
+    tests/pulseio/test_recall_graph_gpu.py tests/pulseio_engine/test_serving_gpu.py > $R/tests.log 2>&1
+  echo "tests rc=$?" | tee -a $R/progress.log; tail -3 $R/tests.log
+fi
+
+if [[ " $PARTS " == *" replay "* ]]; then
+  common="--trace $TRACE --start ${START:-0} --duration ${DURATION:-120} --time-scale ${TIME_SCALE:-1}
+    --max-input ${MAX_INPUT:-32000} --max-output ${MAX_OUTPUT:-1024} --model $MODEL --gpu-kv-gib ${GPU_KV_GIB:-24}
+    --token-budget ${BUDGET:-2048} --device ${DEVICE:-cuda} ${REPLAY_ARGS:-}"
+  offload="--host-kv-gib ${HOST_KV_GIB:-64} --offload-threshold ${THRESHOLD:-8192}"
+  for m in $MODES; do
+    case $m in
+      vanilla|quest) args="--mode $m" ;;
+      pulseinfer-noirq) args="--mode pulseinfer --no-irq $offload" ;;
+      *) args="--mode $m $offload" ;;
+    esac
+    echo "== $m" | tee -a $R/progress.log
+    timeout -k 10 ${REPLAY_TIMEOUT_S:-540} python -m pulseio_engine.cli replay $common $args \
+      --json $R/$m.json --plot $R/$m.png > $R/$m.log 2>&1
+    echo "rc=$? $(grep -E 'decode tok/s|completed' $R/$m.log | tr -s ' ' | tr '\n' ' ')" | tee -a $R/progress.log
+  done
+  python -m pulseio_engine.cli replay-table $R/*.json --plot $R/compare.png > $R/table.txt 2>&1
+  cat $R/table.txt
+fi

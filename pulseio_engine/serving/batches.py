@@ -1,0 +1,97 @@
+"""One engine's decode step as pieces the inner scheduler runs in order, and its tokens on their way to the host.
+
+A `DecodeBatch` is one step of one engine's running requests: dense (vanilla: the paged decode graph, one
+piece) or sparse (`OffloadStepGraph`: whole, one piece, or split per layer for IRQ, each piece ending at a
+layer's planned recall). Sampling is greedy, on the device. `HostTokens` brings the step's tokens to the
+host without a sync: a non-blocking copy into pinned memory and an event the host polls (with short sleeps,
+so pulseio's threads get the GIL meanwhile) instead of synchronizing on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+
+import torch
+
+from ..engine import Engine
+from ..kv.recall import PendingRecall
+from ..request import Sequence
+
+
+class DecodeBatch:
+    """One decode step of `seqs` on `engine`, in `num_pieces` pieces (see the module doc)."""
+
+    def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool) -> None:
+        """Build it before any batch of the round runs: a split step due for capture is captured here."""
+        self.engine, self.seqs, self.split = engine, tuple(seqs), split
+        off = engine.offloader
+        self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split)
+        self.num_pieces = self.graph.num_pieces if self.graph is not None and split else 1
+        if self.graph is not None and split:
+            self.graph.prepare_split()
+        self._tokens: torch.Tensor | None = None
+        self._last = False
+
+    @property
+    def warming(self) -> bool:
+        """A split step on a GPU that runs eagerly (its batch's first): its kernels may be launched for the first
+        time, and a first launch waits for every running kernel, a copier pinned to a later recall included.
+        Such a step must not run inside another batch's armed step (see `ServingEngine.step`)."""
+        g = self.graph
+        return g is not None and self.split and g.capture and not g.captured
+
+    @property
+    def size(self) -> int:
+        return len(self.seqs)
+
+    def run_piece(self, piece: int) -> PendingRecall | None:
+        """Enqueue piece `piece` (in order, 0 first); -> the recall it posted, not waited for (split only)."""
+        graph = self.graph
+        if graph is None:
+            self._tokens = self.engine.runner.decode_nowait(self.seqs)
+            return None
+        if not self.split:
+            self._tokens = graph.run().argmax(dim=-1)
+            return None
+        pending = graph.run_piece(piece)
+        self._last = piece == self.num_pieces - 1
+        return pending
+
+    def tokens_nowait(self) -> torch.Tensor:
+        """[B] int64 greedy tokens on the device, once the last piece ran (split: the argmax is enqueued now, after
+        both batches' steps, so no kernel of it runs inside the other batch's step)."""
+        if self._tokens is None and self._last and self.graph is not None and self.graph.logits is not None:
+            self._tokens = self.graph.logits.argmax(dim=-1)
+        if self._tokens is None:
+            raise RuntimeError("the step's last piece has not run (this is a bug in pulseio_engine)")
+        return self._tokens
+
+
+class HostTokens:
+    """A step's tokens copied to the host without a host sync (see the module doc). `pinned` [>= B] int64 is
+    reused step after step: the caller reads it (`wait_list`) before the next copy into it."""
+
+    def __init__(self, tokens: torch.Tensor, pinned: torch.Tensor | None) -> None:
+        self._n = tokens.shape[0]
+        self._event: torch.cuda.Event | None = None
+        if tokens.is_cuda:
+            assert pinned is not None and pinned.is_pinned()
+            pinned[:self._n].copy_(tokens, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+            self._host = pinned
+        else:
+            self._host = tokens
+
+    def wait_list(self, nap_s: float = 20e-6) -> list[int]:
+        """The tokens, once the copy has run: polls the event (never synchronizes on it)."""
+        if self._event is not None:
+            while not self._event.query():
+                time.sleep(nap_s)
+        return self._host[:self._n].tolist()
+
+
+def pinned_tokens(max_batch: int, device: torch.device) -> torch.Tensor | None:
+    """A reusable pinned landing buffer for `HostTokens` on a GPU (None on a CPU)."""
+    return torch.empty(max_batch, dtype=torch.int64, pin_memory=True) if device.type == "cuda" else None

@@ -1,0 +1,192 @@
+"""The `replay` and `replay-table` subcommands of `pulseio-engine` (parsers and handlers).
+
+    pulseio-engine replay --trace mooncake-sample --model tiny --mode pulseinfer --gpu-kv-gib 0.02 \
+        --host-kv-gib 0.5 --offload-threshold 2048 --token-budget 256 --requests 50 --max-input 3072 \
+        --max-output 64 --json out/pulseinfer.json --plot out/pulseinfer.png
+    pulseio-engine replay-table out/vanilla.json out/pulseinfer.json --plot out/compare.png
+
+Every option and the trace are checked before the model is loaded; a mistake is one line on stderr and exit
+code 2. Each transformation of the trace is printed as it is applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pulseio.cliargs import (
+    DEBUG_HELP,
+    UsageError,
+    check_writable,
+    device_name,
+    float_at_least,
+    int_at_least,
+    progress_enabled,
+    require_device,
+)
+from pulseio.machine import memory_budget
+
+from ..config import SparseMode
+from ..model.checkpoint import open_model
+from ..trace import SAMPLES, TraceFormat, TraceOptions, open_trace
+from .clock import ClockKind
+from .config import ServeMode, ServingConfig
+from .plots import plot_compare, plot_run
+from .replay import ReplayOptions, replay
+from .report import load_report, table
+
+_SELECTIONS = (SparseMode.QUEST.value, SparseMode.SOLOHEAD.value)
+DEFAULT_HOST_GIB = 16.0
+
+
+def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
+    r = sub.add_parser("replay", help="serve a trace (Mooncake, ServeGen) as the decode instance; report and plot",
+                       description="Serve a trace as the decode instance of a prefill-decode disaggregated "
+                                   "deployment: each request arrives at the trace's time with its prompt's KV handed "
+                                   "in (random KV for presets, prefilled for real models) and decodes the trace's "
+                                   "output length. Every mode is held to the same GPU KV cap (--gpu-kv-gib).")
+    r.add_argument("--trace", required=True, help=f"a Mooncake .jsonl, a ServeGen chunk-<client>-trace.csv or a "
+                                                 f"folder of clients, or a shipped sample ({', '.join(SAMPLES)})")
+    r.add_argument("--format", choices=[f.value for f in TraceFormat], default=TraceFormat.AUTO.value,
+                   help="how to read --trace (auto: .jsonl is Mooncake, .csv or a folder ServeGen)")
+    r.add_argument("--model", required=True, help=model_help)
+    r.add_argument("--mode", required=True, choices=[m.value for m in ServeMode],
+                   help="vanilla / quest: every KV on the GPU (dense / Quest); offload-sync: long requests offloaded, "
+                        "recalled with a host sync, one coupled batch (ArkVale-like); pulseinfer: doorbell recalls, "
+                        "SoloHead, the two batches interleaved layer by layer (IRQ)")
+    r.add_argument("--no-irq", action="store_true", help="pulseinfer with its two batches coupled, not interleaved")
+    r.add_argument("--gpu-kv-gib", type=float_at_least(1e-6), required=True,
+                   help="GPU memory every mode may hold for KV (and digests, hot sets), GiB")
+    r.add_argument("--host-kv-gib", type=float_at_least(1e-6), default=None,
+                   help=f"offload modes: the host pool, GiB (default {DEFAULT_HOST_GIB:g}, at most half the host's "
+                        "free memory)")
+    r.add_argument("--offload-threshold", type=int_at_least(1), default=8192,
+                   help="offload modes: tokens from which a request keeps its KV in the host pool")
+    r.add_argument("--token-budget", type=int_at_least(1), default=2048,
+                   help="sparse modes: tokens each request attends to (a multiple of 16)")
+    r.add_argument("--selection", choices=_SELECTIONS, default=None,
+                   help="sparse modes: which heads select (default: quest for quest / offload-sync, solohead for "
+                        "pulseinfer)")
+    r.add_argument("--heads", type=Path, default=None, help="SoloHead's calibration (pulseio-engine calibrate); "
+                                                           "presets take any head")
+    r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
+    t = r.add_argument_group("trace transformations (applied in this order, each printed)")
+    t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
+    t.add_argument("--duration", type=float_at_least(1e-6), default=None, help="window length, s of the trace")
+    t.add_argument("--requests", type=int_at_least(1), default=None, help="the first N requests of the window")
+    t.add_argument("--time-scale", type=float_at_least(1e-9), default=1.0,
+                   help="arrival times x this (< 1: faster arrivals)")
+    t.add_argument("--max-input", type=int_at_least(1), default=None, help="clip prompt lengths to this")
+    t.add_argument("--max-output", type=int_at_least(1), default=None, help="clip output lengths to this")
+    r.add_argument("--seed", type=int_at_least(0), default=0, help="ServeGen's draws, prompts, KV and weights")
+    r.add_argument("--clock", choices=["auto", *[c.value for c in ClockKind]], default="auto",
+                   help="wall: real time (sleeps when idle); virtual: rounds' measured time, jumping over idle "
+                        "(auto: wall on a GPU, virtual on a CPU)")
+    r.add_argument("--gpu-busy-every", type=int_at_least(0), default=200,
+                   help="profile the GPU's timeline 5 rounds in every this many (0: never)")
+    r.add_argument("--json", type=Path, default=None, help="write the report here")
+    r.add_argument("--plot", type=Path, default=None, help="write its four panels here (PNG)")
+    r.add_argument("--no-cuda-graphs", action="store_true", help="run every piece eagerly")
+    r.add_argument("--device", type=device_name(allow_auto=True), default="auto",
+                   help="cpu, cuda or cuda:N; auto = cuda when torch sees a GPU, else cpu")
+    r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    r.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    r.set_defaults(func=_replay, prog=r.prog)
+
+    tb = sub.add_parser("replay-table", help="replay reports side by side (and plotted)",
+                        description="Replay reports side by side: throughput (and its ratio to a vanilla run), "
+                                    "TPOT p50/p99 per input length, GPU busy, recalls, m.")
+    tb.add_argument("reports", nargs="+", type=Path, metavar="REPORT", help="replay --json files")
+    tb.add_argument("--plot", type=Path, default=None, help="throughput over time and TPOT of every run (PNG)")
+    tb.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    tb.set_defaults(func=_replay_table, prog=tb.prog)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    prog = args.prog
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            check_writable(prog, option, path)
+    config = _serving_config(prog, args)
+    trace = open_trace(TraceOptions(args.trace, TraceFormat(args.format), args.seed, args.start, args.duration,
+                                    args.requests, args.time_scale, args.max_input, args.max_output))
+    device = require_device(prog, args.device)
+    source = open_model(args.model, progress=progress_enabled(args.progress))
+    for note in trace.notes:
+        print(f"trace: {note}")
+    print(f"trace: {trace.describe()}")
+    say = _say(prog)
+    options = ReplayOptions(device=device, clock=None if args.clock == "auto" else ClockKind(args.clock),
+                            seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
+                            use_cuda_graphs=not args.no_cuda_graphs)
+    bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
+               leave=False)
+
+    def progress(done: int, info: dict) -> None:
+        bar.update(done - bar.n)
+        bar.set_postfix(info, refresh=False)
+
+    try:
+        report = replay(trace, source, config, options, progress=progress, say=say)
+    finally:
+        bar.close()
+    print(table([report]))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        plot_run(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if report["summary"]["complete"] else 1
+
+
+def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
+    mode = ServeMode(args.mode)
+    offload = mode in (ServeMode.OFFLOAD_SYNC, ServeMode.PULSEINFER)
+    if args.no_irq and mode is not ServeMode.PULSEINFER:
+        raise UsageError(prog, f"--no-irq turns pulseinfer's interleaving off; --mode {mode.value} does not "
+                               "interleave")
+    if args.host_kv_gib is not None and not offload:
+        raise UsageError(prog, f"--host-kv-gib sizes the offload modes' host pool; --mode {mode.value} keeps no KV "
+                               "on the host")
+    if args.selection is not None and mode is ServeMode.VANILLA:
+        raise UsageError(prog, "--selection picks the sparse modes' selecting heads; vanilla attends densely")
+    host = 0.0
+    if offload:
+        host = args.host_kv_gib if args.host_kv_gib is not None else _default_host_gib()
+    try:
+        return ServingConfig(mode, gpu_kv_bytes=int(args.gpu_kv_gib * 2**30), host_kv_bytes=int(host * 2**30),
+                             offload_threshold=args.offload_threshold, irq=False if args.no_irq else None,
+                             token_budget=args.token_budget,
+                             selection=None if args.selection is None else SparseMode(args.selection),
+                             max_batch=args.max_batch)
+    except ValueError as exc:
+        raise UsageError(prog, str(exc)) from None
+
+
+def _default_host_gib() -> float:
+    free = memory_budget("cpu")
+    return DEFAULT_HOST_GIB if free is None else min(DEFAULT_HOST_GIB, free.nbytes / 2 / 2**30)
+
+
+def _replay_table(args: argparse.Namespace) -> int:
+    if args.plot is not None:
+        check_writable(args.prog, "--plot", args.plot)
+    reports = [load_report(p) for p in args.reports]
+    print(table(reports))
+    if args.plot is not None:
+        plot_compare(reports, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _say(prog: str):  # noqa: ANN202
+    def say(text: str) -> None:
+        print(f"{prog.split()[0]}: {text}", file=sys.stderr)
+
+    return say

@@ -1,0 +1,90 @@
+"""The serving modes compared on one trace, and the serving engine's configuration. No torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from ..config import RecallMode, SparseConfig, SparseMode
+
+
+class ServeMode(Enum):
+    """What a serving run is (`pulseio-engine replay --mode`)."""
+
+    VANILLA = "vanilla"              # every request's KV on the GPU, dense attention; one batch
+    QUEST = "quest"                  # every request's KV on the GPU, Quest's sparse attention; one batch
+    OFFLOAD_SYNC = "offload-sync"    # long requests offloaded, recalled with a host sync (ArkVale-like); coupled
+    PULSEINFER = "pulseinfer"        # long requests offloaded, doorbell recalls, SoloHead; IRQ (irq=False: coupled)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """A serving engine: `mode`; `gpu_kv_bytes`, the GPU KV every mode may hold (KV, digests, hot sets); for the
+    offload modes `host_kv_bytes`, the host pool, and `offload_threshold`, the tokens from which a request is
+    offloaded. `irq` None: the mode's own (pulseinfer interleaves, the others run coupled batches).
+    `selection` None: the mode's own (Quest for quest and offload-sync, SoloHead for pulseinfer).
+    `max_batch` bounds each batch; `max_offload_seqs` the offload requests with hot sets (None: as many as
+    the GPU budget could hold at the threshold's length). `gpu_ahead`: layer pieces the host may enqueue
+    ahead of the GPU under IRQ (each one is a decision made that much earlier)."""
+
+    mode: ServeMode
+    gpu_kv_bytes: int
+    host_kv_bytes: int = 0
+    offload_threshold: int = 8192
+    irq: bool | None = None
+    token_budget: int = 2048
+    selection: SparseMode | None = None
+    block_size: int = 16
+    dense_layers: int = 2
+    max_batch: int = 256
+    max_offload_seqs: int | None = None
+    gpu_ahead: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, ServeMode):
+            raise TypeError(f"ServingConfig.mode must be a ServeMode, got {self.mode!r}")
+        for name in ("gpu_kv_bytes", "offload_threshold", "max_batch", "gpu_ahead"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServingConfig.{name} must be an int >= 1, got {value!r}")
+        if self.has_offload and self.host_kv_bytes < 1:
+            raise ValueError(f"ServingConfig.host_kv_bytes must be >= 1 for {self.mode.value} (its host pool), "
+                             f"got {self.host_kv_bytes!r}")
+        if self.irq and self.mode is not ServeMode.PULSEINFER:
+            raise ValueError(f"IRQ interleaves pulseinfer's normal and offload batches; {self.mode.value} runs "
+                             "coupled batches (leave irq unset)")
+        if self.selection is not None and self.mode is ServeMode.VANILLA:
+            raise ValueError("vanilla attends densely; a selection applies to quest, offload-sync and pulseinfer")
+        if self.sparse is not None:
+            SparseConfig(mode=self.sparse, token_budget=self.token_budget, block_size=self.block_size)
+
+    @property
+    def has_offload(self) -> bool:
+        """Whether long requests keep their KV in the host pool (an offload engine, a threshold)."""
+        return self.mode in (ServeMode.OFFLOAD_SYNC, ServeMode.PULSEINFER)
+
+    @property
+    def interleaves(self) -> bool:
+        """Whether the two batches run under IRQ (layer by layer) rather than coupled."""
+        return self.mode is ServeMode.PULSEINFER and self.irq is not False
+
+    @property
+    def sparse(self) -> SparseMode | None:
+        """The block selection of the sparse layers (None: vanilla, dense)."""
+        if self.mode is ServeMode.VANILLA:
+            return None
+        default = SparseMode.SOLOHEAD if self.mode is ServeMode.PULSEINFER else SparseMode.QUEST
+        return self.selection or default
+
+    @property
+    def recall(self) -> RecallMode | None:
+        """How offload requests' blocks come back (None: no offload engine)."""
+        return {ServeMode.OFFLOAD_SYNC: RecallMode.SYNC, ServeMode.PULSEINFER: RecallMode.DOORBELL}.get(self.mode)
+
+    def sparse_config(self) -> SparseConfig:
+        assert self.sparse is not None
+        return SparseConfig(mode=self.sparse, token_budget=self.token_budget, block_size=self.block_size)
+
+    def describe(self) -> str:
+        """The mode as the results name it: 'pulseinfer', 'pulseinfer --no-irq', 'quest'..."""
+        return self.mode.value + (" --no-irq" if self.mode is ServeMode.PULSEINFER and not self.interleaves else "")

@@ -1,0 +1,261 @@
+"""ServingEngine: the decode instance of a prefill-decode disaggregated deployment, serving two classes.
+
+It owns two `Engine`s over one set of weights: the normal engine (every layer's KV in its paged cache on the
+GPU; sparse attention over it through an all-on-GPU `Offloader`, except in vanilla) and, in the offload
+modes, the offload engine (offload-only: the dense layers in its paged cache, the rest in the host pool of
+its pulseio runtime, a hot set per request). A request is added to one of them by class, with its prompt's KV
+handed in (or prefilled), and may move to the other at a step boundary (`move`: its KV read out of one and
+loaded into the other, the host pool written or read through pulseio's device view, counted).
+
+`step` is one round: each engine's next work (prefill for requests without handed-in KV, else one decode
+step of all its running requests), the two decode steps run by the `InnerScheduler` (IRQ: interleaved layer
+by layer; or coupled), their greedy tokens brought to the host without a sync, and committed. Pool sizes
+follow the `KVBudget`: every pool is large enough for whatever the budget admits into it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import CacheConfig, DType, EngineConfig, ModelConfig, OffloadConfig, RecallMode, SchedulerConfig
+from ..engine import TORCH_DTYPES, Engine
+from ..kv.handoff import KVSource
+from ..kv.offload_layout import UnitLayout
+from ..kv.retrieval_heads import RetrievalHeads
+from ..model.checkpoint import Checkpoint
+from ..offload import SteeringProfile
+from ..request import SamplingParams, Sequence
+from .batches import DecodeBatch, HostTokens, pinned_tokens
+from .budget import Footprint, KVClass
+from .config import ServingConfig
+from .irq import InnerScheduler, NoPacer, Pacer
+from .resident_kv import ResidentKV
+
+
+@dataclass(frozen=True)
+class PoolSizes:
+    """What the engines allocate for a budget (see `pool_sizes`)."""
+
+    normal_blocks: int       # the normal engine's paged cache, block 0 included
+    offload_blocks: int      # the offload engine's paged cache (dense layers), block 0 included; 0: none
+    max_offload: int         # offload requests with hot sets
+    host_units: int          # the host pool, unit 0 included
+
+    def device_bytes(self, fp: Footprint) -> int:
+        """The KV-side device memory these pools take (paged caches with their digests, hot sets)."""
+        return self.normal_blocks * fp.normal_block + self.offload_blocks * fp.offload_block \
+            + self.max_offload * fp.offload_fixed
+
+
+def plan_pools(config: ServingConfig, model: ModelConfig, dtype: DType) -> tuple[Footprint, PoolSizes]:
+    """What a request holds by class, and the pools engines built for `config` allocate (before building them)."""
+    fp = Footprint.for_model(model, elem_bytes=TORCH_DTYPES[dtype].itemsize, block_size=config.block_size,
+                             dense_layers=config.dense_layers, budget_blocks=config.token_budget // config.block_size,
+                             selection=config.sparse)
+    unit = 0
+    if config.has_offload:
+        offload = OffloadConfig(sparse=config.sparse_config(), dense_layers=config.dense_layers)
+        unit = UnitLayout.for_mode(model, offload, TORCH_DTYPES[dtype].itemsize).unit_bytes
+    return fp, pool_sizes(config, fp, unit)
+
+
+def pool_sizes(config: ServingConfig, fp: Footprint, unit_bytes: int) -> PoolSizes:
+    gpu = config.gpu_kv_bytes
+    normal = 1 + gpu // fp.normal_block
+    if not config.has_offload:
+        return PoolSizes(normal, 0, 0, 0)
+    at_threshold = fp.device_bytes(KVClass.OFFLOAD, config.offload_threshold)
+    max_offload = config.max_offload_seqs or max(1, min(config.max_batch, gpu // at_threshold))
+    host_blocks = config.host_kv_bytes // fp.host_block
+    offload = 1 + max(1, min((gpu - fp.offload_fixed) // fp.offload_block, host_blocks))
+    return PoolSizes(normal, offload, max_offload, 1 + config.host_kv_bytes // unit_bytes)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One round: tokens each request gained, and the requests that finished (their whole output)."""
+
+    produced: dict[int, int]
+    finished: dict[int, tuple[int, ...]]
+    normal_batch: int
+    offload_batch: int
+
+
+@dataclass
+class MoveStatistics:
+    to_offload: int = 0
+    to_normal: int = 0
+    bytes_to_host: int = 0
+    bytes_from_host: int = 0
+
+
+@dataclass
+class _Request:
+    kv_class: KVClass
+    local: int                                        # the request's id in its engine
+    seq: Sequence                                     # its state there
+    earlier: list[int] = field(default_factory=list)  # tokens generated before its last move
+
+
+class ServingEngine:
+    """See the module doc. Global request ids are the caller's; each engine keeps its own."""
+
+    def __init__(self, config: ServingConfig, checkpoint: Checkpoint, *, device: str, dtype: DType,
+                 max_model_len: int, seed: int = 0, heads: RetrievalHeads | None = None,
+                 use_cuda_graphs: bool = True, compile_decode: bool | None = None) -> None:
+        self.config = config
+        model = checkpoint.config
+        self.footprint, self.sizes = plan_pools(config, model, dtype)
+        sizes = self.sizes
+
+        def engine(blocks: int, offload: OffloadConfig | None) -> Engine:
+            cfg = EngineConfig(model, CacheConfig(block_size=config.block_size, num_blocks=blocks),
+                               SchedulerConfig(max_num_seqs=config.max_batch), device, dtype, max_model_len,
+                               use_cuda_graphs, compile_decode, offload)
+            return Engine(cfg, checkpoint.weights, tokenizer=checkpoint.tokenizer, seed=seed, retrieval_heads=heads)
+
+        normal_offload = None if config.sparse is None else self._offload_config(1, 1, True)
+        self.normal = engine(sizes.normal_blocks, normal_offload)
+        self.offload = None
+        if config.has_offload:
+            self.offload = engine(sizes.offload_blocks, self._offload_config(sizes.host_units, sizes.max_offload,
+                                                                             False))
+        dev = torch.device(device)
+        self.inner = InnerScheduler(Pacer(config.gpu_ahead) if dev.type == "cuda" else NoPacer())
+        self._pinned = {c: pinned_tokens(config.max_batch, dev) for c in KVClass}
+        self._requests: dict[int, _Request] = {}
+        self._by_local: dict[tuple[KVClass, int], int] = {}
+        self.moves = MoveStatistics()
+        self.rounds = 0
+        self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
+        self.batch_sizes: Counter[tuple[int, int]] = Counter()
+
+    def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
+        c = self.config
+        recall = RecallMode.ALL_ON_GPU if on_gpu else c.recall
+        return OffloadConfig(sparse=c.sparse_config(), recall=recall, host_blocks=host_units, max_seqs=max_seqs,
+                             dense_layers=c.dense_layers, offload_only=not on_gpu)   # type: ignore[arg-type]
+
+    def engine_for(self, kv_class: KVClass) -> Engine:
+        if kv_class is KVClass.OFFLOAD:
+            if self.offload is None:
+                raise ValueError(f"{self.config.describe()} has no offload engine: every request is normal")
+            return self.offload
+        return self.normal
+
+    def set_steering(self, profile: SteeringProfile) -> None:
+        """Random weights: steer both engines' selection to a measured locality (`sparse_bench`'s reason)."""
+        for eng in (self.normal, self.offload):
+            if eng is not None and eng.offloader is not None:
+                eng.offloader.steering = profile
+
+    def add(self, rid: int, prompt_ids: list[int], max_new_tokens: int, kv_class: KVClass,
+            kv: KVSource | None = None) -> None:
+        """A request arrives in `kv_class`, greedy, decoding exactly `max_new_tokens` tokens (no EOS stop);
+        `kv`: its prompt's KV handed in (all but the last prompt token), or None to prefill it here."""
+        eng = self.engine_for(kv_class)
+        local = eng.add_request(prompt_ids, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True), kv=kv,
+                                offload=eng.offloader is not None)
+        self._requests[rid] = _Request(kv_class, local, eng.sequence(local))
+        self._by_local[kv_class, local] = rid
+
+    def move(self, rid: int, to: KVClass) -> None:
+        """Move a running request's KV to the other class's engine at a step boundary; its tokens continue."""
+        req = self._requests[rid]
+        src, dst = self.engine_for(req.kv_class), self.engine_for(to)
+        seq = req.seq
+        kv = ResidentKV(src, seq, seq.num_computed)
+        left = seq.sampling.max_new_tokens - len(seq.output_ids)
+        local = dst.add_request(seq.token_ids, SamplingParams(max_new_tokens=left, ignore_eos=True), kv=kv,
+                                offload=dst.offloader is not None)
+        if local not in {s.request_id for s in dst.admit()}:
+            raise RuntimeError(f"request {rid} could not join the {to.value} engine at once (this is a bug in "
+                               "pulseio_engine: the budget admitted it)")
+        taken = dst.sequence(local)
+        moved = ResidentKV(dst, taken, seq.num_computed).host_bytes()
+        out = kv.host_bytes()
+        src.release(req.local)
+        del self._by_local[req.kv_class, req.local]
+        self._requests[rid] = _Request(to, local, taken, req.earlier + list(seq.output_ids))
+        self._by_local[to, local] = rid
+        m = self.moves
+        m.to_offload, m.to_normal = m.to_offload + (to is KVClass.OFFLOAD), m.to_normal + (to is KVClass.NORMAL)
+        m.bytes_to_host, m.bytes_from_host = m.bytes_to_host + moved, m.bytes_from_host + out
+
+    def lengths(self) -> dict[int, int]:
+        """Running (and waiting) requests' tokens now: prompt + generated."""
+        return {rid: r.seq.num_tokens for rid, r in self._requests.items()}
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> StepOutcome:
+        """One round (see the module doc)."""
+        produced: Counter[int] = Counter()
+        finished: dict[int, tuple[int, ...]] = {}
+        decodes: dict[KVClass, DecodeBatch] = {}
+        split = self.config.interleaves
+        for kv_class, eng in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload)):
+            if eng is None:
+                continue
+            work = eng.schedule()
+            if work.prefill:
+                for chunk in work.prefill:
+                    produced[self._by_local[kv_class, chunk.seq.request_id]] += int(chunk.samples)
+                self._finished(kv_class, eng.run(work), finished)
+            elif work.decode:
+                decodes[kv_class] = DecodeBatch(eng, work.decode, split=split)
+        normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
+        if split and not any(b.warming for b in decodes.values()):
+            self.inner.interleave(normal, offload)
+        else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
+            self.warming_rounds += split
+            self.inner.coupled(*sorted(decodes.values(), key=lambda b: not b.warming))
+        host = {c: HostTokens(b.tokens_nowait(), self._pinned[c]) for c, b in decodes.items()}
+        for kv_class, batch in decodes.items():
+            tokens = host[kv_class].wait_list()
+            for seq in batch.seqs:
+                produced[self._by_local[kv_class, seq.request_id]] += 1
+            self._finished(kv_class, batch.engine.commit_decode(batch.seqs, tokens), finished)
+        if self.offload is not None and self.offload.offloader.recaller is not None:     # type: ignore[union-attr]
+            self.offload.offloader.recaller.check_landed()                                # type: ignore[union-attr]
+        sizes = (0 if normal is None else normal.size, 0 if offload is None else offload.size)
+        self.rounds += 1
+        self.batch_sizes[sizes] += 1
+        return StepOutcome(dict(produced), finished, *sizes)
+
+    def _finished(self, kv_class: KVClass, outputs: list, finished: dict[int, tuple[int, ...]]) -> None:
+        for out in outputs:
+            rid = self._by_local.pop((kv_class, out.request_id))
+            finished[rid] = (*self._requests.pop(rid).earlier, *out.output_ids)
+
+    def recall_statistics(self) -> tuple[int, int]:
+        """(recall requests, bytes recalled) of the offload engine so far."""
+        if self.offload is None or self.offload.offloader is None:
+            return 0, 0
+        stats = self.offload.offloader.statistics()
+        return stats.recalls, stats.bytes_recalled
+
+    def host_pool_bytes(self) -> int:
+        """The offload engine's host pool (pinned host memory), 0 without one."""
+        off = None if self.offload is None else self.offload.offloader
+        return 0 if off is None or off.runtime is None else off.runtime.host_pool.blocks.nbytes
+
+    def runtime_statistics(self) -> object | None:
+        """The offload engine's pulseio `RuntimeStatistics` (None without one)."""
+        off = None if self.offload is None else self.offload.offloader
+        return None if off is None or off.runtime is None else off.runtime.statistics()
+
+    def close(self) -> None:
+        for eng in (self.normal, self.offload):
+            if eng is not None:
+                eng.close()
+
+    def __enter__(self) -> ServingEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,70 @@
+"""GPU busy fraction from the GPU's own timeline: torch.profiler's CUDA activity over sampled windows of rounds.
+
+Busy is the union of the model's kernels' intervals over the window (from its first kernel's start to its
+last kernel's end), so overlapping kernels count once. pulseio's own kernels are left out: the resident
+copier and the device waits spin while they hold the GPU (a wait kernel is the GPU idle, waiting for a
+recall), and the publish is a one-thread store. Profiling costs time, so only every `every`-th window of
+`rounds` rounds is profiled; None on a CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PULSEIO_KERNELS = ("resident_copy", "wait_word", "wait_seq", "publish_kernel")
+
+
+def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    """Covered length of `intervals` ([(start, end)], any order, overlapping) within [start, end], over its length."""
+    if end <= start:
+        return 0.0
+    covered, reach = 0.0, start
+    for lo, hi in sorted(intervals):
+        lo, hi = max(lo, reach), min(hi, end)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered / (end - start)
+
+
+class BusyMeter:
+    """Profiles `rounds` rounds out of every `every` on a GPU; `fraction()` over the windows profiled."""
+
+    def __init__(self, device: str, *, every: int = 50, rounds: int = 5) -> None:
+        self.enabled = device.startswith("cuda")
+        self.every, self.rounds = every, min(rounds, every)
+        self._round = 0
+        self._prof: Any = None
+        self.windows: list[tuple[float, float]] = []      # (busy seconds, window seconds)
+
+    def before_round(self) -> None:
+        if self.enabled and self._prof is None and self._round % self.every == self.every - self.rounds:
+            import torch
+
+            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            self._prof.start()
+
+    def after_round(self) -> None:
+        self._round += 1
+        if self._prof is not None and self._round % self.every == 0:
+            self._prof.stop()
+            self._take(self._prof)
+            self._prof = None
+
+    def _take(self, prof: Any) -> None:
+        import torch
+
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
+        if not kernels:
+            return
+        start = min(e.time_range.start for e in kernels)
+        end = max(e.time_range.end for e in kernels)
+        model = [(e.time_range.start, e.time_range.end) for e in kernels
+                 if not any(k in e.name for k in PULSEIO_KERNELS)]
+        window = (end - start) / 1e6
+        self.windows.append((busy_fraction(model, start, end) * window, window))
+
+    def fraction(self) -> float | None:
+        total = sum(w for _, w in self.windows)
+        return None if not total else sum(b for b, _ in self.windows) / total

@@ -1,0 +1,125 @@
+"""IRQ, the inner scheduler: the normal and the offload batch's decode steps interleaved layer by layer.
+
+Layer boundaries are the switch points. The offload batch runs a piece, which ends where its layer's recall
+is posted (not waited for); then the normal batch runs its next pieces until that recall has landed, then
+the offload batch runs its next piece (the layer's attention over the recalled blocks, on to the next
+recall). Each batch keeps its own state between pieces (layer, activations, metadata: `BatchState` and the
+step graph's buffers), so either can pause after any piece.
+
+Detection is semi-synchronous: at each boundary the host checks, never waiting, whether the recall has
+landed (`PendingRecall.landed_nowait`, set by pulseio's completion thread from the copier's word in host
+memory); it makes the device wait for it (`wait_device`) only when the normal batch has no piece left.
+Without a sync nothing tells the host where the GPU is, so on a GPU a `Pacer` keeps the host at most
+`ahead` pieces in front of it (events it polls): a decision to run one more normal piece is made while the
+GPU is still busy, not long before, when the recall could not have landed yet. `m` counts the normal
+pieces run per offload recall; its distribution is the run's record of how much recall time was hidden.
+
+`coupled` runs the same batches without interleaving: each whole step, recalls waited for as they come
+(the --no-irq and offload-sync baselines).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .batches import DecodeBatch
+
+
+class Pacer:
+    """Keeps the host at most `ahead` pieces in front of the device: an event after each piece, polled."""
+
+    def __init__(self, ahead: int, nap_s: float = 10e-6) -> None:
+        self.ahead, self.nap_s = ahead, nap_s
+        self._events = [torch.cuda.Event() for _ in range(ahead + 2)]
+        self._launched = 0
+
+    def launched(self) -> None:
+        self._events[self._launched % len(self._events)].record()
+        self._launched += 1
+
+    def has_room(self) -> bool:
+        """True once the device has finished all but the last `ahead` pieces launched."""
+        back = self._launched - self.ahead
+        return back <= 0 or self._events[(back - 1) % len(self._events)].query()
+
+    def wait_room(self, until: Callable[[], bool]) -> None:
+        """Poll (napping, GIL released) until there is room or `until()` holds."""
+        while not self.has_room() and not until():
+            time.sleep(self.nap_s)
+
+
+class NoPacer:
+    """On a CPU the host is the device: every piece has finished when its call returns."""
+
+    def launched(self) -> None:
+        pass
+
+    def has_room(self) -> bool:
+        return True
+
+    def wait_room(self, until: Callable[[], bool]) -> None:
+        pass
+
+
+@dataclass
+class InterleaveStatistics:
+    """What IRQ did: per offload recall, the normal pieces run while it was in flight (`m`), and how it ended."""
+
+    m: Counter[int] = field(default_factory=Counter)
+    seen_landed: int = 0       # recalls the host saw land before the normal batch ran out of pieces
+    device_waits: int = 0      # recalls the offload batch then waited for on the device
+
+    @property
+    def recalls(self) -> int:
+        return self.seen_landed + self.device_waits
+
+
+class InnerScheduler:
+    """Runs one round: a decode step of each batch present, interleaved (`interleave`) or not (`coupled`)."""
+
+    def __init__(self, pacer: Pacer | NoPacer) -> None:
+        self.pacer = pacer
+        self.stats = InterleaveStatistics()
+
+    def interleave(self, normal: DecodeBatch | None, offload: DecodeBatch | None) -> None:
+        """Both batches split in pieces (see the module doc)."""
+        pacer, nxt = self.pacer, 0
+        last = 0 if normal is None else normal.num_pieces
+        for piece in range(0 if offload is None else offload.num_pieces):
+            pending = offload.run_piece(piece)                  # type: ignore[union-attr]
+            pacer.launched()
+            if pending is None:
+                continue
+            m = 0
+            while nxt < last and not pending.landed_nowait():
+                if not pacer.has_room():
+                    pacer.wait_room(until=pending.landed_nowait)
+                    continue
+                normal.run_piece(nxt)                           # type: ignore[union-attr]
+                pacer.launched()
+                nxt, m = nxt + 1, m + 1
+            if pending.landed_nowait():
+                self.stats.seen_landed += 1
+            else:
+                pending.wait_device()
+                self.stats.device_waits += 1
+            self.stats.m[m] += 1
+        while nxt < last:
+            normal.run_piece(nxt)                               # type: ignore[union-attr]
+            pacer.launched()
+            nxt += 1
+
+    def coupled(self, *batches: DecodeBatch | None) -> None:
+        """Each batch's whole step in turn, in the order given, its recalls waited for as they come."""
+        for batch in batches:
+            if batch is None:
+                continue
+            for piece in range(batch.num_pieces):
+                pending = batch.run_piece(piece)
+                if pending is not None:
+                    pending.wait_device()

@@ -1,0 +1,103 @@
+"""The outer scheduler: at step boundaries, which arrivals join and in which class, and which requests move.
+No torch: decisions on request lengths and the `KVBudget`, carried out by the `ServingEngine`.
+
+Policy:
+- Class by length: a request of at least `threshold` tokens is OFFLOAD, a shorter one NORMAL (no threshold:
+  every request is NORMAL, the all-on-GPU modes). A NORMAL request that grows to the threshold while it
+  decodes moves to OFFLOAD at the next boundary where the budget holds it there (it stays otherwise).
+  Moves come before admissions: requests already running go first.
+- Admission, FIFO by arrival: the oldest waiting request joins when its class's batch has a free row and
+  the budget holds its whole reservation (prompt + output); otherwise nobody behind it joins either.
+- A request that could never be admitted (its reservation exceeds the caps on its own) is refused when it
+  arrives, naming the numbers; the replay checks the whole trace before it starts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import KVBudgetError
+from .budget import KVBudget, KVClass, size
+
+
+@dataclass(frozen=True)
+class Waiting:
+    rid: int
+    input_len: int
+    output_len: int
+
+    @property
+    def tokens(self) -> int:
+        return self.input_len + self.output_len
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the engine does at this boundary, in this order: moves, then admissions."""
+
+    moves: tuple[tuple[int, KVClass], ...]
+    admits: tuple[tuple[int, KVClass], ...]
+
+
+class OuterScheduler:
+    def __init__(self, budget: KVBudget, *, threshold: int | None, max_batch: int, max_offload: int) -> None:
+        """threshold: tokens from which a request is OFFLOAD (None: never); max_batch: rows of each batch;
+        max_offload: offload requests the engine holds hot sets for."""
+        if threshold is not None and threshold < 1:
+            raise ValueError(f"the offload threshold must be >= 1 token, got {threshold!r}")
+        self.budget = budget
+        self.threshold = threshold
+        self.limits = {KVClass.NORMAL: max_batch, KVClass.OFFLOAD: min(max_batch, max_offload)}
+        self.waiting: deque[Waiting] = deque()
+        self._reserved: dict[int, int] = {}            # running rid -> reserved tokens
+
+    def class_for(self, tokens: int) -> KVClass:
+        return KVClass.OFFLOAD if self.threshold is not None and tokens >= self.threshold else KVClass.NORMAL
+
+    def check(self, rid: int, input_len: int, output_len: int) -> None:
+        """Refuse a request that could never be admitted, naming its need and the caps."""
+        tokens = input_len + output_len
+        kv_class = self.class_for(input_len)
+        if self.budget.fits_alone(kv_class, tokens):
+            return
+        fp, b = self.budget.footprint, self.budget
+        raise KVBudgetError(
+            f"request {rid} ({input_len} + {output_len} tokens, {kv_class.value}) needs "
+            f"{size(fp.device_bytes(kv_class, tokens))} of GPU KV and {size(fp.host_bytes(kv_class, tokens))} of host "
+            f"pool, more than the caps ({size(b.gpu_bytes)} GPU, {size(b.host_bytes)} host) hold on their own; raise "
+            "--gpu-kv-gib (or --host-kv-gib), or clip with --max-input / --max-output")
+
+    def arrive(self, rid: int, input_len: int, output_len: int) -> None:
+        self.check(rid, input_len, output_len)
+        self.waiting.append(Waiting(rid, input_len, output_len))
+
+    def decide(self, lengths: Mapping[int, int]) -> Decisions:
+        """lengths: each running request's tokens now (prompt + generated). Charges the budget for what it decides."""
+        moves = []
+        for rid, length in lengths.items():
+            if self.budget.kv_class(rid) is KVClass.NORMAL and self.class_for(length) is KVClass.OFFLOAD \
+                    and self._room(KVClass.OFFLOAD, self._reserved[rid], freeing=rid):
+                self.budget.charge(rid, KVClass.OFFLOAD, self._reserved[rid])
+                moves.append((rid, KVClass.OFFLOAD))
+        admits = []
+        while self.waiting:
+            head = self.waiting[0]
+            kv_class = self.class_for(head.input_len)
+            if not self._room(kv_class, head.tokens):
+                break
+            self.waiting.popleft()
+            self.budget.charge(head.rid, kv_class, head.tokens)
+            self._reserved[head.rid] = head.tokens
+            admits.append((head.rid, kv_class))
+        return Decisions(tuple(moves), tuple(admits))
+
+    def finish(self, rid: int) -> None:
+        self.budget.release(rid)
+        del self._reserved[rid]
+
+    def _room(self, kv_class: KVClass, tokens: int, *, freeing: int | None = None) -> bool:
+        if self.budget.count(kv_class) >= self.limits[kv_class]:
+            return False
+        return self.budget.fits(kv_class, tokens, freeing=freeing)

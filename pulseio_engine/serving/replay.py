@@ -1,0 +1,246 @@
+"""Trace replay, the engine's main job: requests arrive at the trace's times, join in their class, decode their
+output length, and the run reports what a serving user measures (`report.py`).
+
+The engine is the decode instance of a prefill-decode disaggregated deployment: a request arrives with a
+prompt of the trace's length (random token ids, seeded per request) whose KV is handed in, random KV for the
+random-weight presets (`RandomKV`), or prefilled here for real models, then decodes the trace's output
+length (greedy, no stop at EOS). Random-weight presets steer their selection to a measured locality, as
+the sparse bench does (`sparse_bench.default_profile`), so their recalls are as large as a real model's.
+
+Before anything is allocated: every request must fit the model's context and, on its own, the KV caps;
+the host pool must fit the host's memory and the engine's pools and weights the device's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pulseio.machine import gib, memory_budget
+
+from ..config import DType, SparseMode
+from ..engine import TORCH_DTYPES
+from ..errors import EngineError, PromptTooLongError
+from ..kv.handoff import RandomKV
+from ..kv.retrieval_heads import RetrievalHeads
+from ..model.checkpoint import ModelSource, load_checkpoint
+from ..offload import SteeringProfile
+from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
+from ..trace import Trace
+from .budget import KVBudget, size
+from .clock import Clock, ClockKind
+from .config import ServingConfig
+from .engine import ServingEngine, plan_pools
+from .gpu_busy import BusyMeter
+from .metrics import Recorder, m_summary
+from .outer import OuterScheduler
+from .report import SCHEMA_VERSION, check_report
+
+
+@dataclass(frozen=True)
+class ReplayOptions:
+    """How to replay: on `device` (cpu, cuda[:N]); `clock` None: wall time on a GPU, virtual time on a CPU;
+    `heads`: the SoloHead calibration (needed for real models; presets take any head); `busy_every`: profile
+    the GPU's timeline 5 rounds out of every this many (0: never)."""
+
+    device: str = "cpu"
+    clock: ClockKind | None = None
+    seed: int = 0
+    heads: Path | None = None
+    busy_every: int = 200
+    use_cuda_graphs: bool = True
+
+
+def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
+           progress: Callable[[int, dict], None] | None = None, say: Callable[[str], None] = lambda _: None) -> dict:
+    """Replay `trace` on `source` under `config`; -> the report (checked against the schema). `progress(n, info)`
+    is called as requests finish; `say` gets one line per setup step."""
+    device, dtype = options.device, DType.BFLOAT16 if options.device.startswith("cuda") else DType.FLOAT32
+    max_len = _check_context(trace, source)
+    heads = _heads(source, config, options.heads)
+    footprint, sizes = plan_pools(config, source.config, dtype)
+    _check_memory(source, config, device, dtype, sizes.device_bytes(footprint))
+    budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
+    threshold = config.offload_threshold if config.has_offload else None
+    check = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch, max_offload=1)
+    for rid, r in enumerate(trace.requests):              # refuse up front what could never be admitted
+        check.check(rid, r.input_len, r.output_len)
+    say(f"building {source.spec} ({dtype.value} on {device}), {config.describe()}: GPU KV cap "
+        f"{size(config.gpu_kv_bytes)}" + (f", host pool {size(config.host_kv_bytes)}" if config.has_offload else ""))
+    ckpt = load_checkpoint(source, dtype=TORCH_DTYPES[dtype], device=device, seed=options.seed)
+    wall0 = time.perf_counter()
+    with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
+                       heads=heads, use_cuda_graphs=options.use_cuda_graphs) as serving:
+        steering = _steer(serving, source, config, options.seed)
+        outer = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch,
+                               max_offload=max(1, serving.sizes.max_offload))
+        kind = options.clock or (ClockKind.WALL if device.startswith("cuda") else ClockKind.VIRTUAL)
+        recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
+        pulse = _settled_runtime(serving)
+        return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder, steering, pulse,
+                                    time.perf_counter() - wall0))
+
+
+def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clock, source: ModelSource,
+         options: ReplayOptions, progress: Callable[[int, dict], None] | None) -> Recorder:
+    recorder, busy = Recorder(), BusyMeter(options.device, every=options.busy_every or 1)
+    busy.enabled = busy.enabled and options.busy_every > 0
+    arrivals = deque(enumerate(trace.requests))
+    vocab, done = source.config.vocab_size, 0
+    while arrivals or outer.waiting or serving.has_unfinished():
+        now = clock.now()
+        while arrivals and arrivals[0][1].arrival_s <= now:
+            rid, r = arrivals.popleft()
+            outer.arrive(rid, r.input_len, r.output_len)
+            recorder.arrived(rid, r.arrival_s, r.input_len, r.output_len, r.origin)
+        decisions = outer.decide(serving.lengths())
+        for rid, to in decisions.moves:
+            serving.move(rid, to)
+            recorder.moved(rid)
+        for rid, kv_class in decisions.admits:
+            r = trace.requests[rid]
+            prompt, kv = _prompt(rid, r.input_len, vocab, options.seed, random_kv=source.random)
+            serving.add(rid, prompt, r.output_len, kv_class, kv)
+            recorder.admitted(rid, now, kv_class.value)
+        if not serving.has_unfinished():
+            if not arrivals:
+                raise EngineError(f"{len(outer.waiting)} requests wait and none can be admitted into an idle engine "
+                                  "(this is a bug in pulseio_engine)")
+            clock.idle_until(arrivals[0][1].arrival_s)
+            continue
+        busy.before_round()
+        t0 = time.perf_counter()
+        outcome = serving.step()
+        clock.ran(time.perf_counter() - t0)
+        busy.after_round()
+        t = clock.now()
+        recorder.round(t, time.perf_counter() - t0, outcome.normal_batch, outcome.offload_batch, outcome.produced,
+                       outcome.finished)
+        for rid in outcome.finished:
+            outer.finish(rid)
+        if serving.rounds % 50 == 1:
+            recorder.sample_rss(t)
+        done += len(outcome.finished)
+        if progress is not None and (outcome.finished or serving.rounds % 20 == 0):
+            progress(done, {"t": f"{t:.1f}s", "normal": outcome.normal_batch, "offload": outcome.offload_batch,
+                            "waiting": len(outer.waiting)})
+    recorder.sample_rss(clock.now())
+    recorder.busy = busy.fraction()
+    return recorder
+
+
+def _prompt(rid: int, length: int, vocab: int, seed: int, *, random_kv: bool) -> tuple[list[int], RandomKV | None]:
+    """A request's prompt (seeded by the run's seed and the request) and, for random weights, its handed-in KV."""
+    rng = np.random.default_rng([seed, rid])
+    prompt = rng.integers(0, vocab, size=length).tolist()
+    kv = RandomKV(length - 1, seed=seed * 1_000_003 + rid) if random_kv and length > 1 else None
+    return prompt, kv
+
+
+def _check_context(trace: Trace, source: ModelSource) -> int:
+    """-> the longest request (prompt + output), refusing one past the model's context."""
+    limit = source.config.max_position_embeddings
+    longest = max(trace.requests, key=lambda r: r.input_len + r.output_len)
+    need = longest.input_len + longest.output_len
+    if need > limit:
+        over = sum(r.input_len + r.output_len > limit for r in trace.requests)
+        raise PromptTooLongError(
+            f"{over} requests exceed {source.spec}'s context of {limit} positions, the longest ({longest.origin}) "
+            f"{longest.input_len} + {longest.output_len} = {need}; clip them (--max-input and --max-output, "
+            f"summing to at most {limit}) or use a model with a longer context")
+    return need
+
+
+def _heads(source: ModelSource, config: ServingConfig, path: Path | None) -> RetrievalHeads | None:
+    m = source.config
+    if path is not None:
+        return RetrievalHeads.load(path)
+    if config.sparse not in (SparseMode.SOLOHEAD, SparseMode.SOLOHEAD_REVERSED):
+        return None
+    if not source.random:
+        raise EngineError(f"{config.sparse.value} selection on {source.spec} needs its retrieval heads: pass --heads "
+                          "(written by `pulseio-engine calibrate`), or --selection quest")
+    return RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(m.num_kv_heads - 1,) * m.num_layers)
+
+
+def _steer(serving: ServingEngine, source: ModelSource, config: ServingConfig, seed: int) -> str | None:
+    if not source.random or config.sparse is None:
+        return None
+    from ..sparse_bench import default_profile, describe
+
+    profile = default_profile(config.sparse, config.token_budget)
+    serving.set_steering(SteeringProfile(profile.overlap_for(source.config.num_layers, config.dense_layers), seed))
+    return describe(profile)
+
+
+def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype: DType, pools: int) -> None:
+    """The host pool against the host's memory, the weights and pools against the device's, before allocating."""
+    host = memory_budget("cpu")
+    if config.has_offload and host is not None and config.host_kv_bytes > host.nbytes:
+        raise InsufficientMemoryError(
+            f"--host-kv-gib asks for a host pool of {gib(config.host_kv_bytes)}, more than the {gib(host.nbytes)} "
+            f"this machine offers ({host.source}); pass a smaller --host-kv-gib")
+    elem = TORCH_DTYPES[dtype].itemsize
+    need = estimate(source.config, dtype_bytes=elem, kv_tokens=0, batch=config.max_batch, prefill_tokens=2048)
+    need = type(need)(need.weights, pools, need.activations)
+    what = f"{source.spec} serving {config.describe()} with a {gib(config.gpu_kv_bytes)} KV cap"
+    check_fits(need, device=device, what=what, fixes=fixes_for(source.spec, device, "a smaller --gpu-kv-gib"))
+
+
+def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | None:
+    """pulseio's counters once every recall it was given has finished (its threads count a moment after)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = serving.runtime_statistics()
+        if stats is None:
+            return None
+        if stats.in_flight == 0 or time.monotonic() > deadline:                # type: ignore[attr-defined]
+            return {"submitted": stats.submitted, "completed": stats.completed,  # type: ignore[attr-defined]
+                    "failed": stats.failed, "device_waits_expired": stats.device_waits_expired}  # type: ignore
+        time.sleep(1e-3)
+
+
+def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, kind: ClockKind,
+            dtype: DType, serving: ServingEngine, rec: Recorder, steering: str | None, pulse: dict | None,
+            wall_s: float) -> dict:
+    records = [rec.requests[rid].to_dict() for rid in sorted(rec.requests)]
+    tokens = sum(r["tokens"] for r in records)
+    span = rec.span_s()
+    recalls, recalled = serving.recall_statistics()
+    stats = serving.inner.stats
+    sizes, fp = serving.sizes, serving.footprint
+    pools = sizes.device_bytes(fp)
+    expected = sum(r.output_len for r in trace.requests)
+    completed = sum(r["finished_s"] is not None and r["tokens"] == r["output_len"] for r in records)
+    return {
+        "schema": SCHEMA_VERSION, "mode": config.describe(), "irq": config.interleaves, "model": source.spec,
+        "device": torch.cuda.get_device_name(options.device) if options.device.startswith("cuda") else "cpu",
+        "dtype": dtype.value,
+        "trace": {"source": trace.source, "format": trace.format, "notes": list(trace.notes),
+                  "requests": len(trace), "span_s": trace.span_s},
+        "config": {"gpu_kv_gib": config.gpu_kv_bytes / 2**30, "host_kv_gib": config.host_kv_bytes / 2**30,
+                   "offload_threshold": config.offload_threshold if config.has_offload else None,
+                   "token_budget": config.token_budget, "selection": None if config.sparse is None
+                   else config.sparse.value, "clock": kind.value, "seed": options.seed,
+                   "max_batch": config.max_batch, "steering": steering,
+                   "kv": "random (handed in)" if source.random else "prefilled"},
+        "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
+                    and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
+                    "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
+                    "gpu_busy_fraction": rec.busy, "recalls": recalls,
+                    "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
+                    "wall_s": wall_s},
+        "tpot_ms": rec.tpot_by_bucket(),
+        "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,
+        "moves": asdict(serving.moves), "pulseio": pulse,
+        "memory": {"gpu_kv_cap_bytes": config.gpu_kv_bytes, **asdict(sizes), "gpu_pools_bytes": pools,
+                   "host_pool_bytes": serving.host_pool_bytes()},
+        "timeline": rec.timeline(), "batches": rec.batch_histogram(), "requests": records,
+    }
+

@@ -1,0 +1,130 @@
+"""A replay's report: its JSON layout (`SCHEMA`, checked by `check_report`) and the side-by-side table of
+several runs (`replay-table`). No torch.
+
+The schema names every key a report must have and the type of its value; a key of a nested dict is named
+by its path in errors ("summary.decode_throughput_tok_s"). A report keeps every request's record, so any
+summary can be recomputed from it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError
+from .metrics import BUCKETS
+
+SCHEMA_VERSION = "pulseio-replay/1"
+
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
+_TPOT = {"requests": int, "p50_ms": OPT_NUM, "p99_ms": OPT_NUM, "mean_ms": OPT_NUM}
+SCHEMA: dict[str, Any] = {
+    "schema": str, "mode": str, "irq": bool, "model": str, "device": str, "dtype": str,
+    "trace": {"source": str, "format": str, "notes": list, "requests": int, "span_s": NUM},
+    "config": {"gpu_kv_gib": NUM, "host_kv_gib": NUM, "offload_threshold": (int, type(None)), "token_budget": int,
+               "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
+               "steering": (str, type(None)), "kv": str},
+    "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
+                "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
+                "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM},
+    "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
+    "m": (dict, type(None)),
+    "moves": {"to_offload": int, "to_normal": int, "bytes_to_host": int, "bytes_from_host": int},
+    "pulseio": (dict, type(None)),
+    "memory": {"gpu_kv_cap_bytes": int, "normal_blocks": int, "offload_blocks": int, "max_offload": int,
+               "host_units": int, "gpu_pools_bytes": int, "host_pool_bytes": int},
+    "timeline": {"t_s": list, "throughput_tok_s": list, "normal_batch": list, "offload_batch": list,
+                 "rss_t_s": list, "rss_bytes": list},
+    "batches": {"normal": dict, "offload": dict},
+    "requests": list,
+}
+REQUEST_KEYS = {"id": int, "arrival_s": NUM, "input_len": int, "output_len": int, "origin": str,
+                "class": (str, type(None)), "admitted_s": OPT_NUM, "first_token_s": OPT_NUM,
+                "finished_s": OPT_NUM, "tokens": int, "moves": int, "tpot_ms": OPT_NUM}
+M_KEYS = {"recalls": int, "histogram": dict, "mean": OPT_NUM, "p50": OPT_NUM, "p99": OPT_NUM, "seen_landed": int,
+          "device_waits": int}
+PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int}
+
+
+class ReportError(EngineError, ValueError):
+    """A replay report that does not follow the schema: the message names the key and what it holds."""
+
+
+def check_report(report: dict, *, source: str = "report") -> dict:
+    """Raise ReportError naming the first key missing or of the wrong type; returns the report."""
+    _check(report, SCHEMA, source, "")
+    if report["schema"] != SCHEMA_VERSION:
+        raise ReportError(f"{source}: schema is {report['schema']!r}, this engine reads {SCHEMA_VERSION!r}")
+    for i, record in enumerate(report["requests"]):
+        _check(record, REQUEST_KEYS, source, f"requests[{i}].")
+    if report["m"] is not None:
+        _check(report["m"], M_KEYS, source, "m.")
+    if report["pulseio"] is not None:
+        _check(report["pulseio"], PULSEIO_KEYS, source, "pulseio.")
+    return report
+
+
+def _check(value: Any, spec: dict, source: str, prefix: str) -> None:
+    if not isinstance(value, dict):
+        what = prefix.rstrip(".") or "the report"
+        raise ReportError(f"{source}: {what} must be an object, got {type(value).__name__}")
+    for key, want in spec.items():
+        path = prefix + key
+        if key not in value:
+            raise ReportError(f"{source}: {path} is missing")
+        if isinstance(want, dict):
+            _check(value[key], want, source, path + ".")
+            continue
+        types = want if isinstance(want, tuple) else (want,)
+        if not isinstance(value[key], types) or (isinstance(value[key], bool) and bool not in types):
+            names = " or ".join(t.__name__ for t in types)
+            raise ReportError(f"{source}: {path} must be {names}, got {value[key]!r:.60}")
+
+
+def load_report(path: Path) -> dict:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: not a replay report ({exc})") from None
+    return check_report(report, source=str(path))
+
+
+def label(report: dict) -> str:
+    return report["mode"]
+
+
+def table(reports: list[dict]) -> str:
+    """The runs side by side, one column each (in the order given), as aligned text."""
+    vanilla = next((r for r in reports if r["mode"] == "vanilla"), None)
+    rows: list[tuple[str, list[str]]] = [("", [label(r) for r in reports])]
+
+    def row(name: str, cell: Any) -> None:
+        rows.append((name, [cell(r) for r in reports]))
+
+    row("model / trace", lambda r: f"{r['model']} / {r['trace']['requests']} req")
+    row("GPU KV cap (GiB)", lambda r: f"{r['config']['gpu_kv_gib']:g}")
+    row("completed", lambda r: f"{r['summary']['completed']}/{r['summary']['requests']}")
+    row("decode tok/s", lambda r: f"{r['summary']['decode_throughput_tok_s']:,.1f}")
+    if vanilla is not None:
+        base = vanilla["summary"]["decode_throughput_tok_s"]
+        row("  x vanilla", lambda r: f"{r['summary']['decode_throughput_tok_s'] / base:.2f}" if base else "-")
+    for name, _, _ in (*BUCKETS, ("all", 0, None)):
+        row(f"TPOT p50/p99 {name} (ms)", lambda r, n=name: _pair(r["tpot_ms"][n]))
+    row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
+        else f"{r['summary']['gpu_busy_fraction']:.1%}")
+    row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
+    row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
+    row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
+        else f"{r['m']['mean']:.2f} ({r['m']['device_waits']}/{r['m']['recalls']})")
+    width = max(len(name) for name, _ in rows)
+    cols = [max(len(cells[i]) for _, cells in rows) for i in range(len(reports))]
+    return "\n".join(name.ljust(width) + "  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols))
+                     for name, cells in rows)
+
+
+def _pair(spread: dict) -> str:
+    if not spread["requests"]:
+        return "-"
+    return f"{spread['p50_ms']:.2f}/{spread['p99_ms']:.2f}"

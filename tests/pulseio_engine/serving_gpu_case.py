@@ -1,0 +1,161 @@
+"""One GPU serving case in its own process (run by test_serving_gpu.py under a hard timeout, with a thread dump
+before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 0 when the case holds.
+
+    tokens                      the tiny preset in bf16: each batch alone (coupled), both coupled, both under IRQ
+                                with captured recalls, and IRQ with recalls made to land late: the same tokens
+    nosync ROUNDS               steady-state IRQ rounds (no admission, no capture) under
+                                torch.cuda.set_sync_debug_mode("error")
+    cost MODEL BATCH CTX ROUNDS a normal batch alone: per-layer pieces (IRQ) against the whole-step graph, ms a round
+    replay                      the tiny preset on 50 Mooncake requests: every request complete, pulseio's
+                                submitted == completed, no failed recall
+
+CASE_DEVICE=cpu runs a case on the CPU (the tokens and replay cases check themselves there too).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+
+import torch
+
+from pulseio_engine.config import DType
+from pulseio_engine.kv.handoff import RandomKV
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.serving.budget import KVClass
+from pulseio_engine.serving.config import ServeMode, ServingConfig
+from pulseio_engine.serving.engine import ServingEngine
+from pulseio_engine.serving.testing import LateRecaller
+
+DEVICE = os.environ.get("CASE_DEVICE", "cuda")
+DTYPE = DType.BFLOAT16 if DEVICE == "cuda" else DType.FLOAT32
+NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
+
+
+def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256) -> ServingEngine:
+    source = open_model(model)
+    ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
+    m = source.config
+    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=gpu_bytes, host_kv_bytes=4 << 30, irq=irq,
+                           token_budget=budget, max_batch=64, max_offload_seqs=32)
+    return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
+                         heads=heads)
+
+
+def _add(serving: ServingEngine, classes: dict[int, KVClass], context: int, new: int, vocab: int) -> None:
+    for rid, kv_class in classes.items():
+        length = context + 37 * rid
+        prompt = [(rid * 31 + 7 * i) % vocab for i in range(length)]
+        serving.add(rid, prompt, new, kv_class, kv=RandomKV(length - 1, seed=rid))
+
+
+def _run(serving: ServingEngine) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    while serving.has_unfinished():
+        out.update({rid: list(t) for rid, t in serving.step().finished.items()})
+    return out
+
+
+def tokens() -> dict:
+    classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}
+    runs = {}
+    for name, irq, late, which in (("normal alone", False, None, NRM), ("offload alone", False, None, OFF),
+                                   ("coupled", False, None, None), ("irq", True, None, None),
+                                   ("irq late", True, 6, None)):
+        with _engine("tiny", irq=irq) as serving:
+            if late is not None:
+                off = serving.offload.offloader                          # type: ignore[union-attr]
+                off.recaller = LateRecaller(off.recaller, max_checks=late, seed=1)
+            _add(serving, {r: c for r, c in classes.items() if which in (None, c)}, 700, 24, 256)
+            runs[name] = {"tokens": _run(serving), "warming_rounds": serving.warming_rounds,
+                          "m": dict(serving.inner.stats.m), "device_waits": serving.inner.stats.device_waits,
+                          "runtime": _runtime(serving)}
+    alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
+    ok = all(runs[k]["tokens"] == alone for k in ("coupled", "irq", "irq late"))
+    ok = ok and all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
+                    for r in runs.values())
+    return {"ok": ok, **{k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}}
+
+
+def nosync(rounds: int) -> dict:
+    with _engine("tiny", irq=True) as serving:
+        _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF}, 900, rounds + 8, 256)
+        for _ in range(4):                   # admission, the eager steps, the captures
+            serving.step()
+        error = None
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(rounds):
+                serving.step()
+        except RuntimeError as exc:
+            error = str(exc)
+        finally:
+            if DEVICE == "cuda":
+                torch.cuda.set_sync_debug_mode(0)
+        stats = serving.inner.stats
+        return {"ok": error is None and stats.recalls > 0, "error": error, "recalls": stats.recalls,
+                "seen_landed": stats.seen_landed, "device_waits": stats.device_waits}
+
+
+def cost(model: str, batch: int, context: int, rounds: int) -> dict:
+    """A normal batch alone, per-layer pieces under IRQ against the whole-step graph: ms a round (each round
+    ends with its tokens on the host, as serving does)."""
+    ms = {}
+    for irq in (False, True):
+        with _engine(model, irq=irq, gpu_bytes=batch * (context + 64 * batch) * 256 << 10) as serving:
+            _add(serving, dict.fromkeys(range(batch), NRM), context, rounds + 8, open_model(model).config.vocab_size)
+            for _ in range(4):
+                serving.step()
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                serving.step()
+            ms["irq" if irq else "whole"] = (time.perf_counter() - t0) / rounds * 1e3
+    ratio = ms["irq"] / ms["whole"]
+    return {"ok": ratio <= 1.05, "ms_per_round": ms, "irq_over_whole": ratio, "model": model, "batch": batch,
+            "context": context}
+
+
+def replay() -> dict:
+    from pulseio_engine.serving.replay import ReplayOptions
+    from pulseio_engine.serving.replay import replay as run_replay
+    from pulseio_engine.trace import TraceOptions, open_trace
+
+    trace = open_trace(TraceOptions("mooncake-sample", max_requests=50, max_input=3072, max_output=64))
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=int(0.02 * 2**30), host_kv_bytes=1 << 29,
+                           offload_threshold=2048, token_budget=256)
+    report = run_replay(trace, open_model("tiny"), config, ReplayOptions(device=DEVICE, busy_every=20))
+    pulse, summary = report["pulseio"], report["summary"]
+    ok = summary["complete"] and pulse["submitted"] == pulse["completed"] and pulse["failed"] == 0
+    return {"ok": ok, "summary": summary, "pulseio": pulse, "m": report["m"], "tpot_all": report["tpot_ms"]["all"]}
+
+
+def _runtime(serving: ServingEngine) -> dict | None:
+    deadline = time.monotonic() + 10
+    while True:
+        stats = serving.runtime_statistics()
+        if stats is None or stats.in_flight == 0 or time.monotonic() > deadline:       # type: ignore[attr-defined]
+            break
+        time.sleep(1e-3)
+    return None if stats is None else {"submitted": stats.submitted, "completed": stats.completed,  # type: ignore
+                                       "failed": stats.failed, "expired": stats.device_waits_expired}  # type: ignore
+
+
+def main() -> int:
+    faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
+    case, args = sys.argv[1], sys.argv[2:]
+    cases = {"tokens": tokens, "nosync": lambda: nosync(int(args[0])),
+             "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
+    out = cases[case]()
+    print(json.dumps(out))
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

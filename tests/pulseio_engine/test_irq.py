@@ -1,0 +1,128 @@
+"""IRQ, the inner scheduler: the order it runs two batches' pieces in, and m, on scripted batches and recalls;
+then on the engine: interleaved tokens equal each batch's tokens alone, for random splits and late recalls."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from pulseio_engine.config import DType
+from pulseio_engine.kv.handoff import RandomKV
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+from pulseio_engine.model.checkpoint import load_checkpoint
+from pulseio_engine.serving.budget import KVClass
+from pulseio_engine.serving.config import ServeMode, ServingConfig
+from pulseio_engine.serving.engine import ServingEngine
+from pulseio_engine.serving.irq import InnerScheduler, NoPacer
+from pulseio_engine.serving.testing import LateRecaller
+
+NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
+
+
+class _Pending:
+    def __init__(self, log: list[str], name: str, checks: int) -> None:
+        self.log, self.name, self.checks = log, name, checks
+
+    def landed_nowait(self) -> bool:
+        self.checks -= 1
+        return self.checks < 0
+
+    def wait_device(self) -> None:
+        self.log.append(f"wait {self.name}")
+
+
+class _Batch:
+    """Pieces that log themselves; piece i < recalls posts a recall that lands after `checks[i]` checks."""
+
+    def __init__(self, log: list[str], name: str, pieces: int, checks: list[int] | None = None) -> None:
+        self.log, self.name, self.num_pieces, self.checks = log, name, pieces, checks or []
+
+    def run_piece(self, piece: int) -> _Pending | None:
+        self.log.append(f"{self.name}{piece}")
+        return _Pending(self.log, f"{self.name}{piece}", self.checks[piece]) if piece < len(self.checks) else None
+
+
+def test_normal_pieces_run_while_a_recall_is_in_flight_and_the_device_waits_only_when_they_run_out() -> None:
+    log: list[str] = []
+    inner = InnerScheduler(NoPacer())
+    # offload: 4 pieces, recalls after pieces 0..2 landing after 2, 0 and 5 checks; normal: 4 pieces
+    inner.interleave(_Batch(log, "n", 4), _Batch(log, "o", 4, [2, 0, 5]))
+    assert log == ["o0", "n0", "n1", "o1", "o2", "n2", "n3", "wait o2", "o3"]
+    assert inner.stats.m == Counter({2: 2, 0: 1})
+    assert (inner.stats.seen_landed, inner.stats.device_waits) == (2, 1)
+
+
+def test_without_a_normal_batch_every_recall_is_waited_for_and_without_an_offload_batch_normal_runs_alone() -> None:
+    log: list[str] = []
+    inner = InnerScheduler(NoPacer())
+    inner.interleave(None, _Batch(log, "o", 3, [1, 1]))
+    assert log == ["o0", "wait o0", "o1", "wait o1", "o2"] and inner.stats.m == Counter({0: 2})
+    log.clear()
+    inner.interleave(_Batch(log, "n", 3), None)
+    assert log == ["n0", "n1", "n2"]
+
+
+def test_coupled_runs_each_batch_whole_waiting_every_recall() -> None:
+    log: list[str] = []
+    InnerScheduler(NoPacer()).coupled(_Batch(log, "n", 2), _Batch(log, "o", 3, [0, 9]))
+    assert log == ["n0", "n1", "o0", "wait o0", "o1", "wait o1", "o2"]
+
+
+HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
+
+
+def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: int | None = None, seed: int = 0,
+           moves: dict[int, dict[int, KVClass]] | None = None) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+    """Requests of random lengths, all arriving at once in the given classes; `moves`: round -> {rid: class}."""
+    ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
+                           token_budget=64, block_size=16, dense_layers=1, max_batch=16)
+    out: dict[int, tuple[int, ...]] = {}
+    with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
+        if late is not None:
+            off = serving.offload.offloader                                # type: ignore[union-attr]
+            off.recaller = LateRecaller(off.recaller, max_checks=late, seed=seed)
+        for rid, kv_class in classes.items():
+            rng = random.Random(1000 * seed + rid)                      # a request's prompt: its own
+            length = 40 + (97 * rid + 31 * seed) % 300
+            prompt = [rng.randrange(3, 256) for _ in range(length)]
+            serving.add(rid, prompt, 10 + rid % 5, kv_class, kv=RandomKV(length - 1, seed=rid, std=0.5))
+        while serving.has_unfinished():
+            for rid, to in (moves or {}).get(serving.rounds, {}).items():
+                serving.move(rid, to)
+            out.update(serving.step().finished)
+    return out, serving
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_recalls(tiny_qwen3, seed: int) -> None:
+    path = str(tiny_qwen3[0])
+    rng = random.Random(seed)
+    classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(3, 7))}
+    classes[0], classes[1] = NRM, OFF                                   # both batches, always
+    both, serving = _serve(path, classes, late=rng.randint(1, 6), seed=seed)
+    alone = {}
+    for kv_class in (NRM, OFF):
+        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, irq=False, seed=seed)[0])
+    assert both == alone and all(len(both[r]) == 10 + r % 5 for r in classes)
+    stats = serving.inner.stats
+    recalls, _ = serving.recall_statistics()
+    assert stats.recalls == sum(stats.m.values()) == recalls > 0
+    assert serving.offload.offloader.recaller.held_checks > 0, "no recall landed late"   # type: ignore[union-attr]
+
+
+def test_a_recall_that_lands_after_the_normal_batch_ran_out_is_waited_for_on_the_device(tiny_qwen3) -> None:
+    out, serving = _serve(str(tiny_qwen3[0]), {0: NRM, 1: OFF}, late=1000)
+    stats = serving.inner.stats
+    steps = 10                                  # both requests decode together for request 0's 10 tokens
+    assert stats.device_waits == stats.recalls and stats.seen_landed == 0
+    assert stats.m[3] >= steps and stats.m[0] >= steps, stats.m    # 3 normal pieces hide the first recall only
+    assert out == _serve(str(tiny_qwen3[0]), {0: NRM, 1: OFF}, irq=False)[0]
+
+
+def test_irq_and_coupled_batches_give_the_same_tokens(tiny_qwen3) -> None:
+    classes = {0: NRM, 1: OFF, 2: OFF, 3: NRM}
+    assert _serve(str(tiny_qwen3[0]), classes)[0] == _serve(str(tiny_qwen3[0]), classes, irq=False)[0]

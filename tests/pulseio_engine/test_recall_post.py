@@ -1,0 +1,64 @@
+"""Recaller.post: a recall published without its device wait, checked without waiting, waited for once."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import pulseio
+from pulseio_engine.config import RecallMode
+from pulseio_engine.kv.recall import PendingRecall, Recaller
+
+CONFIG = pulseio.RuntimeConfig(device="cpu", host_blocks=64, device_slots=32, block_bytes=64, ring_slots=8,
+                               max_blocks_per_request=16, spin_iterations=2000)
+
+
+def _runtime() -> pulseio.Runtime:
+    rt = pulseio.open_runtime(CONFIG)
+    rt.host_pool.blocks[:] = torch.arange(64, dtype=torch.uint8)[:, None]      # host block b is all b
+    return rt
+
+
+def _args(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids = torch.tensor([9, 4, 33, 17, 0, 0], dtype=torch.int64)
+    dst = torch.tensor([1, 2, 3, 4, 0, 0], dtype=torch.int64)
+    return ids, dst, torch.tensor([n], dtype=torch.int64)
+
+
+def test_a_posted_doorbell_recall_lands_without_its_wait_and_is_waited_once() -> None:
+    with _runtime() as rt:
+        recaller = Recaller(rt, RecallMode.DOORBELL)
+        pending = recaller.post(*_args(4), tag=7)
+        deadline = time.monotonic() + 10
+        while not pending.landed_nowait():
+            assert time.monotonic() < deadline, "the recall never landed without a device wait"
+            time.sleep(1e-3)
+        assert rt.device_pool.slots[1:5, 0].tolist() == [9, 4, 33, 17]
+        done = pending.wait_device()
+        assert done is pending.handle and pending.wait_device() is done and done.tag == 7
+        recaller.check_landed()
+        assert rt.statistics().submitted == rt.statistics().completed == 1
+
+
+def test_wait_device_before_landing_waits_for_the_data() -> None:
+    with _runtime() as rt:
+        pending = Recaller(rt, RecallMode.DOORBELL).post(*_args(3), tag=1)
+        pending.wait_device()                           # the host backend's device wait waits on the host
+        assert pending.landed_nowait() and rt.device_pool.slots[1:4, 0].tolist() == [9, 4, 33]
+
+
+def test_a_sync_post_has_landed_when_it_returns_and_an_empty_one_has_nothing_to_wait_for() -> None:
+    with _runtime() as rt:
+        recaller = Recaller(rt, RecallMode.SYNC)
+        pending = recaller.post(*_args(2), tag=3)
+        assert pending.landed_nowait() and rt.device_pool.slots[1:3, 0].tolist() == [9, 4]
+        empty = recaller.post(*_args(0), tag=4)
+        assert empty.handle is None and empty.landed_nowait() and empty.wait_device() is None
+
+
+def test_recall_is_post_then_wait() -> None:
+    with _runtime() as rt:
+        done = Recaller(rt, RecallMode.DOORBELL).recall(*_args(2), tag=5)
+        assert done.done() and rt.device_pool.slots[1:3, 0].tolist() == [9, 4]
+    assert isinstance(PendingRecall(None, 0), PendingRecall)

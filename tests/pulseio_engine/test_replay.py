@@ -1,0 +1,216 @@
+"""Trace replay with the tiny preset on the CPU: a 50-request slice of each trace format completes with every
+request's full output, its report follows the schema, the modes compare side by side, and mistakes (a bad
+trace line, a host pool the machine does not have, a request past the model's context) are refused first."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from pulseio_engine.cli import main
+from pulseio_engine.serving.gpu_busy import busy_fraction
+from pulseio_engine.serving.metrics import Recorder, bucket_of
+from pulseio_engine.serving.report import ReportError, check_report, load_report, table
+
+SLICES = {
+    "mooncake": ["--trace", "mooncake-sample", "--requests", "50", "--max-input", "1536", "--max-output", "12",
+                 "--offload-threshold", "1024"],
+    "servegen": ["--trace", "servegen-sample", "--requests", "50", "--max-output", "12", "--offload-threshold", "208"],
+}
+COMMON = ["--model", "tiny", "--device", "cpu", "--gpu-kv-gib", "0.004", "--token-budget", "128", "--no-progress"]
+
+
+def _replay(tmp_path: Path, name: str, fmt: str, *extra: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert main(["replay", *SLICES[fmt], *COMMON, *extra, "--json", str(out)]) == 0
+    return load_report(out)
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    tmp = tmp_path_factory.mktemp("replay")
+    return {
+        "mooncake": _replay(tmp, "pulseinfer", "mooncake", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                            "--plot", str(tmp / "p.png")),
+        "servegen": _replay(tmp, "pulseinfer-sg", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25"),
+        "vanilla": _replay(tmp, "vanilla", "servegen", "--mode", "vanilla"),
+        "plot": {"path": str(tmp / "p.png")},
+    }
+
+
+@pytest.mark.parametrize("fmt", ["mooncake", "servegen"])
+def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict], fmt: str) -> None:
+    report = reports[fmt]
+    summary = report["summary"]
+    assert summary["requests"] == summary["completed"] == 50 and summary["complete"]
+    assert summary["output_tokens"] == summary["expected_tokens"] == sum(r["output_len"] for r in report["requests"])
+    assert all(r["tokens"] == r["output_len"] and r["finished_s"] >= r["arrival_s"] for r in report["requests"])
+    assert report["trace"]["format"] == fmt and len(report["trace"]["notes"]) >= 2
+    classes = {r["class"] for r in report["requests"]}
+    assert classes == {"normal", "offload"}, "the slice should exercise both batches"
+    assert summary["recalls"] > 0 and summary["recalled_bytes"] > 0
+    assert report["pulseio"]["submitted"] == report["pulseio"]["completed"] == summary["recalls"]
+    assert report["pulseio"]["failed"] == 0
+    m = report["m"]
+    assert m["recalls"] == summary["recalls"] == sum(m["histogram"].values()) == m["seen_landed"] + m["device_waits"]
+    assert report["irq"] and report["config"]["steering"] and report["config"]["kv"] == "random (handed in)"
+    assert report["tpot_ms"]["all"]["requests"] == sum(r["output_len"] >= 2 for r in report["requests"])
+    assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
+    assert report["memory"]["gpu_kv_cap_bytes"] == int(0.004 * 2**30)
+
+
+def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: dict[str, dict]) -> None:
+    van, pulse = reports["vanilla"], reports["servegen"]
+    assert van["summary"]["complete"] and van["m"] is None and van["pulseio"] is None
+    assert {r["class"] for r in van["requests"]} == {"normal"} and van["summary"]["recalls"] == 0
+    text = table([van, pulse])
+    lines = text.splitlines()
+    assert lines[0].split() == ["vanilla", "pulseinfer"]
+    assert re.search(r"^  x vanilla\s+1\.00\s+\d+\.\d\d$", text, flags=re.M), text
+    assert re.search(r"^TPOT p50/p99 <8K \(ms\)\s+[\d.]+/[\d.]+\s+[\d.]+/[\d.]+$", text, flags=re.M), text
+
+
+def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None:
+    report = json.loads(json.dumps(reports["mooncake"]))
+    check_report(report)
+    del report["summary"]["decode_throughput_tok_s"]
+    with pytest.raises(ReportError, match=r"^r: summary\.decode_throughput_tok_s is missing$"):
+        check_report(report, source="r")
+    report = json.loads(json.dumps(reports["mooncake"]))
+    report["requests"][3]["tokens"] = "12"
+    with pytest.raises(ReportError, match=r"^r: requests\[3\]\.tokens must be int, got '12'$"):
+        check_report(report, source="r")
+    report = json.loads(json.dumps(reports["mooncake"]))
+    report["irq"] = 1
+    with pytest.raises(ReportError, match=r"^r: irq must be bool, got 1$"):
+        check_report(report, source="r")
+
+
+def test_replay_plots(reports: dict[str, dict], tmp_path: Path) -> None:
+    assert Path(reports["plot"]["path"]).stat().st_size > 10_000
+    files = []
+    for name in ("vanilla", "servegen"):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(reports[name]))
+        files.append(str(path))
+    assert main(["replay-table", *files, "--plot", str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_a_bad_trace_line_is_one_line_naming_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 50, "output_length": 4}\n'
+                     '{"timestamp": 10, "input_length": 50, "output_lenght": 4}\n')
+    assert main(["replay", "--trace", str(trace), *COMMON, "--mode", "vanilla"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"pulseio-engine replay: error: {trace}:2: no output_length; a Mooncake record has timestamp, "
+                   "input_length, output_length"]
+
+
+def test_a_host_pool_larger_than_the_host_is_refused_before_anything_is_allocated(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    monkeypatch.setenv("PULSEIO_MEMORY_LIMIT", "1G")
+    argv = ["replay", *SLICES["servegen"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--host-kv-gib asks for a host pool of 2.00 GiB, more than the 1.00 GiB this machine offers" in err
+    assert "building" not in err
+
+
+def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytest.CaptureFixture) -> None:
+    assert main(["replay", "--trace", "mooncake-sample", "--requests", "5", *COMMON, "--mode", "vanilla"]) == 2
+    err = capsys.readouterr().err
+    assert "requests exceed tiny's context of 4096 positions" in err and "--max-input and --max-output" in err
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--mode", "quest", "--no-irq"], "--no-irq turns pulseinfer's interleaving off; --mode quest"),
+    (["--mode", "vanilla", "--host-kv-gib", "1"], "--host-kv-gib sizes the offload modes' host pool"),
+    (["--mode", "vanilla", "--selection", "quest"], "vanilla attends densely"),
+    (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),
+    (["--mode", "warp"], "'warp'"),
+])
+def test_option_mistakes_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture) -> None:
+    assert main(["replay", "--trace", "servegen-sample", "--model", "tiny", "--gpu-kv-gib", "1", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+
+
+def test_busy_fraction_counts_overlaps_once() -> None:
+    assert busy_fraction([(0, 2), (1, 3), (5, 6)], 0, 10) == pytest.approx(0.4)
+    assert busy_fraction([(-5, 1), (9, 20)], 0, 10) == pytest.approx(0.2)
+    assert busy_fraction([], 0, 10) == 0.0
+
+
+def test_tpot_is_the_time_between_a_requests_tokens_bucketed_by_input() -> None:
+    rec = Recorder()
+    rec.arrived(0, 0.0, 100, 3, "a")
+    rec.arrived(1, 0.0, 9000, 2, "b")
+    rec.round(1.0, 1.0, 1, 1, {0: 1, 1: 1}, {})
+    rec.round(1.5, 0.5, 1, 1, {0: 1, 1: 1}, {1: (5, 6)})
+    rec.round(3.0, 1.5, 1, 0, {0: 1}, {0: (1, 2, 3)})
+    tpot = rec.tpot_by_bucket()
+    assert tpot["<8K"]["p50_ms"] == pytest.approx(1000.0) and tpot["8K-32K"]["p50_ms"] == pytest.approx(500.0)
+    assert tpot[">=32K"]["requests"] == 0 and tpot["all"]["requests"] == 2
+    assert [bucket_of(n) for n in (8191, 8192, 32767, 32768)] == ["<8K", "8K-32K", "8K-32K", ">=32K"]
+
+
+@pytest.mark.slow
+def test_a_real_model_prefills_its_prompts_and_serves_both_classes(tmp_path: Path) -> None:
+    """smollm2 (fetched on first use): no handed-in KV, so each prompt is prefilled here, in its class's engine."""
+    from pulseio_engine.fetch import FetchError, fetch_smollm2
+
+    try:
+        fetch_smollm2()
+    except FetchError as exc:
+        pytest.skip(f"SmolLM2 is not available here: {exc}")
+    out = tmp_path / "real.json"
+    argv = ["replay", "--trace", "servegen-sample", "--requests", "6", "--max-output", "6", "--model", "smollm2",
+            "--mode", "pulseinfer", "--selection", "quest", "--gpu-kv-gib", "0.05", "--host-kv-gib", "0.25",
+            "--offload-threshold", "212", "--token-budget", "128", "--device", "cpu", "--no-progress", "--json",
+            str(out)]
+    assert main(argv) == 0
+    report = load_report(out)
+    assert report["summary"]["complete"] and report["config"]["kv"] == "prefilled"
+    assert report["config"]["steering"] is None and {r["class"] for r in report["requests"]} == {"normal", "offload"}
+
+
+def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernels_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    from pulseio_engine.serving.gpu_busy import BusyMeter
+
+    started: list[int] = []
+
+    def event(name: str, start: float, end: float) -> types.SimpleNamespace:
+        return types.SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA,
+                                     time_range=types.SimpleNamespace(start=start, end=end))
+
+    class FakeProfiler:
+        def __init__(self, activities: list) -> None:
+            pass
+
+        def start(self) -> None:
+            started.append(meter._round)
+
+        def stop(self) -> None:
+            pass
+
+        def events(self) -> list:      # a 100 us window: model kernels cover 0-30 and 50-60; the copier all of it
+            return [event("gemm", 0, 20), event("norm", 10, 30), event("attn", 50, 60),
+                    event("_resident_copy_kernel", 0, 100), event("wait_seq", 30, 50), event("Memcpy HtoD", 60, 100)]
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfiler)
+    meter = BusyMeter("cuda", every=10, rounds=3)
+    for _ in range(25):
+        meter.before_round()
+        meter.after_round()
+    assert started == [7, 17] and len(meter.windows) == 2
+    assert meter.fraction() == pytest.approx(40 / 100)
+    assert BusyMeter("cpu").fraction() is None

@@ -1,0 +1,79 @@
+"""The serving engine: a request moved between classes keeps its tokens (its KV copied to and from the host
+pool, counted); every mode serves the same requests; the pools hold what the budget charges."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_irq import HEADS, NRM, OFF, _serve
+
+from pulseio_engine.config import DType, SparseMode
+from pulseio_engine.model.checkpoint import load_checkpoint
+from pulseio_engine.serving.budget import KVClass
+from pulseio_engine.serving.config import ServeMode, ServingConfig
+from pulseio_engine.serving.engine import ServingEngine
+
+
+def test_requests_moved_between_classes_keep_their_tokens(tiny_qwen3) -> None:
+    path = str(tiny_qwen3[0])
+    classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF}
+    stay, _ = _serve(path, classes)
+    moved, serving = _serve(path, classes, moves={2: {0: OFF, 1: NRM}, 5: {0: NRM, 3: NRM}, 6: {2: OFF}})
+    assert moved == stay
+    m = serving.moves
+    assert (m.to_offload, m.to_normal) == (2, 3)
+    assert m.bytes_to_host > 0 and m.bytes_from_host > 0
+    unit = serving.offload.offloader.layout.unit_bytes                                   # type: ignore[union-attr]
+    assert m.bytes_to_host % unit == 0 and m.bytes_from_host % unit == 0
+    assert serving.offload.offloader.statistics().requests == 0                          # type: ignore[union-attr]
+    assert serving.offload.offloader.statistics().host_units_free == serving.sizes.host_units - 1  # type: ignore
+
+
+def test_a_move_reads_the_host_copy_of_a_request_that_decoded_there(tiny_qwen3) -> None:
+    """Moved back after decoding in the offload class, a request's decoded tokens' KV comes from the host pool:
+    had it not been stored there, the tokens after the move would differ."""
+    path = str(tiny_qwen3[0])
+    stay, _ = _serve(path, {0: OFF})
+    moved, serving = _serve(path, {0: OFF}, moves={6: {0: NRM}})
+    assert moved == stay and serving.moves.to_normal == 1
+
+
+def test_the_footprint_is_what_the_engines_allocate(tiny_qwen3) -> None:
+    ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
+    for selection in (SparseMode.SOLOHEAD, SparseMode.QUEST):
+        config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=8 << 20, host_kv_bytes=8 << 20, token_budget=64,
+                               block_size=16, dense_layers=1, selection=selection)
+        with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as s:
+            fp, normal, off = s.footprint, s.normal, s.offload.offloader                # type: ignore[union-attr]
+            digests = normal.offloader.digests                                          # type: ignore[union-attr]
+            per_block = sum(t.nbytes for t in normal.kv.kv) + digests.max.nbytes + digests.min.nbytes
+            assert fp.normal_block * normal.kv.num_blocks == per_block
+            dense = s.offload.kv.statistics().bytes_total + off.digests.max.nbytes * 2   # type: ignore[union-attr]
+            assert fp.offload_block * s.offload.kv.num_blocks == dense                  # type: ignore[union-attr]
+            assert fp.offload_fixed == off.store.slots_per_seq * off.layout.unit_bytes   # type: ignore[union-attr]
+            assert fp.host_block == off.store.units_for(16) * off.layout.unit_bytes     # type: ignore[union-attr]
+            assert off.runtime.host_pool.num_blocks == s.sizes.host_units               # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", [ServeMode.VANILLA, ServeMode.QUEST, ServeMode.OFFLOAD_SYNC])
+def test_every_mode_serves_every_request_its_output_length(tiny_qwen3, mode: ServeMode) -> None:
+    ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
+    config = ServingConfig(mode, gpu_kv_bytes=8 << 20, host_kv_bytes=8 << 20 if mode is ServeMode.OFFLOAD_SYNC else 0,
+                           token_budget=64, block_size=16, dense_layers=1, max_offload_seqs=4)
+    with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as s:
+        classes = [KVClass.NORMAL, KVClass.OFFLOAD if config.has_offload else KVClass.NORMAL]
+        for rid in range(4):
+            s.add(rid, [3 + (rid * 7 + i) % 250 for i in range(50 + 60 * rid)], 5 + rid, classes[rid % 2])
+        done: dict[int, tuple[int, ...]] = {}
+        while s.has_unfinished():
+            done.update(s.step().finished)
+    assert {rid: len(out) for rid, out in done.items()} == {0: 5, 1: 6, 2: 7, 3: 8}
+
+
+def test_interleaving_belongs_to_pulseinfer() -> None:
+    with pytest.raises(ValueError, match="IRQ interleaves pulseinfer's normal and offload batches; quest runs"):
+        ServingConfig(ServeMode.QUEST, gpu_kv_bytes=1, irq=True)
+    with pytest.raises(ValueError, match=r"host_kv_bytes must be >= 1 for offload-sync"):
+        ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1)
+    assert ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, irq=False).describe() == \
+        "pulseinfer --no-irq"
