@@ -41,12 +41,14 @@ def test_the_first_block_is_the_cpu_install_then_the_two_commands() -> None:
     """`.ci/run` runs this block as written in a fresh venv: the order is the one a new user needs."""
     first = re.search(r"```bash\n(.*?)```", README, flags=re.S)
     assert first is not None and README.index(first.group(0)) < README.index("```python")
-    commands = [line.split("  #")[0].strip() for line in first.group(1).splitlines() if line.strip()]
+    block = re.sub(r"\\\n\s*", " ", first.group(1))                       # continuation lines joined
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
     assert commands[0].startswith("cd ")                                    # in the clone
     assert commands[1] == "python3 -m venv .venv && . .venv/bin/activate"
     assert commands[2] == "pip install torch --index-url https://download.pytorch.org/whl/cpu"   # before .[cpu]
     assert commands[3] == 'pip install -e ".[cpu]"'
-    assert commands[4:] == ["pulseio bench", "python -m pytest -q"]        # the main job, the tests
+    assert commands[4].startswith("pulseio-engine replay --trace mooncake-sample ")   # the main job: a shipped trace
+    assert commands[5:] == ["pulseio bench", "python -m pytest -q"]        # the PCIe bench, the tests
     assert "README_BLOCK" in (ROOT / ".ci" / "run").read_text(), ".ci/run must run this block"
 
 

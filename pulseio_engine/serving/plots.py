@@ -34,6 +34,7 @@ def plot_run(report: dict, path: Path) -> None:
     if m is not None and m["recalls"]:
         keys = sorted(m["histogram"], key=int)
         ax[1, 1].bar([int(k) for k in keys], [m["histogram"][k] for k in keys])
+        ax[1, 1].set_xticks([int(k) for k in keys])                 # m is a count: integer ticks only
         ax[1, 1].set(title=f"m: normal layers per offload recall (mean {m['mean']:.2f}, "
                            f"{m['device_waits']} device waits)", xlabel="m", ylabel="recalls")
     else:
