@@ -4,7 +4,7 @@
 # publish-only recalls), then `pulseio-engine replay` of a Mooncake window in every mode at the same GPU KV cap
 # (qwen3-14b preset: random weights, handed-in random KV, selection steered to the shipped locality), and the table.
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests replay" bash benchmarks/run_serving_gpu.sh
-# Env: PARTS ("tests replay"), TESTS_TIMEOUT_S (540); MODEL (qwen3-14b), TRACE (the shared Mooncake trace), START (0),
+# Env: PARTS ("tests replay"), TESTS_TIMEOUT_S (540); MODEL (qwen3-14b), TRACE (mooncake-sample), START (0),
 # DURATION (120 s of the trace), TIME_SCALE (1), MAX_INPUT (32000), MAX_OUTPUT (1024), GPU_KV_GIB (24), HOST_KV_GIB (64),
 # THRESHOLD (8192), BUDGET (2048), MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
 # REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), DEVICE (cuda; cpu: a dry run of
@@ -15,7 +15,7 @@ set -u
 R=${R:-/tmp/serving-results}; rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PULSEIO_NO_PROGRESS=1
 PARTS=${PARTS:-"tests replay"}; MODEL=${MODEL:-qwen3-14b}
-TRACE=${TRACE:-/work/shared/traces/mooncake/conversation_trace.jsonl}
+TRACE=${TRACE:-mooncake-sample}   # the shipped 400-request head (141 s); the whole trace must be carried to the device
 MODES=${MODES:-"vanilla quest offload-sync pulseinfer pulseinfer-noirq"}
 { date -u +%FT%TZ; echo "git ${PULSEIO_GIT_SHA:-$(git rev-parse HEAD 2>/dev/null)}"; hostname
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
