@@ -114,8 +114,8 @@ def bench_select(layer: Layer) -> None:
 
 
 def bench_torch_path(layer: Layer) -> None:
-    """What a layer does today: select_for_layer (gathered digests, fp32, sorts), plan_recall, compact,
-    apply_recall and the table gather (OffloadBatch.prepare + finish, selection part)."""
+    """What a layer did before the fused kernels: select_for_layer (gathered digests, fp32, sorts),
+    plan_recall, compact, apply_recall and the table gather (the selection part of the old prepare + finish)."""
     for label, heads, s in (("quest", None, HKV), ("solohead", (3,), 1)):
         digests = BlockDigests(num_layers=1, num_blocks=layer.dmax.shape[0], num_kv_heads=HKV, head_dim=D,
                                block_size=BS, dtype=torch.bfloat16, device="cuda", heads=heads)
