@@ -10,7 +10,8 @@ the same two kernels run on every replay, with nothing from the host:
         recalls.post(host_ids=ids, device_slots=slots, count=count, tag=layer)   # publish + device wait
         attend(...)                                    # kernels that read the recalled slots
     for step in steps:
-        done = recalls.arm()                           # before every replay, on the stream it replays on
+        done = recalls.arm()                           # before every replay, on the stream it replays on (waits
+                                                       # only while the ring is full; arm_nowait raises instead)
         graph.replay()
         ...                                            # done: one Completion per post, in post order
 
@@ -33,10 +34,11 @@ graphs holding one RecallGraph's posts are replayed in capture order, and `arm` 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, InvalidRequestError
+from .errors import ConfigError, InvalidRequestError, WaitTimeout, WouldBlock
 from .interrupts import Completion
 
 if TYPE_CHECKING:
@@ -90,12 +92,24 @@ class RecallGraph:
             raise InvalidRequestError(f"post index {index} is not one of this RecallGraph's {len(self._posts)} posts")
         self._runtime._wait_captured(self._posts[index].seq_out, stream)
 
-    def arm(self, *, stream: Any = None) -> list[Completion]:
+    def arm_nowait(self, *, stream: Any = None) -> list[Completion]:
         """Before a replay on `stream` (default: current): one Completion per captured post, in post order.
         Raises WouldBlock when the ring or the outstanding requests have no room for them all."""
         if not self._posts:
             raise InvalidRequestError("this RecallGraph has captured no post; capture RecallGraph.post first")
         return self._runtime._arm_replay([p.tag for p in self._posts], stream)
+
+    def arm(self, *, stream: Any = None, timeout: float | None = None) -> list[Completion]:
+        """`arm_nowait`, waiting (GIL released) while the ring or the outstanding requests are full, as a host
+        far ahead of the device does; raises WaitTimeout after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                return self.arm_nowait(stream=stream)
+            except WouldBlock as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(f"no room to arm {len(self._posts)} recalls within {timeout} s: {exc}") from exc
+                time.sleep(20e-6)
 
 
 def check_capturable(runtime: Runtime) -> None:

@@ -65,18 +65,10 @@ class Recaller:
         """Before a replay of a graph holding `recalls`: their Completions, watched by `check_landed`. Waits
         (counted in blocked_ns) only when the ring or the outstanding requests have no room for them."""
         try:
-            done = recalls.arm()
+            done = recalls.arm_nowait()
         except pulseio.WouldBlock:
             start = time.perf_counter_ns()
-            deadline = time.monotonic() + self.timeout_s
-            while True:
-                try:
-                    done = recalls.arm()
-                    break
-                except pulseio.WouldBlock:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(20e-6)
+            done = recalls.arm(timeout=self.timeout_s)
             self.blocked_ns += time.perf_counter_ns() - start
         self._posted.extend((c.tag, c) for c in done)
         return done

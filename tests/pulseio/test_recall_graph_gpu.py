@@ -54,6 +54,6 @@ def test_post_outside_a_capture_is_refused() -> None:
         with pytest.raises(InvalidRequestError, match="records into a CUDA graph being captured"):
             recalls.post(host_ids=ids, device_slots=ids)
         with pytest.raises(InvalidRequestError, match="has captured no post"):
-            recalls.arm()
+            recalls.arm_nowait()
         with pytest.raises(InvalidRequestError, match="post index 0 is not one of this RecallGraph's 0 posts"):
             recalls.wait_device(0)

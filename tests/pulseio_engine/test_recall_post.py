@@ -62,3 +62,32 @@ def test_recall_is_post_then_wait() -> None:
         done = Recaller(rt, RecallMode.DOORBELL).recall(*_args(2), tag=5)
         assert done.done() and rt.device_pool.slots[1:3, 0].tolist() == [9, 4]
     assert isinstance(PendingRecall(None, 0), PendingRecall)
+
+
+class _FullThenRoom:
+    """A RecallGraph stand-in whose ring is full for the first `full` looks (arm_nowait raises WouldBlock)."""
+
+    def __init__(self, full: int) -> None:
+        self.full, self.nowait_calls = full, 0
+
+    def arm_nowait(self) -> list[pulseio.Completion]:
+        self.nowait_calls += 1
+        if self.nowait_calls <= self.full:
+            raise pulseio.WouldBlock("ring full")
+        return [pulseio.Completion(seq=7, tag=3, device_waiter=None, awaiter=None)]
+
+    def arm(self, *, timeout: float | None = None) -> list[pulseio.Completion]:
+        while True:
+            try:
+                return self.arm_nowait()
+            except pulseio.WouldBlock:
+                time.sleep(1e-3)
+
+
+def test_arm_waits_only_for_room_and_counts_it_as_blocked() -> None:
+    recaller = Recaller(runtime=None, mode=RecallMode.DOORBELL)
+    done = recaller.arm(_FullThenRoom(full=0))
+    assert [c.tag for c in done] == [3] and recaller.blocked_ns == 0, "room at once: no wait, nothing blocked"
+    done = recaller.arm(_FullThenRoom(full=3))
+    assert [c.tag for c in done] == [3] and recaller.blocked_ns >= 2_000_000, "three full looks: ~3 ms blocked"
+    assert len(recaller._posted) == 2, "armed completions are watched by check_landed"
