@@ -18,7 +18,7 @@ def _store_tokens_kernel(
     k_ptr, v_ptr, pool_ptr, units_ptr, offsets_ptr, dmax_ptr, dmin_ptr, dblock_ptr, digest_head,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_pu, stride_pkv, stride_po, stride_ph,
-    stride_ut, stride_us,
+    stride_ut, stride_us, stride_off, stride_db,
     stride_dn, stride_dw,
     HEADS_PER_UNIT: tl.constexpr, HEAD_DIM: tl.constexpr, DIGEST: tl.constexpr, ALL_HEADS_DIGESTED: tl.constexpr,
 ):  # fmt: skip
@@ -28,14 +28,14 @@ def _store_tokens_kernel(
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + offs_d)
     v = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs_d)
     unit = tl.load(units_ptr + t * stride_ut + (h // HEADS_PER_UNIT) * stride_us).to(tl.int64)
-    offset = tl.load(offsets_ptr + t).to(tl.int64)
+    offset = tl.load(offsets_ptr + t * stride_off).to(tl.int64)
     slot = pool_ptr + unit * stride_pu + offset * stride_po + (h % HEADS_PER_UNIT) * stride_ph + offs_d
     tl.store(slot, k.to(pool_ptr.dtype.element_ty))
     tl.store(slot + stride_pkv, v.to(pool_ptr.dtype.element_ty))
     if DIGEST:
         if ALL_HEADS_DIGESTED or h == digest_head:
             column = h if ALL_HEADS_DIGESTED else 0
-            row = tl.load(dblock_ptr + t).to(tl.int64) * stride_dn + column * stride_dw + offs_d
+            row = tl.load(dblock_ptr + t * stride_db).to(tl.int64) * stride_dn + column * stride_dw + offs_d
             key = k.to(dmax_ptr.dtype.element_ty)
             if offset == 0:
                 tl.store(dmax_ptr + row, key)
@@ -59,7 +59,7 @@ def launch_store_tokens(pool, units, offsets, k, v, digest) -> None:  # noqa: AN
         k, v, pool, units, offsets, dmax, dmin, dblock, max(head, 0),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3),
-        units.stride(0), units.stride(1),
+        units.stride(0), units.stride(1), offsets.stride(0), dblock.stride(0),
         *strides,
         HEADS_PER_UNIT=hg, HEAD_DIM=d, DIGEST=digest is not None, ALL_HEADS_DIGESTED=all_heads,
         num_warps=1,
