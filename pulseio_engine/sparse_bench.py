@@ -99,7 +99,7 @@ class TimedRecaller:
     """A `Recaller` with the main thread's time in it and the doorbell requests (whose publish and landed stamps
     give each request's span on the device clock)."""
 
-    def __init__(self, inner: Recaller, device: torch.device) -> None:
+    def __init__(self, inner: Recaller) -> None:
         self.inner = inner
         self.host_ns = 0
         self.requests: list[Any] = []
@@ -366,7 +366,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         off.steering = SteeringProfile(locality.overlap_for(m.num_layers, offload.dense_layers), seed=seed)
         timed = None
         if off.recaller is not None:
-            timed = off.recaller = TimedRecaller(off.recaller, dev)     # type: ignore[assignment]
+            timed = off.recaller = TimedRecaller(off.recaller)     # type: ignore[assignment]
         gen = torch.Generator().manual_seed(seed)
         for i in range(batch_size):
             prompt = torch.randint(0, m.vocab_size, (context_len + 1,), generator=gen).tolist()
