@@ -143,6 +143,8 @@ class Issuer:
         except Exception as exc:  # a route failure fails these transfers; the engine keeps serving
             log.debug("issue of %d transfers failed", len(batch), exc_info=True)
             issue.error = exc
+            for q in batch:  # their device waits end now; wait() once the FIFO reaches the marker
+                q.transfer._set_issue_failed(exc)
         else:
             for q in batch:
                 q.transfer._set_issued(issue.device_event)

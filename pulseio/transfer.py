@@ -42,7 +42,8 @@ _NEXT = {
 class Transfer(Handle):
     """One transfer (a `pulseio.Handle`). Created by `DmaEngine.submit`; resolved by pulseio's threads."""
 
-    __slots__ = ("_inflight", "direction", "strategy", "device_event", "_state", "_issued", "_issued_callbacks")
+    __slots__ = ("_inflight", "direction", "strategy", "device_event", "_state", "_issued", "_issued_callbacks",
+                 "_issue_error")
 
     def __init__(
         self, *, seq: int, tag: int | None, direction: Direction, strategy: Strategy, num_blocks: int, nbytes: int,
@@ -56,6 +57,7 @@ class Transfer(Handle):
         self._state = TransferState.QUEUED
         self._issued = Latch()
         self._issued_callbacks: list[Callable[[Transfer], None]] | None = None
+        self._issue_error: TransferError | None = None  # its issue raised; FAILED once its turn in the FIFO comes
 
     def __repr__(self) -> str:
         return (
@@ -107,8 +109,9 @@ class Transfer(Handle):
         On the host backend, where there is no device, it waits on the host until the data landed.
         """
         self._issued.wait()
-        if self._exception is not None:
-            raise self._exception
+        error = self._exception or self._issue_error
+        if error is not None:
+            raise error
         if self.device_event is None:  # host backend: no device to wait on; wait on the host instead
             self.wait()
             return
@@ -130,6 +133,18 @@ class Transfer(Handle):
         if callbacks:
             for fn in callbacks:
                 fn(self)
+
+    def _set_issue_failed(self, cause: BaseException) -> None:
+        """Its issue raised: nothing will land, so waits for the issue (`device_wait`) end now with the error.
+        The transfer becomes FAILED (and `wait()` returns) once the FIFO resolves its issue, in order."""
+        error = TransferError(f"transfer seq={self.seq} tag={self.tag!r} failed: {cause}")
+        error.__cause__ = cause
+        with self._lock:
+            self._issue_error = error
+            callbacks, self._issued_callbacks = self._issued_callbacks, None
+            self._issued.set()
+        for fn in callbacks or []:
+            fn(self)
 
     def _set_done(self) -> None:
         self._finish(_DONE, None)

@@ -145,6 +145,35 @@ def test_a_failing_route_fails_only_its_transfers(pools, monkeypatch) -> None:
         assert engine.statistics().failed == 1
 
 
+def test_a_failed_issue_ends_a_device_wait_at_once_with_its_cause(pools, monkeypatch) -> None:
+    """Nobody has waited for the transfer or stepped the engine: the device wait must not hang on an issue
+    that raised (it once waited forever for an issue that would never come)."""
+    host, device = pools
+    with pulseio.DmaEngine(host, device) as engine:
+        def broken(*args, **kwargs):
+            raise RuntimeError("cuMemcpyBatchAsync: invalid value")
+
+        monkeypatch.setattr(engine._routes, "issue", broken)
+        bad = engine.recall(host_ids=[1], device_slots=[1], tag="bad", strategy=Strategy.BATCHED)
+        outcome: list[BaseException | None] = []
+
+        def device_wait() -> None:
+            try:
+                bad.device_wait()
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - the outcome is the assertion
+                outcome.append(exc)
+
+        waiter = threading.Thread(target=device_wait, daemon=True)
+        waiter.start()
+        waiter.join(timeout=10)
+        assert outcome, "device_wait hung on a transfer whose issue raised"
+        assert isinstance(outcome[0], pulseio.TransferError) and "invalid value" in str(outcome[0])
+        with pytest.raises(pulseio.TransferError, match="invalid value"):
+            bad.wait(timeout=10)
+        assert bad.state is TransferState.FAILED and engine.statistics().failed == 1
+
+
 def test_auto_policy_picks_the_measured_best() -> None:
     def rec(strategy, count, gbps, kind="recall"):
         return {"kind": kind, "strategy": strategy, "direction": "h2d", "block_bytes": 8192,
