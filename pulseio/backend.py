@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 class HostMemory(Protocol):
     tensor: torch.Tensor  # [nbytes] uint8, host
     device_ptr: int  # the address a kernel uses for it (UVA); 0 where no device can address it
+    segment_bytes: int  # pinned in segments of this size (the last may be shorter): one DMA must not span two
 
     def close(self) -> None: ...
 
@@ -79,7 +80,8 @@ class Backend(Protocol):
     name: str
     device: torch.device  # where DevicePool slots live
 
-    def alloc_host(self, nbytes: int, *, label: str) -> HostMemory: ...
+    def alloc_host(self, nbytes: int, *, label: str, unit_bytes: int = 1) -> HostMemory:
+        """nbytes of host memory the device can reach; its segments are whole multiples of unit_bytes."""
 
     def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor: ...
 

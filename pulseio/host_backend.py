@@ -26,6 +26,7 @@ class _HostMemory:
     def __init__(self, nbytes: int) -> None:
         self.tensor = torch.empty(nbytes, dtype=torch.uint8)
         self.device_ptr = self.tensor.data_ptr()
+        self.segment_bytes = max(nbytes, 1)  # one allocation
 
     def close(self) -> None:
         pass
@@ -37,7 +38,7 @@ class HostBackend:
     name = "host"
     device = torch.device("cpu")
 
-    def alloc_host(self, nbytes: int, *, label: str) -> _HostMemory:
+    def alloc_host(self, nbytes: int, *, label: str, unit_bytes: int = 1) -> _HostMemory:
         return _HostMemory(nbytes)
 
     def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor:

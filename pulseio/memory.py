@@ -11,6 +11,16 @@ import torch
 from .backend import Backend, HostMemory
 from .errors import ClosedError, InsufficientMemoryError, InvalidRequestError
 
+SEGMENT_TARGET_BYTES = 1 << 30  # host memory is pinned in segments of about this size
+
+
+def segment_bytes(unit_bytes: int, target: int = SEGMENT_TARGET_BYTES) -> int:
+    """Pinning segment size: the largest whole multiple of unit_bytes up to target (one unit if larger), so
+    no block straddles two segments."""
+    if unit_bytes < 1:
+        raise ValueError(f"unit_bytes must be >= 1, got {unit_bytes}")
+    return max(1, target // unit_bytes) * unit_bytes
+
 _MIN_BLOCK = 16
 
 
@@ -86,8 +96,10 @@ class HostPool:
         self.backend = backend
         self.num_blocks = num_blocks
         self.block_bytes = block_bytes
-        self._memory: HostMemory | None = backend.alloc_host(nbytes, label="host pool")
+        self._memory: HostMemory | None = backend.alloc_host(nbytes, label="host pool", unit_bytes=block_bytes)
         self.blocks = self._memory.tensor.view(num_blocks, block_bytes)  # [num_blocks, block_bytes] uint8
+        # blocks per pinned segment: a copy-engine DMA never spans two (`pulseio.plan.split_runs`)
+        self.segment_blocks: int = max(1, self._memory.segment_bytes // block_bytes)
 
     @property
     def device_ptr(self) -> int:

@@ -131,6 +131,22 @@ class TransferPlan:
         return self._runs
 
 
+def split_runs(host_start: np.ndarray, slot_start: np.ndarray, length: np.ndarray, segment: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Runs (as `TransferPlan.runs`) cut where the host side crosses a multiple of `segment` blocks: the host
+    pool is pinned in segments, and one DMA must not span two."""
+    first = host_start // segment
+    pieces = (host_start + length - 1) // segment - first + 1
+    if pieces.size == 0 or int(pieces.max()) == 1:
+        return host_start, slot_start, length
+    run = np.repeat(np.arange(length.size), pieces)
+    k = np.arange(run.size) - np.repeat(np.cumsum(pieces) - pieces, pieces)  # piece index within its run
+    seg = first[run] + k
+    start = np.maximum(host_start[run], seg * segment)
+    end = np.minimum(host_start[run] + length[run], (seg + 1) * segment)
+    return start, slot_start[run] + (start - host_start[run]), end - start
+
+
 def make_plan(
     direction: Direction,
     host_ids: Any,

@@ -25,8 +25,8 @@ from ..backend import Pending
 from ..config import DmaConfig
 from ..doorbell import Doorbell
 from ..errors import DeviceUnavailableError, PoolTooSmallError
-from ..memory import DevicePool, HostPool
-from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
+from ..memory import DevicePool, HostPool, segment_bytes
+from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces, split_runs
 from . import driver
 from .buffers import ID_BYTES as _ID
 from .buffers import BufferRing
@@ -65,8 +65,8 @@ class CudaBackend:
         driver.init()
         self.context = driver.primary_context(self.device.index)
 
-    def alloc_host(self, nbytes: int, *, label: str) -> PinnedBuffer:
-        return PinnedBuffer(nbytes, context=self.context, label=label)
+    def alloc_host(self, nbytes: int, *, label: str, unit_bytes: int = 1) -> PinnedBuffer:
+        return PinnedBuffer(nbytes, context=self.context, label=label, chunk_bytes=segment_bytes(unit_bytes))
 
     def alloc_device(self, nbytes: int, *, label: str) -> torch.Tensor:
         free, _ = torch.cuda.mem_get_info(self.device)
@@ -231,7 +231,7 @@ class CudaRoutes:
                 host[h].copy_(pool[d], non_blocking=True)
 
     def _batched(self, plan: TransferPlan) -> None:
-        host_start, slot_start, length = plan.runs
+        host_start, slot_start, length = split_runs(*plan.runs, self._host.segment_blocks)
         host_ptrs = (self._host.device_ptr + host_start * self._bb).astype(np.uint64)
         slot_ptrs = (self._pool.device_ptr + slot_start * self._bb).astype(np.uint64)
         sizes = (length * self._bb).astype(np.uint64)

@@ -5,7 +5,9 @@ request up to a power of two (a 40 GiB pool would pin 64 GiB) and pins it in one
 buffer is one contiguous pageable allocation, page-aligned, pinned chunk by chunk from a few
 threads (pinning is page-faulting, which parallelises), with a progress bar for large pools.
 Under UVA the device pointer of registered memory equals its host pointer, so one contiguous
-range stays contiguous for kernels; that is checked per chunk, not assumed.
+range stays contiguous for kernels; that is checked per chunk, not assumed. The copy engine does not
+see it so: a DMA that spans two registrations fails (cuMemcpyBatchAsync: CUDA_ERROR_INVALID_VALUE), so
+chunks are whole blocks (`segment_bytes`) and the DMA routes cut their runs at chunk boundaries.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import PulseInternalError
+from ..memory import SEGMENT_TARGET_BYTES
 from . import driver
 
 log = logging.getLogger(__name__)
@@ -27,12 +30,14 @@ _PROGRESS_BYTES = 2 << 30
 
 
 class PinnedBuffer:
-    """`nbytes` of pinned host memory as `tensor` ([nbytes] uint8, CPU); `device_ptr` is its UVA address."""
+    """`nbytes` of pinned host memory as `tensor` ([nbytes] uint8, CPU); `device_ptr` is its UVA address;
+    registered in chunks of `segment_bytes` (a DMA must not span two)."""
 
     def __init__(
-        self, nbytes: int, *, context: Any, chunk_bytes: int = 1 << 30, threads: int = 4, label: str = ""
+        self, nbytes: int, *, context: Any, chunk_bytes: int = SEGMENT_TARGET_BYTES, threads: int = 4, label: str = ""
     ) -> None:
         self.nbytes = nbytes
+        self.segment_bytes = chunk_bytes
         self._context = context
         raw = torch.empty(nbytes + _ALIGN, dtype=torch.uint8)
         offset = (-raw.data_ptr()) % _ALIGN

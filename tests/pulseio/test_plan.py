@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pulseio import Direction, InvalidRequestError, PoolTooSmallError
-from pulseio.plan import make_plan, merge_plans, pieces
+from pulseio.plan import make_plan, merge_plans, pieces, split_runs
 
 
 def _plan(host, slots, direction=Direction.H2D, *, blocks=100, num_slots=50):
@@ -66,6 +66,32 @@ def test_runs_coalesce_pairs_consecutive_on_both_sides() -> None:
     got = sorted(zip(host.tolist(), slot.tolist(), length.tolist()))
     assert got == [(10, 0, 3), (20, 5, 1), (21, 7, 1), (40, 9, 1)]
     assert int(length.sum()) == plan.num_blocks
+
+
+@pytest.mark.parametrize("segment", [1, 3, 7, 16, 1000])
+def test_split_runs_never_span_a_segment_and_keep_every_pair(segment: int) -> None:
+    """The host pool is pinned in segments; the copy engine refuses one DMA over two (seen on the H200)."""
+    host = np.concatenate([np.arange(s, s + n) for s, n in ((0, 5), (14, 20), (61, 1), (70, 29))])
+    slots = np.arange(host.size) + 3
+    plan = _plan(host, slots, num_slots=200)
+    start, slot, length = split_runs(*plan.runs, segment)
+    assert (length >= 1).all()
+    assert (start // segment == (start + length - 1) // segment).all()  # inside one segment each
+    pairs = sorted((int(h), int(d)) for a, b, n in zip(start, slot, length) for h, d in zip(range(a, a + n),
+                                                                                              range(b, b + n)))
+    assert pairs == sorted(zip(host.tolist(), slots.tolist()))
+    if segment >= 1000:
+        assert length.size == plan.runs[2].size  # nothing to cut: the runs as they were
+
+
+def test_host_pool_segments_are_whole_blocks() -> None:
+    from pulseio.memory import segment_bytes
+
+    assert segment_bytes(65536) == 1 << 30
+    assert segment_bytes(3 * 4096) % (3 * 4096) == 0 and segment_bytes(3 * 4096) <= 1 << 30
+    assert segment_bytes(3 << 30) == 3 << 30  # a block larger than the target is one segment
+    with pytest.raises(ValueError, match="unit_bytes"):
+        segment_bytes(0)
 
 
 def test_merge_and_pieces_keep_every_pair_once() -> None:
