@@ -154,6 +154,12 @@ class DmaEngine:
         plan = self._plan(Direction.D2H, host_ids, device_slots)
         return self.submit_nowait(plan, strategy=strategy, tag=tag, stream_ordered=stream_ordered)
 
+    def plan_recall(self, *, host_ids: IdArray, device_slots: IdArray) -> TransferPlan:
+        """The recall `recall(host_ids=, device_slots=)` would submit, validated against these pools, for
+        `submit(plan)`: a transfer repeated many times (a layer recalled every step) pays the validation
+        and the coalescing into runs once. Raises as `recall` does on bad ids."""
+        return self._plan(Direction.H2D, host_ids, device_slots)
+
     def _plan(self, direction: Direction, host_ids: IdArray, device_slots: IdArray) -> TransferPlan:
         return make_plan(
             direction, host_ids, device_slots,

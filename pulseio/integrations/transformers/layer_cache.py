@@ -1,16 +1,18 @@
 """LayerOffloadCache: every layer's KV in a pinned pulseio `HostPool`; during decode the next layers are
 recalled into a ring of device buffers through a `DmaEngine` while the current layer computes.
 
-Layout. A layer's KV is [2, B, Hkv, cap, D] (K then V; cap = max_cache_len rounded up to whole units), one
-contiguous range of the host pool, cut into units of `tokens_per_unit` tokens of one head row. The device
-pool holds `prefetch_layers + 1` such layer buffers. Recalling a layer of n tokens moves the first
-ceil(n / tokens_per_unit) units of each of its 2 x B x Hkv head rows: pulseio coalesces them into one run
-per row (one run for the whole layer once n fills it), so the copy engine sees 2 x B x Hkv large copies
-(BATCHED: one `cuMemcpyBatchAsync`), not a copy per block.
+Layout. A layer's KV is token-major, [cap, 2, B, Hkv, D] (cap = max_cache_len rounded up to whole units),
+one contiguous range of the host pool cut into units of `tokens_per_unit` tokens. The first n tokens of a
+layer are then one contiguous range too: recalling them is one large copy (BATCHED: one
+`cuMemcpyBatchAsync`, cut only where the host pool's pinned segments meet), at the link's rate, and the
+device buffer a layer lands in is the same layout, so the new tokens reach the host in one contiguous
+store. Attention reads [B, Hkv, n, D] views of it (strided, innermost dim contiguous). The device pool holds
+`prefetch_layers + 1` layer buffers. A recall's `TransferPlan` is built (validated, coalesced) once per
+(layer, buffer, units) and submitted again until the layer grows a unit.
 
 One decode step, layer l (visit v = forward x L + l, buffer v % R, R = prefetch_layers + 1):
     device_wait(the recall of layer l)        the model's stream waits on the GPU, the host does not
-    new tokens -> buffer, and -> host pool    the host copy through the pool's device view: a kernel
+    new tokens -> buffer -> host pool         the host copy through the pool's device view: a kernel
                                               storing over the bus, no copy call, no host sync
     recall layer (l + P) mod L                stream-ordered: the copy starts once the work enqueued so far
                                               (the attention of the buffer's last occupant) is done
@@ -32,6 +34,7 @@ import numpy as np
 import torch
 
 import pulseio
+from pulseio.plan import split_runs
 
 from .cache_base import CacheFootprint, KVGeometry, PulseioCache, allocated_beside, device_allocated
 
@@ -54,7 +57,7 @@ class LayerOffloadStatistics:
 
     recalls: int  # layer recalls submitted
     bytes_recalled: int  # landed so far
-    recall_runs: int  # contiguous copies the last recall was coalesced into
+    recall_runs: int  # contiguous copies the last recall was coalesced into (1 unless it crossed a segment)
 
 
 class LayerOffloadCache(PulseioCache):
@@ -62,7 +65,7 @@ class LayerOffloadCache(PulseioCache):
 
     model: a transformers decoder (every layer full attention) on its device and dtype; max_cache_len:
     tokens the cache holds (prompt + new tokens); prefetch_layers: layers recalled ahead (P; the device
-    holds P + 1 layer buffers); tokens_per_unit: tokens of one head row per pool unit; strategy: the
+    holds P + 1 layer buffers); tokens_per_unit: tokens per pool unit (every head, K and V); strategy: the
     pulseio route of the recalls (BATCHED: the copy engine, one driver call a layer)."""
 
     def __init__(self, model: Any, *, max_cache_len: int, batch_size: int = 1, prefetch_layers: int = 1,
@@ -77,11 +80,11 @@ class LayerOffloadCache(PulseioCache):
         self.strategy = strategy
         self.depth = min(prefetch_layers, g.num_layers - 1)  # P: a layer is never prefetched over itself
         self.buffers = self.depth + 1  # R
-        cap = -(-max_cache_len // tpu) * tpu
-        rows = 2 * g.batch_size * g.num_kv_heads
-        self._tpu, self._row_units, self._rows = tpu, cap // tpu, rows
-        self._layer_units = rows * self._row_units
-        block_bytes = tpu * g.head_dim * g.elem_bytes
+        self._tpu = tpu
+        self._layer_units = -(-max_cache_len // tpu)
+        cap = self._layer_units * tpu
+        token_shape = (2, g.batch_size, g.num_kv_heads, g.head_dim)
+        block_bytes = tpu * 2 * g.batch_size * g.num_kv_heads * g.head_dim * g.elem_bytes
         before = device_allocated(g.device)
         backend = pulseio.open_backend(str(g.device))
         self.host_pool = pulseio.HostPool(backend, g.num_layers * self._layer_units, block_bytes)
@@ -94,10 +97,9 @@ class LayerOffloadCache(PulseioCache):
             log.warning("pulseio strategy %s is not available on this backend (%s); recalling layers with AUTO",
                         strategy.value, sorted(s.value for s in self._dma.available))
             self.strategy = pulseio.Strategy.AUTO
-        shape = (2, g.batch_size, g.num_kv_heads, cap, g.head_dim)
-        self._host = self.host_pool.device_view(g.dtype, tpu, g.head_dim).view(g.num_layers, *shape)
-        self._buf = self.device_pool.view(g.dtype, tpu, g.head_dim).view(self.buffers, *shape)
-        self._row_start = np.arange(rows, dtype=np.int64) * self._row_units  # [rows] first unit of each row
+        self._host = self.host_pool.device_view(g.dtype, tpu, *token_shape).view(g.num_layers, cap, *token_shape)
+        self._buf = self.device_pool.view(g.dtype, tpu, *token_shape).view(self.buffers, cap, *token_shape)
+        self._plans: dict[tuple[int, int], tuple[int, pulseio.TransferPlan]] = {}  # (layer, buffer) -> (units, plan)
         self._loaded: list[_Loaded | None] = [None] * self.buffers
         self._forward = -1
         self._recalls = 0
@@ -114,13 +116,17 @@ class LayerOffloadCache(PulseioCache):
             self._forward += 1
         visit = self._forward * self.geometry.num_layers + layer_idx
         kv = (key_states, value_states)
+        host = self._host[layer_idx, n:n + t]                                  # [T, 2, B, Hkv, D]
         if n > 0:
-            buf = self._buf[self._use(visit, layer_idx, n)]               # [2, B, Hkv, cap, D]
-            buf[0, :, :, n:n + t] = key_states
-            buf[1, :, :, n:n + t] = value_states
-            kv = (buf[0, :, :, :n + t], buf[1, :, :, :n + t])
-        self._host[layer_idx, 0, :, :, n:n + t] = key_states
-        self._host[layer_idx, 1, :, :, n:n + t] = value_states
+            buf = self._buf[self._use(visit, layer_idx, n)]                   # [cap, 2, B, Hkv, D]
+            new = buf[n:n + t]
+            new[:, 0] = key_states.permute(2, 0, 1, 3)
+            new[:, 1] = value_states.permute(2, 0, 1, 3)
+            host.copy_(new)                                                   # one contiguous store
+            kv = (buf[:n + t, 0].permute(1, 2, 0, 3), buf[:n + t, 1].permute(1, 2, 0, 3))
+        else:
+            host[:, 0] = key_states.permute(2, 0, 1, 3)
+            host[:, 1] = value_states.permute(2, 0, 1, 3)
         self._advance(layer_idx, t)
         if self.depth:
             self._prefetch(visit + self.depth)
@@ -151,18 +157,21 @@ class LayerOffloadCache(PulseioCache):
             old.transfer.device_wait()  # two copies into one buffer are not ordered: order them on our stream
         transfer = None
         if length > 0:
-            units = -(-length // self._tpu)
-            host, slots = self._unit_ids(layer, index, units)
-            transfer = self._dma.recall(host_ids=host, device_slots=slots, strategy=self.strategy)
+            transfer = self._dma.submit(self._plan(layer, index, -(-length // self._tpu)), strategy=self.strategy)
             self._recalls += 1
         self._loaded[index] = loaded = _Loaded(layer, length, transfer)
         return loaded
 
-    def _unit_ids(self, layer: int, index: int, units: int) -> tuple[np.ndarray, np.ndarray]:
-        """The first `units` units of each head row of `layer` (host) and of buffer `index` (device): [rows x units]."""
-        rows = (self._row_start[:, None] + np.arange(units, dtype=np.int64)).reshape(-1)
-        self._last_runs = self._rows if units < self._row_units else 1
-        return rows + layer * self._layer_units, rows + index * self._layer_units
+    def _plan(self, layer: int, index: int, units: int) -> pulseio.TransferPlan:
+        """The recall of `layer`'s first `units` units into buffer `index`: one run, built once per units."""
+        cached = self._plans.get((layer, index))
+        if cached is None or cached[0] != units:
+            first = np.arange(units, dtype=np.int64)
+            plan = self._dma.plan_recall(host_ids=first + layer * self._layer_units,
+                                         device_slots=first + index * self._layer_units)
+            cached = self._plans[(layer, index)] = (units, plan)
+        self._last_runs = len(split_runs(*cached[1].runs, self.host_pool.segment_blocks)[2])
+        return cached[1]
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
