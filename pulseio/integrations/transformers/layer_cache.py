@@ -66,10 +66,13 @@ class LayerOffloadCache(PulseioCache):
     model: a transformers decoder (every layer full attention) on its device and dtype; max_cache_len:
     tokens the cache holds (prompt + new tokens); prefetch_layers: layers recalled ahead (P; the device
     holds P + 1 layer buffers); tokens_per_unit: tokens per pool unit (every head, K and V); strategy: the
-    pulseio route of the recalls (BATCHED: the copy engine, one driver call a layer)."""
+    pulseio route of the recalls (BATCHED: the copy engine, one driver call a layer); dma: the engine's
+    DmaConfig (default: issue on pulseio's worker thread, so that a driver call waiting for room behind the
+    previous layer's copy never holds up the model's thread)."""
 
     def __init__(self, model: Any, *, max_cache_len: int, batch_size: int = 1, prefetch_layers: int = 1,
-                 tokens_per_unit: int = 256, strategy: pulseio.Strategy = pulseio.Strategy.BATCHED) -> None:
+                 tokens_per_unit: int = 256, strategy: pulseio.Strategy = pulseio.Strategy.BATCHED,
+                 dma: pulseio.DmaConfig | None = None) -> None:
         geometry = KVGeometry.of(model, batch_size=batch_size, max_cache_len=max_cache_len)
         super().__init__(geometry)
         if isinstance(prefetch_layers, bool) or not isinstance(prefetch_layers, int) or prefetch_layers < 1:
@@ -90,8 +93,8 @@ class LayerOffloadCache(PulseioCache):
         self.host_pool = pulseio.HostPool(backend, g.num_layers * self._layer_units, block_bytes)
         self.device_pool = pulseio.DevicePool(backend, self.buffers * self._layer_units, block_bytes)
         # staging is for the GATHER_DMA route only: one unit keeps its device twin small
-        self._dma = pulseio.DmaEngine(self.host_pool, self.device_pool,
-                                      pulseio.DmaConfig(staging_bytes=block_bytes, staging_buffers=2))
+        dma = dma or pulseio.DmaConfig(staging_bytes=block_bytes, staging_buffers=2, inline_issue=False)
+        self._dma = pulseio.DmaEngine(self.host_pool, self.device_pool, dma)
         self._pulseio_device_bytes = allocated_beside(g.device, before, self.device_pool.slots.numel())
         if strategy not in self._dma.available:  # e.g. BATCHED needs cuMemcpyBatchAsync (CUDA 12.8 drivers)
             log.warning("pulseio strategy %s is not available on this backend (%s); recalling layers with AUTO",
