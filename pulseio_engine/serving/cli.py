@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -125,10 +127,13 @@ def _replay(args: argparse.Namespace) -> int:
                             use_cuda_graphs=not args.no_cuda_graphs)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
+    status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows
 
     def progress(done: int, info: dict) -> None:
         bar.update(done - bar.n)
         bar.set_postfix(info, refresh=False)
+        if status is not None:
+            status.update(done, info)
 
     try:
         report = replay(trace, source, config, options, progress=progress, say=say)
@@ -143,6 +148,27 @@ def _replay(args: argparse.Namespace) -> int:
         plot_run(report, args.plot)
         print(f"wrote {args.plot}")
     return 0 if report["summary"]["complete"] else 1
+
+
+STATUS_EVERY_S = 10.0
+
+
+class StatusLines:
+    """Where no progress bar is drawn (a log file, PULSEIO_NO_PROGRESS): one status line at most every
+    `every_s` seconds of wall time, so a long replay's log shows how far it got."""
+
+    def __init__(self, total: int, *, every_s: float, clock: Callable[[], float] = time.monotonic,
+                 out: Callable[[str], None] = lambda line: print(line, flush=True)) -> None:
+        self.total, self.every_s, self._clock, self._out = total, every_s, clock, out
+        self._start = self._last = clock()
+
+    def update(self, done: int, info: dict) -> None:
+        now = self._clock()
+        if now - self._last < self.every_s and done < self.total:
+            return
+        self._last = now
+        fields = " ".join(f"{key} {value}" for key, value in info.items())
+        self._out(f"replay: {done}/{self.total} requests finished after {now - self._start:.0f} s wall; {fields}")
 
 
 def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:

@@ -214,3 +214,15 @@ def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernel
     assert started == [7, 17] and len(meter.windows) == 2
     assert meter.fraction() == pytest.approx(40 / 100)
     assert BusyMeter("cpu").fraction() is None
+
+
+def test_status_lines_report_at_most_every_interval_and_always_the_last_request() -> None:
+    from pulseio_engine.serving.cli import StatusLines
+
+    now, lines = [0.0], []
+    status = StatusLines(5, every_s=10.0, clock=lambda: now[0], out=lines.append)
+    for t, done in ((1.0, 1), (9.0, 2), (10.5, 2), (12.0, 3), (13.0, 5)):
+        now[0] = t
+        status.update(done, {"normal": 4, "waiting": 0})
+    assert lines == ["replay: 2/5 requests finished after 10 s wall; normal 4 waiting 0",
+                     "replay: 5/5 requests finished after 13 s wall; normal 4 waiting 0"]
