@@ -14,9 +14,10 @@ of one decode step is five launches, all fixed-shape, no host sync:
                               sync baseline
     paged_decode_attention    over each row's selected blocks: hot slots, or the paged cache in place
 
-A batch's selection state (residency, hot-slot owners, the previous selection's mask, steering counters) is
-stacked once per batch as [L, B, S, ...], so each layer's slice is contiguous; each request's state is then a
-view of it, so nothing is copied back after a step. Benchmarks on random weights set `Offloader.steering`
+Every request's selection state (residency, hot-slot owners, the previous selection's mask, steering
+counters) lives in a row of persistent [L, R, S, ...] tensors (`kv/seats.py`); a batch of B requests is rows
+[0, B), moved there by `begin`, so each layer's slice is contiguous, nothing is copied back after a step, and
+a step captured for B rows serves any B requests. Benchmarks on random weights set `Offloader.steering`
 (`SteeringProfile`): the real scoring and top-K still run, the measured locality steers which ids come out.
 """
 
@@ -42,6 +43,7 @@ from .kv.host_store import HostStore, OffloadSeq
 from .kv.offload_layout import OffloadFootprint, UnitLayout, offload_footprint
 from .kv.recall import Recaller
 from .kv.retrieval_heads import RetrievalHeads
+from .kv.seats import Seats
 from .kv.selection import PAD
 from .kv.token_store import store_tokens
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
@@ -112,6 +114,7 @@ class Offloader:
         self.rows = self.layout.groups if selecting is None else 1     # S: Hkv for Quest, 1 for SoloHead
         self.seqs: dict[int, OffloadSeq | None] = {}        # None: an all-on-GPU request holds nothing here
         self.selection: dict[int, SelectionState] = {}
+        self.seats = Seats(min(offload.max_seqs, 4))         # every request's state above, in rows (grows)
         self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
         self.steering: SteeringProfile | None = None        # benchmarks on random weights only
 
@@ -135,14 +138,21 @@ class Offloader:
         self.seqs[request_id] = None if self.store is None else self.store.open(num_tokens)
         shape = (self.model.num_layers - self.dense, self.rows)
         k = self.sparse.budget_blocks
-        self.selection[request_id] = SelectionState(
+        state = self.selection[request_id] = SelectionState(
             torch.zeros((*shape, self.max_blocks), dtype=torch.uint8, device=self.device),
             torch.zeros(shape, dtype=torch.int64, device=self.device),
             torch.full((*shape, k), PAD, dtype=torch.int64, device=self.device))
+        parts = {"mask": state.mask, "calls": state.calls, "selected": state.selected}
+        seq = self.seqs[request_id]
+        if seq is not None:
+            parts.update(host_map=seq.host_map, hot=seq.hot, resident=seq.resident, owner=seq.owner)
+        self.seats.seat(request_id, parts)
 
     def close_request(self, request_id: int) -> None:
         seq = self.seqs.pop(request_id, None)
         self.selection.pop(request_id, None)
+        if request_id in self.seats:
+            self.seats.unseat(request_id)
         if seq is not None and self.store is not None:
             self.store.close(seq)
 
@@ -179,13 +189,10 @@ class Offloader:
         state.sparse = PrefillOffload(self, [self.seqs[r] for r in request_ids], state)
 
     def begin(self, request_ids: Seq[int]) -> OffloadBatch | DeviceSparseBatch:
-        """The offloaded layers' attention of a decode batch of these requests, in this order: their state
-        stacked once (eager; a CUDA graph of the batch's steps then updates it in place). Call
-        `start(state)` on it for each step."""
-        missing = [r for r in request_ids if r not in self.seqs]
-        if missing:
-            raise OffloadCapacityError(f"requests {missing} are not offload requests (no host units); "
-                                       "add them with add_request(..., offload=True)")
+        """The offloaded layers' attention of a decode batch of these requests, in this order: their state in
+        rows [0, B) (`arrange`), which a CUDA graph of the batch's steps updates in place. Call `start(state)`
+        on it for each step."""
+        self.arrange(request_ids)
         batch: OffloadBatch | DeviceSparseBatch
         if self.on_gpu:
             batch = DeviceSparseBatch(self, request_ids)
@@ -193,6 +200,15 @@ class Offloader:
             batch = OffloadBatch(self, request_ids)
         self.last_batch = batch
         return batch
+
+    def arrange(self, request_ids: Seq[int]) -> None:
+        """Put these requests' state in rows [0, B), in this order: what a batch of B rows (a captured step
+        included) then reads and updates. A few gathers when the members changed, nothing otherwise."""
+        missing = [r for r in request_ids if r not in self.seqs]
+        if missing:
+            raise OffloadCapacityError(f"requests {missing} are not offload requests (no host units); "
+                                       "add them with add_request(..., offload=True)")
+        self.seats.arrange(request_ids)
 
     def statistics(self) -> OffloadStatistics:
         if self.runtime is None or self.store is None:
@@ -261,28 +277,17 @@ class PrefillOffload:
         return out
 
 
-def _stack(parts: list[torch.Tensor]) -> torch.Tensor:
-    """[L, ...] tensors, one per request -> [L, B, ...] contiguous; each part becomes a view of it, so the
-    request's state follows the batch's updates (nothing to copy back)."""
-    stacked = torch.stack(parts, dim=1)
-    for i, part in enumerate(parts):
-        part.set_(stacked.untyped_storage(), stacked.storage_offset() + i * stacked.stride(1),
-                  stacked[:, i].shape, stacked[:, i].stride())
-    return stacked
-
-
 class _SparseBatch:
-    """A fixed decode batch's selection (shared by both modes): state stacked per offloaded layer, and the
-    per-step buffers its five launches per layer write (bounds, selection, attention table, lengths)."""
+    """A decode batch's selection (shared by both modes): the state of rows [0, B) of the offloader's seats, and
+    the per-step buffers its five launches per layer write (bounds, selection, attention table, lengths)."""
 
     def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
         o = owner
-        states = [o.selection[r] for r in request_ids]
         b, s, k = len(request_ids), o.rows, o.sparse.budget_blocks
         self.owner = o
-        self.mask = _stack([st.mask for st in states])             # [L, B, S, NB] uint8
-        self.calls = _stack([st.calls for st in states])           # [L, B, S] int64
-        self.selected = _stack([st.selected for st in states])     # [L, B, S, K] int64
+        self.mask = o.seats.batch("mask", b)                       # [L, B, S, NB] uint8
+        self.calls = o.seats.batch("calls", b)                     # [L, B, S] int64
+        self.selected = o.seats.batch("selected", b)               # [L, B, S, K] int64
         groups = o.model.num_heads // o.model.num_kv_heads
         c = 1 if o.sparse.group_score is GroupScore.SUM else groups
         dev = o.device
@@ -364,13 +369,12 @@ class OffloadBatch(_SparseBatch):
 
     def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
         super().__init__(owner, request_ids)
-        seqs: list[OffloadSeq] = [owner.seqs[r] for r in request_ids]      # type: ignore[misc]
-        b, s, k = len(seqs), owner.rows, owner.sparse.budget_blocks
-        self.seqs = seqs
-        self.host_map = _stack([q.host_map for q in seqs])      # [L, B, S, NB] host unit of each block
-        self.hot = _stack([q.hot for q in seqs])                # [L, B, S, K] device slot of each hot entry
-        self.resident = _stack([q.resident for q in seqs])      # [L, B, S, NB] hot entry of each block, or -1
-        self.owners = _stack([q.owner for q in seqs])           # [L, B, S, K] block in each hot entry, or -1
+        seats = owner.seats
+        b, s, k = len(request_ids), owner.rows, owner.sparse.budget_blocks
+        self.host_map = seats.batch("host_map", b)              # [L, B, S, NB] host unit of each block
+        self.hot = seats.batch("hot", b)                        # [L, B, S, K] device slot of each hot entry
+        self.resident = seats.batch("resident", b)              # [L, B, S, NB] hot entry of each block, or -1
+        self.owners = seats.batch("owner", b)                   # [L, B, S, K] block in each hot entry, or -1
         dev = owner.device
         self.recall_ids = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] host units
         self.recall_dst = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] device slots

@@ -138,13 +138,17 @@ class ModelRunner:
         return tokens, logits
 
     def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False) -> OffloadStepGraph:
-        """The batch's step graph with this step's inputs uploaded (captured anew when the batch changes). `split`:
-        a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), captured one graph per piece."""
-        key = tuple(s.request_id for s in seqs)
+        """The batch's step graph with this step's inputs uploaded. A graph serves any batch of its size: the
+        requests' state is moved into its rows (`Offloader.arrange`); it is captured anew only for another size,
+        `split`, or once the offloader's seats have grown. `split`: a step the caller runs piece by piece
+        (`OffloadStepGraph.run_piece`), captured one graph per piece."""
+        ids = tuple(s.request_id for s in seqs)
         graph = self._offload_graph
-        if graph is None or graph.request_ids != key or graph.split != split:
+        if graph is not None and graph.fits(len(ids), split, offloader.seats.generation):
+            offloader.arrange(ids)
+        else:
             self._offload_graph = None                            # let the old pieces' pool go first
-            self._offload_graph = OffloadStepGraph(self.model, self.kv, offloader, key, self.max_blocks_per_seq,
+            self._offload_graph = OffloadStepGraph(self.model, self.kv, offloader, ids, self.max_blocks_per_seq,
                                                    capture=self.graphs.use_graphs, split=split)
         pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
         ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)

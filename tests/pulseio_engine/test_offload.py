@@ -389,3 +389,30 @@ def test_runtime_config_takes_the_offload_configs_dma_settings(tiny_qwen3: tuple
         assert _runtime_config(OffloadConfig(sparse=sparse, dma=mine), layout, layers, device).dma == mine
     with pytest.raises(TypeError, match=r"OffloadConfig.dma must be a pulseio.DmaConfig or None, got \{'zero"):
         OffloadConfig(dma={"zero_copy_ctas": 48})  # type: ignore[arg-type]
+
+
+def test_one_step_graph_serves_any_batch_of_its_size_with_each_request_its_own_state(tiny_qwen3) -> None:
+    """The step graph is kept across a change of members (their state moved into its rows), and each request
+    still decodes with its own state (KV, hot set, selection): its tokens equal those of a run where the same
+    requests decode in fixed batches."""
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    prompts = PROMPTS + [PROMPTS[0][:-9]]     # 37, 21 and 28 tokens: every decoded position below is in a block
+
+    def decode(order: list[list[int]]) -> tuple[dict[int, list[int]], set[int]]:
+        with _engine(path, SparseMode.SOLOHEAD, RecallMode.DOORBELL, budget=2 * BS, dense=1, local=1) as engine:
+            ids = [engine.add_request(p, sampling, offload=True) for p in prompts]
+            engine.step()                                                     # prefill all three
+            seqs = [engine.sequence(i) for i in ids]
+            graphs = set()
+            for batch in order:
+                chosen = [seqs[j] for j in batch]
+                graph = engine.runner.offload_step(chosen, engine.offloader)
+                graphs.add(id(graph))
+                engine.commit_decode(chosen, graph.run().argmax(dim=-1).tolist())
+            return {j: seqs[j].output_ids for j in range(3)}, graphs
+
+    fixed, _ = decode([[0, 1], [0, 1], [0, 1], [2], [2]])
+    churn, graphs = decode([[0, 1], [1, 2], [2, 0], [0, 1]])   # members change, the size stays
+    assert churn == fixed
+    assert len(graphs) == 1, "a batch of the same size reuses the step"
