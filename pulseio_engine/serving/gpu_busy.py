@@ -4,7 +4,8 @@ Busy is the union of the model's kernels' intervals over the window (from its fi
 last kernel's end), so overlapping kernels count once. pulseio's own kernels are left out: the resident
 copier and the device waits spin while they hold the GPU (a wait kernel is the GPU idle, waiting for a
 recall), and the publish is a one-thread store. Profiling costs time, so only every `every`-th window of
-`rounds` rounds is profiled; None on a CPU.
+`rounds` rounds is profiled, and the windows' events are walked only when the fraction is asked for (after
+the replay), not between rounds; None on a CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class BusyMeter:
         self.every, self.rounds = every, min(rounds, every)
         self._round = 0
         self._prof: Any = None
-        self.windows: list[tuple[float, float]] = []      # (busy seconds, window seconds)
+        self._stopped: list[Any] = []                     # profiled windows not walked yet
+        self._windows: list[tuple[float, float]] = []     # (busy seconds, window seconds)
 
     def before_round(self) -> None:
         if self.enabled and self._prof is None and self._round % self.every == self.every - self.rounds:
@@ -48,8 +50,15 @@ class BusyMeter:
         self._round += 1
         if self._prof is not None and self._round % self.every == 0:
             self._prof.stop()
-            self._take(self._prof)
+            self._stopped.append(self._prof)
             self._prof = None
+
+    @property
+    def windows(self) -> list[tuple[float, float]]:
+        """(busy seconds, window seconds) of each profiled window (walks the ones not walked yet)."""
+        while self._stopped:
+            self._take(self._stopped.pop(0))
+        return self._windows
 
     def _take(self, prof: Any) -> None:
         import torch
@@ -63,8 +72,9 @@ class BusyMeter:
         model = [(e.time_range.start, e.time_range.end) for e in kernels
                  if not any(k in e.name for k in PULSEIO_KERNELS)]
         window = (end - start) / 1e6
-        self.windows.append((busy_fraction(model, start, end) * window, window))
+        self._windows.append((busy_fraction(model, start, end) * window, window))
 
     def fraction(self) -> float | None:
-        total = sum(w for _, w in self.windows)
-        return None if not total else sum(b for b, _ in self.windows) / total
+        windows = self.windows
+        total = sum(w for _, w in windows)
+        return None if not total else sum(b for b, _ in windows) / total

@@ -178,7 +178,7 @@ def test_a_real_model_prefills_its_prompts_and_serves_both_classes(tmp_path: Pat
     assert report["config"]["steering"] is None and {r["class"] for r in report["requests"]} == {"normal", "offload"}
 
 
-def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernels_out(
+def test_the_busy_meter_profiles_one_window_per_period_walks_them_after_and_leaves_pulseio_kernels_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
@@ -187,6 +187,7 @@ def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernel
     from pulseio_engine.serving.gpu_busy import BusyMeter
 
     started: list[int] = []
+    walked: list[int] = []
 
     def event(name: str, start: float, end: float) -> types.SimpleNamespace:
         return types.SimpleNamespace(name=name, device_type=torch.autograd.DeviceType.CUDA,
@@ -203,6 +204,7 @@ def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernel
             pass
 
         def events(self) -> list:      # a 100 us window: model kernels cover 0-30 and 50-60; the copier all of it
+            walked.append(meter._round)
             return [event("gemm", 0, 20), event("norm", 10, 30), event("attn", 50, 60),
                     event("_resident_copy_kernel", 0, 100), event("wait_seq", 30, 50), event("Memcpy HtoD", 60, 100)]
 
@@ -211,8 +213,8 @@ def test_the_busy_meter_profiles_one_window_per_period_and_leaves_pulseio_kernel
     for _ in range(25):
         meter.before_round()
         meter.after_round()
-    assert started == [7, 17] and len(meter.windows) == 2
-    assert meter.fraction() == pytest.approx(40 / 100)
+    assert started == [7, 17] and walked == [], "no window is walked between rounds"
+    assert meter.fraction() == pytest.approx(40 / 100) and len(meter.windows) == 2 and walked == [25, 25]
     assert BusyMeter("cpu").fraction() is None
 
 
