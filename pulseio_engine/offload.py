@@ -201,6 +201,11 @@ class Offloader:
         self.last_batch = batch
         return batch
 
+    def rebind(self, batch: OffloadBatch | DeviceSparseBatch, request_ids: Seq[int]) -> None:
+        """A batch built by `begin` for as many requests now serves these: their state into its rows."""
+        self.arrange(request_ids)
+        self.last_batch = batch
+
     def arrange(self, request_ids: Seq[int]) -> None:
         """Put these requests' state in rows [0, B), in this order: what a batch of B rows (a captured step
         included) then reads and updates. A few gathers when the members changed, nothing otherwise."""

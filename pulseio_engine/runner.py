@@ -7,6 +7,7 @@ eagerly (one sync to read the sampled tokens); decode runs a captured CUDA graph
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,8 @@ from .scheduler import PrefillChunk
 if TYPE_CHECKING:
     from .offload import Offloader
 
+KEPT_STEP_GRAPHS = 8   # offload step graphs kept, one per batch size and split, least recently used dropped
+
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, *, max_batch: int, max_model_len: int,
@@ -44,6 +47,7 @@ class ModelRunner:
         self._host_pos = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
         self._host_tables = torch.zeros((bmax, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
         self._offload_graph: OffloadStepGraph | None = None
+        self._step_graphs: OrderedDict[tuple[int, bool], OffloadStepGraph] = OrderedDict()   # (size, split) ->
         self.offload_pieces = use_cuda_graphs        # offload steps as pieces (captured on a GPU)
 
     @property
@@ -139,17 +143,24 @@ class ModelRunner:
 
     def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False) -> OffloadStepGraph:
         """The batch's step graph with this step's inputs uploaded. A graph serves any batch of its size: the
-        requests' state is moved into its rows (`Offloader.arrange`); it is captured anew only for another size,
-        `split`, or once the offloader's seats have grown. `split`: a step the caller runs piece by piece
-        (`OffloadStepGraph.run_piece`), captured one graph per piece."""
+        requests' state is moved into its rows (`Offloader.rebind`). One is kept per (size, split), up to
+        KEPT_STEP_GRAPHS; a size not kept is captured anew, and all are once the offloader's seats have grown.
+        `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece."""
         ids = tuple(s.request_id for s in seqs)
-        graph = self._offload_graph
+        key = (len(ids), split)
+        graph = self._step_graphs.get(key)
         if graph is not None and graph.fits(len(ids), split, offloader.seats.generation):
-            offloader.arrange(ids)
+            self._step_graphs.move_to_end(key)
+            offloader.rebind(graph.batch, ids)
         else:
-            self._offload_graph = None                            # let the old pieces' pool go first
-            self._offload_graph = OffloadStepGraph(self.model, self.kv, offloader, ids, self.max_blocks_per_seq,
-                                                   capture=self.graphs.use_graphs, split=split)
+            if graph is not None:                                 # the seats grew: every kept step is stale
+                self._step_graphs.clear()
+            while len(self._step_graphs) >= KEPT_STEP_GRAPHS:
+                self._step_graphs.popitem(last=False)             # its pieces' pool goes before the next capture
+            graph = OffloadStepGraph(self.model, self.kv, offloader, ids, self.max_blocks_per_seq,
+                                     capture=self.graphs.use_graphs, split=split)
+            self._step_graphs[key] = graph
+        self._offload_graph = graph
         pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
         ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
         self._offload_graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))

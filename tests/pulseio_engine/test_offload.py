@@ -392,7 +392,8 @@ def test_runtime_config_takes_the_offload_configs_dma_settings(tiny_qwen3: tuple
 
 
 def test_one_step_graph_serves_any_batch_of_its_size_with_each_request_its_own_state(tiny_qwen3) -> None:
-    """The step graph is kept across a change of members (their state moved into its rows), and each request
+    """A step graph per batch size is kept across changes of members (their state moved into its rows) and
+    of sizes, and each request
     still decodes with its own state (KV, hot set, selection): its tokens equal those of a run where the same
     requests decode in fixed batches."""
     path = str(tiny_qwen3[0])
@@ -412,7 +413,7 @@ def test_one_step_graph_serves_any_batch_of_its_size_with_each_request_its_own_s
                 engine.commit_decode(chosen, graph.run().argmax(dim=-1).tolist())
             return {j: seqs[j].output_ids for j in range(3)}, graphs
 
-    fixed, _ = decode([[0, 1], [0, 1], [0, 1], [2], [2]])
-    churn, graphs = decode([[0, 1], [1, 2], [2, 0], [0, 1]])   # members change, the size stays
+    fixed, _ = decode([[0, 1], [0, 1], [0], [2], [2], [2]])
+    churn, graphs = decode([[0, 1], [2], [1, 2], [0], [2, 0]])   # members and sizes change
     assert churn == fixed
-    assert len(graphs) == 1, "a batch of the same size reuses the step"
+    assert len(graphs) == 2, "one step per batch size, kept and reused"
