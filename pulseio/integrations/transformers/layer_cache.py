@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 import pulseio
-from pulseio.plan import split_runs
 
 from .cache_base import CacheFootprint, KVGeometry, PulseioCache, allocated_beside, device_allocated
 
@@ -57,7 +56,8 @@ class LayerOffloadStatistics:
 
     recalls: int  # layer recalls submitted
     bytes_recalled: int  # landed so far
-    recall_runs: int  # contiguous copies the last recall was coalesced into (1 unless it crossed a segment)
+    recall_runs: int  # contiguous runs the last recall was coalesced into (1; the copy engine may cut one where
+    # the host pool's pinned segments meet)
 
 
 class LayerOffloadCache(PulseioCache):
@@ -173,7 +173,7 @@ class LayerOffloadCache(PulseioCache):
             plan = self._dma.plan_recall(host_ids=first + layer * self._layer_units,
                                          device_slots=first + index * self._layer_units)
             cached = self._plans[(layer, index)] = (units, plan)
-        self._last_runs = len(split_runs(*cached[1].runs, self.host_pool.segment_blocks)[2])
+        self._last_runs = len(cached[1].runs[2])
         return cached[1]
 
     # -- lifecycle ---------------------------------------------------------------------------------------
