@@ -15,7 +15,7 @@ process on one prompt:
                      CUDA graphs from the second decode step on; "-eager" runs SoloHead without them (its
                      tokens must equal the graphed run's: a check, and what the graphs buy)
 
-    python benchmarks/bench_transformers.py --json out/bench.json     # H200: ~3 minutes, see run_transformers_gpu.sh
+    python benchmarks/bench_transformers.py --json out/bench.json     # H200: ~4 minutes, see run_transformers_gpu.sh
     python benchmarks/bench_transformers.py --smoke                    # CPU, a tiny config, seconds (CI)
 
 Random weights: the selection's top-k jumps from step to step far more than on a real model (~10% of the
@@ -148,10 +148,13 @@ def run_mode(mode: str, model: Any, prompt: torch.Tensor, args: argparse.Namespa
 
     result, dev = ModeResult(mode), torch.device(args.device)
     model.set_attn_implementation(SPARSE_ATTENTION if mode.startswith("pulseio-sparse") else "sdpa")
-    # the warm-up runs the mode's decode path: past the budget, so the sparse modes' top-k is a real choice
-    warm = prompt[:, :args.warmup_context + (args.budget if mode.startswith("pulseio-sparse") else 0)]
-    with _closing(make_cache(mode, model, args, warm.shape[1] + 2)) as cache:
-        generate(model, mode, warm, 2, cache, None)  # first launches, the runtime's threads, allocator growth
+    # the warm-up is the timed run itself by default (--warmup-context): the same shapes step by step, so
+    # what is built once per shape (cuDNN attention plans, kernel variants) is built before the clock runs;
+    # a shorter one left it to whichever mode ran first (seen on the H200: that mode 2-3x slower)
+    warm = prompt[:, :args.warmup_context]
+    new = args.new_tokens if warm.shape[1] == prompt.shape[1] else 2
+    with _closing(make_cache(mode, model, args, warm.shape[1] + new)) as cache:
+        generate(model, mode, warm, new, cache, None)  # first launches, the runtime's threads, allocator growth
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
@@ -284,8 +287,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default 2048; smoke 64, so the small context still recalls)")
     parser.add_argument("--prefetch-layers", type=int, default=1, help="pulseio-layer: layers recalled ahead")
     parser.add_argument("--warmup-context", type=int, default=None,
-                        help="prompt of each mode's warm-up generate(), plus the budget in the sparse modes "
-                             "(default 512; smoke 32)")
+                        help="prompt of each mode's warm-up generate() (default: the whole prompt, the timed run "
+                             "once untimed; a shorter one decodes 2 tokens)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--json", type=Path, default=None, help="write every result and the run's facts here")
     args = parser.parse_args(argv)
@@ -293,7 +296,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.context = args.context or (300 if args.smoke else 32768)
     args.new_tokens = args.new_tokens or (5 if args.smoke else 16)
     args.budget = args.budget or (64 if args.smoke else 2048)
-    args.warmup_context = args.warmup_context or (32 if args.smoke else 512)
+    args.warmup_context = min(args.warmup_context or args.context, args.context)
     args.modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(args.modes) - set(MODES))
     if unknown:

@@ -2,7 +2,7 @@
 # transformers generate() with each KV cache on one GPU: a Qwen3-8B-shaped model (random bf16 weights), one
 # request of 32K tokens, 16 new tokens per mode (default DynamicCache, cache_implementation="offloaded",
 # pulseio LayerOffloadCache, pulseio SparseOffloadCache with SoloHead and with Quest, budget 2048).
-#   OUT=/tmp/out bash benchmarks/run_transformers_gpu.sh      # ~3 minutes on an H200; results in $OUT
+#   OUT=/tmp/out bash benchmarks/run_transformers_gpu.sh      # ~4 minutes on an H200; results in $OUT
 # Env: LIMIT (hard timeout of the bench, s; 420), BENCH_ARGS (more options, e.g. "--new-tokens 16").
 # $OUT/bench.log is the printed output (progress lines, the table), $OUT/bench.json every number.
 set -u
