@@ -77,3 +77,28 @@ def test_interleaving_belongs_to_pulseinfer() -> None:
         ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1)
     assert ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, irq=False).describe() == \
         "pulseinfer --no-irq"
+
+
+def test_the_offload_batch_builds_one_step_per_size_whatever_its_members(tiny_qwen3, monkeypatch) -> None:
+    """Requests finish at different rounds and one leaves the offload class and comes back: the offload batch's
+    members change at nearly every round, its step is built once per batch size (then replayed), and the
+    tokens are those of the same requests served without interleaving."""
+    import pulseio_engine.runner as runner
+
+    built: list[tuple[object, int, bool]] = []
+
+    class Counted(runner.OffloadStepGraph):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            built.append((self.offloader, self.size, self.split))
+
+    monkeypatch.setattr(runner, "OffloadStepGraph", Counted)
+    path = str(tiny_qwen3[0])
+    classes = {rid: OFF for rid in range(6)}
+    moves = {2: {1: NRM}, 4: {1: OFF}}
+    tokens, serving = _serve(path, classes, moves=moves)
+    offload = [(size, split) for owner, size, split in built if owner is serving.offload.offloader]  # type: ignore
+    assert len(offload) == len(set(offload)), f"a step built twice for one size and kind: {offload}"
+    assert {size for size, _ in offload} == {off for _, off in serving.batch_sizes if off}
+    assert len(offload) < serving.rounds - 2, "the members changed more often than the sizes"
+    assert tokens == _serve(path, classes, moves=moves, irq=False)[0]
