@@ -28,7 +28,7 @@ from ..config import GroupScore, SparseConfig
 from .recall import compact
 from .residency import apply_recall, plan_recall
 from .selection import PAD, block_scores, head_bounds, max_norm, select_blocks
-from .steering import keep_target, steer_keep, steer_key, steer_uniform, steered_scores
+from .steering import keep_threshold, steer_block_hash, steer_kept, steer_key, steered_scores
 
 
 @dataclass(frozen=True)
@@ -133,10 +133,10 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
         return out
     scores = combine(bounds, num_tokens, config)
     if steer is not None:
-        u = steer_uniform(steer_key(steer.seed, steer.layer), steer.calls)
+        u = steer_block_hash(steer_key(steer.seed, steer.layer), steer.calls, nb)
         prev = mask[..., :nb] != 0
-        keep = steer_keep(prev, num_tokens, u, keep_target(steer.overlap, config), config)
-        scores = steered_scores(scores, num_tokens, prev, keep, config)
+        kept = steer_kept(prev, num_tokens, u, keep_threshold(steer.overlap, config), config)
+        scores = steered_scores(scores, num_tokens, prev, kept, config)
         steer.calls.add_(1)
     selected = out.copy_(select_blocks(scores, num_tokens.long(), config))
     marks = torch.zeros((b, s, mask.shape[2] + 1), dtype=mask.dtype, device=mask.device)

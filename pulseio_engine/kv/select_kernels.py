@@ -12,8 +12,8 @@ Why they look the way they do:
   0.0 first, as the sort sees them), a 16-step radix-4 search finds the need-th largest key (each step
   counts three candidate thresholds at once, packed in one int64 sum: one CTA reduction per step), the
   blocks above it are taken and the ties at it go to the lowest ids through a cumsum; a cumsum of the
-  chosen mask then writes the ids ascending. Steering runs the same search on two disjoint sets at once
-  (the stale blocks, whose top `keep` are kept, and the fresh ones), rows of a [2, BLOCK] tensor.
+  chosen mask then writes the ids ascending. Steering (`steering.py`) hashes each block to decide which
+  stale blocks stay, then runs the same one search, on the set its counts pick.
 - HOT plan: the program writes its mask to global memory and, after `tl.debug_barrier()` (a CTA barrier
   makes the program's own global writes visible to its threads), gathers through it: whether each hot
   index's owner is still selected, then the rank -> free hot index match through a small scratch row.
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..config import GroupScore, SparseConfig
-from .steering import keep_target, steer_key
+from .steering import keep_threshold, steer_key
 
 if TYPE_CHECKING:
     from .fused_selection import HotRecall, Steering
@@ -93,35 +93,34 @@ def _mix32(x):
 
 
 @triton.jit
-def _top(key, member, need, ROWS: tl.constexpr):
-    """key: [BLOCK] int32 order keys; member: [ROWS, BLOCK] bool; need: [ROWS] int32 ->
-    [ROWS, BLOCK] bool, per row its `need` members of largest key, ties to the lower index."""
-    key2 = key[None, :]
+def _top(key, member, need):
+    """key: [BLOCK] int32 order keys; member: [BLOCK] bool; need: int32 -> [BLOCK] bool, the `need` members
+    of largest key, ties to the lower index."""
     need64 = need.to(tl.int64)
-    t = tl.zeros([ROWS], tl.int64)               # threshold so far, in unsigned key space [0, 2^32)
+    t = tl.zeros([], tl.int64)                   # threshold so far, in unsigned key space [0, 2^32)
     for step in tl.static_range(16):             # 2 bits a step, high first: t = the need-th largest key
         digit = 1 << (30 - 2 * step)
         base = t - 2147483648                    # back to the signed keys
-        ge = ((key2 >= (base + digit).to(tl.int32)[:, None]).to(tl.int64)
-              + ((key2 >= (base + 2 * digit).to(tl.int32)[:, None]).to(tl.int64) << 21)
-              + ((key2 >= (base + 3 * digit).to(tl.int32)[:, None]).to(tl.int64) << 42))
-        cnt = tl.sum(tl.where(member, ge, 0), axis=1)                       # [ROWS]: 3 counts, 21 bits each
+        ge = ((key >= (base + digit).to(tl.int32)).to(tl.int64)
+              + ((key >= (base + 2 * digit).to(tl.int32)).to(tl.int64) << 21)
+              + ((key >= (base + 3 * digit).to(tl.int32)).to(tl.int64) << 42))
+        cnt = tl.sum(tl.where(member, ge, 0), axis=0)                       # 3 counts, 21 bits each
         t = tl.where((cnt >> 42) >= need64, t + 3 * digit,
                      tl.where(((cnt >> 21) & 0x1FFFFF) >= need64, t + 2 * digit,
                               tl.where((cnt & 0x1FFFFF) >= need64, t + digit, t)))
-    thr = (t - 2147483648).to(tl.int32)[:, None]
-    above = member & (key2 > thr)
-    tied = member & (key2 == thr)
-    rest = need - tl.sum(above.to(tl.int32), axis=1)
-    return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= rest[:, None]))
+    thr = (t - 2147483648).to(tl.int32)
+    above = member & (key > thr)
+    tied = member & (key == thr)
+    rest = need - tl.sum(above.to(tl.int32), axis=0)
+    return above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= rest))
 
 
-@triton.jit(do_not_specialize=["capacity", "steer_key"])
+@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key"])
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
     k_ptr, v_ptr, pool_ptr, calls_ptr,
-    nb, nbw, capacity, keep_target, steer_key,
+    nb, nbw, capacity, keep_threshold, steer_key,
     stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
     stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
     stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_mapb, stride_maps,
@@ -129,7 +128,7 @@ def _select_kernel(
     stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
     K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
-    HOT: tl.constexpr, STEER: tl.constexpr, ROWS: tl.constexpr, WRITE_KV: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, WRITE_KV: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
@@ -151,26 +150,32 @@ def _select_kernel(
     forced = real & ((ids < SINK) | (ids >= n - LOCAL))
     middle = real & ~forced
     m_row = mask_ptr + b * stride_mb + s * stride_ms
-    which = tl.arange(0, ROWS)
-    if STEER:  # two sets: the stale middle blocks (top `keep` kept) and the fresh ones
+    m = K - SINK - LOCAL
+    if STEER:  # stale blocks kept by their hash; then one search on the set the counts pick (steering.py)
         prev = tl.load(m_row + ids, mask=in_table & (ids < nbw), other=0) != 0
         stale = middle & prev
         fresh = middle & ~prev
-        counts = tl.sum(stale.to(tl.int32) + (fresh.to(tl.int32) << 16), axis=0)
         calls_at = calls_ptr + b * stride_callb + s * stride_calls
         calls = tl.load(calls_at)
         tl.store(calls_at, calls + 1)
         row = (b * tl.num_programs(0) + s).to(tl.uint32)
-        h = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
-        u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
-        keep = tl.minimum(counts & 0xFFFF, tl.floor(keep_target + u).to(tl.int32))
-        stale_need = tl.maximum(keep, (K - SINK - LOCAL) - (counts >> 16))
-        member = tl.where(which[:, None] == 0, stale[None, :], fresh[None, :])
-        need = tl.where(which == 0, stale_need, K - SINK - LOCAL - stale_need)
+        h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
+        u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
+        n_stale = tl.sum(stale.to(tl.int32), axis=0).to(tl.int64)
+        kept = stale & (u * n_stale < keep_threshold)
+        n_kept = tl.sum(kept.to(tl.int32), axis=0)
+        n_fresh = tl.sum(fresh.to(tl.int32), axis=0)
+        all_kept = n_kept >= m
+        kept_and_fresh = n_kept + n_fresh >= m
+        whole = tl.where(all_kept, ids < 0, tl.where(kept_and_fresh, kept, kept | fresh))
+        searched = tl.where(all_kept, kept, tl.where(kept_and_fresh, fresh, stale & ~kept))
+        member = searched
+        need = tl.where(all_kept, m, tl.where(kept_and_fresh, m - n_kept, m - n_kept - n_fresh))
     else:
-        member = middle[None, :] & (which[:, None] == 0)
-        need = tl.zeros([ROWS], tl.int32) + (K - SINK - LOCAL)
-    picked = tl.sum(_top(key, member, need, ROWS).to(tl.int32), axis=0) > 0
+        whole = ids < 0
+        member = middle
+        need = tl.zeros([], tl.int32) + m
+    picked = _top(key, member, need) | whole
     chosen = tl.where(n > K, forced | picked, real)
 
     pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1          # where each chosen id lands, ascending
@@ -291,19 +296,19 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     if new is not None and (d & (d - 1) or kk.stride(2) != 1 or vv.stride(2) != 1 or pool.stride(4) != 1):
         raise ValueError("the new token's K, V and the hot pool must be contiguous along a power-of-two head_dim")
     calls = steer.calls if steer is not None else dummy
-    target = keep_target(steer.overlap, config) if steer is not None else 0.0
+    threshold = keep_threshold(steer.overlap, config) if steer is not None else 0
     key = steer_key(steer.seed, steer.layer) if steer is not None else 0
     _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls,
-        nb, mask.shape[2], min(ids.numel(), dst.numel()), target, key,
+        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key,
         bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
         K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
         KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
-        STEER=steer is not None, ROWS=2 if steer is not None else 1, WRITE_KV=new is not None,
+        STEER=steer is not None, WRITE_KV=new is not None,
         HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
         num_warps=num_warps or (8 if block <= 2048 else 16),
     )  # fmt: skip

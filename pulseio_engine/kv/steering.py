@@ -7,16 +7,19 @@ middle blocks, the figure `pulseio-engine locality` measures on real models (`da
 
 Per selecting row with n > K blocks and m = K - sink - local middle slots:
 
-    prev  = the row's selection at the previous call (its `mask`), stale = middle blocks in prev
-    keep  = min(#stale, floor(float32(overlap * m) + u)),  u in [0, 1) hashed from (seed, layer, row, call)
-    class = forced 3 > kept 2 > fresh middle 1 > unkept stale 0, kept = the top-`keep` stale blocks
+    prev  = the row's selection at the previous call (its `mask`); stale = middle blocks in prev, fresh the rest
+    u_b   = a 24-bit hash of (seed, layer, row, call, block b);  T = floor(float32(overlap * m) * 2^24)
+    kept  = the stale blocks with u_b * #stale < T          (each kept with probability min(1, overlap * m / #stale))
+    then: #kept >= m            -> the top m kept blocks by score
+          #kept + #fresh >= m   -> every kept block, and the top m - #kept fresh ones
+          otherwise             -> every kept and fresh block, and the top rest of the unkept stale ones
 
-and the selection is the top-K by (class, score descending, block id ascending); with n <= K every block,
-as without steering. So on average overlap * m middle blocks stay (the mean of floor(x + u) is x), when
-enough stale blocks exist; and when too few fresh blocks remain, unkept stale ones fill the slots (the
-overlap then comes out higher). Randomness is a counter-based hash (murmur3's 32-bit finalizer) of the
-seed, the layer, the row b * S + s and the row's call counter, so runs are reproducible and a CUDA graph
-replay draws afresh: the kernel and this reference compute the same bits.
+with "top" by (score descending, block id ascending); with n <= K every block, as without steering. So on
+average min(#stale, overlap * m) middle blocks stay, and the kernel runs one top-k search over one set, as an
+unsteered row does: steering costs a hash and a few counts per block. Randomness is a counter-based hash
+(murmur3's 32-bit finalizer) of the seed, the layer, the row b * S + s, the row's call counter and the block,
+so runs are reproducible and a CUDA graph replay draws afresh: the kernel and this reference compute the same
+bits, and the comparison is in integers.
 
 This file is the definition the select kernel (`kv/select_kernels.py`) must equal, built on
 `select_blocks`: the steered order becomes a score whose plain top-K is the steered selection.
@@ -60,45 +63,52 @@ def _mix32_t(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def steer_uniform(key: int, calls: torch.Tensor) -> torch.Tensor:
-    """calls: [B, S] int64 the rows' call counters -> u [B, S] fp32 in [0, 1), a multiple of 2^-24."""
+def steer_block_hash(key: int, calls: torch.Tensor, nb: int) -> torch.Tensor:
+    """calls: [B, S] int64 the rows' call counters -> u [B, S, NB] int64 in [0, 2^24): each block's draw."""
     b, s = calls.shape
     rows = torch.arange(b * s, dtype=torch.int64, device=calls.device).view(b, s)
-    h = _mix32_t(_mix32_t(rows ^ key) ^ (calls & _M32))
-    return (h >> 8).float() / float(1 << 24)
+    row_hash = _mix32_t(_mix32_t(rows ^ key) ^ (calls & _M32))                       # [B, S]
+    return _mix32_t(row_hash[..., None] ^ torch.arange(nb, device=calls.device)) >> 8
 
 
-def keep_target(overlap: float, config: SparseConfig) -> float:
-    """float32(overlap * m), m = the middle slots: the fp32 value both the kernel and the reference add u to."""
+def keep_threshold(overlap: float, config: SparseConfig) -> int:
+    """T = floor(float32(overlap * m) * 2^24), m = the middle slots: a block is kept when u * #stale < T."""
     m = config.budget_blocks - config.sink_blocks - config.local_blocks
-    return float(torch.tensor(overlap * m, dtype=torch.float32))
+    return int(float(torch.tensor(overlap * m, dtype=torch.float32)) * (1 << 24))
 
 
-def steered_scores(scores: torch.Tensor, num_tokens: torch.Tensor, prev: torch.Tensor, keep: torch.Tensor,
+def _middle(num_tokens: torch.Tensor, nb: int, config: SparseConfig, device: torch.device) -> torch.Tensor:
+    """[B, 1, NB] bool: the blocks neither sink nor local of each request's n blocks."""
+    ids = torch.arange(nb, device=device)
+    n = ((num_tokens.long() + config.block_size - 1) // config.block_size)[:, None, None]
+    return (ids < n) & (ids >= config.sink_blocks) & (ids < n - config.local_blocks)
+
+
+def steer_kept(prev: torch.Tensor, num_tokens: torch.Tensor, u: torch.Tensor, threshold: int,
+               config: SparseConfig) -> torch.Tensor:
+    """prev: [B, S, NB] bool; u: [B, S, NB] int64 draws -> kept [B, S, NB] bool (see the module doc)."""
+    stale = prev & _middle(num_tokens, prev.shape[2], config, prev.device)
+    return stale & (u * stale.sum(2, keepdim=True) < threshold)
+
+
+def steered_scores(scores: torch.Tensor, num_tokens: torch.Tensor, prev: torch.Tensor, kept: torch.Tensor,
                    config: SparseConfig) -> torch.Tensor:
-    """scores: [B, S, NB] fp32; num_tokens: [B]; prev: [B, S, NB] bool, the previous selection; keep: [B, S]
-    int64 stale blocks to keep -> [B, S, NB] fp32 whose `select_blocks` is the steered selection: each
-    middle block's rank in the (class, score desc, id asc) order as an exact integer score."""
+    """scores: [B, S, NB] fp32; num_tokens: [B]; prev: [B, S, NB] bool, the previous selection; kept: [B, S, NB]
+    bool (`steer_kept`) -> [B, S, NB] fp32 whose `select_blocks` is the steered selection: each middle block's
+    rank in the (class, score desc, id asc) order as an exact integer score, class 2 for the blocks taken
+    whole, 1 for the set searched, 0 for the rest."""
     b, s, nb = scores.shape
     ids = torch.arange(nb, device=scores.device)
-    n = ((num_tokens.long() + config.block_size - 1) // config.block_size)[:, None, None]   # [B, 1, 1]
-    real = ids < n
-    middle = real & (ids >= config.sink_blocks) & (ids < n - config.local_blocks)          # [B, 1|S, NB]
-    stale = middle & prev
+    middle = _middle(num_tokens, nb, config, scores.device)
+    stale, fresh = middle & prev, middle & ~prev
+    kept = kept & stale                                       # only stale middle blocks can be kept
+    m = config.budget_blocks - config.sink_blocks - config.local_blocks
+    n_kept, n_fresh = kept.sum(2, keepdim=True), fresh.sum(2, keepdim=True)
+    all_kept = n_kept >= m
+    kept_and_fresh = n_kept + n_fresh >= m
+    whole = ~all_kept & torch.where(kept_and_fresh, kept, kept | fresh)
+    searched = torch.where(all_kept, kept, torch.where(kept_and_fresh, fresh, stale & ~kept))
     order = torch.sort(torch.where(middle, scores, -torch.inf), dim=2, descending=True, stable=True).indices
     pos = torch.empty_like(order).scatter_(2, order, ids.expand_as(order).contiguous())    # rank by score
-    stale_rank = torch.empty_like(order).scatter_(2, order, stale.gather(2, order).long().cumsum(2) - 1)
-    kept = stale & (stale_rank < keep[..., None])
-    cls = torch.where(kept, 2, torch.where(stale, 0, 1))
+    cls = torch.where(whole, 2, torch.where(searched, 1, 0))
     return torch.where(middle, (cls * nb + nb - 1 - pos).float(), 0.0)
-
-
-def steer_keep(prev: torch.Tensor, num_tokens: torch.Tensor, u: torch.Tensor, target: float,
-               config: SparseConfig) -> torch.Tensor:
-    """prev: [B, S, NB] bool; u: [B, S] fp32 -> keep [B, S] int64 = min(#stale, floor(target + u))."""
-    nb = prev.shape[2]
-    ids = torch.arange(nb, device=prev.device)
-    n = ((num_tokens.long() + config.block_size - 1) // config.block_size)[:, None, None]
-    middle = (ids >= config.sink_blocks) & (ids < n - config.local_blocks)
-    stale = (prev & middle).sum(2)
-    return torch.minimum(stale, torch.floor(u + torch.tensor(target, dtype=torch.float32)).long())

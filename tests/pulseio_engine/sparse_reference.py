@@ -135,16 +135,26 @@ def ref_offload_decode(model, keys: list[torch.Tensor], values: list[torch.Tenso
     return logits, selections
 
 
-def ref_steer(scores: list[float], num_tokens: int, prev: set[int], keep: int, config: SparseConfig) -> list[int]:
-    """One row's steered selection, by definition: the forced blocks, then middle blocks by (class, score
-    descending, id ascending) with class kept 2 > fresh 1 > unkept stale 0, where the kept blocks are the
-    `keep` best stale ones (stale: middle blocks in `prev`); all n blocks when n <= K; padded with -1."""
+def ref_steer(scores: list[float], num_tokens: int, prev: set[int], kept: set[int], config: SparseConfig
+              ) -> list[int]:
+    """One row's steered selection, by definition (`kv/steering.py`): the forced blocks; then, of the middle
+    blocks (stale: in `prev`; `kept` among them), the top m kept ones if there are m, else every kept one and
+    the best fresh ones, else every kept and fresh one and the best unkept stale ones ("best": score
+    descending, id ascending); all n blocks when n <= K; padded with -1."""
     k = config.budget_blocks
     n = math.ceil(num_tokens / config.block_size)
     if n <= k:
         return list(range(n)) + [-1] * (k - n)
     forced = set(range(config.sink_blocks)) | set(range(n - config.local_blocks, n))
+    m = k - len(forced)
     middle = sorted(range(config.sink_blocks, n - config.local_blocks), key=lambda i: (-scores[i], i))
-    kept = set([i for i in middle if i in prev][:keep])
-    rank = sorted(middle, key=lambda i: (-(2 if i in kept else 0 if i in prev else 1), -scores[i], i))
-    return sorted(forced | set(rank[: k - len(forced)]))
+    kept = [i for i in middle if i in kept and i in prev]
+    fresh = [i for i in middle if i not in prev]
+    unkept = [i for i in middle if i in prev and i not in kept]
+    if len(kept) >= m:
+        chosen = kept[:m]
+    elif len(kept) + len(fresh) >= m:
+        chosen = kept + fresh[:m - len(kept)]
+    else:
+        chosen = kept + fresh + unkept[:m - len(kept) - len(fresh)]
+    return sorted(forced | set(chosen))

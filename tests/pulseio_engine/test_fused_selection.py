@@ -21,7 +21,7 @@ from pulseio_engine.evaluation.locality import middle_overlap, packaged_profile
 from pulseio_engine.kv.digests import BlockDigests
 from pulseio_engine.kv.fused_selection import HotRecall, NewToken, Steering, score_blocks, select_blocks_fused
 from pulseio_engine.kv.selection import select_blocks, select_for_layer
-from pulseio_engine.kv.steering import mix32, steer_key, steer_uniform, steered_scores
+from pulseio_engine.kv.steering import keep_threshold, mix32, steer_block_hash, steer_kept, steer_key, steered_scores
 
 CASES_SCRIPT = Path(__file__).with_name("fused_selection_cases.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,31 +57,53 @@ def test_reference_equals_select_for_layer(rule: GroupScore, heads: tuple[int, .
         assert torch.equal(out["mask"].sum(2), (got >= 0).sum(2).to(torch.uint8))
 
 
-def test_reference_steering_is_the_lexicographic_class_order() -> None:
-    """steered_scores + select_blocks against the plain-Python definition, with many ties (integer scores)."""
+def test_reference_steering_is_its_definition() -> None:
+    """steered_scores + select_blocks against the plain-Python definition, with many ties (integer scores),
+    over all three cases (enough kept blocks, enough kept and fresh ones, too few of both)."""
     gen = torch.Generator().manual_seed(1)
     config = SparseConfig(token_budget=10 * 16, sink_blocks=2, local_blocks=1)
-    for trial in range(30):
+    cases = set()
+    for trial in range(60):
         nb = int(torch.randint(8, 40, (1,), generator=gen))
         num_tokens = torch.randint(1, nb * 16 + 1, (3,), generator=gen)
         scores = torch.randint(-2, 3, (3, 2, nb), generator=gen).float()
-        prev = torch.rand((3, 2, nb), generator=gen) < 0.4
-        keep = torch.randint(0, 9, (3, 2), generator=gen)
-        got = select_blocks(steered_scores(scores, num_tokens, prev, keep, config), num_tokens, config)
+        prev = torch.rand((3, 2, nb), generator=gen) < float(torch.rand((1,), generator=gen))
+        kept = prev & (torch.rand((3, 2, nb), generator=gen) < float(torch.rand((1,), generator=gen)))
+        got = select_blocks(steered_scores(scores, num_tokens, prev, kept, config), num_tokens, config)
         for i in range(3):
+            n = -(-int(num_tokens[i]) // 16)
             for s in range(2):
-                want = ref_steer(scores[i, s].tolist(), int(num_tokens[i]), set(prev[i, s].nonzero()[:, 0].tolist()),
-                                 int(keep[i, s]), config)
+                stale = {j for j in prev[i, s].nonzero()[:, 0].tolist() if 2 <= j < n - 1}
+                keep = {j for j in kept[i, s].nonzero()[:, 0].tolist() if j in stale}
+                fresh = n - 3 - len(stale)
+                if n > 10:
+                    cases.add(0 if len(keep) >= 7 else 1 if len(keep) + fresh >= 7 else 2)
+                want = ref_steer(scores[i, s].tolist(), int(num_tokens[i]), stale, keep, config)
                 assert got[i, s].tolist() == want, (trial, i, s)
+    assert cases == {0, 1, 2}, "every case of the definition was drawn"
 
 
-def test_steering_hash_is_murmur_finalizer_of_key_row_and_call() -> None:
+def test_steering_hash_is_murmur_finalizer_of_key_row_call_and_block() -> None:
     calls = torch.tensor([[0, 7], [2**33 + 5, 3]])
     key = steer_key(3, 11)
-    u = steer_uniform(key, calls)
+    u = steer_block_hash(key, calls, 5)
     for row, c in enumerate(calls.flatten().tolist()):
         h = mix32(mix32(key ^ row) ^ (c & 0xFFFFFFFF))
-        assert u.flatten()[row].item() == (h >> 8) / 2**24
+        for block in range(5):
+            assert u.flatten(0, 1)[row, block].item() == mix32(h ^ block) >> 8
+
+
+def test_each_stale_block_is_kept_with_the_asked_probability() -> None:
+    """kept = u * #stale < T: over many draws, min(#stale, overlap * m) stale blocks on average."""
+    config = SparseConfig(token_budget=32 * 16, sink_blocks=1, local_blocks=2)           # m = 29
+    prev = torch.zeros((64, 1, 100), dtype=torch.bool)
+    prev[:, :, 10:60] = True                                                              # 50 stale
+    num_tokens = torch.full((64,), 100 * 16)
+    for overlap, want in ((0.5, 14.5), (1.0, 29.0)):
+        counts = [steer_kept(prev, num_tokens, steer_block_hash(steer_key(0, 0), torch.full((64, 1), call), 100),
+                             keep_threshold(overlap, config), config).sum(2).float().mean().item()
+                  for call in range(20)]
+        assert sum(counts) / len(counts) == pytest.approx(want, rel=0.03)
 
 
 CONFIG = SparseConfig(token_budget=512, block_size=16, sink_blocks=1, local_blocks=2)    # K = 32, m = 29
