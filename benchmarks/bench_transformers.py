@@ -119,7 +119,10 @@ def make_cache(mode: str, model: Any, args: argparse.Namespace, max_len: int) ->
     from pulseio.integrations.transformers import LayerOffloadCache, SparseOffloadCache
 
     if mode == "pulseio-layer":
-        return LayerOffloadCache(model, max_cache_len=max_len, prefetch_layers=args.prefetch_layers)
+        import pulseio
+
+        dma = pulseio.DmaConfig(inline_issue=True) if args.layer_issue == "inline" else None
+        return LayerOffloadCache(model, max_cache_len=max_len, prefetch_layers=args.prefetch_layers, dma=dma)
     if mode.startswith("pulseio-sparse"):
         layers, kv = model.config.num_hidden_layers, model.config.num_key_value_heads
         heads = None if "quest" in mode else [layer % kv for layer in range(layers)]
@@ -286,6 +289,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget", type=int, default=None, help="sparse modes: tokens attended per layer "
                         "(default 2048; smoke 64, so the small context still recalls)")
     parser.add_argument("--prefetch-layers", type=int, default=1, help="pulseio-layer: layers recalled ahead")
+    parser.add_argument("--layer-issue", choices=("worker", "inline"), default="worker",
+                        help="pulseio-layer: issue the recalls on pulseio's worker thread (the cache's default) or "
+                             "on the model's thread")
     parser.add_argument("--warmup-context", type=int, default=None,
                         help="prompt of each mode's warm-up generate() (default: the whole prompt, the timed run "
                              "once untimed; a shorter one decodes 2 tokens)")
@@ -315,7 +321,7 @@ def facts(args: argparse.Namespace, model: Any, peak: float | None) -> dict[str,
             "model": "tiny Qwen3 (smoke)" if args.smoke else "Qwen3-8B shape, random bf16 weights",
             "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
             "context": args.context, "new_tokens": args.new_tokens, "batch": 1, "budget_tokens": args.budget,
-            "prefetch_layers": args.prefetch_layers, "link_peak_gbps": peak,
+            "prefetch_layers": args.prefetch_layers, "layer_issue": args.layer_issue, "link_peak_gbps": peak,
             "note": "random weights: the sparse top-k jumps from step to step far more than on a real model, so the "
                     "sparse modes recall more than they would there (real models: ~10% of the budget a step at "
                     "budget 2048); every mode runs its real path"}

@@ -27,6 +27,7 @@ same way.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -162,6 +163,8 @@ class LayerOffloadCache(PulseioCache):
         if length > 0:
             transfer = self._dma.submit(self._plan(layer, index, -(-length // self._tpu)), strategy=self.strategy)
             self._recalls += 1
+            if not self._dma.config.inline_issue:
+                time.sleep(0)  # hand the GIL to pulseio's worker now: it issues the copy, not a switch interval later
         self._loaded[index] = loaded = _Loaded(layer, length, transfer)
         return loaded
 
