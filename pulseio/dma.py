@@ -58,7 +58,8 @@ class DmaEngine:
 
     config: a `DmaConfig` (staging, the copy kernels' CTA budget, max_inflight, `auto=` the `AutoPolicy`
     behind Strategy.AUTO). recall(host_ids=, device_slots=), offload(device_slots=, host_ids=) and
-    submit(plan) (a `TransferPlan`) take `strategy=` (default AUTO) and return a `Transfer` (a `Handle`)
+    submit(plan) (a `TransferPlan`, e.g. from plan_recall(host_ids=, device_slots=), validated once for a
+    transfer repeated many times) take `strategy=` (default AUTO) and return a `Transfer` (a `Handle`)
     without waiting for the copy, only for room past max_inflight (their `_nowait` twins raise WouldBlock).
     statistics(): counters; close() (or `with`): finishes what was submitted, stops the worker.
 

@@ -145,6 +145,19 @@ def test_a_failing_route_fails_only_its_transfers(pools, monkeypatch) -> None:
         assert engine.statistics().failed == 1
 
 
+def test_a_planned_recall_submits_again_and_again_and_bad_ids_fail_when_planned(pools) -> None:
+    host, device = pools
+    with pulseio.DmaEngine(host, device) as engine:
+        plan = engine.plan_recall(host_ids=np.arange(10, 20), device_slots=np.arange(5, 15))
+        for round_ in range(3):
+            host.blocks[10:20] = round_ + 1
+            assert engine.submit(plan, strategy=Strategy.BATCHED).wait(timeout=10)
+            assert torch.equal(device.slots[5:15], host.blocks[10:20]), round_
+        with pytest.raises(pulseio.InvalidRequestError):
+            engine.plan_recall(host_ids=[host.num_blocks], device_slots=[0])
+        assert engine.statistics().submitted == 3
+
+
 def test_a_failed_issue_ends_a_device_wait_at_once_with_its_cause(pools, monkeypatch) -> None:
     """Nobody has waited for the transfer or stepped the engine: the device wait must not hang on an issue
     that raised (it once waited forever for an issue that would never come)."""
