@@ -114,7 +114,9 @@ class Offloader:
         self.rows = self.layout.groups if selecting is None else 1     # S: Hkv for Quest, 1 for SoloHead
         self.seqs: dict[int, OffloadSeq | None] = {}        # None: an all-on-GPU request holds nothing here
         self.selection: dict[int, SelectionState] = {}
-        self.seats = Seats(min(offload.max_seqs, 4))         # every request's state above, in rows (grows)
+        # every request's state above, in rows: as many as the host store admits (it refuses more), so the rows
+        # never move to a larger storage under a captured step; all-on-GPU requests have no such bound (it grows)
+        self.seats = Seats(offload.max_seqs if self.store is not None else min(offload.max_seqs, 4))
         self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
         self.steering: SteeringProfile | None = None        # benchmarks on random weights only
 
