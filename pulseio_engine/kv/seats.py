@@ -84,14 +84,16 @@ class Seats:
         order = list(keys) + [k for k in self._keys if k is not None and k not in chosen]
         n = len(order)
         device = next(iter(self._storage.values())).device
-        perm = torch.tensor([self._keys.index(k) for k in order], dtype=torch.int64)
+        row_of = {k: row for row, k in enumerate(self._keys) if k is not None}
+        perm = torch.tensor([row_of[k] for k in order], dtype=torch.int64)
         if device.type == "cuda":   # through pinned memory: a copy from pageable memory would sync the host
             perm = perm.pin_memory().to(device, non_blocking=True)
         for t in self._storage.values():
             t[:, :n] = t.index_select(1, perm)
         self._keys = order
         for row, key in enumerate(order):
-            self._view(key, row)
+            if row_of[key] != row:
+                self._view(key, row)
 
     def batch(self, name: str, size: int) -> torch.Tensor:
         """[L, size, ...]: rows [0, size) of `name`, the state of the batch `arrange` put there."""
