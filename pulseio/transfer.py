@@ -137,8 +137,7 @@ class Transfer(Handle):
     def _set_issue_failed(self, cause: BaseException) -> None:
         """Its issue raised: nothing will land, so waits for the issue (`device_wait`) end now with the error.
         The transfer becomes FAILED (and `wait()` returns) once the FIFO resolves its issue, in order."""
-        error = TransferError(f"transfer seq={self.seq} tag={self.tag!r} failed: {cause}")
-        error.__cause__ = cause
+        error = self._failure(cause)
         with self._lock:
             self._issue_error = error
             callbacks, self._issued_callbacks = self._issued_callbacks, None
@@ -150,9 +149,12 @@ class Transfer(Handle):
         self._finish(_DONE, None)
 
     def _set_failed(self, cause: BaseException) -> None:
+        self._finish(TransferState.FAILED, self._failure(cause))
+
+    def _failure(self, cause: BaseException) -> TransferError:
         error = TransferError(f"transfer seq={self.seq} tag={self.tag!r} failed: {cause}")
         error.__cause__ = cause
-        self._finish(TransferState.FAILED, error)
+        return error
 
     def _finish(self, state: TransferState, exception: BaseException | None) -> None:
         with self._lock:
