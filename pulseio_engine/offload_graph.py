@@ -55,7 +55,7 @@ class OffloadStepGraph:
         self.capture, self.split = capture, split
         self.model, self.kv, self.offloader = model, kv, offloader
         self.batch = offloader.begin(request_ids)     # rows [0, B) of the offloader's seats; the graph updates them
-        self.size, self.generation = b, offloader.seats.generation
+        self.size, self.generation = b, offloader.seats.generation    # rows it reads, and of which storage
         self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(b, dtype=torch.int64, device=dev)
         self.block_tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=dev)
@@ -70,10 +70,6 @@ class OffloadStepGraph:
         self._posts: dict[int, int] = {}               # split, captured: piece -> its RecallGraph post
         self._armed: list[Any] = []                    # split, captured: this step's Completions, in post order
         self._pending: PendingRecall | None = None     # split: the last piece's recall
-
-    def fits(self, size: int, split: bool, generation: int) -> bool:
-        """Whether this step serves a batch of `size` requests (arranged into its rows) as it is."""
-        return (self.size, self.split, self.generation) == (size, split, generation)
 
     @property
     def num_pieces(self) -> int:

@@ -148,13 +148,13 @@ class ModelRunner:
         `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece."""
         ids = tuple(s.request_id for s in seqs)
         key = (len(ids), split)
+        if self._step_graphs and next(iter(self._step_graphs.values())).generation != offloader.seats.generation:
+            self._step_graphs.clear()                             # the seats grew: every kept step reads old rows
         graph = self._step_graphs.get(key)
-        if graph is not None and graph.fits(len(ids), split, offloader.seats.generation):
+        if graph is not None:
             self._step_graphs.move_to_end(key)
             offloader.rebind(graph.batch, ids)
         else:
-            if graph is not None:                                 # the seats grew: every kept step is stale
-                self._step_graphs.clear()
             while len(self._step_graphs) >= KEPT_STEP_GRAPHS:
                 self._step_graphs.popitem(last=False)             # its pieces' pool goes before the next capture
             graph = OffloadStepGraph(self.model, self.kv, offloader, ids, self.max_blocks_per_seq,
