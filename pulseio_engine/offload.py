@@ -113,9 +113,8 @@ class Offloader:
         self.max_blocks = max_blocks_per_seq
         self.rows = self.layout.groups if selecting is None else 1     # S: Hkv for Quest, 1 for SoloHead
         self.seqs: dict[int, OffloadSeq | None] = {}        # None: an all-on-GPU request holds nothing here
-        self.selection: dict[int, SelectionState] = {}
-        # every request's state above, in rows: as many as the host store admits (it refuses more), so the rows
-        # never move to a larger storage under a captured step; all-on-GPU requests have no such bound (it grows)
+        # every request's selection state and maps, in rows: as many as the host store admits (it refuses
+        # more), so the rows never move under a captured step; all-on-GPU requests have no such bound (it grows)
         self.seats = Seats(offload.max_seqs if self.store is not None else min(offload.max_seqs, 4))
         self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
         self.steering: SteeringProfile | None = None        # benchmarks on random weights only
@@ -140,7 +139,7 @@ class Offloader:
         self.seqs[request_id] = None if self.store is None else self.store.open(num_tokens)
         shape = (self.model.num_layers - self.dense, self.rows)
         k = self.sparse.budget_blocks
-        state = self.selection[request_id] = SelectionState(
+        state = SelectionState(
             torch.zeros((*shape, self.max_blocks), dtype=torch.uint8, device=self.device),
             torch.zeros(shape, dtype=torch.int64, device=self.device),
             torch.full((*shape, k), PAD, dtype=torch.int64, device=self.device))
@@ -152,7 +151,6 @@ class Offloader:
 
     def close_request(self, request_id: int) -> None:
         seq = self.seqs.pop(request_id, None)
-        self.selection.pop(request_id, None)
         if request_id in self.seats:
             self.seats.unseat(request_id)
         if seq is not None and self.store is not None:
