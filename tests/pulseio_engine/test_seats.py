@@ -64,11 +64,17 @@ def test_random_churn_keeps_every_request_state_and_batches_hold_their_rows_in_o
     assert max(generations) >= 1, "the churn should have grown the seats at least once"
 
 
-def test_a_batch_of_b_rows_sits_at_the_same_addresses_whichever_requests_it_holds() -> None:
-    seats = Seats(8)
-    for key in range(6):
+def _seated(capacity: int, keys: int) -> Seats:
+    """Seats holding keys 0..keys-1, the first three arranged into rows 0-2."""
+    seats = Seats(capacity)
+    for key in range(keys):
         seats.seat(key, _parts(key))
     seats.arrange([0, 1, 2])
+    return seats
+
+
+def test_a_batch_of_b_rows_sits_at_the_same_addresses_whichever_requests_it_holds() -> None:
+    seats = _seated(8, 6)
     ptr = seats.batch("mask", 3).data_ptr()
     seats.arrange([5, 3, 1])
     assert seats.batch("mask", 3).data_ptr() == ptr and seats.generation == 0
@@ -76,10 +82,7 @@ def test_a_batch_of_b_rows_sits_at_the_same_addresses_whichever_requests_it_hold
 
 
 def test_a_departure_moves_no_other_row() -> None:
-    seats = Seats(4)
-    for key in range(3):
-        seats.seat(key, _parts(key))
-    seats.arrange([0, 1, 2])
+    seats = _seated(4, 3)
     snapshot = seats.batch("owner", 3).clone()
     seats.unseat(0)
     assert torch.equal(seats.batch("owner", 3)[:, 1:], snapshot[:, 1:])   # what the last batch read is intact
