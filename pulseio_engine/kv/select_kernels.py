@@ -161,10 +161,10 @@ def _select_kernel(
         row = (b * tl.num_programs(0) + s).to(tl.uint32)
         h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
         u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
-        n_stale = tl.sum(stale.to(tl.int32), axis=0).to(tl.int64)
-        kept = stale & (u * n_stale < keep_threshold)
+        counts = tl.sum(stale.to(tl.int32) + (fresh.to(tl.int32) << 16), axis=0)   # both in one reduction
+        n_fresh = counts >> 16
+        kept = stale & (u * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
         n_kept = tl.sum(kept.to(tl.int32), axis=0)
-        n_fresh = tl.sum(fresh.to(tl.int32), axis=0)
         all_kept = n_kept >= m
         kept_and_fresh = n_kept + n_fresh >= m
         whole = tl.where(all_kept, ids < 0, tl.where(kept_and_fresh, kept, kept | fresh))
