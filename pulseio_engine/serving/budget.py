@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Literal
 
 from ..config import ModelConfig, SparseMode
 from ..errors import KVBudgetError
 from ..kv.block_table import blocks_for
+
+Lack = Literal["row", "gpu", "host"]     # what keeps a waiting request out: a batch row, GPU bytes, host bytes
 
 
 class KVClass(Enum):
@@ -91,10 +94,17 @@ class KVBudget:
     def fits(self, kv_class: KVClass, tokens: int, *, freeing: int | None = None) -> bool:
         """Whether a request of `tokens` reserved tokens fits as `kv_class`, once `freeing`'s charge (a request
         moving to that class) is released."""
+        return self.lacks(kv_class, tokens, freeing=freeing) is None
+
+    def lacks(self, kv_class: KVClass, tokens: int, *, freeing: int | None = None) -> Lack | None:
+        """What such a request lacks to fit: "gpu" (GPU bytes, checked first), "host" (host pool bytes), or None."""
         _, _, gpu0, host0 = self._held[freeing] if freeing is not None else (None, 0, 0, 0)
         fp = self.footprint
-        return (self.gpu_used - gpu0 + fp.device_bytes(kv_class, tokens) <= self.gpu_bytes
-                and self.host_used - host0 + fp.host_bytes(kv_class, tokens) <= self.host_bytes)
+        if self.gpu_used - gpu0 + fp.device_bytes(kv_class, tokens) > self.gpu_bytes:
+            return "gpu"
+        if self.host_used - host0 + fp.host_bytes(kv_class, tokens) > self.host_bytes:
+            return "host"
+        return None
 
     def fits_alone(self, kv_class: KVClass, tokens: int) -> bool:
         """Whether such a request fits an empty engine (if not, it can never be admitted as `kv_class`)."""

@@ -6,8 +6,11 @@ Policy:
   every request is NORMAL, the all-on-GPU modes). A NORMAL request that grows to the threshold while it
   decodes moves to OFFLOAD at the next boundary where the budget holds it there (it stays otherwise).
   Moves come before admissions: requests already running go first.
-- Admission, FIFO by arrival: the oldest waiting request joins when its class's batch has a free row and
-  the budget holds its whole reservation (prompt + output); otherwise nobody behind it joins either.
+- Admission, FIFO by arrival for what requests share: a waiting request joins when its class's batch has a
+  free row and the budget holds its whole reservation (prompt + output). One that waits for GPU bytes (every
+  class holds some) stops everyone behind it; one that waits for a row of its batch or for host pool bytes
+  (only OFFLOAD holds those) stops its class only, so a short request is never held back by a long one
+  waiting for the host pool (head-of-line blocking across classes).
 - A request that could never be admitted (its reservation exceeds the caps on its own) is refused when it
   arrives, naming the numbers; the replay checks the whole trace before it starts.
 """
@@ -19,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import KVBudgetError
-from .budget import KVBudget, KVClass, size
+from .budget import KVBudget, KVClass, Lack, size
 
 
 @dataclass(frozen=True)
@@ -81,16 +84,23 @@ class OuterScheduler:
                     and self._room(KVClass.OFFLOAD, self._reserved[rid], freeing=rid):
                 self.budget.charge(rid, KVClass.OFFLOAD, self._reserved[rid])
                 moves.append((rid, KVClass.OFFLOAD))
-        admits = []
-        while self.waiting:
-            head = self.waiting[0]
+        admits: list[tuple[int, KVClass]] = []
+        stopped: set[KVClass] = set()                           # classes whose oldest waiting request waits
+        kept: deque[Waiting] = deque()
+        for i, head in enumerate(self.waiting):
             kv_class = self.class_for(head.input_len)
-            if not self._room(kv_class, head.tokens):
+            wait = None if kv_class in stopped else self._waits_for(kv_class, head.tokens)
+            if wait == "gpu":                                   # shared by every class: nobody passes it
+                kept.extend(list(self.waiting)[i:])
                 break
-            self.waiting.popleft()
+            if kv_class in stopped or wait is not None:         # a row or host bytes: its class waits
+                stopped.add(kv_class)
+                kept.append(head)
+                continue
             self.budget.charge(head.rid, kv_class, head.tokens)
             self._reserved[head.rid] = head.tokens
             admits.append((head.rid, kv_class))
+        self.waiting = kept
         return Decisions(tuple(moves), tuple(admits))
 
     def finish(self, rid: int) -> None:
@@ -101,3 +111,9 @@ class OuterScheduler:
         if self.budget.count(kv_class) >= self.limits[kv_class]:
             return False
         return self.budget.fits(kv_class, tokens, freeing=freeing)
+
+    def _waits_for(self, kv_class: KVClass, tokens: int) -> Lack | None:
+        """What a waiting request of `kv_class` lacks: "row", "gpu", "host", or None (it fits now)."""
+        if self.budget.count(kv_class) >= self.limits[kv_class]:
+            return "row"
+        return self.budget.lacks(kv_class, tokens)

@@ -1,5 +1,5 @@
-"""The outer scheduler and the KV budget (no torch): FIFO admission against the caps, classes by length,
-moves of requests that grew, refusals that name their numbers."""
+"""The outer scheduler and the KV budget (no torch): FIFO admission against the caps (across classes only for
+GPU bytes), classes by length, moves of requests that grew, refusals that name their numbers."""
 
 from __future__ import annotations
 
@@ -52,6 +52,31 @@ def test_admission_is_fifo_by_class_and_stops_at_a_head_that_does_not_fit() -> N
     outer.finish(2)
     assert outer.decide({0: 60, 1: 160}).admits == ((3, NRM),)
     assert outer.budget.statistics().gpu_used == 90 + 40 + 40
+
+
+def test_a_request_waiting_for_the_host_pool_or_a_row_holds_back_its_class_only() -> None:
+    outer = _outer(gpu=1000, host=300)
+    for rid, (i, o) in enumerate([(150, 10), (200, 10), (20, 5), (120, 5), (30, 5)]):
+        outer.arrive(rid, i, o)
+    d = outer.decide({})                                        # 1 needs 189 host > 300 - 144: offload stops there
+    assert d.admits == ((0, OFF), (2, NRM), (4, NRM))          # 3 (offload, 117 host) would fit, but waits its turn
+    assert [w.rid for w in outer.waiting] == [1, 3]
+    outer.finish(0)
+    assert outer.decide({2: 26, 4: 36}).admits == ((1, OFF),)   # oldest first within the class; 189 + 117 > 300
+    assert [w.rid for w in outer.waiting] == [3]
+
+    rows = _outer(max_batch=1)                                  # one normal row, taken by 0
+    for rid, (i, o) in enumerate([(10, 5), (20, 5), (150, 10)]):
+        rows.arrive(rid, i, o)
+    assert rows.decide({}).admits == ((0, NRM), (2, OFF))
+
+
+def test_a_request_waiting_for_gpu_bytes_holds_back_everyone_behind_it() -> None:
+    outer = _outer(gpu=150, host=1000)
+    for rid, (i, o) in enumerate([(90, 5), (90, 5), (150, 10)]):
+        outer.arrive(rid, i, o)
+    assert outer.decide({}).admits == ((0, NRM),)              # 1 needs 100 > 150 - 100; 2 (36 GPU) would fit
+    assert [w.rid for w in outer.waiting] == [1, 2]
 
 
 def test_no_threshold_keeps_every_request_normal() -> None:
