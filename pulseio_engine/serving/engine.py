@@ -9,8 +9,9 @@ loaded into the other, the host pool written or read through pulseio's device vi
 
 `step` is one round: each engine's next work (prefill for requests without handed-in KV, else one decode
 step of all its running requests), the two decode steps run by the `InnerScheduler` (IRQ: interleaved layer
-by layer; or coupled), their greedy tokens brought to the host without a sync, and committed. Pool sizes
-follow the `KVBudget`: every pool is large enough for whatever the budget admits into it.
+by layer, each split in per-layer pieces; a batch decoding alone runs its whole step, one graph, as it has
+nothing to interleave with; or coupled), their greedy tokens brought to the host without a sync, and
+committed. Pool sizes follow the `KVBudget`: every pool is large enough for whatever the budget admits into it.
 """
 
 from __future__ import annotations
@@ -196,8 +197,7 @@ class ServingEngine:
         """One round (see the module doc)."""
         produced: Counter[int] = Counter()
         finished: dict[int, tuple[int, ...]] = {}
-        decodes: dict[KVClass, DecodeBatch] = {}
-        split = self.config.interleaves
+        due = {}
         for kv_class, eng in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload)):
             if eng is None:
                 continue
@@ -207,7 +207,9 @@ class ServingEngine:
                     produced[self._by_local[kv_class, chunk.seq.request_id]] += int(chunk.samples)
                 self._finished(kv_class, eng.run(work), finished)
             elif work.decode:
-                decodes[kv_class] = DecodeBatch(eng, work.decode, split=split)
+                due[kv_class] = (eng, work.decode)
+        split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
+        decodes = {c: DecodeBatch(eng, seqs, split=split) for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
         if split and not any(b.warming for b in decodes.values()):
             self.inner.interleave(normal, offload)

@@ -155,7 +155,8 @@ def _spread(values: list[float]) -> dict:
 
 
 def m_summary(m: Counter[int], seen_landed: int, device_waits: int) -> dict:
-    """IRQ's m (normal layers run per offload recall): its histogram, mean and p50/p99, and how recalls ended."""
+    """IRQ's m (normal layers run per offload recall, over the rounds where both batches decode; an offload batch
+    alone runs its whole step): its histogram, mean and p50/p99, and how recalls ended."""
     total = sum(m.values())
     values = np.repeat(np.array(sorted(m), dtype=float), [m[k] for k in sorted(m)]) if total else np.zeros(0)
     return {"recalls": total, "histogram": {str(k): m[k] for k in sorted(m)},

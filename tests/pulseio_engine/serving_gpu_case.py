@@ -5,7 +5,8 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 with captured recalls, and IRQ with recalls made to land late: the same tokens
     nosync ROUNDS               steady-state IRQ rounds (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
-    cost MODEL BATCH CTX ROUNDS a normal batch alone: per-layer pieces (IRQ) against the whole-step graph, ms a round
+    cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
+                                with) against without it; and in per-layer pieces, reported (us a piece)
     replay                      the tiny preset on 50 Mooncake requests: every request complete, pulseio's
                                 submitted == completed, no failed recall
 
@@ -26,6 +27,7 @@ from pulseio_engine.config import DType
 from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.serving.batches import DecodeBatch, HostTokens, pinned_tokens
 from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine
@@ -105,21 +107,40 @@ def nosync(rounds: int) -> dict:
 
 
 def cost(model: str, batch: int, context: int, rounds: int) -> dict:
-    """A normal batch alone, per-layer pieces under IRQ against the whole-step graph: ms a round (each round
-    ends with its tokens on the host, as serving does)."""
-    ms = {}
-    for irq in (False, True):
-        with _engine(model, irq=irq, gpu_bytes=batch * (context + 64 * batch) * 256 << 10) as serving:
+    """A normal batch alone, ms a round (each round ends with its tokens on the host, as serving does): under IRQ
+    against without it (the case's verdict), and forced into per-layer pieces, as it runs beside an offload batch
+    (reported: what a piece boundary costs)."""
+    ms, pieces = {}, 0
+    for variant in ("whole", "irq", "pieces"):
+        with _engine(model, irq=variant != "whole", gpu_bytes=batch * (context + 64 * batch) * 256 << 10) as serving:
             _add(serving, dict.fromkeys(range(batch), NRM), context, rounds + 8, open_model(model).config.vocab_size)
+            step = serving.step if variant != "pieces" else _pieces_round(serving)
             for _ in range(4):
-                serving.step()
+                step()
             t0 = time.perf_counter()
             for _ in range(rounds):
-                serving.step()
-            ms["irq" if irq else "whole"] = (time.perf_counter() - t0) / rounds * 1e3
+                pieces = step() or pieces
+            ms[variant] = (time.perf_counter() - t0) / rounds * 1e3
     ratio = ms["irq"] / ms["whole"]
-    return {"ok": ratio <= 1.05, "ms_per_round": ms, "irq_over_whole": ratio, "model": model, "batch": batch,
-            "context": context}
+    return {"ok": ratio <= 1.05, "ms_per_round": ms, "irq_over_whole": ratio, "pieces": pieces,
+            "pieces_over_whole": ms["pieces"] / ms["whole"],
+            "us_per_piece_boundary": (ms["pieces"] - ms["whole"]) / max(pieces - 1, 1) * 1e3,
+            "model": model, "batch": batch, "context": context}
+
+
+def _pieces_round(serving: ServingEngine):  # noqa: ANN202 (a closure)
+    """One round of the normal batch in per-layer pieces, as the inner scheduler runs it beside an offload batch;
+    the closure returns the number of pieces."""
+    eng = serving.normal
+    pinned = pinned_tokens(64, torch.device(DEVICE))
+
+    def run() -> int:
+        work = eng.schedule()
+        decode = DecodeBatch(eng, work.decode, split=True)
+        serving.inner.interleave(decode, None)
+        eng.commit_decode(decode.seqs, HostTokens(decode.tokens_nowait(), pinned).wait_list())
+        return decode.num_pieces
+    return run
 
 
 def replay() -> dict:

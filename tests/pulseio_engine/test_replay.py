@@ -55,7 +55,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["pulseio"]["submitted"] == report["pulseio"]["completed"] == summary["recalls"]
     assert report["pulseio"]["failed"] == 0
     m = report["m"]
-    assert m["recalls"] == summary["recalls"] == sum(m["histogram"].values()) == m["seen_landed"] + m["device_waits"]
+    assert m["recalls"] == sum(m["histogram"].values()) == m["seen_landed"] + m["device_waits"]
+    assert 0 < m["recalls"] <= summary["recalls"]             # m: rounds where both batches decode (interleaved)
     assert report["irq"] and report["config"]["steering"] and report["config"]["kv"] == "random (handed in)"
     assert report["tpot_ms"]["all"]["requests"] == sum(r["output_len"] >= 2 for r in report["requests"])
     assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
