@@ -93,6 +93,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--json", type=Path, default=None, help="write the report here")
     r.add_argument("--plot", type=Path, default=None, help="write its four panels here (PNG)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="run every piece eagerly")
+    r.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="start the clock at once: the first requests pay for compiling kernels and capturing steps "
+                        "(by default a few short requests warm the engine up first, as a server does)")
     r.add_argument("--device", type=device_name(allow_auto=True), default="auto",
                    help="cpu, cuda or cuda:N; auto = cuda when torch sees a GPU, else cpu")
     r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -124,7 +127,7 @@ def _replay(args: argparse.Namespace) -> int:
     say = _say(prog)
     options = ReplayOptions(device=device, clock=None if args.clock == "auto" else ClockKind(args.clock),
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
-                            use_cuda_graphs=not args.no_cuda_graphs)
+                            use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
     status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows

@@ -32,7 +32,7 @@ from ..request import SamplingParams, Sequence
 from .batches import DecodeBatch, HostTokens, pinned_tokens
 from .budget import Footprint, KVClass
 from .config import ServingConfig
-from .irq import InnerScheduler, NoPacer, Pacer
+from .irq import InnerScheduler, InterleaveStatistics, NoPacer, Pacer
 from .resident_kv import ResidentKV
 
 
@@ -233,6 +233,17 @@ class ServingEngine:
         for out in outputs:
             rid = self._by_local.pop((kv_class, out.request_id))
             finished[rid] = (*self._requests.pop(rid).earlier, *out.output_ids)
+
+    def reset_statistics(self) -> None:
+        """Count rounds, batch sizes, IRQ's m and moves from zero again (after a warm-up); pulseio's own counters
+        (`recall_statistics`, `runtime_statistics`) run on, so callers take a baseline of those."""
+        if self._requests:
+            raise RuntimeError(f"reset_statistics with {len(self._requests)} requests running (this is a bug in "
+                               "pulseio_engine: the warm-up must finish its requests)")
+        self.moves = MoveStatistics()
+        self.rounds = self.warming_rounds = 0
+        self.batch_sizes.clear()
+        self.inner.stats = InterleaveStatistics()
 
     def recall_statistics(self) -> tuple[int, int]:
         """(recall requests, bytes recalled) of the offload engine so far."""

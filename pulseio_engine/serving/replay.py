@@ -33,7 +33,7 @@ from ..model.checkpoint import ModelSource, load_checkpoint
 from ..offload import SteeringProfile
 from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
 from ..trace import Trace
-from .budget import KVBudget, size
+from .budget import KVBudget, KVClass, size
 from .clock import Clock, ClockKind
 from .config import ServingConfig
 from .engine import ServingEngine, plan_pools
@@ -47,7 +47,8 @@ from .report import SCHEMA_VERSION, check_report
 class ReplayOptions:
     """How to replay: on `device` (cpu, cuda[:N]); `clock` None: wall time on a GPU, virtual time on a CPU;
     `heads`: the SoloHead calibration (needed for real models; presets take any head); `busy_every`: profile
-    the GPU's timeline 5 rounds out of every this many (0: never)."""
+    the GPU's timeline 5 rounds out of every this many (0: never); `warmup`: run `warm_up` before the clock
+    starts, as a server warms up before it takes traffic."""
 
     device: str = "cpu"
     clock: ClockKind | None = None
@@ -55,6 +56,7 @@ class ReplayOptions:
     heads: Path | None = None
     busy_every: int = 200
     use_cuda_graphs: bool = True
+    warmup: bool = True
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -78,13 +80,63 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
                        heads=heads, use_cuda_graphs=options.use_cuda_graphs) as serving:
         steering = _steer(serving, source, config, options.seed)
+        warmup_s = 0.0
+        if options.warmup:
+            say("warming up: compiling the kernels and capturing the steps the first rounds need, before the clock")
+            warmup_s = warm_up(serving, source, max_len, options.seed)
+        base = _Baseline(serving.recall_statistics(), _settled_runtime(serving))
         outer = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch,
                                max_offload=max(1, serving.sizes.max_offload))
         kind = options.clock or (ClockKind.WALL if device.startswith("cuda") else ClockKind.VIRTUAL)
         recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
-        pulse = _settled_runtime(serving)
+        pulse = base.since(_settled_runtime(serving))
         return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder, steering, pulse,
-                                    time.perf_counter() - wall0))
+                                    time.perf_counter() - wall0, warmup_s, base))
+
+
+WARMUP_TOKENS = 4      # a first step (eager: compiles), a second (captures its graph), then replays
+
+
+def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int) -> float:
+    """What a server does before it takes traffic: short requests of every class through every path the replay
+    takes (both classes together, so IRQ's pieces too; a batch of one, then of two, so torch.compile's second
+    batch size is met here), decoding `WARMUP_TOKENS` each; then the engine counts from zero again. Kernels
+    compiled and steps captured here are not charged to the first requests of the trace. Long enough to select
+    (twice the token budget) where the budget and the context allow. -> seconds it took."""
+    t0 = time.perf_counter()
+    config, fp = serving.config, serving.footprint
+    classes = [KVClass.NORMAL] + ([KVClass.OFFLOAD] if config.has_offload else [])
+    length = max(2, min(2 * config.token_budget + config.block_size, max_len - WARMUP_TOKENS))
+    rid = -1                                            # warm-up ids are negative: never a trace's
+    for batch in (1, 2):
+        reserved = length + WARMUP_TOKENS
+        gpu = batch * sum(fp.device_bytes(c, reserved) for c in classes)
+        host = batch * sum(fp.host_bytes(c, reserved) for c in classes)
+        if gpu > config.gpu_kv_bytes or host > config.host_kv_bytes or batch > config.max_batch or (
+                config.has_offload and batch > serving.sizes.max_offload):
+            break                                       # the caps hold fewer: the replay meets the rest itself
+        for kv_class in classes:
+            for _ in range(batch):
+                prompt, kv = _prompt(2**31 - rid, length, source.config.vocab_size, seed, random_kv=source.random)
+                serving.add(rid, prompt, WARMUP_TOKENS, kv_class, kv)
+                rid -= 1
+        while serving.has_unfinished():
+            serving.step()
+    serving.reset_statistics()
+    return time.perf_counter() - t0
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    """pulseio's counters after the warm-up, so the report counts the replay's recalls only."""
+
+    recalls: tuple[int, int]           # (requests, bytes), from `ServingEngine.recall_statistics`
+    pulse: dict | None                 # from `_settled_runtime`
+
+    def since(self, pulse: dict | None) -> dict | None:
+        if pulse is None or self.pulse is None:
+            return pulse
+        return {k: pulse[k] - self.pulse[k] for k in pulse}
 
 
 def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clock, source: ModelSource,
@@ -208,11 +260,11 @@ def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | 
 
 def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, kind: ClockKind,
             dtype: DType, serving: ServingEngine, rec: Recorder, steering: str | None, pulse: dict | None,
-            wall_s: float) -> dict:
+            wall_s: float, warmup_s: float, base: _Baseline) -> dict:
     records = [rec.requests[rid].to_dict() for rid in sorted(rec.requests)]
     tokens = sum(r["tokens"] for r in records)
     span = rec.span_s()
-    recalls, recalled = serving.recall_statistics()
+    recalls, recalled = (now - before for now, before in zip(serving.recall_statistics(), base.recalls))
     stats = serving.inner.stats
     sizes, fp = serving.sizes, serving.footprint
     pools = sizes.device_bytes(fp)
@@ -235,7 +287,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
                     "gpu_busy_fraction": rec.busy, "recalls": recalls,
                     "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
-                    "wall_s": wall_s},
+                    "wall_s": wall_s, "warmup_s": warmup_s},
         "tpot_ms": rec.tpot_by_bucket(),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,
         "moves": asdict(serving.moves), "pulseio": pulse,

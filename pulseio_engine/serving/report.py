@@ -15,7 +15,8 @@ from typing import Any
 from ..errors import EngineError
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/1"
+SCHEMA_VERSION = "pulseio-replay/2"
+READ_VERSIONS = (SCHEMA_VERSION, "pulseio-replay/1")    # 1: before summary.warmup_s
 
 NUM = (int, float)
 OPT_NUM = (int, float, type(None))
@@ -28,7 +29,8 @@ SCHEMA: dict[str, Any] = {
                "steering": (str, type(None)), "kv": str},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
-                "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM},
+                "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
+                "warmup_s": NUM},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "m": (dict, type(None)),
     "moves": {"to_offload": int, "to_normal": int, "bytes_to_host": int, "bytes_from_host": int},
@@ -54,9 +56,16 @@ class ReportError(EngineError, ValueError):
 
 def check_report(report: dict, *, source: str = "report") -> dict:
     """Raise ReportError naming the first key missing or of the wrong type; returns the report."""
-    _check(report, SCHEMA, source, "")
-    if report["schema"] != SCHEMA_VERSION:
-        raise ReportError(f"{source}: schema is {report['schema']!r}, this engine reads {SCHEMA_VERSION!r}")
+    if not isinstance(report, dict) or "schema" not in report:
+        _check(report, SCHEMA, source, "")                     # names what is wrong
+    version = report["schema"]
+    if version not in READ_VERSIONS:
+        raise ReportError(f"{source}: schema is {version!r}, this engine reads "
+                          + " and ".join(map(repr, READ_VERSIONS)))
+    spec = SCHEMA
+    if version != SCHEMA_VERSION:
+        spec = {**SCHEMA, "summary": {k: v for k, v in SCHEMA["summary"].items() if k != "warmup_s"}}
+    _check(report, spec, source, "")
     for i, record in enumerate(report["requests"]):
         _check(record, REQUEST_KEYS, source, f"requests[{i}].")
     if report["m"] is not None:
@@ -106,6 +115,8 @@ def table(reports: list[dict]) -> str:
     row("model / trace", lambda r: f"{r['model']} / {r['trace']['requests']} req")
     row("GPU KV cap (GiB)", lambda r: f"{r['config']['gpu_kv_gib']:g}")
     row("completed", lambda r: f"{r['summary']['completed']}/{r['summary']['requests']}")
+    row("warm-up before the clock (s)", lambda r: f"{r['summary']['warmup_s']:.1f}" if "warmup_s" in r["summary"]
+        else "-")
     row("decode tok/s", lambda r: f"{r['summary']['decode_throughput_tok_s']:,.1f}")
     if vanilla is not None:
         base = vanilla["summary"]["decode_throughput_tok_s"]

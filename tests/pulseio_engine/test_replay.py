@@ -9,10 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from pulseio_engine.cli import main
+from pulseio_engine.config import DType
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.serving.config import ServeMode, ServingConfig
+from pulseio_engine.serving.engine import ServingEngine, StepOutcome
 from pulseio_engine.serving.gpu_busy import busy_fraction
 from pulseio_engine.serving.metrics import Recorder, bucket_of
+from pulseio_engine.serving.replay import WARMUP_TOKENS, warm_up
 from pulseio_engine.serving.report import ReportError, check_report, load_report, table
 
 SLICES = {
@@ -36,7 +43,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         "mooncake": _replay(tmp, "pulseinfer", "mooncake", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
                             "--plot", str(tmp / "p.png")),
         "servegen": _replay(tmp, "pulseinfer-sg", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25"),
-        "vanilla": _replay(tmp, "vanilla", "servegen", "--mode", "vanilla"),
+        "vanilla": _replay(tmp, "vanilla", "servegen", "--mode", "vanilla", "--no-warmup"),
         "plot": {"path": str(tmp / "p.png")},
     }
 
@@ -61,12 +68,14 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["tpot_ms"]["all"]["requests"] == sum(r["output_len"] >= 2 for r in report["requests"])
     assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
     assert report["memory"]["gpu_kv_cap_bytes"] == int(0.004 * 2**30)
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/2"
 
 
 def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: dict[str, dict]) -> None:
     van, pulse = reports["vanilla"], reports["servegen"]
     assert van["summary"]["complete"] and van["m"] is None and van["pulseio"] is None
     assert {r["class"] for r in van["requests"]} == {"normal"} and van["summary"]["recalls"] == 0
+    assert van["summary"]["warmup_s"] == 0                         # --no-warmup
     text = table([van, pulse])
     lines = text.splitlines()
     assert lines[0].split() == ["vanilla", "pulseinfer"]
@@ -88,6 +97,50 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
     report["irq"] = 1
     with pytest.raises(ReportError, match=r"^r: irq must be bool, got 1$"):
         check_report(report, source="r")
+
+
+def test_a_report_of_schema_1_still_reads_without_the_warm_up(reports: dict[str, dict]) -> None:
+    report = json.loads(json.dumps(reports["mooncake"]))
+    del report["summary"]["warmup_s"]
+    with pytest.raises(ReportError, match=r"^r: summary\.warmup_s is missing$"):
+        check_report(report, source="r")
+    report["schema"] = "pulseio-replay/1"
+    assert check_report(report, source="r") is report
+    assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, reports["servegen"]]),
+                     flags=re.M)
+    report["schema"] = "pulseio-replay/0"
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/2' "
+                                          r"and 'pulseio-replay/1'$"):
+        check_report(report, source="r")
+
+
+def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_zero() -> None:
+    source = open_model("tiny")
+    m = source.config
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
+                           max_batch=8)
+    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
+    with ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
+                       dtype=DType.FLOAT32, max_model_len=512, heads=heads) as serving:
+        rounds: list[tuple[int, int]] = []
+        step = serving.step
+
+        def counted() -> StepOutcome:
+            out = step()
+            rounds.append((out.normal_batch, out.offload_batch))
+            return out
+
+        serving.step = counted                                          # type: ignore[method-assign]
+        assert warm_up(serving, source, 512, seed=0) > 0
+        assert rounds == [(1, 1)] * WARMUP_TOKENS + [(2, 2)] * WARMUP_TOKENS
+        assert not serving.has_unfinished() and serving.rounds == 0 and not serving.batch_sizes
+        assert serving.inner.stats.recalls == 0 and serving.recall_statistics()[0] > 0  # pulseio's run on
+
+        rounds.clear()                                                  # a prompt of 2 x budget does not fit
+        small = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 16, host_kv_bytes=64 << 20, token_budget=64)
+        serving.config = small
+        warm_up(serving, source, 512, seed=0)
+        assert rounds == []
 
 
 def test_replay_plots(reports: dict[str, dict], tmp_path: Path) -> None:
