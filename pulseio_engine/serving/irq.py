@@ -1,9 +1,11 @@
 """IRQ, the inner scheduler: the normal and the offload batch's decode steps interleaved layer by layer.
 
 Layer boundaries are the switch points. The offload batch runs a piece, which ends where its layer's recall
-is posted (not waited for); then the normal batch runs its next pieces until that recall has landed, then
-the offload batch runs its next piece (the layer's attention over the recalled blocks, on to the next
-recall). Each batch keeps its own state between pieces (layer, activations, metadata: `BatchState` and the
+is posted (not waited for); then the normal batch runs its next pieces until that recall has landed, at most
+an even share of the normal pieces left per offload piece left, then the offload batch runs its next piece
+(the layer's attention over the recalled blocks, on to the next recall). The share keeps the normal batch
+from running out half-way: on a GPU the host decides ahead of the device, before a recall could have landed,
+so without it every early recall took two normal pieces and the later ones none. Each batch keeps its own state between pieces (layer, activations, metadata: `BatchState` and the
 step graph's buffers), so either can pause after any piece.
 
 Detection is semi-synchronous: at each boundary the host checks, never waiting, whether the recall has
@@ -90,13 +92,15 @@ class InnerScheduler:
         """Both batches split in pieces (see the module doc)."""
         pacer, nxt = self.pacer, 0
         last = 0 if normal is None else normal.num_pieces
-        for piece in range(0 if offload is None else offload.num_pieces):
+        pieces = 0 if offload is None else offload.num_pieces
+        for piece in range(pieces):
             pending = offload.run_piece(piece)                  # type: ignore[union-attr]
             pacer.launched()
             if pending is None:
                 continue
+            share = -(-(last - nxt) // (pieces - piece))        # this recall's even share of the normal pieces left
             m = 0
-            while nxt < last and not pending.landed_nowait():
+            while nxt < last and m < share and not pending.landed_nowait():
                 if not pacer.has_room():
                     pacer.wait_room(until=pending.landed_nowait)
                     continue
