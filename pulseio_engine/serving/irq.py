@@ -5,12 +5,13 @@ is posted (not waited for); then the normal batch runs its next pieces until tha
 an even share of the normal pieces left per offload piece left, then the offload batch runs its next piece
 (the layer's attention over the recalled blocks, on to the next recall). The share keeps the normal batch
 from running out half-way: on a GPU the host decides ahead of the device, before a recall could have landed,
-so without it every early recall took two normal pieces and the later ones none. Each batch keeps its own state between pieces (layer, activations, metadata: `BatchState` and the
-step graph's buffers), so either can pause after any piece.
+so without it every early recall took two normal pieces and the later ones none. Each batch keeps its own
+state between pieces (layer, activations, metadata: `BatchState` and the step graph's buffers), so either
+can pause after any piece.
 
 Detection is semi-synchronous: at each boundary the host checks, never waiting, whether the recall has
 landed (`PendingRecall.landed_nowait`, set by pulseio's completion thread from the copier's word in host
-memory); it makes the device wait for it (`wait_device`) only when the normal batch has no piece left.
+memory); it makes the device wait for it (`wait_device`) only when the recall's share of normal pieces ran.
 Without a sync nothing tells the host where the GPU is, so on a GPU a `Pacer` keeps the host at most
 `ahead` pieces in front of it (events it polls): a decision to run one more normal piece is made while the
 GPU is still busy, not long before, when the recall could not have landed yet. `m` counts the normal
