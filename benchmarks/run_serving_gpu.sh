@@ -9,10 +9,28 @@
 # THRESHOLD (8192), BUDGET (2048), MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
 # REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), DEVICE (cuda; cpu: a dry run of
 # the script with MODEL=tiny), R (/tmp/serving-results).
-# A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=600 REPLAY_TIMEOUT_S=1500 (longer than one command
-# may run on the lent machines: split it or run it where it may). Results: $OUT/serving.tgz.
+# A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=600 REPLAY_TIMEOUT_S=1500 DETACH=1 (longer than one
+# command may run on the lent machines): DETACH=1 starts the run in its own session and returns; a later command on
+# the same machine, `PARTS=collect WAIT_S=560 bash benchmarks/run_serving_gpu.sh`, waits up to WAIT_S for it to
+# finish and copies its results (or, still running, its progress so far) to $OUT. Results: $OUT/serving.tgz.
 set -u
-R=${R:-/tmp/serving-results}; rm -rf $R; mkdir -p $R
+R=${R:-/tmp/serving-results}
+DETACHED=/tmp/serving-detached                  # the detached run's results and its done marker
+if [[ "${PARTS:-}" == collect ]]; then
+  for _ in $(seq 1 "${WAIT_S:-560}"); do [ -e $DETACHED/done ] && break; sleep 1; done
+  mkdir -p ${OUT:-/tmp}
+  if [ -e $DETACHED/done ]; then cp $DETACHED/serving.tgz ${OUT:-/tmp}/; echo "collected: $(cat $DETACHED/done)"
+  else tail -3 $R/progress.log $R/*.log 2>/dev/null | tail -20; echo "still running; collect again"; fi
+  exit 0
+fi
+if [[ "${DETACH:-0}" == 1 ]]; then
+  rm -rf $DETACHED; mkdir -p $DETACHED
+  DETACH=0 OUT=$DETACHED setsid nohup bash -c "bash '$0'; echo \"rc=\$? \$(date -u +%FT%TZ)\" > $DETACHED/done" \
+    > $DETACHED/script.log 2>&1 < /dev/null &
+  echo "detached (pid $!): collect with PARTS=collect bash $0"
+  exit 0
+fi
+rm -rf $R; mkdir -p $R
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PULSEIO_NO_PROGRESS=1
 PARTS=${PARTS:-"tests replay"}; MODEL=${MODEL:-qwen3-14b}
 TRACE=${TRACE:-mooncake-sample}   # the shipped 400-request head (141 s); the whole trace must be carried to the device
