@@ -104,7 +104,8 @@ class TransferPlan:
     dataclass: one is built per transfer, and a frozen dataclass costs ~0.7 us to build and every
     derived property a Python call (host-side microseconds are what bounds small transfers)."""
 
-    __slots__ = ("direction", "host_ids", "device_slots", "block_bytes", "num_blocks", "nbytes", "_runs")
+    __slots__ = ("direction", "host_ids", "device_slots", "block_bytes", "num_blocks", "nbytes", "_runs",
+                 "_segment_runs")
 
     def __init__(self, direction: Direction, host_ids: np.ndarray, device_slots: np.ndarray, block_bytes: int) -> None:
         self.direction = direction
@@ -114,6 +115,7 @@ class TransferPlan:
         self.num_blocks: int = host_ids.size
         self.nbytes: int = self.num_blocks * block_bytes
         self._runs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._segment_runs: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
 
     def __repr__(self) -> str:
         return f"TransferPlan({self.direction.value}, {self.num_blocks} blocks of {self.block_bytes} B)"
@@ -129,6 +131,14 @@ class TransferPlan:
             lengths = np.diff(np.concatenate((starts, [host.size])))
             self._runs = host[starts], slot[starts], lengths
         return self._runs
+
+    def runs_within(self, segment: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`runs`, cut where the host side crosses a multiple of `segment` blocks (`split_runs`); kept, as
+        `runs` is, so a plan submitted again and again is cut once."""
+        cached = self._segment_runs
+        if cached is None or cached[0] != segment:
+            cached = self._segment_runs = (segment, split_runs(*self.runs, segment))
+        return cached[1]
 
 
 def split_runs(host_start: np.ndarray, slot_start: np.ndarray, length: np.ndarray, segment: int

@@ -26,7 +26,7 @@ from ..config import DmaConfig
 from ..doorbell import Doorbell
 from ..errors import DeviceUnavailableError, PoolTooSmallError
 from ..memory import DevicePool, HostPool, segment_bytes
-from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces, split_runs
+from ..plan import Direction, Strategy, TransferPlan, merge_plans, pieces
 from . import driver
 from .buffers import ID_BYTES as _ID
 from .buffers import BufferRing
@@ -231,7 +231,7 @@ class CudaRoutes:
                 host[h].copy_(pool[d], non_blocking=True)
 
     def _batched(self, plan: TransferPlan) -> None:
-        host_start, slot_start, length = split_runs(*plan.runs, self._host.segment_blocks)
+        host_start, slot_start, length = plan.runs_within(self._host.segment_blocks)
         host_ptrs = (self._host.device_ptr + host_start * self._bb).astype(np.uint64)
         slot_ptrs = (self._pool.device_ptr + slot_start * self._bb).astype(np.uint64)
         sizes = (length * self._bb).astype(np.uint64)

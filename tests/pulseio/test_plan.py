@@ -84,6 +84,15 @@ def test_split_runs_never_span_a_segment_and_keep_every_pair(segment: int) -> No
         assert length.size == plan.runs[2].size  # nothing to cut: the runs as they were
 
 
+def test_a_plan_cuts_its_runs_at_segments_once() -> None:
+    plan = _plan(np.arange(10, 40), np.arange(30), num_slots=200)
+    cut = plan.runs_within(16)
+    assert [a.tolist() for a in cut] == [a.tolist() for a in split_runs(*plan.runs, 16)] == [[10, 16, 32],
+                                                                                              [0, 6, 22], [6, 16, 8]]
+    assert plan.runs_within(16) is cut                                   # submitted again: not cut again
+    assert plan.runs_within(1000)[2].tolist() == [30]                    # another pool's segments: cut anew
+
+
 def test_host_pool_segments_are_whole_blocks() -> None:
     from pulseio.memory import segment_bytes
 
