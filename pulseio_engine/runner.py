@@ -146,18 +146,18 @@ class ModelRunner:
         requests' state is moved into its rows (`Offloader.rebind`). One is kept per (size, split), up to
         KEPT_STEP_GRAPHS; a size not kept is captured anew, and all are once the offloader's seats have grown.
         `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece."""
-        ids = tuple(s.request_id for s in seqs)
-        key = (len(ids), split)
+        rids = tuple(s.request_id for s in seqs)
+        key = (len(rids), split)
         if self._step_graphs and next(iter(self._step_graphs.values())).generation != offloader.seats.generation:
             self._step_graphs.clear()                             # the seats grew: every kept step reads old rows
         graph = self._step_graphs.get(key)
         if graph is not None:
             self._step_graphs.move_to_end(key)
-            offloader.rebind(graph.batch, ids)
+            offloader.rebind(graph.batch, rids)
         else:
             while len(self._step_graphs) >= KEPT_STEP_GRAPHS:
                 self._step_graphs.popitem(last=False)             # its pieces' pool goes before the next capture
-            graph = OffloadStepGraph(self.model, self.kv, offloader, ids, self.max_blocks_per_seq,
+            graph = OffloadStepGraph(self.model, self.kv, offloader, rids, self.max_blocks_per_seq,
                                      capture=self.graphs.use_graphs, split=split)
             self._step_graphs[key] = graph
         self._offload_graph = graph
