@@ -32,6 +32,7 @@ from ..request import SamplingParams, Sequence
 from .batches import DecodeBatch, HostTokens, pinned_tokens
 from .budget import Footprint, KVClass
 from .config import ServingConfig
+from .host_time import HostTimes
 from .irq import InnerScheduler, InterleaveStatistics, NoPacer, Pacer
 from .resident_kv import ResidentKV
 
@@ -133,6 +134,7 @@ class ServingEngine:
         self.rounds = 0
         self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
+        self.host = HostTimes()
 
     def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
         c = self.config
@@ -198,6 +200,8 @@ class ServingEngine:
         produced: Counter[int] = Counter()
         finished: dict[int, tuple[int, ...]] = {}
         due = {}
+        host = self.host
+        host.start()
         for kv_class, eng in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload)):
             if eng is None:
                 continue
@@ -208,23 +212,29 @@ class ServingEngine:
                 self._finished(kv_class, eng.run(work), finished)
             elif work.decode:
                 due[kv_class] = (eng, work.decode)
+        host.lap("schedule")
         split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
         decodes = {c: DecodeBatch(eng, seqs, split=split) for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
+        host.lap("prepare")
         if split and not any(b.warming for b in decodes.values()):
             self.inner.interleave(normal, offload)
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
             self.warming_rounds += split
             self.inner.coupled(*sorted(decodes.values(), key=lambda b: not b.warming))
-        host = {c: HostTokens(b.tokens_nowait(), self._pinned[c]) for c, b in decodes.items()}
+        copies = {c: HostTokens(b.tokens_nowait(), self._pinned[c]) for c, b in decodes.items()}
+        host.lap("launch")
         for kv_class, batch in decodes.items():
-            tokens = host[kv_class].wait_list()
+            tokens = copies[kv_class].wait_list()
+            host.lap("tokens")
             for seq in batch.seqs:
                 produced[self._by_local[kv_class, seq.request_id]] += 1
             self._finished(kv_class, batch.engine.commit_decode(batch.seqs, tokens), finished)
+            host.lap("commit")
         if self.offload is not None and self.offload.offloader.recaller is not None:     # type: ignore[union-attr]
             self.offload.offloader.recaller.check_landed()                                # type: ignore[union-attr]
         sizes = (0 if normal is None else normal.size, 0 if offload is None else offload.size)
+        host.lap("commit")
         self.rounds += 1
         self.batch_sizes[sizes] += 1
         return StepOutcome(dict(produced), finished, *sizes)
@@ -244,6 +254,7 @@ class ServingEngine:
         self.rounds = self.warming_rounds = 0
         self.batch_sizes.clear()
         self.inner.stats = InterleaveStatistics()
+        self.host = HostTimes()
 
     def recall_statistics(self) -> tuple[int, int]:
         """(recall requests, bytes recalled) of the offload engine so far."""

@@ -145,6 +145,7 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
     busy.enabled = busy.enabled and options.busy_every > 0
     arrivals = deque(enumerate(trace.requests))
     vocab, done = source.config.vocab_size, 0
+    serving.host.start()
     while arrivals or outer.waiting or serving.has_unfinished():
         now = clock.now()
         while arrivals and arrivals[0][1].arrival_s <= now:
@@ -160,11 +161,13 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             prompt, kv = _prompt(rid, r.input_len, vocab, options.seed, random_kv=source.random)
             serving.add(rid, prompt, r.output_len, kv_class, kv)
             recorder.admitted(rid, now, kv_class.value)
+        serving.host.lap("outer")
         if not serving.has_unfinished():
             if not arrivals:
                 raise EngineError(f"{len(outer.waiting)} requests wait and none can be admitted into an idle engine "
                                   "(this is a bug in pulseio_engine)")
             clock.idle_until(arrivals[0][1].arrival_s)
+            serving.host.start()
             continue
         busy.before_round()
         t0 = time.perf_counter()
@@ -289,6 +292,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
                     "wall_s": wall_s, "warmup_s": warmup_s},
         "tpot_ms": rec.tpot_by_bucket(),
+        "host_ms_per_round": serving.host.ms_per_round(serving.rounds),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,
         "moves": asdict(serving.moves), "pulseio": pulse,
         "memory": {"gpu_kv_cap_bytes": config.gpu_kv_bytes, **asdict(sizes), "gpu_pools_bytes": pools,

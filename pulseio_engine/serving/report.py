@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
+from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/2"
-READ_VERSIONS = (SCHEMA_VERSION, "pulseio-replay/1")    # 1: before summary.warmup_s
+SCHEMA_VERSION = "pulseio-replay/3"
+OLDER_VERSIONS = {"pulseio-replay/2": ("host_ms_per_round",),        # the keys each older version lacks
+                  "pulseio-replay/1": ("host_ms_per_round", "summary.warmup_s")}
+READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
 OPT_NUM = (int, float, type(None))
@@ -32,6 +35,7 @@ SCHEMA: dict[str, Any] = {
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
                 "warmup_s": NUM},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
+    "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),
     "moves": {"to_offload": int, "to_normal": int, "bytes_to_host": int, "bytes_from_host": int},
     "pulseio": (dict, type(None)),
@@ -61,10 +65,10 @@ def check_report(report: dict, *, source: str = "report") -> dict:
     version = report["schema"]
     if version not in READ_VERSIONS:
         raise ReportError(f"{source}: schema is {version!r}, this engine reads "
-                          + " and ".join(map(repr, READ_VERSIONS)))
+                          + ", ".join(map(repr, READ_VERSIONS)))
     spec = SCHEMA
-    if version != SCHEMA_VERSION:
-        spec = {**SCHEMA, "summary": {k: v for k, v in SCHEMA["summary"].items() if k != "warmup_s"}}
+    for path in OLDER_VERSIONS.get(version, ()):
+        spec = _without(spec, path)
     _check(report, spec, source, "")
     for i, record in enumerate(report["requests"]):
         _check(record, REQUEST_KEYS, source, f"requests[{i}].")
@@ -73,6 +77,14 @@ def check_report(report: dict, *, source: str = "report") -> dict:
     if report["pulseio"] is not None:
         _check(report["pulseio"], PULSEIO_KEYS, source, "pulseio.")
     return report
+
+
+def _without(spec: dict, path: str) -> dict:
+    """`spec` less the key at `path` ("summary.warmup_s"), copied where it changes."""
+    head, _, rest = path.partition(".")
+    if not rest:
+        return {k: v for k, v in spec.items() if k != head}
+    return {**spec, head: _without(spec[head], rest)}
 
 
 def _check(value: Any, spec: dict, source: str, prefix: str) -> None:
@@ -125,6 +137,7 @@ def table(reports: list[dict]) -> str:
         row(f"TPOT p50/p99 {name} (ms)", lambda r, n=name: _pair(r["tpot_ms"][n]))
     row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
+    row("host ms/round busy (waiting)", _host)
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
@@ -133,6 +146,14 @@ def table(reports: list[dict]) -> str:
     cols = [max(len(cells[i]) for _, cells in rows) for i in range(len(reports))]
     return "\n".join(name.ljust(width) + "  " + "  ".join(c.rjust(w) for c, w in zip(cells, cols))
                      for name, cells in rows)
+
+
+def _host(report: dict) -> str:
+    """The main thread's ms a round outside waiting for tokens, and waiting (`host_time.py`); '-' before schema 3."""
+    phases = report.get("host_ms_per_round")
+    if phases is None:
+        return "-"
+    return f"{sum(v for k, v in phases.items() if k != 'tokens'):.2f} ({phases['tokens']:.2f})"
 
 
 def _pair(spread: dict) -> str:

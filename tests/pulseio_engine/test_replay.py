@@ -68,7 +68,20 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["tpot_ms"]["all"]["requests"] == sum(r["output_len"] >= 2 for r in report["requests"])
     assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
     assert report["memory"]["gpu_kv_cap_bytes"] == int(0.004 * 2**30)
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/2"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/3"
+
+
+def test_the_main_threads_time_is_reported_by_phase(reports: dict[str, dict]) -> None:
+    report = reports["mooncake"]
+    phases, summary = report["host_ms_per_round"], report["summary"]
+    assert list(phases) == ["outer", "schedule", "prepare", "launch", "tokens", "commit"]
+    assert all(v >= 0 for v in phases.values())
+    assert phases["launch"] > phases["tokens"]           # on a CPU the pieces compute as they are enqueued
+    in_rounds = sum(phases.values()) * summary["rounds"] / 1e3
+    assert 0 < in_rounds <= summary["wall_s"] - summary["warmup_s"]
+    busy = sum(v for k, v in phases.items() if k != "tokens")
+    row = re.search(r"^host ms/round busy \(waiting\)\s+.*$", table([report]), flags=re.M)
+    assert row and row.group(0).split()[-2:] == [f"{busy:.2f}", f"({phases['tokens']:.2f})"], row
 
 
 def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: dict[str, dict]) -> None:
@@ -99,8 +112,15 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
         check_report(report, source="r")
 
 
-def test_a_report_of_schema_1_still_reads_without_the_warm_up(reports: dict[str, dict]) -> None:
+def test_reports_of_schemas_1_and_2_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report = json.loads(json.dumps(reports["mooncake"]))
+    del report["host_ms_per_round"]
+    with pytest.raises(ReportError, match=r"^r: host_ms_per_round is missing$"):
+        check_report(report, source="r")
+    report["schema"] = "pulseio-replay/2"
+    assert check_report(report, source="r") is report
+    assert re.search(r"^host ms/round busy \(waiting\)\s+-\s+[\d.]+ \([\d.]+\)$",
+                     table([report, reports["servegen"]]), flags=re.M)
     del report["summary"]["warmup_s"]
     with pytest.raises(ReportError, match=r"^r: summary\.warmup_s is missing$"):
         check_report(report, source="r")
@@ -109,8 +129,8 @@ def test_a_report_of_schema_1_still_reads_without_the_warm_up(reports: dict[str,
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, reports["servegen"]]),
                      flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/2' "
-                                          r"and 'pulseio-replay/1'$"):
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/3', "
+                                          r"'pulseio-replay/2', 'pulseio-replay/1'$"):
         check_report(report, source="r")
 
 
