@@ -76,6 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--heads", type=Path, default=None, help="SoloHead's calibration (pulseio-engine calibrate); "
                                                            "presets take any head")
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
+    r.add_argument("--gpu-ahead", type=int_at_least(1), default=ServingConfig.gpu_ahead,
+                   help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU")
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
     t.add_argument("--duration", type=float_at_least(1e-6), default=None, help="window length, s of the trace")
@@ -193,7 +195,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              offload_threshold=args.offload_threshold, irq=False if args.no_irq else None,
                              token_budget=args.token_budget,
                              selection=None if args.selection is None else SparseMode(args.selection),
-                             max_batch=args.max_batch)
+                             max_batch=args.max_batch, gpu_ahead=args.gpu_ahead)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

@@ -284,7 +284,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "token_budget": config.token_budget, "selection": None if config.sparse is None
                    else config.sparse.value, "clock": kind.value, "seed": options.seed,
                    "max_batch": config.max_batch, "steering": steering,
-                   "kv": "random (handed in)" if source.random else "prefilled"},
+                   "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,

@@ -17,8 +17,8 @@ from .host_time import PHASES
 from .metrics import BUCKETS
 
 SCHEMA_VERSION = "pulseio-replay/3"
-OLDER_VERSIONS = {"pulseio-replay/2": ("host_ms_per_round",),        # the keys each older version lacks
-                  "pulseio-replay/1": ("host_ms_per_round", "summary.warmup_s")}
+OLDER_VERSIONS = {"pulseio-replay/2": ("host_ms_per_round", "config.gpu_ahead"),   # the keys each one lacks
+                  "pulseio-replay/1": ("host_ms_per_round", "config.gpu_ahead", "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
@@ -29,7 +29,7 @@ SCHEMA: dict[str, Any] = {
     "trace": {"source": str, "format": str, "notes": list, "requests": int, "span_s": NUM},
     "config": {"gpu_kv_gib": NUM, "host_kv_gib": NUM, "offload_threshold": (int, type(None)), "token_budget": int,
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
-               "steering": (str, type(None)), "kv": str},
+               "steering": (str, type(None)), "kv": str, "gpu_ahead": int},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,

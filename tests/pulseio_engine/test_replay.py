@@ -41,7 +41,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("replay")
     return {
         "mooncake": _replay(tmp, "pulseinfer", "mooncake", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
-                            "--plot", str(tmp / "p.png")),
+                            "--gpu-ahead", "3", "--plot", str(tmp / "p.png")),
         "servegen": _replay(tmp, "pulseinfer-sg", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25"),
         "vanilla": _replay(tmp, "vanilla", "servegen", "--mode", "vanilla", "--no-warmup"),
         "plot": {"path": str(tmp / "p.png")},
@@ -68,6 +68,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["tpot_ms"]["all"]["requests"] == sum(r["output_len"] >= 2 for r in report["requests"])
     assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
     assert report["memory"]["gpu_kv_cap_bytes"] == int(0.004 * 2**30)
+    assert report["config"]["gpu_ahead"] == (3 if fmt == "mooncake" else 1)
     assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/3"
 
 
@@ -114,8 +115,8 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
 
 def test_reports_of_schemas_1_and_2_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report = json.loads(json.dumps(reports["mooncake"]))
-    del report["host_ms_per_round"]
-    with pytest.raises(ReportError, match=r"^r: host_ms_per_round is missing$"):
+    del report["host_ms_per_round"], report["config"]["gpu_ahead"]
+    with pytest.raises(ReportError, match=r"^r: config\.gpu_ahead is missing$"):
         check_report(report, source="r")
     report["schema"] = "pulseio-replay/2"
     assert check_report(report, source="r") is report
