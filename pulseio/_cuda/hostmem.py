@@ -3,7 +3,7 @@
 Why register rather than `torch.empty(pin_memory=True)`: torch's pinned allocator rounds every
 request up to a power of two (a 40 GiB pool would pin 64 GiB) and pins it in one call. Here the
 buffer is one contiguous pageable allocation, page-aligned, pinned chunk by chunk from a few
-threads (pinning is page-faulting, which parallelises), with a progress bar for large pools.
+threads (pinning is page-faulting, which parallelises), with a progress bar for large pools on a terminal.
 Under UVA the device pointer of registered memory equals its host pointer, so one contiguous
 range stays contiguous for kernels; that is checked per chunk, not assumed. The copy engine does not
 see it so: a DMA that spans two registrations fails (cuMemcpyBatchAsync: CUDA_ERROR_INVALID_VALUE), so
@@ -50,7 +50,9 @@ class PinnedBuffer:
     def _register(self, chunk_bytes: int, threads: int, label: str) -> None:
         starts = list(range(0, self.nbytes, chunk_bytes))
         bar = None
-        if self.nbytes >= _PROGRESS_BYTES:
+        from ..cliargs import progress_enabled
+
+        if self.nbytes >= _PROGRESS_BYTES and progress_enabled(True):     # a terminal, not a log file
             from tqdm import tqdm
 
             bar = tqdm(total=self.nbytes >> 20, unit="MiB", desc=f"pinning {label}".strip(), leave=False)
