@@ -16,9 +16,10 @@ from ..errors import EngineError
 from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/3"
-OLDER_VERSIONS = {"pulseio-replay/2": ("host_ms_per_round", "config.gpu_ahead"),   # the keys each one lacks
-                  "pulseio-replay/1": ("host_ms_per_round", "config.gpu_ahead", "summary.warmup_s")}
+SCHEMA_VERSION = "pulseio-replay/4"
+OLDER_VERSIONS = {"pulseio-replay/3": ("config.gpu_ahead",),                       # the keys each one lacks
+                  "pulseio-replay/2": ("config.gpu_ahead", "host_ms_per_round"),
+                  "pulseio-replay/1": ("config.gpu_ahead", "host_ms_per_round", "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)

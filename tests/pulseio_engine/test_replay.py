@@ -69,7 +69,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
     assert report["memory"]["gpu_kv_cap_bytes"] == int(0.004 * 2**30)
     assert report["config"]["gpu_ahead"] == (3 if fmt == "mooncake" else 1)
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/3"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/4"
 
 
 def test_the_main_threads_time_is_reported_by_phase(reports: dict[str, dict]) -> None:
@@ -113,10 +113,15 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
         check_report(report, source="r")
 
 
-def test_reports_of_schemas_1_and_2_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
+def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report = json.loads(json.dumps(reports["mooncake"]))
-    del report["host_ms_per_round"], report["config"]["gpu_ahead"]
+    del report["config"]["gpu_ahead"]
     with pytest.raises(ReportError, match=r"^r: config\.gpu_ahead is missing$"):
+        check_report(report, source="r")
+    report["schema"] = "pulseio-replay/3"
+    assert check_report(report, source="r") is report
+    del report["host_ms_per_round"]
+    with pytest.raises(ReportError, match=r"^r: host_ms_per_round is missing$"):
         check_report(report, source="r")
     report["schema"] = "pulseio-replay/2"
     assert check_report(report, source="r") is report
@@ -130,8 +135,8 @@ def test_reports_of_schemas_1_and_2_still_read_without_what_came_later(reports: 
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, reports["servegen"]]),
                      flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/3', "
-                                          r"'pulseio-replay/2', 'pulseio-replay/1'$"):
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/4', "
+                                          r"'pulseio-replay/3', 'pulseio-replay/2', 'pulseio-replay/1'$"):
         check_report(report, source="r")
 
 
