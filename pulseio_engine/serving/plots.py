@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .metrics import BUCKETS
+from .report import labels
 
 _BUCKETS = [name for name, _, _ in BUCKETS]
 
@@ -49,8 +50,8 @@ def plot_compare(reports: list[dict], path: Path) -> None:
     """Throughput over time of every run, and their TPOT p50/p99 per bucket."""
     plt = _pyplot()
     fig, ax = plt.subplots(1, 2, figsize=(13, 4.5))
-    for r in reports:
-        ax[0].plot(r["timeline"]["t_s"], r["timeline"]["throughput_tok_s"], label=r["mode"])
+    for r, name in zip(reports, labels(reports)):
+        ax[0].plot(r["timeline"]["t_s"], r["timeline"]["throughput_tok_s"], label=name)
     ax[0].set(title="decode throughput", xlabel="time (s)", ylabel="tokens/s")
     ax[0].legend()
     _tpot_bars(ax[1], reports)
@@ -59,12 +60,12 @@ def plot_compare(reports: list[dict], path: Path) -> None:
 
 def _tpot_bars(ax, reports: list[dict]) -> None:  # noqa: ANN001
     width = 0.8 / max(1, len(reports))
-    for i, r in enumerate(reports):
+    for i, (r, name) in enumerate(zip(reports, labels(reports))):
         xs = [b + i * width for b in range(len(_BUCKETS))]
         p50 = [r["tpot_ms"][b]["p50_ms"] or 0.0 for b in _BUCKETS]
         p99 = [r["tpot_ms"][b]["p99_ms"] or 0.0 for b in _BUCKETS]
         ax.bar(xs, p99, width, alpha=0.35, color=f"C{i}")
-        ax.bar(xs, p50, width, color=f"C{i}", label=r["mode"])
+        ax.bar(xs, p50, width, color=f"C{i}", label=name)
     ax.set_xticks([b + 0.4 - width / 2 for b in range(len(_BUCKETS))], _BUCKETS)
     ax.set(title="TPOT per input length (solid p50, light p99)", ylabel="ms")
     ax.legend()

@@ -113,14 +113,26 @@ def load_report(path: Path) -> dict:
     return check_report(report, source=str(path))
 
 
-def label(report: dict) -> str:
-    return report["mode"]
+_KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
+          ("gpu_ahead", "ahead"))                   # config keys that tell runs of one mode apart, as labels say them
+
+
+def labels(reports: list[dict]) -> list[str]:
+    """Each run's mode, followed by the settings in which it differs from other runs of its mode
+    ('pulseinfer thr=4096 ahead=4'), so no two columns of a table read the same unless their runs do."""
+    out = []
+    for report in reports:
+        same = [r for r in reports if r["mode"] == report["mode"]]
+        knobs = [f"{short}={report['config'].get(key)}" for key, short in _KNOBS
+                 if len({repr(r["config"].get(key)) for r in same}) > 1]
+        out.append(" ".join([report["mode"], *knobs]))
+    return out
 
 
 def table(reports: list[dict]) -> str:
     """The runs side by side, one column each (in the order given), as aligned text."""
     vanilla = next((r for r in reports if r["mode"] == "vanilla"), None)
-    rows: list[tuple[str, list[str]]] = [("", [label(r) for r in reports])]
+    rows: list[tuple[str, list[str]]] = [("", labels(reports))]
 
     def row(name: str, cell: Any) -> None:
         rows.append((name, [cell(r) for r in reports]))
@@ -138,7 +150,7 @@ def table(reports: list[dict]) -> str:
         row(f"TPOT p50/p99 {name} (ms)", lambda r, n=name: _pair(r["tpot_ms"][n]))
     row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
-    row("host ms/round busy (waiting)", _host)
+    row("host ms/round launch/rest/tokens", _host)
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
@@ -150,11 +162,13 @@ def table(reports: list[dict]) -> str:
 
 
 def _host(report: dict) -> str:
-    """The main thread's ms a round outside waiting for tokens, and waiting (`host_time.py`); '-' before schema 3."""
+    """The main thread's ms a round enqueuing the pieces (under IRQ, pacing them too), in its other phases, and
+    waiting for the tokens (`host_time.py`); '-' before schema 3."""
     phases = report.get("host_ms_per_round")
     if phases is None:
         return "-"
-    return f"{sum(v for k, v in phases.items() if k != 'tokens'):.2f} ({phases['tokens']:.2f})"
+    rest = sum(v for k, v in phases.items() if k not in ("launch", "tokens"))
+    return f"{phases['launch']:.2f}/{rest:.2f}/{phases['tokens']:.2f}"
 
 
 def _pair(spread: dict) -> str:

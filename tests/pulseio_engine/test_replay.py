@@ -20,7 +20,7 @@ from pulseio_engine.serving.engine import ServingEngine, StepOutcome
 from pulseio_engine.serving.gpu_busy import busy_fraction
 from pulseio_engine.serving.metrics import Recorder, bucket_of
 from pulseio_engine.serving.replay import WARMUP_TOKENS, warm_up
-from pulseio_engine.serving.report import ReportError, check_report, load_report, table
+from pulseio_engine.serving.report import ReportError, check_report, labels, load_report, table
 
 SLICES = {
     "mooncake": ["--trace", "mooncake-sample", "--requests", "50", "--max-input", "1536", "--max-output", "12",
@@ -80,9 +80,9 @@ def test_the_main_threads_time_is_reported_by_phase(reports: dict[str, dict]) ->
     assert phases["launch"] > phases["tokens"]           # on a CPU the pieces compute as they are enqueued
     in_rounds = sum(phases.values()) * summary["rounds"] / 1e3
     assert 0 < in_rounds <= summary["wall_s"] - summary["warmup_s"]
-    busy = sum(v for k, v in phases.items() if k != "tokens")
-    row = re.search(r"^host ms/round busy \(waiting\)\s+.*$", table([report]), flags=re.M)
-    assert row and row.group(0).split()[-2:] == [f"{busy:.2f}", f"({phases['tokens']:.2f})"], row
+    rest = sum(v for k, v in phases.items() if k not in ("launch", "tokens"))
+    row = re.search(r"^host ms/round launch/rest/tokens\s+(\S+)$", table([report]), flags=re.M)
+    assert row and row.group(1) == f"{phases['launch']:.2f}/{rest:.2f}/{phases['tokens']:.2f}", row
 
 
 def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: dict[str, dict]) -> None:
@@ -95,6 +95,14 @@ def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: 
     assert lines[0].split() == ["vanilla", "pulseinfer"]
     assert re.search(r"^  x vanilla\s+1\.00\s+\d+\.\d\d$", text, flags=re.M), text
     assert re.search(r"^TPOT p50/p99 <8K \(ms\)\s+[\d.]+/[\d.]+\s+[\d.]+/[\d.]+$", text, flags=re.M), text
+
+
+def test_runs_of_one_mode_are_told_apart_by_the_settings_they_differ_in(reports: dict[str, dict]) -> None:
+    runs = [reports["vanilla"], reports["mooncake"], reports["servegen"]]
+    assert labels(runs) == ["vanilla", "pulseinfer thr=1024 ahead=3", "pulseinfer thr=208 ahead=1"]
+    assert table(runs).splitlines()[0].split() == ["vanilla", "pulseinfer", "thr=1024", "ahead=3", "pulseinfer",
+                                                   "thr=208", "ahead=1"]
+    assert labels(runs[:2]) == ["vanilla", "pulseinfer"]
 
 
 def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None:
@@ -125,7 +133,7 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
     report["schema"] = "pulseio-replay/2"
     assert check_report(report, source="r") is report
-    assert re.search(r"^host ms/round busy \(waiting\)\s+-\s+[\d.]+ \([\d.]+\)$",
+    assert re.search(r"^host ms/round launch/rest/tokens\s+-\s+[\d.]+/[\d.]+/[\d.]+$",
                      table([report, reports["servegen"]]), flags=re.M)
     del report["summary"]["warmup_s"]
     with pytest.raises(ReportError, match=r"^r: summary\.warmup_s is missing$"):
