@@ -123,8 +123,8 @@ def labels(reports: list[dict]) -> list[str]:
     out = []
     for report in reports:
         same = [r for r in reports if r["mode"] == report["mode"]]
-        knobs = [f"{short}={report['config'].get(key)}" for key, short in _KNOBS
-                 if len({repr(r["config"].get(key)) for r in same}) > 1]
+        knobs = [f"{short}={report['config'].get(key, '-')}" for key, short in _KNOBS     # '-': an older schema
+                 if len({repr(r["config"].get(key, "-")) for r in same}) > 1]
         out.append(" ".join([report["mode"], *knobs]))
     return out
 
