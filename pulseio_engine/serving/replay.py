@@ -134,9 +134,10 @@ class _Baseline:
     pulse: dict | None                 # from `_settled_runtime`
 
     def since(self, pulse: dict | None) -> dict | None:
+        """The counters since the baseline; the latencies as they are (pulseio keeps its last samples)."""
         if pulse is None or self.pulse is None:
             return pulse
-        return {k: pulse[k] - self.pulse[k] for k in pulse}
+        return {k: pulse[k] - self.pulse[k] if k in _COUNTERS else pulse[k] for k in pulse}
 
 
 def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clock, source: ModelSource,
@@ -248,16 +249,26 @@ def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype
     check_fits(need, device=device, what=what, fixes=fixes_for(source.spec, device, "a smaller --gpu-kv-gib"))
 
 
+_COUNTERS = ("submitted", "completed", "failed", "device_waits_expired")
+_LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed")     # pulseio's, over its last recalls
+
+
 def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | None:
-    """pulseio's counters once every recall it was given has finished (its threads count a moment after)."""
+    """pulseio's counters once every recall it was given has finished (its threads count a moment after), and its
+    recall latencies (`RuntimeStatistics`: the host's post -> landed, and on the device's clock the publish ->
+    the copier taking it -> landed), microseconds over its last recalls (`Poller`'s `latency_samples`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         stats = serving.runtime_statistics()
         if stats is None:
             return None
         if stats.in_flight == 0 or time.monotonic() > deadline:                # type: ignore[attr-defined]
-            return {"submitted": stats.submitted, "completed": stats.completed,  # type: ignore[attr-defined]
-                    "failed": stats.failed, "device_waits_expired": stats.device_waits_expired}  # type: ignore
+            out: dict = {k: getattr(stats, k) for k in _COUNTERS}
+            for name in _LATENCIES:
+                lat = getattr(stats, name)
+                out[f"{name}_us"] = {"count": lat.count, "p50": lat.p50_us if lat.count else None,
+                                     "p99": lat.p99_us if lat.count else None}
+            return out
         time.sleep(1e-3)
 
 

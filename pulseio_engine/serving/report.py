@@ -17,9 +17,11 @@ from .host_time import PHASES
 from .metrics import BUCKETS
 
 SCHEMA_VERSION = "pulseio-replay/4"
-OLDER_VERSIONS = {"pulseio-replay/3": ("config.gpu_ahead",),                       # the keys each one lacks
-                  "pulseio-replay/2": ("config.gpu_ahead", "host_ms_per_round"),
-                  "pulseio-replay/1": ("config.gpu_ahead", "host_ms_per_round", "summary.warmup_s")}
+_PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
+OLDER_VERSIONS = {"pulseio-replay/3": ("config.gpu_ahead", *_PULSE_LATENCIES),          # the keys each one lacks
+                  "pulseio-replay/2": ("config.gpu_ahead", *_PULSE_LATENCIES, "host_ms_per_round"),
+                  "pulseio-replay/1": ("config.gpu_ahead", *_PULSE_LATENCIES, "host_ms_per_round",
+                                       "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
@@ -52,7 +54,10 @@ REQUEST_KEYS = {"id": int, "arrival_s": NUM, "input_len": int, "output_len": int
                 "finished_s": OPT_NUM, "tokens": int, "moves": int, "tpot_ms": OPT_NUM}
 M_KEYS = {"recalls": int, "histogram": dict, "mean": OPT_NUM, "p50": OPT_NUM, "p99": OPT_NUM, "seen_landed": int,
           "device_waits": int}
-PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int}
+_LATENCY = {"count": int, "p50": OPT_NUM, "p99": OPT_NUM}
+PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int,
+                "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY}
+
 
 
 class ReportError(EngineError, ValueError):
@@ -67,16 +72,19 @@ def check_report(report: dict, *, source: str = "report") -> dict:
     if version not in READ_VERSIONS:
         raise ReportError(f"{source}: schema is {version!r}, this engine reads "
                           + ", ".join(map(repr, READ_VERSIONS)))
-    spec = SCHEMA
+    spec, pulse_spec = SCHEMA, PULSEIO_KEYS
     for path in OLDER_VERSIONS.get(version, ()):
-        spec = _without(spec, path)
+        if path.startswith("pulseio."):
+            pulse_spec = _without(pulse_spec, path.removeprefix("pulseio."))
+        else:
+            spec = _without(spec, path)
     _check(report, spec, source, "")
     for i, record in enumerate(report["requests"]):
         _check(record, REQUEST_KEYS, source, f"requests[{i}].")
     if report["m"] is not None:
         _check(report["m"], M_KEYS, source, "m.")
     if report["pulseio"] is not None:
-        _check(report["pulseio"], PULSEIO_KEYS, source, "pulseio.")
+        _check(report["pulseio"], pulse_spec, source, "pulseio.")
     return report
 
 
@@ -151,6 +159,7 @@ def table(reports: list[dict]) -> str:
     row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
     row("host ms/round launch/rest/tokens", _host)
+    row("recall publish->landed p50/p99 (us)", _recall_latency)
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
@@ -169,6 +178,12 @@ def _host(report: dict) -> str:
         return "-"
     rest = sum(v for k, v in phases.items() if k not in ("launch", "tokens"))
     return f"{phases['launch']:.2f}/{rest:.2f}/{phases['tokens']:.2f}"
+
+
+def _recall_latency(report: dict) -> str:
+    """pulseio's publish -> landed on the device's clock, p50/p99 us; '-' without recalls or before schema 4."""
+    lat = (report["pulseio"] or {}).get("publish_to_landed_us")
+    return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.0f}/{lat['p99']:,.0f}"
 
 
 def _pair(spread: dict) -> str:

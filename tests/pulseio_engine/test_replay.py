@@ -61,6 +61,10 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert summary["recalls"] > 0 and summary["recalled_bytes"] > 0
     assert report["pulseio"]["submitted"] == report["pulseio"]["completed"] == summary["recalls"]
     assert report["pulseio"]["failed"] == 0
+    for name in ("post_to_landed_us", "publish_to_taken_us", "publish_to_landed_us"):
+        lat = report["pulseio"][name]                  # over pulseio's last recalls, this replay's among them
+        assert 0 < lat["count"] <= report["pulseio"]["submitted"] + 64 and 0 < lat["p50"] <= lat["p99"], (name, lat)
+    assert report["pulseio"]["publish_to_taken_us"]["p50"] <= report["pulseio"]["publish_to_landed_us"]["p50"]
     m = report["m"]
     assert m["recalls"] == sum(m["histogram"].values()) == m["seen_landed"] + m["device_waits"]
     assert 0 < m["recalls"] <= summary["recalls"]             # m: rounds where both batches decode (interleaved)
@@ -123,11 +127,14 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
 
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report = json.loads(json.dumps(reports["mooncake"]))
-    del report["config"]["gpu_ahead"]
-    with pytest.raises(ReportError, match=r"^r: config\.gpu_ahead is missing$"):
+    del report["pulseio"]["publish_to_landed_us"]
+    with pytest.raises(ReportError, match=r"^r: pulseio\.publish_to_landed_us is missing$"):
         check_report(report, source="r")
+    del report["config"]["gpu_ahead"], report["pulseio"]["post_to_landed_us"], report["pulseio"]["publish_to_taken_us"]
     report["schema"] = "pulseio-replay/3"
     assert check_report(report, source="r") is report
+    assert re.search(r"^recall publish->landed p50/p99 \(us\)\s+-\s+[\d,]+/[\d,]+$",
+                     table([report, reports["servegen"]]), flags=re.M)
     del report["host_ms_per_round"]
     with pytest.raises(ReportError, match=r"^r: host_ms_per_round is missing$"):
         check_report(report, source="r")
