@@ -23,7 +23,8 @@ class TraceFormat(Enum):
 
 
 SAMPLES = {"mooncake-sample": "mooncake/conversation_trace_head400.jsonl",
-           "servegen-sample": "servegen/deepseek-r1/chunk-3-trace.csv"}
+           "servegen-sample": "servegen/deepseek-r1/chunk-3-trace.csv",     # one client: short prompts
+           "servegen-mix": "servegen/deepseek-r1"}                          # clients 3, 15, 30: half of them long
 
 
 def sample_path(name: str) -> Path:
