@@ -24,10 +24,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
 from bench_attention import time_graph_us  # noqa: E402  (its directory, benchmarks/, is sys.path[0])
+
 from pulseio_engine.config import GroupScore, SparseConfig  # noqa: E402
 from pulseio_engine.kv import select_kernels  # noqa: E402
 from pulseio_engine.kv.digests import BlockDigests  # noqa: E402
-from pulseio_engine.kv.fused_selection import HotRecall, NewToken, Steering, select_blocks_fused  # noqa: E402
+from pulseio_engine.kv.fused_selection import HotRecall, NewToken, Steering  # noqa: E402
 from pulseio_engine.kv.recall import compact  # noqa: E402
 from pulseio_engine.kv.residency import apply_recall, plan_recall  # noqa: E402
 from pulseio_engine.kv.selection import select_for_layer  # noqa: E402

@@ -50,12 +50,11 @@ class PinnedBuffer:
     def _register(self, chunk_bytes: int, threads: int, label: str) -> None:
         starts = list(range(0, self.nbytes, chunk_bytes))
         bar = None
-        from ..cliargs import progress_enabled
-
-        if self.nbytes >= _PROGRESS_BYTES and progress_enabled(True):     # a terminal, not a log file
+        if self.nbytes >= _PROGRESS_BYTES:
             from tqdm import tqdm
 
-            bar = tqdm(total=self.nbytes >> 20, unit="MiB", desc=f"pinning {label}".strip(), leave=False)
+            bar = tqdm(total=self.nbytes >> 20, unit="MiB", desc=f"pinning {label}".strip(), leave=False,
+                       disable=None)                    # None: drawn on a terminal only, not into a log file
 
         def pin(start: int) -> None:
             driver.set_current(self._context)
