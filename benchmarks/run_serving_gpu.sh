@@ -4,13 +4,15 @@
 # publish-only recalls), then `pulseio-engine replay` of a Mooncake window in every mode at the same GPU KV cap
 # (qwen3-14b preset: random weights, handed-in random KV, selection steered to the shipped locality), and the table.
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests replay" bash benchmarks/run_serving_gpu.sh
-# Env: PARTS ("tests replay"), TESTS_TIMEOUT_S (540); MODEL (qwen3-14b), TRACE (mooncake-sample), START (0),
-# DURATION (120 s of the trace), TIME_SCALE (1), MAX_INPUT (32000), MAX_OUTPUT (1024), GPU_KV_GIB (24), HOST_KV_GIB (64),
-# THRESHOLD (8192), BUDGET (2048), MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
+# Env: PARTS ("tests replay"), TESTS_TIMEOUT_S (540); MODEL (qwen3-14b), TRACE (mooncake-sample; servegen-mix for
+# ServeGen's long-prompt clients), START (0), DURATION (10 s of the trace), TIME_SCALE (1), MAX_INPUT (32000),
+# MAX_OUTPUT (1024), GPU_KV_GIB (6: vanilla memory-bound), HOST_KV_GIB (32), THRESHOLD (4096), BUDGET (2048),
+# MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
 # REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), DEVICE (cuda; cpu: a dry run of
 # the script with MODEL=tiny), R (/tmp/serving-results).
-# A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=600 REPLAY_TIMEOUT_S=1500 DETACH=1 (longer than one
-# command may run on the lent machines): DETACH=1 starts the run in its own session and returns; a later command on
+# A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=150 TIME_SCALE=4.3 REPLAY_TIMEOUT_S=1500 DETACH=1 (the
+# shipped sample's 400 requests, their arrivals stretched over 606 s; longer than one command may run on the lent
+# machines): DETACH=1 starts the run in its own session and returns; a later command on
 # the same machine, `PARTS=collect WAIT_S=560 bash benchmarks/run_serving_gpu.sh`, waits up to WAIT_S for it to
 # finish and copies its results (or, still running, its progress so far) to $OUT. Results: $OUT/serving.tgz.
 set -u
@@ -50,10 +52,10 @@ if [[ " $PARTS " == *" tests "* ]]; then
 fi
 
 if [[ " $PARTS " == *" replay "* ]]; then
-  common="--trace $TRACE --start ${START:-0} --duration ${DURATION:-120} --time-scale ${TIME_SCALE:-1}
-    --max-input ${MAX_INPUT:-32000} --max-output ${MAX_OUTPUT:-1024} --model $MODEL --gpu-kv-gib ${GPU_KV_GIB:-24}
+  common="--trace $TRACE --start ${START:-0} --duration ${DURATION:-10} --time-scale ${TIME_SCALE:-1}
+    --max-input ${MAX_INPUT:-32000} --max-output ${MAX_OUTPUT:-1024} --model $MODEL --gpu-kv-gib ${GPU_KV_GIB:-6}
     --token-budget ${BUDGET:-2048} --device ${DEVICE:-cuda} ${REPLAY_ARGS:-}"
-  offload="--host-kv-gib ${HOST_KV_GIB:-64} --offload-threshold ${THRESHOLD:-8192}"
+  offload="--host-kv-gib ${HOST_KV_GIB:-32} --offload-threshold ${THRESHOLD:-4096}"
   for m in $MODES; do
     case $m in
       vanilla|quest) args="--mode $m" ;;
