@@ -29,7 +29,6 @@ import json
 import sys
 from pathlib import Path
 
-from pulseio import DmaConfig
 from pulseio.cliargs import (
     DEBUG_HELP,
     OneLineParser,
@@ -48,12 +47,12 @@ from pulseio.machine import MEMORY_LIMIT_ENV
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, PromptKind, calibrate_checkpoint
 from .config import CacheConfig, DType, SparseConfig, SparseMode
+from .copier_options import add_copier_options, copier_dma
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
 from .evaluation.cli import add_parsers as add_eval_parsers
 from .fetch import MODELS, fetch_model, fetch_smollm2
 from .model.checkpoint import ModelSource, model_names, open_model
-from .offload import RESIDENT_IDLE_US
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
 from .serving.cli import add_parsers as add_serving_parsers
@@ -147,8 +146,8 @@ def _bench(args: argparse.Namespace) -> int:
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
             selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
-            profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs, dma=_copier_settings(args),
-            compare_vanilla=args.compare_vanilla)
+            profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
+            dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
@@ -163,14 +162,6 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"{key:>24}: {_fmt(getattr(result, key))}")
     print(result.summary())
     return 0
-
-
-def _copier_settings(args: argparse.Namespace) -> DmaConfig | None:
-    """The offload runtime's DmaConfig from --copier-ctas / --copier-idle-us; None (the engine's) if neither."""
-    if args.copier_ctas is None and args.copier_idle_us is None:
-        return None
-    return DmaConfig(zero_copy_ctas=args.copier_ctas or DmaConfig.zero_copy_ctas,
-                     resident_idle_us=args.copier_idle_us or RESIDENT_IDLE_US)
 
 
 def _fmt(value: object) -> str:
@@ -282,12 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
     b.add_argument("--profile", metavar="PATH", type=Path, default=None,
                    help="sparse modes: write a torch.profiler table of the timed steps here")
-    b.add_argument("--copier-ctas", metavar="N", type=int_at_least(1), default=None,
-                   help=f"offload modes: the resident copier's copy CTAs (pulseio DmaConfig.zero_copy_ctas, "
-                        f"default {DmaConfig.zero_copy_ctas})")
-    b.add_argument("--copier-idle-us", metavar="US", type=int_at_least(1), default=None,
-                   help=f"offload modes: how long a copier generation stays up without a task, holding its SMs "
-                        f"(default {RESIDENT_IDLE_US} on a GPU: through a step)")
+    add_copier_options(b)
     _common(b)
     b.set_defaults(func=_bench, prog=b.prog)
 

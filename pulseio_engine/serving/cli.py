@@ -33,6 +33,7 @@ from pulseio.cliargs import (
 from pulseio.machine import memory_budget
 
 from ..config import SparseMode
+from ..copier_options import add_copier_options
 from ..model.checkpoint import open_model
 from ..trace import SAMPLES, TraceFormat, TraceOptions, open_trace
 from .clock import ClockKind
@@ -78,6 +79,7 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
     r.add_argument("--gpu-ahead", type=int_at_least(1), default=ServingConfig.gpu_ahead,
                    help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU")
+    add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
     t.add_argument("--duration", type=float_at_least(1e-6), default=None, help="window length, s of the trace")
@@ -185,6 +187,9 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
     if args.host_kv_gib is not None and not offload:
         raise UsageError(prog, f"--host-kv-gib sizes the offload modes' host pool; --mode {mode.value} keeps no KV "
                                "on the host")
+    for flag, value in (("--copier-ctas", args.copier_ctas), ("--copier-idle-us", args.copier_idle_us)):
+        if value is not None and not offload:
+            raise UsageError(prog, f"{flag} sets the offload modes' resident copier; --mode {mode.value} has none")
     if args.selection is not None and mode is ServeMode.VANILLA:
         raise UsageError(prog, "--selection picks the sparse modes' selecting heads; vanilla attends densely")
     host = 0.0
@@ -195,7 +200,8 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              offload_threshold=args.offload_threshold, irq=False if args.no_irq else None,
                              token_budget=args.token_budget,
                              selection=None if args.selection is None else SparseMode(args.selection),
-                             max_batch=args.max_batch, gpu_ahead=args.gpu_ahead)
+                             max_batch=args.max_batch, gpu_ahead=args.gpu_ahead, copier_ctas=args.copier_ctas,
+                             copier_idle_us=args.copier_idle_us)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

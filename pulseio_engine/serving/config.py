@@ -25,7 +25,9 @@ class ServingConfig:
     `selection` None: the mode's own (Quest for quest and offload-sync, SoloHead for pulseinfer).
     `max_batch` bounds each batch; `max_offload_seqs` the offload requests with hot sets (None: as many as
     the GPU budget could hold at the threshold's length). `gpu_ahead`: layer pieces the host may enqueue
-    ahead of the GPU under IRQ (each one is a decision made that much earlier)."""
+    ahead of the GPU under IRQ (each one is a decision made that much earlier). `copier_ctas`,
+    `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
+    `resident_idle_us`; None: the engine's defaults)."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -39,6 +41,8 @@ class ServingConfig:
     max_batch: int = 256
     max_offload_seqs: int | None = None
     gpu_ahead: int = 1
+    copier_ctas: int | None = None
+    copier_idle_us: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -50,6 +54,14 @@ class ServingConfig:
         if self.has_offload and self.host_kv_bytes < 1:
             raise ValueError(f"ServingConfig.host_kv_bytes must be >= 1 for {self.mode.value} (its host pool), "
                              f"got {self.host_kv_bytes!r}")
+        for name in ("copier_ctas", "copier_idle_us"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServingConfig.{name} must be an int >= 1 or None, got {value!r}")
+            if not self.has_offload:
+                raise ValueError(f"{self.mode.value} has no offload runtime, so no copier to set {name} of")
         if self.irq and self.mode is not ServeMode.PULSEINFER:
             raise ValueError(f"IRQ interleaves pulseinfer's normal and offload batches; {self.mode.value} runs "
                              "coupled batches (leave irq unset)")

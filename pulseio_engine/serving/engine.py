@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..config import CacheConfig, DType, EngineConfig, ModelConfig, OffloadConfig, RecallMode, SchedulerConfig
+from ..copier_options import copier_dma
 from ..engine import TORCH_DTYPES, Engine
 from ..kv.handoff import KVSource
 from ..kv.offload_layout import UnitLayout
@@ -139,8 +140,17 @@ class ServingEngine:
     def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
         c = self.config
         recall = RecallMode.ALL_ON_GPU if on_gpu else c.recall
+        dma = None if on_gpu else copier_dma(c.copier_ctas, c.copier_idle_us)
         return OffloadConfig(sparse=c.sparse_config(), recall=recall, host_blocks=host_units, max_seqs=max_seqs,
-                             dense_layers=c.dense_layers, offload_only=not on_gpu)   # type: ignore[arg-type]
+                             dense_layers=c.dense_layers, offload_only=not on_gpu, dma=dma)   # type: ignore[arg-type]
+
+    def copier(self) -> tuple[int, int] | None:
+        """The offload runtime's resident copier as it runs: (copy CTAs, idle microseconds); None without one."""
+        off = None if self.offload is None else self.offload.offloader
+        if off is None or off.runtime is None:
+            return None
+        dma = off.runtime.config.dma
+        return dma.zero_copy_ctas, dma.resident_idle_us
 
     def engine_for(self, kv_class: KVClass) -> Engine:
         if kv_class is KVClass.OFFLOAD:

@@ -282,6 +282,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
     stats = serving.inner.stats
     sizes, fp = serving.sizes, serving.footprint
     pools = sizes.device_bytes(fp)
+    copier = serving.copier()
     expected = sum(r.output_len for r in trace.requests)
     completed = sum(r["finished_s"] is not None and r["tokens"] == r["output_len"] for r in records)
     return {
@@ -295,7 +296,9 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "token_budget": config.token_budget, "selection": None if config.sparse is None
                    else config.sparse.value, "clock": kind.value, "seed": options.seed,
                    "max_batch": config.max_batch, "steering": steering,
-                   "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead},
+                   "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead,
+                   "copier_ctas": None if copier is None else copier[0],
+                   "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,

@@ -18,10 +18,10 @@ from .metrics import BUCKETS
 
 SCHEMA_VERSION = "pulseio-replay/4"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
-OLDER_VERSIONS = {"pulseio-replay/3": ("config.gpu_ahead", *_PULSE_LATENCIES),          # the keys each one lacks
-                  "pulseio-replay/2": ("config.gpu_ahead", *_PULSE_LATENCIES, "host_ms_per_round"),
-                  "pulseio-replay/1": ("config.gpu_ahead", *_PULSE_LATENCIES, "host_ms_per_round",
-                                       "summary.warmup_s")}
+_SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", *_PULSE_LATENCIES)
+OLDER_VERSIONS = {"pulseio-replay/3": _SINCE_4,                                           # the keys each one lacks
+                  "pulseio-replay/2": (*_SINCE_4, "host_ms_per_round"),
+                  "pulseio-replay/1": (*_SINCE_4, "host_ms_per_round", "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
@@ -32,7 +32,8 @@ SCHEMA: dict[str, Any] = {
     "trace": {"source": str, "format": str, "notes": list, "requests": int, "span_s": NUM},
     "config": {"gpu_kv_gib": NUM, "host_kv_gib": NUM, "offload_threshold": (int, type(None)), "token_budget": int,
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
-               "steering": (str, type(None)), "kv": str, "gpu_ahead": int},
+               "steering": (str, type(None)), "kv": str, "gpu_ahead": int,
+               "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None))},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -122,7 +123,8 @@ def load_report(path: Path) -> dict:
 
 
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
-          ("gpu_ahead", "ahead"))                   # config keys that tell runs of one mode apart, as labels say them
+          ("gpu_ahead", "ahead"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"))
+# the config keys that tell runs of one mode apart, as `labels` says them
 
 
 def labels(reports: list[dict]) -> list[str]:

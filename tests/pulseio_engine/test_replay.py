@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pulseio import DmaConfig
 from pulseio_engine.cli import main
 from pulseio_engine.config import DType
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
@@ -41,7 +42,8 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     tmp = tmp_path_factory.mktemp("replay")
     return {
         "mooncake": _replay(tmp, "pulseinfer", "mooncake", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
-                            "--gpu-ahead", "3", "--plot", str(tmp / "p.png")),
+                            "--gpu-ahead", "3", "--copier-ctas", "16", "--copier-idle-us", "300",
+                            "--plot", str(tmp / "p.png")),
         "servegen": _replay(tmp, "pulseinfer-sg", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25"),
         "vanilla": _replay(tmp, "vanilla", "servegen", "--mode", "vanilla", "--no-warmup"),
         "plot": {"path": str(tmp / "p.png")},
@@ -73,6 +75,9 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["timeline"]["t_s"] and max(report["timeline"]["offload_batch"]) > 0
     assert report["memory"]["gpu_kv_cap_bytes"] == int(0.004 * 2**30)
     assert report["config"]["gpu_ahead"] == (3 if fmt == "mooncake" else 1)
+    default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
+    copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
+    assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
     assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/4"
 
 
@@ -103,9 +108,11 @@ def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: 
 
 def test_runs_of_one_mode_are_told_apart_by_the_settings_they_differ_in(reports: dict[str, dict]) -> None:
     runs = [reports["vanilla"], reports["mooncake"], reports["servegen"]]
-    assert labels(runs) == ["vanilla", "pulseinfer thr=1024 ahead=3", "pulseinfer thr=208 ahead=1"]
-    assert table(runs).splitlines()[0].split() == ["vanilla", "pulseinfer", "thr=1024", "ahead=3", "pulseinfer",
-                                                   "thr=208", "ahead=1"]
+    assert labels(runs) == ["vanilla", "pulseinfer thr=1024 ahead=3 ctas=16 idle_us=300",
+                            "pulseinfer thr=208 ahead=1 ctas=64 idle_us=200"]
+    assert table(runs).splitlines()[0].split()[:6] == ["vanilla", "pulseinfer", "thr=1024", "ahead=3", "ctas=16",
+                                                       "idle_us=300"]
+    assert reports["vanilla"]["config"]["copier_ctas"] is None
     assert labels(runs[:2]) == ["vanilla", "pulseinfer"]
 
 
@@ -131,6 +138,7 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     with pytest.raises(ReportError, match=r"^r: pulseio\.publish_to_landed_us is missing$"):
         check_report(report, source="r")
     del report["config"]["gpu_ahead"], report["pulseio"]["post_to_landed_us"], report["pulseio"]["publish_to_taken_us"]
+    del report["config"]["copier_ctas"], report["config"]["copier_idle_us"]
     report["schema"] = "pulseio-replay/3"
     assert check_report(report, source="r") is report
     assert re.search(r"^recall publish->landed p50/p99 \(us\)\s+-\s+[\d,]+/[\d,]+$",
@@ -225,6 +233,8 @@ def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytes
     (["--mode", "quest", "--no-irq"], "--no-irq turns pulseinfer's interleaving off; --mode quest"),
     (["--mode", "vanilla", "--host-kv-gib", "1"], "--host-kv-gib sizes the offload modes' host pool"),
     (["--mode", "vanilla", "--selection", "quest"], "vanilla attends densely"),
+    (["--mode", "quest", "--copier-ctas", "8"], "--copier-ctas sets the offload modes' resident copier; --mode quest"),
+    (["--mode", "pulseinfer", "--copier-idle-us", "0"], "argument --copier-idle-us: must be >= 1, got 0"),
     (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),
     (["--mode", "warp"], "'warp'"),
 ])

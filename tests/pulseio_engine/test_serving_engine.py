@@ -79,6 +79,14 @@ def test_interleaving_belongs_to_pulseinfer() -> None:
         "pulseinfer --no-irq"
 
 
+def test_the_copier_belongs_to_the_offload_modes() -> None:
+    with pytest.raises(ValueError, match="vanilla has no offload runtime, so no copier to set copier_ctas of"):
+        ServingConfig(ServeMode.VANILLA, gpu_kv_bytes=1, copier_ctas=8)
+    with pytest.raises(ValueError, match=r"copier_idle_us must be an int >= 1 or None, got 0"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, copier_idle_us=0)
+    assert ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1, host_kv_bytes=1, copier_ctas=8).copier_ctas == 8
+
+
 def test_the_offload_batch_builds_one_step_per_size_whatever_its_members(tiny_qwen3, monkeypatch) -> None:
     """Requests finish at different rounds and one leaves the offload class and comes back: the offload batch's
     members change at nearly every round, its step is built once per batch size (then replayed), and the
