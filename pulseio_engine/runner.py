@@ -28,7 +28,11 @@ from .scheduler import PrefillChunk
 if TYPE_CHECKING:
     from .offload import Offloader
 
-KEPT_STEP_GRAPHS = 8   # offload step graphs kept, one per batch size and split, least recently used dropped
+# Offload step graphs kept, one per batch size and split, least recently used dropped. A serving round's batch
+# sizes wander over every size up to the offload rows (12-14 on the H200 at a 6 GiB cap), split beside a normal
+# batch or whole alone, so fewer keys than that recapture on the clock; each keeps one decode step's
+# activations, tens of MB at those sizes.
+KEPT_STEP_GRAPHS = 32
 
 
 class ModelRunner:
@@ -48,6 +52,7 @@ class ModelRunner:
         self._host_tables = torch.zeros((bmax, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
         self._offload_graph: OffloadStepGraph | None = None
         self._step_graphs: OrderedDict[tuple[int, bool], OffloadStepGraph] = OrderedDict()   # (size, split) ->
+        self.step_graphs_built = 0                   # offload step graphs built (each captured once on a GPU)
         self.offload_pieces = use_cuda_graphs        # offload steps as pieces (captured on a GPU)
 
     @property
@@ -160,6 +165,7 @@ class ModelRunner:
             graph = OffloadStepGraph(self.model, self.kv, offloader, rids, self.max_blocks_per_seq,
                                      capture=self.graphs.use_graphs, split=split)
             self._step_graphs[key] = graph
+            self.step_graphs_built += 1
         self._offload_graph = graph
         pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
         ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)

@@ -136,6 +136,7 @@ class ServingEngine:
         self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
         self.host = HostTimes()
+        self._graphs_before = 0                  # step graphs built before the statistics were last reset
 
     def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
         c = self.config
@@ -265,6 +266,13 @@ class ServingEngine:
         self.batch_sizes.clear()
         self.inner.stats = InterleaveStatistics()
         self.host = HostTimes()
+        self._graphs_before += self.step_graphs_built()
+
+    def step_graphs_built(self) -> int:
+        """Both engines' offload step graphs built (captured, on a GPU) since the statistics were reset: a batch
+        size met for the first time, or again after the runner dropped its graph."""
+        built = sum(eng.runner.step_graphs_built for eng in (self.normal, self.offload) if eng is not None)
+        return built - self._graphs_before
 
     def recall_statistics(self) -> tuple[int, int]:
         """(recall requests, bytes recalled) of the offload engine so far."""

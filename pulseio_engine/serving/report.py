@@ -18,7 +18,8 @@ from .metrics import BUCKETS
 
 SCHEMA_VERSION = "pulseio-replay/4"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
-_SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", *_PULSE_LATENCIES)
+_SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
+            *_PULSE_LATENCIES)
 OLDER_VERSIONS = {"pulseio-replay/3": _SINCE_4,                                           # the keys each one lacks
                   "pulseio-replay/2": (*_SINCE_4, "host_ms_per_round"),
                   "pulseio-replay/1": (*_SINCE_4, "host_ms_per_round", "summary.warmup_s")}
@@ -37,7 +38,7 @@ SCHEMA: dict[str, Any] = {
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
-                "warmup_s": NUM},
+                "warmup_s": NUM, "step_graphs_built": int},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),
@@ -162,6 +163,7 @@ def table(reports: list[dict]) -> str:
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
     row("host ms/round launch/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", _recall_latency)
+    row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None

@@ -109,4 +109,7 @@ def test_the_offload_batch_builds_one_step_per_size_whatever_its_members(tiny_qw
     assert len(offload) == len(set(offload)), f"a step built twice for one size and kind: {offload}"
     assert {size for size, _ in offload} == {off for _, off in serving.batch_sizes if off}
     assert len(offload) < serving.rounds - 2, "the members changed more often than the sizes"
+    assert serving.step_graphs_built() == len(built)           # both engines' builds, as the report counts them
+    serving.reset_statistics()                                  # every request finished
+    assert serving.step_graphs_built() == 0
     assert tokens == _serve(path, classes, moves=moves, irq=False)[0]
