@@ -61,7 +61,6 @@ PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits
                 "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY}
 
 
-
 class ReportError(EngineError, ValueError):
     """A replay report that does not follow the schema: the message names the key and what it holds."""
 
@@ -123,9 +122,9 @@ def load_report(path: Path) -> dict:
     return check_report(report, source=str(path))
 
 
+# The config keys that tell runs of one mode apart, as `labels` says them.
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"))
-# the config keys that tell runs of one mode apart, as `labels` says them
 
 
 def labels(reports: list[dict]) -> list[str]:
