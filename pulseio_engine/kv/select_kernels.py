@@ -161,8 +161,8 @@ def _select_kernel(
         row = (b * tl.num_programs(0) + s).to(tl.uint32)
         h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
         u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
-        counts = tl.sum(stale.to(tl.int32) + (fresh.to(tl.int32) << 16), axis=0)   # both in one reduction
-        n_fresh = counts >> 16
+        counts = tl.sum(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16), axis=0)   # both in one reduction;
+        n_fresh = (counts >> 16).to(tl.int32)                # unsigned, so 32,768 fresh blocks do not turn negative
         kept = stale & (u * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
         n_kept = tl.sum(kept.to(tl.int32), axis=0)
         all_kept = n_kept >= m
