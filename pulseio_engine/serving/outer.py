@@ -86,20 +86,23 @@ class OuterScheduler:
                 moves.append((rid, KVClass.OFFLOAD))
         admits: list[tuple[int, KVClass]] = []
         stopped: set[KVClass] = set()                           # classes whose oldest waiting request waits
+        classes = 1 if self.threshold is None else 2            # classes a request can be in
         kept: deque[Waiting] = deque()
-        for i, head in enumerate(self.waiting):
+        while self.waiting and len(stopped) < classes:          # once every class waits, the rest waits too
+            head = self.waiting.popleft()
             kv_class = self.class_for(head.input_len)
             wait = None if kv_class in stopped else self._waits_for(kv_class, head.tokens)
             if wait == "gpu":                                   # shared by every class: nobody passes it
-                kept.extend(list(self.waiting)[i:])
+                self.waiting.appendleft(head)
                 break
-            if kv_class in stopped or wait is not None:         # a row or host bytes: its class waits
+            if wait is not None or kv_class in stopped:         # a row or host bytes: its class waits
                 stopped.add(kv_class)
                 kept.append(head)
                 continue
             self.budget.charge(head.rid, kv_class, head.tokens)
             self._reserved[head.rid] = head.tokens
             admits.append((head.rid, kv_class))
+        kept.extend(self.waiting)
         self.waiting = kept
         return Decisions(tuple(moves), tuple(admits))
 
@@ -108,12 +111,11 @@ class OuterScheduler:
         del self._reserved[rid]
 
     def _room(self, kv_class: KVClass, tokens: int, *, freeing: int | None = None) -> bool:
-        if self.budget.count(kv_class) >= self.limits[kv_class]:
-            return False
-        return self.budget.fits(kv_class, tokens, freeing=freeing)
+        return self._waits_for(kv_class, tokens, freeing=freeing) is None
 
-    def _waits_for(self, kv_class: KVClass, tokens: int) -> Lack | None:
-        """What a waiting request of `kv_class` lacks: "row", "gpu", "host", or None (it fits now)."""
+    def _waits_for(self, kv_class: KVClass, tokens: int, *, freeing: int | None = None) -> Lack | None:
+        """What a request of `kv_class` lacks: "row", "gpu", "host", or None (it fits now, once `freeing`'s charge
+        is released)."""
         if self.budget.count(kv_class) >= self.limits[kv_class]:
             return "row"
-        return self.budget.lacks(kv_class, tokens)
+        return self.budget.lacks(kv_class, tokens, freeing=freeing)

@@ -71,6 +71,19 @@ def test_a_request_waiting_for_the_host_pool_or_a_row_holds_back_its_class_only(
     assert rows.decide({}).admits == ((0, NRM), (2, OFF))
 
 
+def test_once_both_classes_wait_the_rest_of_the_queue_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    outer = _outer(max_batch=1)
+    for rid, (i, o) in enumerate([(10, 5), (150, 10)] + [(10 + 140 * (r % 2), 5) for r in range(200)]):
+        outer.arrive(rid, i, o)
+    assert outer.decide({}).admits == ((0, NRM), (1, OFF))     # both rows taken
+    looked: list[int] = []
+    class_for = outer.class_for
+    monkeypatch.setattr(outer, "class_for", lambda tokens: looked.append(tokens) or class_for(tokens))
+    assert outer.decide({0: 16, 1: 161}).admits == ()
+    assert len(looked) <= 4, f"walked {len(looked)} waiting requests"   # a normal and an offload head, then stop
+    assert [w.rid for w in outer.waiting] == list(range(2, 202))        # order kept
+
+
 def test_a_request_waiting_for_gpu_bytes_holds_back_everyone_behind_it() -> None:
     outer = _outer(gpu=150, host=1000)
     for rid, (i, o) in enumerate([(90, 5), (90, 5), (150, 10)]):
