@@ -35,29 +35,35 @@ def pre_attention(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, s
                   num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x: [T, H] -> q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D].
     qkv_bias: [(Hq + 2 Hkv) D] (Qwen2) or None."""
-    t = x.shape[0]
-    q, k, v = F.linear(rms_norm(x, input_norm, eps), qkv, qkv_bias).split(
-        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    q = q.view(t, num_heads, head_dim)
-    k = k.view(t, num_kv_heads, head_dim)
+    t, heads = x.shape[0], num_heads + num_kv_heads
+    qk, v = F.linear(rms_norm(x, input_norm, eps), qkv, qkv_bias).split(
+        [heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    qk = qk.view(t, heads, head_dim)          # q and k heads as one tensor: one fused kernel, not one each
     if q_norm is not None:
-        q = rms_norm(q, q_norm, eps)
-        k = rms_norm(k, k_norm, eps)
-    q, k = apply_rotary(q, k, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+        norm = torch.cat([q_norm.expand(num_heads, head_dim), k_norm.expand(num_kv_heads, head_dim)])
+        qk = rms_norm(qk, norm, eps)
+    qk = rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+    q, k = qk.split([num_heads, num_kv_heads], dim=1)
     return q, k, v.view(t, num_kv_heads, head_dim)
 
 
 def post_attention(x: torch.Tensor, attn: torch.Tensor, o: torch.Tensor, post_norm: torch.Tensor,
                    gate_up: torch.Tensor, down: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [T, H] residual; attn: [T, Hq, D] -> the layer's output [T, H]."""
-    x = x + F.linear(attn.flatten(1), o)
-    return x + F.linear(swiglu(F.linear(rms_norm(x, post_norm, eps), gate_up)), down)
+    x = residual_add(x, F.linear(attn.flatten(1), o))
+    return residual_add(x, F.linear(swiglu(F.linear(rms_norm(x, post_norm, eps), gate_up)), down))
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, Hq, D], k: [T, Hkv, D], cos/sin: [T, 1, D] -> rotated (q, k)."""
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x + y, written as the fp32 sum rounded once, which is what a half-precision add computes anyway. Spelled
+    out, `torch.compile` cannot rewrite `x + linear(...)` as `addmm`, whose cuBLAS call first copies x into
+    its output (one more kernel a projection); the sum fuses into the next kernel instead (the norm)."""
+    return (x.float() + y.float()).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, D], cos/sin: [T, 1, D] -> x rotated."""
+    return x * cos + _rotate_half(x) * sin
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
