@@ -10,7 +10,9 @@ Why they look the way they do:
 - Select: one program per row with every block column in registers (BLOCK = next power of two of
   max(NB, K)). The top-K is a selection, not a sort: scores become order-preserving int32 keys (-0.0 is
   0.0 first, as the sort sees them), a 16-step radix-4 search finds the need-th largest key (each step
-  counts three candidate thresholds at once, packed in one int64 sum: one CTA reduction per step), the
+  counts three candidate thresholds at once: packed in one int32 per element and summed over a thread's
+  elements, then widened to one int64 for the CTA reduction; a row is one CTA on one SM, so the search is a
+  chain of latencies and every instruction per element counts), the
   blocks above it are taken and the ties at it go to the lowest ids through a cumsum; a cumsum of the
   chosen mask then writes the ids ascending. Steering (`steering.py`) hashes each block to decide which
   stale blocks stay, then runs the same one search, on the set its counts pick.
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from .fused_selection import HotRecall, Steering
 
 _SCORE_TILE_ELEMS = 8192     # TILE * D elements of max (and as many of min) per score program
-_MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields
+_MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields (and 10-bit ones a thread)
 
 
 @triton.jit
@@ -93,18 +95,24 @@ def _mix32(x):
 
 
 @triton.jit
-def _top(key, member, need):
+def _top(key, member, need, PER_THREAD: tl.constexpr):
     """key: [BLOCK] int32 order keys; member: [BLOCK] bool; need: int32 -> [BLOCK] bool, the `need` members
-    of largest key, ties to the lower index."""
+    of largest key, ties to the lower index. PER_THREAD: BLOCK / threads, the elements a thread holds (at most
+    1023: a thread's counts are summed in 10-bit fields before they are widened)."""
     need64 = need.to(tl.int64)
+    counted = tl.where(member, key, -2147483648)    # every threshold tried is above INT32_MIN: never counted
     t = tl.zeros([], tl.int64)                   # threshold so far, in unsigned key space [0, 2^32)
     for step in tl.static_range(16):             # 2 bits a step, high first: t = the need-th largest key
         digit = 1 << (30 - 2 * step)
         base = t - 2147483648                    # back to the signed keys
-        ge = ((key >= (base + digit).to(tl.int32)).to(tl.int64)
-              + ((key >= (base + 2 * digit).to(tl.int32)).to(tl.int64) << 21)
-              + ((key >= (base + 3 * digit).to(tl.int32)).to(tl.int64) << 42))
-        cnt = tl.sum(tl.where(member, ge, 0), axis=0)                       # 3 counts, 21 bits each
+        ge = ((counted >= (base + digit).to(tl.int32)).to(tl.int32)
+              + ((counted >= (base + 2 * digit).to(tl.int32)).to(tl.int32) << 10)
+              + ((counted >= (base + 3 * digit).to(tl.int32)).to(tl.int32) << 20))   # 3 counts, 10 bits each
+        # summed over each thread's elements first (any grouping sums the same), then widened
+        part = tl.sum(tl.reshape(ge, [ge.shape[0] // PER_THREAD, PER_THREAD], can_reorder=True), axis=1)
+        wide = ((part & 0x3FF).to(tl.int64) + (((part >> 10) & 0x3FF).to(tl.int64) << 21)
+                + (((part >> 20) & 0x3FF).to(tl.int64) << 42))
+        cnt = tl.sum(wide, axis=0)                                          # 3 counts, 21 bits each
         t = tl.where((cnt >> 42) >= need64, t + 3 * digit,
                      tl.where(((cnt >> 21) & 0x1FFFFF) >= need64, t + 2 * digit,
                               tl.where((cnt & 0x1FFFFF) >= need64, t + digit, t)))
@@ -130,6 +138,7 @@ def _select_kernel(
     BLOCK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
     HOT: tl.constexpr, STEER: tl.constexpr, WRITE_KV: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
+    PER_THREAD: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -175,7 +184,7 @@ def _select_kernel(
         whole = ids < 0
         member = middle
         need = tl.zeros([], tl.int32) + m
-    picked = _top(key, member, need) | whole
+    picked = _top(key, member, need, PER_THREAD) | whole
     chosen = tl.where(n > K, forced | picked, real)
 
     pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1          # where each chosen id lands, ascending
@@ -271,9 +280,9 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
                   block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
                   num_warps: int | None = None) -> None:
     """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
-    (benchmarks). 8 warps up to BLOCK = 2048, 16 above: the threshold search's 16 CTA-wide counts cost per
-    element a thread holds (sm_90: 113-126 registers, no spill up to 4096; at 8192, 128K-token rows, a few
-    hundred bytes spill)."""
+    (benchmarks). 8 warps up to BLOCK = 4096, 16 above: a row is a chain of 16 CTA-wide counts, whose barriers
+    cost more with more warps, while the elements a thread holds cost registers (16 warps at 8192, 128K-token
+    rows, keep them from spilling)."""
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
     block = triton.next_power_of_2(max(nb, k))
@@ -289,6 +298,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         raise ValueError("select_blocks_fused wants bounds, out, mask, table and the HotRecall maps contiguous "
                          "along their last dimension")
     kb = triton.next_power_of_2(k)
+    warps = num_warps or (8 if block <= 4096 else 16)
     scratch = torch.empty(b * s * kb if hot is not None else 1, dtype=torch.int32, device=bounds.device)
     kk, vv, pool = (new.k, new.v, new.pool) if new is not None else (dummy, dummy, dummy)
     hg = pool.shape[3] if new is not None else 1
@@ -310,7 +320,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
         STEER=steer is not None, WRITE_KV=new is not None,
         HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
-        num_warps=num_warps or (8 if block <= 2048 else 16),
+        PER_THREAD=max(1, block // (32 * warps)), num_warps=warps,
     )  # fmt: skip
 
 
