@@ -55,6 +55,11 @@ SHAPES = [
     Shape("qwen3-14b b64x4k table32k", 64, 40, 8, 128, 4096, 2048, "splits"),
     Shape("qwen3-14b b64 ragged<=8k", 64, 40, 8, 128, 8192, 512, "splits", ragged=True),
     Shape("llama3-8b b32x8k", 32, 32, 8, 128, 8192, 512, "none"),
+    # a sparse layer's attention over its budget (2048 tokens: 128 selected pages) at the batches the sparse
+    # step is benched at (8 and 16 requests at 32K, 32 at 8K)
+    Shape("qwen3-14b sparse b8 k128", 8, 40, 8, 128, 2048, 128, "full"),
+    Shape("qwen3-14b sparse b16 k128", 16, 40, 8, 128, 2048, 128, "full"),
+    Shape("qwen3-14b sparse b32 k128", 32, 40, 8, 128, 2048, 128, "full"),
 ]
 PAGE = 16
 DEVICE = "cuda"  # a dry run of the bookkeeping on CPU (TRITON_INTERPRET=1) swaps these two
@@ -143,7 +148,7 @@ def candidate_configs(shape: Shape, heuristic: DecodeConfig, num_sms: int, best_
         return [DecodeConfig(bn, w, st, heuristic.num_splits, pf) for bn, w, st, pf in tiles]
     bn, w, st, pf = best_tile  # phase 2: split counts for the best tile
     max_tiles = -(-shape.max_blocks * PAGE // bn)
-    splits = [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if s <= max_tiles]
+    splits = [s for s in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128) if s <= max_tiles]
     splits = [s for s in splits if shape.batch * shape.hkv * s <= 64 * num_sms]
     return [DecodeConfig(bn, w, st, s, pf) for s in splits]
 

@@ -5,7 +5,7 @@ block 16: NB = 2048; budget 2048 tokens: K = 128).
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
 
 Workload: bf16 queries and digests with random values (speed does not depend on them; the top-K does not
-either: the threshold search runs 16 steps whatever the keys), block tables of shuffled physical ids, every
+either: the threshold search runs 8 steps whatever the keys), block tables of shuffled physical ids, every
 request at the full context. Each line is the median of 15 CUDA-graph replays of 10 back-to-back calls
 (what a captured decode step sees), per call. Score lines give the digest bytes read (max and min of every
 block column of every selecting row) per second, and that against a 1 GiB `copy_` (read + write bytes)
@@ -145,7 +145,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--parts", default="score,select,torch", help="comma-separated: score, select, torch")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     print(torch.cuda.get_device_name(0), torch.__version__, select_kernels.triton.__version__, flush=True)
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
@@ -153,9 +155,12 @@ def main() -> None:
     del src, dst
     print(f"copy_ 1 GiB: {copy_gbps:.0f} GB/s (read + write)", flush=True)
     layer = Layer(args.batch, args.context, args.budget)
-    bench_score(layer, copy_gbps)
-    bench_select(layer)
-    bench_torch_path(layer)
+    if "score" in parts:
+        bench_score(layer, copy_gbps)
+    if "select" in parts:
+        bench_select(layer)
+    if "torch" in parts:
+        bench_torch_path(layer)
 
 
 if __name__ == "__main__":

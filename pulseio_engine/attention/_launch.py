@@ -8,6 +8,12 @@ Split count: with equal-length sequences every program does equal work, so the r
 of "waves" of resident programs and a last, partly filled wave idles SMs. We estimate how many programs
 fit on an SM (shared-memory ring and registers), ask for at least _MIN_WAVES waves (so a wrong estimate
 costs little), and among up to twice that many splits take the one whose last wave is fullest.
+
+Short tables (at most _SHORT_TILES tiles: a sparse layer's selected blocks, a budget of 2048 tokens) are
+a few microseconds of work, where each program's prologue and the reduce launch weigh: two pipeline
+stages and about _SHORT_PROGRAMS_PER_SM programs an SM, except that two splits or fewer become one (no
+reduce kernel). The sparse shapes of benchmarks/bench_attention.py measure these against the rule for long
+contexts.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ _SMEM_PER_SM = 228 * 1024  # sm_90
 _REGS_PER_THREAD_EST = 128  # what the sm_90 builds of the default tiles use, give or take
 _MIN_TILES_PER_SPLIT = 4  # below this the per-program prologue/epilogue stops being amortised
 _MAX_SPLITS = 128
+_SHORT_TILES = 32
+_SHORT_PROGRAMS_PER_SM = 4
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,12 @@ def choose_config(
     per_sm = _resident_programs_per_sm(block_n, head_dim, element_size, num_warps, _NUM_STAGES)
     max_tiles = -(-max_blocks * page_size // block_n)
     cap = max(1, min(_MAX_SPLITS, max_tiles // _MIN_TILES_PER_SPLIT))
-    splits = _choose_splits(batch * num_kv_heads, per_sm * num_sms, cap)
+    pairs = batch * num_kv_heads
+    if max_tiles <= _SHORT_TILES:
+        splits = min(cap, round(_SHORT_PROGRAMS_PER_SM * num_sms / pairs))
+        splits = 1 if splits <= 2 else splits
+        return DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=2, num_splits=splits)
+    splits = _choose_splits(pairs, per_sm * num_sms, cap)
     return DecodeConfig(block_n=block_n, num_warps=num_warps, num_stages=_NUM_STAGES, num_splits=splits)
 
 

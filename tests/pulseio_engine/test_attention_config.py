@@ -32,6 +32,22 @@ def test_long_contexts_get_enough_programs_to_fill_the_sms(launch, batch, hkv, h
     assert tiles // config.num_splits >= 4  # each split still streams several tiles
 
 
+@pytest.mark.parametrize("hkv", [8, 2])
+def test_short_tables_take_two_stages_and_fewer_splits_as_the_batch_grows(launch, hkv):
+    """A sparse layer's table (128 pages of 16: 32 tiles of 64 tokens): about four programs an SM, never two
+    splits (one is cheaper: no reduce kernel), never more splits than tiles allow."""
+    splits = []
+    for batch in (1, 2, 4, 8, 12, 16, 24, 32, 64, 128):
+        config = launch.choose_config(batch=batch, num_kv_heads=hkv, head_dim=128, page_size=16, max_blocks=128,
+                                      num_sms=132)
+        assert config.num_stages == 2 and config.block_n == 64
+        assert config.num_splits != 2 and 1 <= config.num_splits <= 32 // 4
+        if config.num_splits > 2:
+            assert abs(batch * hkv * config.num_splits - 4 * 132) <= batch * hkv or config.num_splits == 8
+        splits.append(config.num_splits)
+    assert splits == sorted(splits, reverse=True) and splits[-1] == 1
+
+
 def test_short_contexts_are_not_split_into_empty_programs(launch):
     config = launch.choose_config(batch=1, num_kv_heads=8, head_dim=128, page_size=16, max_blocks=4, num_sms=132)
     assert config.num_splits == 1
