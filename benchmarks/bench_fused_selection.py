@@ -3,14 +3,16 @@ replace, at the shape of the issue (qwen3-14b: 40 q / 8 KV heads, head_dim 128; 
 block 16: NB = 2048; budget 2048 tokens: K = 128).
 
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
+    [--parts score,select,torch]
 
 Workload: bf16 queries and digests with random values (speed does not depend on them; the top-K does not
-either: the threshold search runs 8 steps whatever the keys), block tables of shuffled physical ids, every
+either: the threshold search runs 16 steps whatever the keys), block tables of shuffled physical ids, every
 request at the full context. Each line is the median of 15 CUDA-graph replays of 10 back-to-back calls
 (what a captured decode step sees), per call. Score lines give the digest bytes read (max and min of every
-block column of every selecting row) per second, and that against a 1 GiB `copy_` (read + write bytes)
-timed in the same process. HOT select runs steered (overlap 0.9) so each call recalls ~a tenth of K, as
-real models do; its recall buffers are sized so the replays never run past them.
+block column of every selecting row) per second, and that against a 1 GiB device copy (read + write bytes,
+`bench_attention.measure_copy_gbps`) timed in the same process. HOT select runs steered (overlap 0.9) so each
+call recalls ~a tenth of K, as real models do; its recall buffers are sized so the replays never run past them.
+`--context 32800` gives a table of 2050 blocks, whose select runs 4096 columns wide, as in the engine's step.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
-from bench_attention import time_graph_us  # noqa: E402  (its directory, benchmarks/, is sys.path[0])
+from bench_attention import measure_copy_gbps, time_graph_us  # noqa: E402  (its directory, benchmarks/, is sys.path[0])
 
 from pulseio_engine.config import GroupScore, SparseConfig  # noqa: E402
 from pulseio_engine.kv import select_kernels  # noqa: E402
@@ -88,7 +90,7 @@ def bench_score(layer: Layer, copy_gbps: float) -> None:
                 max_norm=rule is GroupScore.MAX_NORM, tile=tile, num_warps=warps))
             gbps = nbytes / us / 1e3
             print(f"score {label:18s} tile {tile or 'auto':>4} warps {warps or 'auto':>4}: {us:8.1f} us "
-                  f"{nbytes / 2**20:6.1f} MiB {gbps:7.0f} GB/s ({gbps / copy_gbps:4.0%} of copy_)", flush=True)
+                  f"{nbytes / 2**20:6.1f} MiB {gbps:7.0f} GB/s ({gbps / copy_gbps:4.0%} of the copy)", flush=True)
 
 
 def bench_select(layer: Layer) -> None:
@@ -149,11 +151,8 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(torch.cuda.get_device_name(0), torch.__version__, select_kernels.triton.__version__, flush=True)
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_gbps = 2 * src.numel() / time_graph_us(lambda: dst.copy_(src), calls=5, replays=10) / 1e3
-    del src, dst
-    print(f"copy_ 1 GiB: {copy_gbps:.0f} GB/s (read + write)", flush=True)
+    copy_gbps, _ = measure_copy_gbps()
+    print(f"copy 1 GiB: {copy_gbps:.0f} GB/s (read + write)", flush=True)
     layer = Layer(args.batch, args.context, args.budget)
     if "score" in parts:
         bench_score(layer, copy_gbps)
