@@ -145,6 +145,11 @@ class TimedRecaller:
                            tuple(r.seen_ns - r.published_ns for r in stamped if r.seen_ns is not None))
 
 
+HOST_AHEAD = 2   # timed steps the host may enqueue in front of the GPU: one runs while the next waits, so the GPU
+                 # never idles, and a launch never waits inside its timing for room in the device's queue (a step is
+                 # hundreds of graph nodes) or in the ring (12 steps of recalls): the main thread's time is its work
+
+
 @dataclass(frozen=True)
 class StampTotals:
     """Doorbell requests' stamps: bytes and publish -> landed summed (device clock); per request, publish ->
@@ -247,7 +252,7 @@ class SparseBenchResult:
     roofline_ratio: float | None   # step_ms / roofline_ms
     kernels_per_step: float | None     # on the GPU's own timeline (the resident copier's generations included)
     host_ms_per_step: float        # main thread's work enqueueing a step (inputs, arming the recalls, replays),
-                                   # its waits (blocked_ms_per_step) left out
+                                   # the host HOST_AHEAD steps ahead; its waits (blocked_ms_per_step) left out
     recall_host_ms_per_step: float     # of it, in recall calls (sync) or arming the captured recalls
     blocked_ms_per_step: float     # main thread in calls that waited (sync's ids and copies; a full ring)
     unit_bytes: int                # one recalled transfer unit
@@ -389,13 +394,13 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         with _profiler(profile, dev) as prof:
             for i in tqdm(range(steps), disable=not progress, desc=f"{mode.value} B={batch_size} ctx={context_len}",
                           unit="step", leave=False):
+                if i >= HOST_AHEAD:
+                    timers[i - HOST_AHEAD].wait()    # outside the timed launch: see HOST_AHEAD
                 timers.append(_Timer(dev))
                 t0 = time.perf_counter()
                 step()
                 host_s += time.perf_counter() - t0
                 timers[-1].stop()
-                if i % 10 == 9:
-                    timers[-1].wait()    # the host runs at most 10 steps ahead
         per_step = sorted(t() for t in timers)
         sustained = timers[0].seconds_until(timers[-1]) / steps
         recall_host_ms = 0.0 if timed is None else timed.host_ns / 1e6 / steps
