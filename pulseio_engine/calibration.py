@@ -99,18 +99,18 @@ def head_middle_mass(model: CausalLM, ids: torch.Tensor, config: CalibrationConf
     t, group = ids.shape[0], cfg.num_heads // cfg.num_kv_heads
     positions = torch.arange(t, device=model.device)
     causal = torch.ones((t, t), dtype=torch.bool, device=model.device).tril()
-    x = F.embedding(ids.to(model.device), w.embed)                      # [T, H]
+    x, delta = F.embedding(ids.to(model.device), w.embed), None         # [T, H]
     masses = []
     for lw in w.layers:
-        q, k, v = pre_attention(x, positions, model.rotary.cos, model.rotary.sin, lw.input_norm, lw.qkv,
-                                lw.qkv_bias, lw.q_norm, lw.k_norm, cfg.rms_norm_eps, cfg.num_heads,
-                                cfg.num_kv_heads, cfg.head_dim)          # q: [T, Hq, D], k, v: [T, Hkv, D]
+        x, q, k, v = pre_attention(x, delta, positions, model.rotary.cos, model.rotary.sin, lw.input_norm, lw.qkv,
+                                   lw.qkv_bias, lw.q_norm, lw.k_norm, cfg.rms_norm_eps, cfg.num_heads,
+                                   cfg.num_kv_heads, cfg.head_dim)       # q: [T, Hq, D], k, v: [T, Hkv, D]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         logits = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * model.scale      # [Hq, T, T]
         probs = logits.masked_fill(~causal, -torch.inf).softmax(-1)
         masses.append(middle_mass(probs, config, first).view(cfg.num_kv_heads, group).mean(1))
         attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(x.dtype)              # [T, Hq, D]
-        x = post_attention(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, cfg.rms_norm_eps)
+        x, delta = post_attention(x, attn, lw.o, lw.post_norm, lw.gate_up, lw.down, cfg.rms_norm_eps)
     return torch.stack(masses)
 
 

@@ -2,7 +2,8 @@
 
 A batch is either a decode batch (one new token per sequence, paged decode attention) or a prefill
 batch (a chunk of prompt tokens per sequence, causal attention over the chunk and the sequence's
-earlier KV). `next_layer` says where the forward stands; the hidden states are the only activation.
+earlier KV). `next_layer` says where the forward stands; the hidden states (the residual stream, and the last
+layer's MLP output not yet added to it) are the only activations.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class BatchState:
     logit_rows: torch.Tensor | None = None   # [S] int64: rows whose logits are wanted; None = all
     next_layer: int = 0
     sparse: LayerAttention | None = None     # the layers it covers skip the paged cache
+    delta: torch.Tensor | None = None        # [T, H]: the last layer's MLP output, added by the next layer's norm
 
     @property
     def num_tokens(self) -> int:

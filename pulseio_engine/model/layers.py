@@ -4,7 +4,9 @@ RMSNorm in fp32 then cast, rotary embeddings with the rotate_half convention, Sw
 A decoder layer is `pre_attention` -> KV write + attention -> `post_attention`. The two halves are
 pure functions of tensors (no module state), so the decode path can hand them to `torch.compile`,
 which fuses their ~40 small elementwise kernels per layer into a few; at batch 64 those kernels
-would otherwise cost about a fifth of a memory-bound decode step."""
+would otherwise cost about a fifth of a memory-bound decode step. A layer hands its MLP's output on
+unadded (`post_attention` -> (x, delta)): the next layer's `pre_attention` adds it in the kernel of its
+input norm, the last one's in the final norm, so the residual add is no kernel of its own."""
 
 from __future__ import annotations
 
@@ -29,12 +31,16 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def pre_attention(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  input_norm: torch.Tensor, qkv: torch.Tensor, qkv_bias: torch.Tensor | None,
+def pre_attention(x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, input_norm: torch.Tensor, qkv: torch.Tensor, qkv_bias: torch.Tensor | None,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, num_heads: int,
-                  num_kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x: [T, H] -> q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D].
+                  num_kv_heads: int, head_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x: [T, H] the residual stream, delta: the previous layer's MLP output not yet added to it (None before the
+    first layer) -> (x + delta, q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D]).
     qkv_bias: [(Hq + 2 Hkv) D] (Qwen2) or None."""
+    if delta is not None:
+        x = residual_add(x, delta)
     t, heads = x.shape[0], num_heads + num_kv_heads
     qk, v = F.linear(rms_norm(x, input_norm, eps), qkv, qkv_bias).split(
         [heads * head_dim, num_kv_heads * head_dim], dim=-1)
@@ -44,14 +50,20 @@ def pre_attention(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, s
         qk = rms_norm(qk, norm, eps)
     qk = rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
     q, k = qk.split([num_heads, num_kv_heads], dim=1)
-    return q, k, v.view(t, num_kv_heads, head_dim)
+    return x, q, k, v.view(t, num_kv_heads, head_dim)
 
 
 def post_attention(x: torch.Tensor, attn: torch.Tensor, o: torch.Tensor, post_norm: torch.Tensor,
-                   gate_up: torch.Tensor, down: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [T, H] residual; attn: [T, Hq, D] -> the layer's output [T, H]."""
+                   gate_up: torch.Tensor, down: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [T, H] residual; attn: [T, Hq, D] -> (the residual after attention, the MLP's output): the layer's output
+    is their `residual_add`, which the next layer's `pre_attention` (or `final_norm`) makes."""
     x = residual_add(x, F.linear(attn.flatten(1), o))
-    return residual_add(x, F.linear(swiglu(F.linear(rms_norm(x, post_norm, eps), gate_up)), down))
+    return x, F.linear(swiglu(F.linear(rms_norm(x, post_norm, eps), gate_up)), down)
+
+
+def final_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The last layer's output (x + delta) normed for the logits."""
+    return rms_norm(x if delta is None else residual_add(x, delta), weight, eps)
 
 
 def residual_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from ..attention import chunk_attention, paged_decode_attention
 from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
-from .layers import Rotary, post_attention, pre_attention, rms_norm
+from .layers import Rotary, final_norm, post_attention, pre_attention
 from .params import ModelWeights
 
 
@@ -87,14 +87,17 @@ class CausalLM:
             raise ValueError(f"batch is at layer {state.next_layer}, cannot run layer {layer_idx}")
         cfg, w = self.config, self.weights.layers[layer_idx]
         pre = self._decode_halves[0] if isinstance(state.attention, DecodeAttention) else pre_attention
-        return pre(state.hidden, state.positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv,
-                   w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        state.hidden, q, k, v = pre(state.hidden, state.delta, state.positions, self.rotary.cos, self.rotary.sin,
+                                    w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps,
+                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        state.delta = None
+        return q, k, v
 
     def layer_end(self, state: BatchState, layer_idx: int, attn: torch.Tensor) -> None:
         """Layer `layer_idx` after its attention ([T, Hq, D]): output projection and MLP, in place."""
         cfg, w = self.config, self.weights.layers[layer_idx]
         post = self._decode_halves[1] if isinstance(state.attention, DecodeAttention) else post_attention
-        state.hidden = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps)
+        state.hidden, state.delta = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps)
         state.next_layer += 1
 
     def end(self, state: BatchState) -> torch.Tensor:
@@ -102,9 +105,10 @@ class CausalLM:
         if state.next_layer != self.config.num_layers:
             raise ValueError(f"batch is at layer {state.next_layer} of {self.config.num_layers}; "
                              "run every layer before end()")
-        x = state.hidden if state.logit_rows is None else state.hidden[state.logit_rows]
-        x = rms_norm(x, self.weights.norm, self.config.rms_norm_eps)
-        return F.linear(x, self.weights.lm_head).float()
+        x, delta, rows = state.hidden, state.delta, state.logit_rows
+        if rows is not None:
+            x, delta = x[rows], None if delta is None else delta[rows]
+        return F.linear(final_norm(x, delta, self.weights.norm, self.config.rms_norm_eps), self.weights.lm_head).float()
 
     def forward(self, state: BatchState) -> torch.Tensor:
         """Run the remaining layers and return logits [S, V] fp32."""

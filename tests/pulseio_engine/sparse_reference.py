@@ -99,16 +99,16 @@ def ref_offload_decode(model, keys: list[torch.Tensor], values: list[torch.Tenso
     the tokens before `position` (the new token's are appended) -> (logits [V] fp32, {layer: rows})."""
     import torch.nn.functional as F
 
-    from pulseio_engine.model.layers import post_attention, pre_attention, rms_norm
+    from pulseio_engine.model.layers import final_norm, post_attention, pre_attention
 
     cfg, w = model.config, model.weights
     hkv, group, bs = cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, config.block_size
-    x = F.embedding(torch.tensor([token]), w.embed)
+    x, delta = F.embedding(torch.tensor([token]), w.embed), None
     selections: dict[int, list[list[int]]] = {}
     for layer, lw in enumerate(w.layers):
-        q, k, v = pre_attention(x, torch.tensor([position]), model.rotary.cos, model.rotary.sin, lw.input_norm,
-                                lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, cfg.rms_norm_eps, cfg.num_heads,
-                                hkv, cfg.head_dim)
+        x, q, k, v = pre_attention(x, delta, torch.tensor([position]), model.rotary.cos, model.rotary.sin,
+                                   lw.input_norm, lw.qkv, lw.qkv_bias, lw.q_norm, lw.k_norm, cfg.rms_norm_eps,
+                                   cfg.num_heads, hkv, cfg.head_dim)
         keys[layer] = torch.cat([keys[layer], k])
         values[layer] = torch.cat([values[layer], v])
         n = position + 1
@@ -130,8 +130,8 @@ def ref_offload_decode(model, keys: list[torch.Tensor], values: list[torch.Tenso
             logit = (keys[layer][:, h].float() @ q[0, g].float()) * cfg.head_dim ** -0.5
             probs = torch.softmax(logit.masked_fill(~allowed[h], -torch.inf), dim=0)
             attn[0, g] = probs @ values[layer][:, h].float()
-        x = post_attention(x, attn.to(x.dtype), lw.o, lw.post_norm, lw.gate_up, lw.down, cfg.rms_norm_eps)
-    logits = F.linear(rms_norm(x, w.norm, cfg.rms_norm_eps), w.lm_head).float()[0]
+        x, delta = post_attention(x, attn.to(x.dtype), lw.o, lw.post_norm, lw.gate_up, lw.down, cfg.rms_norm_eps)
+    logits = F.linear(final_norm(x, delta, w.norm, cfg.rms_norm_eps), w.lm_head).float()[0]
     return logits, selections
 
 
