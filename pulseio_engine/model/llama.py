@@ -63,7 +63,9 @@ class CausalLM:
               logit_rows: torch.Tensor | None = None) -> BatchState:
         """input_ids, positions, slots: [T] int64 on the model's device; slot = block * block_size + offset."""
         hidden = F.embedding(input_ids, self.weights.embed)    # [T, H]
-        return BatchState(hidden, positions, kv.rows(slots), attention, kv, logit_rows)
+        # a zero delta, not None: the compiled first half then takes one signature at every layer (Dynamo
+        # compiles a function once per argument kind), and x + 0 is x
+        return BatchState(hidden, positions, kv.rows(slots), attention, kv, logit_rows, delta=torch.zeros_like(hidden))
 
     def layer_step(self, state: BatchState, layer_idx: int) -> None:
         """Run decoder layer `layer_idx` on the batch, in place; layers must run in order."""
