@@ -2,7 +2,10 @@
 
 A `DecodeBatch` is one step of one engine's running requests: dense (vanilla: the paged decode graph, one
 piece) or sparse (`OffloadStepGraph`: whole, one piece, or split per layer for IRQ, each piece ending at a
-layer's planned recall). Sampling is greedy, on the device. `HostTokens` brings the step's tokens to the
+layer's planned recall). Split and captured, it may be several steps of the same requests, one after the
+other: between two, each row's greedy token is fed back and its position moved on, on the device (their KV
+blocks are reserved for their whole output), so the host learns the tokens of all of them at once.
+Sampling is greedy, on the device. `HostTokens` brings the step's tokens to the
 host without a sync: a non-blocking copy into pinned memory and an event the host polls (with short sleeps,
 so pulseio's threads get the GIL meanwhile) instead of synchronizing on it.
 """
@@ -22,14 +25,21 @@ from ..request import Sequence
 class DecodeBatch:
     """One decode step of `seqs` on `engine`, in `num_pieces` pieces (see the module doc)."""
 
-    def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool) -> None:
-        """Build it before any batch of the round runs: a split step due for capture is captured here."""
+    def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool, steps: int = 1) -> None:
+        """Build it before any batch of the round runs: a split step due for capture is captured here.
+        `steps`: decode steps of these requests to run in a row (each must have that many tokens left); a step
+        that is not split, or still runs eagerly before its capture on a GPU (`warming`), runs one."""
         self.engine, self.seqs, self.split = engine, tuple(seqs), split
         off = engine.offloader
         self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split)
-        self.num_pieces = self.graph.num_pieces if self.graph is not None and split else 1
+        step_pieces = self.graph.num_pieces if self.graph is not None and split else 1
         if self.graph is not None and split:
             self.graph.prepare_split()
+        self.steps = steps if self.graph is not None and split and not self.warming else 1
+        self._step_pieces, self.num_pieces = step_pieces, step_pieces * self.steps
+        self._fed: torch.Tensor | None = None       # [steps - 1, B] the tokens fed back between steps
+        if self.steps > 1:
+            self._fed = torch.empty((self.steps - 1, self.size), dtype=torch.int64, device=engine.model.device)
         self._tokens: torch.Tensor | None = None
         self._last = False
 
@@ -54,15 +64,21 @@ class DecodeBatch:
         if not self.split:
             self._tokens = graph.run().argmax(dim=-1)
             return None
-        pending = graph.run_piece(piece)
+        step, part = divmod(piece, self._step_pieces)
+        if part == 0 and step > 0:
+            graph.advance_nowait()                      # the previous step's tokens in, positions on
+            self._fed[step - 1].copy_(graph.input_ids)  # type: ignore[index]
+        pending = graph.run_piece(part)
         self._last = piece == self.num_pieces - 1
         return pending
 
     def tokens_nowait(self) -> torch.Tensor:
-        """[B] int64 greedy tokens on the device, once the last piece ran (split: the argmax is enqueued now, after
-        both batches' steps, so no kernel of it runs inside the other batch's step)."""
+        """[steps * B] int64 greedy tokens on the device, step by step, once the last piece ran (split: the last
+        step's argmax is enqueued now, after both batches' steps, so no kernel of it runs inside the other
+        batch's step)."""
         if self._tokens is None and self._last and self.graph is not None and self.graph.logits is not None:
-            self._tokens = self.graph.logits.argmax(dim=-1)
+            last = self.graph.logits.argmax(dim=-1)
+            self._tokens = last if self._fed is None else torch.cat([self._fed.flatten(), last])
         if self._tokens is None:
             raise RuntimeError("the step's last piece has not run (this is a bug in pulseio_engine)")
         return self._tokens

@@ -79,6 +79,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
     r.add_argument("--gpu-ahead", type=int_at_least(1), default=ServingConfig.gpu_ahead,
                    help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU")
+    r.add_argument("--normal-steps", type=int_at_least(1), default=ServingConfig.normal_steps,
+                   help="pulseinfer (IRQ): the normal batch's decode steps a round, between the offload batch's layers")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -200,7 +202,8 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              offload_threshold=args.offload_threshold, irq=False if args.no_irq else None,
                              token_budget=args.token_budget,
                              selection=None if args.selection is None else SparseMode(args.selection),
-                             max_batch=args.max_batch, gpu_ahead=args.gpu_ahead, copier_ctas=args.copier_ctas,
+                             max_batch=args.max_batch, gpu_ahead=args.gpu_ahead, normal_steps=args.normal_steps,
+                             copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None

@@ -25,7 +25,9 @@ class ServingConfig:
     `selection` None: the mode's own (Quest for quest and offload-sync, SoloHead for pulseinfer).
     `max_batch` bounds each batch; `max_offload_seqs` the offload requests with hot sets (None: as many as
     the GPU budget could hold at the threshold's length). `gpu_ahead`: layer pieces the host may enqueue
-    ahead of the GPU under IRQ (each one is a decision made that much earlier). `copier_ctas`,
+    ahead of the GPU under IRQ (each one is a decision made that much earlier). `normal_steps`: under IRQ, the
+    normal batch's decode steps a round, beside the offload batch's one (its layers fill the offload batch's
+    recall waits; fewer when a normal request has fewer tokens left). `copier_ctas`,
     `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
     `resident_idle_us`; None: the engine's defaults)."""
 
@@ -41,13 +43,14 @@ class ServingConfig:
     max_batch: int = 256
     max_offload_seqs: int | None = None
     gpu_ahead: int = 1
+    normal_steps: int = 1
     copier_ctas: int | None = None
     copier_idle_us: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
             raise TypeError(f"ServingConfig.mode must be a ServeMode, got {self.mode!r}")
-        for name in ("gpu_kv_bytes", "offload_threshold", "max_batch", "gpu_ahead"):
+        for name in ("gpu_kv_bytes", "offload_threshold", "max_batch", "gpu_ahead", "normal_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ServingConfig.{name} must be an int >= 1, got {value!r}")
@@ -65,6 +68,9 @@ class ServingConfig:
         if self.irq and self.mode is not ServeMode.PULSEINFER:
             raise ValueError(f"IRQ interleaves pulseinfer's normal and offload batches; {self.mode.value} runs "
                              "coupled batches (leave irq unset)")
+        if self.normal_steps > 1 and not self.interleaves:
+            raise ValueError(f"normal_steps={self.normal_steps} runs the normal batch's steps between the offload "
+                             f"batch's layers, under IRQ; {self.describe()} runs coupled batches")
         if self.selection is not None and self.mode is ServeMode.VANILLA:
             raise ValueError("vanilla attends densely; a selection applies to quest, offload-sync and pulseinfer")
         if self.sparse is not None:

@@ -8,15 +8,17 @@ handed in (or prefilled), and may move to the other at a step boundary (`move`: 
 loaded into the other, the host pool written or read through pulseio's device view, counted).
 
 `step` is one round: each engine's next work (prefill for requests without handed-in KV, else one decode
-step of all its running requests), the two decode steps run by the `InnerScheduler` (IRQ: interleaved layer
-by layer, each split in per-layer pieces; a batch decoding alone runs its whole step, one graph, as it has
-nothing to interleave with; or coupled), their greedy tokens brought to the host without a sync, and
-committed. Pool sizes follow the `KVBudget`: every pool is large enough for whatever the budget admits into it.
+step of all its running requests; under IRQ up to `normal_steps` steps of the normal batch's), the decode steps
+run by the `InnerScheduler` (IRQ: interleaved layer by layer, each split in per-layer pieces; a batch decoding
+alone runs its whole step, one graph, as it has nothing to interleave with; or coupled), their greedy tokens
+brought to the host without a sync, and committed. Pool sizes follow the `KVBudget`: every pool is large
+enough for whatever the budget admits into it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
@@ -128,7 +130,7 @@ class ServingEngine:
                                                                              False))
         dev = torch.device(device)
         self.inner = InnerScheduler(Pacer(config.gpu_ahead) if dev.type == "cuda" else NoPacer())
-        self._pinned = {c: pinned_tokens(config.max_batch, dev) for c in KVClass}
+        self._pinned = {c: pinned_tokens(config.max_batch * config.normal_steps, dev) for c in KVClass}
         self._requests: dict[int, _Request] = {}
         self._by_local: dict[tuple[KVClass, int], int] = {}
         self.moves = MoveStatistics()
@@ -225,7 +227,8 @@ class ServingEngine:
                 due[kv_class] = (eng, work.decode)
         host.lap("schedule")
         split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
-        decodes = {c: DecodeBatch(eng, seqs, split=split) for c, (eng, seqs) in due.items()}
+        decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs) if split else 1)
+                   for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
         host.lap("prepare")
         if split and not any(b.warming for b in decodes.values()):
@@ -239,8 +242,11 @@ class ServingEngine:
             tokens = copies[kv_class].wait_list()
             host.lap("tokens")
             for seq in batch.seqs:
-                produced[self._by_local[kv_class, seq.request_id]] += 1
-            self._finished(kv_class, batch.engine.commit_decode(batch.seqs, tokens), finished)
+                produced[self._by_local[kv_class, seq.request_id]] += batch.steps
+            b = batch.size
+            for step in range(batch.steps):               # every request has a token of each: see _steps
+                self._finished(kv_class, batch.engine.commit_decode(batch.seqs, tokens[step * b:(step + 1) * b]),
+                               finished)
             host.lap("commit")
         if self.offload is not None and self.offload.offloader.recaller is not None:     # type: ignore[union-attr]
             self.offload.offloader.recaller.check_landed()                                # type: ignore[union-attr]
@@ -249,6 +255,13 @@ class ServingEngine:
         self.rounds += 1
         self.batch_sizes[sizes] += 1
         return StepOutcome(dict(produced), finished, *sizes)
+
+    def _steps(self, kv_class: KVClass, seqs: Seq[Sequence]) -> int:
+        """Decode steps of a batch this round: the normal batch's `normal_steps`, fewer when one of its requests
+        has fewer tokens left (so none finishes between them); the offload batch's one."""
+        if kv_class is not KVClass.NORMAL:
+            return 1
+        return min(self.config.normal_steps, *(s.sampling.max_new_tokens - len(s.output_ids) for s in seqs))
 
     def _finished(self, kv_class: KVClass, outputs: list, finished: dict[int, tuple[int, ...]]) -> None:
         for out in outputs:

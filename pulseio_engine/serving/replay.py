@@ -297,6 +297,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    else config.sparse.value, "clock": kind.value, "seed": options.seed,
                    "max_batch": config.max_batch, "steering": steering,
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead,
+                   "normal_steps": config.normal_steps,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)

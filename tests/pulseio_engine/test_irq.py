@@ -84,11 +84,12 @@ HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
 
 
 def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: int | None = None, seed: int = 0,
-           moves: dict[int, dict[int, KVClass]] | None = None) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+           moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1
+           ) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
     """Requests of random lengths, all arriving at once in the given classes; `moves`: round -> {rid: class}."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
-                           token_budget=64, block_size=16, dense_layers=1, max_batch=16)
+                           token_budget=64, block_size=16, dense_layers=1, max_batch=16, normal_steps=normal_steps)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         if late is not None:
@@ -136,3 +137,20 @@ def test_a_recall_the_host_never_sees_land_is_waited_for_on_the_device_after_its
 def test_irq_and_coupled_batches_give_the_same_tokens(tiny_qwen3) -> None:
     classes = {0: NRM, 1: OFF, 2: OFF, 3: NRM}
     assert _serve(str(tiny_qwen3[0]), classes)[0] == _serve(str(tiny_qwen3[0]), classes, irq=False)[0]
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_normal_steps_run_between_the_offload_layers_and_each_request_keeps_its_tokens(tiny_qwen3, steps: int) -> None:
+    """The normal batch decodes up to `steps` steps a round under IRQ, its tokens fed back on the device between
+    them: every request's tokens are its tokens alone, the recalls' shares of normal pieces grow to `steps`, and
+    the normal requests finish in fewer rounds."""
+    path = str(tiny_qwen3[0])
+    classes = {0: OFF, 1: OFF, 2: NRM, 3: NRM, 4: NRM}                  # the normal requests the longest
+    out, serving = _serve(path, classes, late=1000, normal_steps=steps)
+    alone, single = _serve(path, classes, irq=False)[0], _serve(path, classes, late=1000)[1]
+    assert out == alone and all(len(out[r]) == 10 + r % 5 for r in classes)
+    assert max(serving.inner.stats.m) == steps and max(single.inner.stats.m) == 1
+    assert serving.rounds < single.rounds
+    with pytest.raises(ValueError, match=r"^normal_steps=2 runs the normal batch's steps between the offload "
+                                         r"batch's layers, under IRQ; pulseinfer --no-irq runs coupled batches$"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, irq=False, normal_steps=2)
