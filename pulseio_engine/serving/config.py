@@ -70,7 +70,7 @@ class ServingConfig:
                              "coupled batches (leave irq unset)")
         if self.normal_steps > 1 and not self.interleaves:
             raise ValueError(f"normal_steps={self.normal_steps} runs the normal batch's steps between the offload "
-                             f"batch's layers, under IRQ; {self.describe()} runs coupled batches")
+                             f"batch's layers, which pulseinfer's IRQ does; {self.describe()} does not interleave")
         if self.selection is not None and self.mode is ServeMode.VANILLA:
             raise ValueError("vanilla attends densely; a selection applies to quest, offload-sync and pulseinfer")
         if self.sparse is not None:

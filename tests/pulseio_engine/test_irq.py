@@ -152,5 +152,6 @@ def test_normal_steps_run_between_the_offload_layers_and_each_request_keeps_its_
     assert max(serving.inner.stats.m) == steps and max(single.inner.stats.m) == 1
     assert serving.rounds < single.rounds
     with pytest.raises(ValueError, match=r"^normal_steps=2 runs the normal batch's steps between the offload "
-                                         r"batch's layers, under IRQ; pulseinfer --no-irq runs coupled batches$"):
+                                         r"batch's layers, which pulseinfer's IRQ does; pulseinfer --no-irq does "
+                                         r"not interleave$"):
         ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, irq=False, normal_steps=2)
