@@ -137,6 +137,7 @@ class ServingEngine:
         self.rounds = 0
         self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
+        self.normal_steps: Counter[int] = Counter()   # rounds by the normal batch's decode steps in them
         self.host = HostTimes()
         self._graphs_before = 0                  # step graphs built before the statistics were last reset
 
@@ -254,6 +255,8 @@ class ServingEngine:
         host.lap("commit")
         self.rounds += 1
         self.batch_sizes[sizes] += 1
+        if normal is not None:
+            self.normal_steps[normal.steps] += 1
         return StepOutcome(dict(produced), finished, *sizes)
 
     def _steps(self, kv_class: KVClass, seqs: Seq[Sequence]) -> int:
@@ -277,6 +280,7 @@ class ServingEngine:
         self.moves = MoveStatistics()
         self.rounds = self.warming_rounds = 0
         self.batch_sizes.clear()
+        self.normal_steps.clear()
         self.inner.stats = InterleaveStatistics()
         self.host = HostTimes()
         self._graphs_before += self.step_graphs_built()

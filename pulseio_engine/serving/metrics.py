@@ -154,13 +154,19 @@ def _spread(values: list[float]) -> dict:
             "mean_ms": float(a.mean())}
 
 
+def counter_mean(counts: Counter[int]) -> float | None:
+    """The mean of the values a Counter counts (value -> times), None when it counts nothing."""
+    total = sum(counts.values())
+    return sum(value * times for value, times in counts.items()) / total if total else None
+
+
 def m_summary(m: Counter[int], seen_landed: int, device_waits: int) -> dict:
     """IRQ's m (normal layers run per offload recall, over the rounds where both batches decode; an offload batch
     alone runs its whole step): its histogram, mean and p50/p99, and how recalls ended."""
     total = sum(m.values())
     values = np.repeat(np.array(sorted(m), dtype=float), [m[k] for k in sorted(m)]) if total else np.zeros(0)
     return {"recalls": total, "histogram": {str(k): m[k] for k in sorted(m)},
-            "mean": float(values.mean()) if total else None,
+            "mean": counter_mean(m),
             "p50": float(np.percentile(values, 50)) if total else None,
             "p99": float(np.percentile(values, 99)) if total else None,
             "seen_landed": seen_landed, "device_waits": device_waits}

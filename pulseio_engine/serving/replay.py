@@ -38,7 +38,7 @@ from .clock import Clock, ClockKind
 from .config import ServingConfig
 from .engine import ServingEngine, plan_pools
 from .gpu_busy import BusyMeter
-from .metrics import Recorder, m_summary
+from .metrics import Recorder, counter_mean, m_summary
 from .outer import OuterScheduler
 from .report import SCHEMA_VERSION, check_report
 
@@ -305,7 +305,8 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
                     "gpu_busy_fraction": rec.busy, "recalls": recalls,
                     "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
-                    "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built()},
+                    "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built(),
+                    "normal_steps_mean": counter_mean(serving.normal_steps)},
         "tpot_ms": rec.tpot_by_bucket(),
         "host_ms_per_round": serving.host.ms_per_round(serving.rounds),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,

@@ -20,7 +20,7 @@ SCHEMA_VERSION = "pulseio-replay/5"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
 _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
             *_PULSE_LATENCIES)
-_SINCE_5 = ("config.normal_steps",)
+_SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
 OLDER_VERSIONS = {"pulseio-replay/4": _SINCE_5,                                           # the keys each one lacks
                   "pulseio-replay/3": (*_SINCE_5, *_SINCE_4),
                   "pulseio-replay/2": (*_SINCE_5, *_SINCE_4, "host_ms_per_round"),
@@ -40,7 +40,7 @@ SCHEMA: dict[str, Any] = {
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
-                "warmup_s": NUM, "step_graphs_built": int},
+                "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),
@@ -165,6 +165,8 @@ def table(reports: list[dict]) -> str:
     row("host ms/round launch/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", _recall_latency)
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
+    row("normal steps a round (mean)", lambda r: "-" if r["summary"].get("normal_steps_mean") is None
+        else f"{r['summary']['normal_steps_mean']:.2f}")
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
