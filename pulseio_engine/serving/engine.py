@@ -137,7 +137,7 @@ class ServingEngine:
         self.rounds = 0
         self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
-        self.normal_steps: Counter[int] = Counter()   # rounds by the normal batch's decode steps in them
+        self.normal_step_counts: Counter[int] = Counter()   # rounds by the normal batch's decode steps in them
         self.host = HostTimes()
         self._graphs_before = 0                  # step graphs built before the statistics were last reset
 
@@ -228,8 +228,7 @@ class ServingEngine:
                 due[kv_class] = (eng, work.decode)
         host.lap("schedule")
         split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
-        decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs) if split else 1)
-                   for c, (eng, seqs) in due.items()}
+        decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs)) for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
         host.lap("prepare")
         if split and not any(b.warming for b in decodes.values()):
@@ -256,12 +255,13 @@ class ServingEngine:
         self.rounds += 1
         self.batch_sizes[sizes] += 1
         if normal is not None:
-            self.normal_steps[normal.steps] += 1
+            self.normal_step_counts[normal.steps] += 1
         return StepOutcome(dict(produced), finished, *sizes)
 
     def _steps(self, kv_class: KVClass, seqs: Seq[Sequence]) -> int:
         """Decode steps of a batch this round: the normal batch's `normal_steps`, fewer when one of its requests
-        has fewer tokens left (so none finishes between them); the offload batch's one."""
+        has fewer tokens left (so none finishes between them); the offload batch's one. `DecodeBatch` runs one
+        where the batch is not split (alone, or coupled) or still warming up."""
         if kv_class is not KVClass.NORMAL:
             return 1
         return min(self.config.normal_steps, *(s.sampling.max_new_tokens - len(s.output_ids) for s in seqs))
@@ -280,7 +280,7 @@ class ServingEngine:
         self.moves = MoveStatistics()
         self.rounds = self.warming_rounds = 0
         self.batch_sizes.clear()
-        self.normal_steps.clear()
+        self.normal_step_counts.clear()
         self.inner.stats = InterleaveStatistics()
         self.host = HostTimes()
         self._graphs_before += self.step_graphs_built()

@@ -306,7 +306,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "gpu_busy_fraction": rec.busy, "recalls": recalls,
                     "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
                     "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built(),
-                    "normal_steps_mean": counter_mean(serving.normal_steps)},
+                    "normal_steps_mean": counter_mean(serving.normal_step_counts)},
         "tpot_ms": rec.tpot_by_bucket(),
         "host_ms_per_round": serving.host.ms_per_round(serving.rounds),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,

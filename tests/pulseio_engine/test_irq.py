@@ -150,7 +150,7 @@ def test_normal_steps_run_between_the_offload_layers_and_each_request_keeps_its_
     alone, single = _serve(path, classes, irq=False)[0], _serve(path, classes, late=1000)[1]
     assert out == alone and all(len(out[r]) == 10 + r % 5 for r in classes)
     assert max(serving.inner.stats.m) == steps and max(single.inner.stats.m) == 1
-    assert max(serving.normal_steps) == steps and set(single.normal_steps) == {1}
+    assert max(serving.normal_step_counts) == steps and set(single.normal_step_counts) == {1}
     assert serving.rounds < single.rounds
     with pytest.raises(ValueError, match=r"^normal_steps=2 runs the normal batch's steps between the offload "
                                          r"batch's layers, which pulseinfer's IRQ does; pulseinfer --no-irq does "
