@@ -62,6 +62,7 @@ class OffloadStepGraph:
         self.context_lens = torch.ones(b, dtype=torch.int32, device=dev)
         self.logits: torch.Tensor | None = None
         self._graphs: list[torch.cuda.CUDAGraph] = []
+        self._advance_graph: torch.cuda.CUDAGraph | None = None     # split, captured: `advance_nowait`
         self._recall_graph: Any = None          # pulseio.RecallGraph when the recalls are captured
         self._recalls: list[tuple[int, tuple[torch.Tensor, ...] | None]] = []   # (layer, compacted recall)
         self._live: list[object] = []                                            # what the pieces share
@@ -90,9 +91,19 @@ class OffloadStepGraph:
         self.context_lens.copy_(torch.from_numpy((positions + 1).astype(np.int32)), non_blocking=True)
 
     def advance_nowait(self) -> None:
-        """Feed each row's greedy token back and move it one position on, on the device (benchmark loop;
-        the block tables must already cover the next position)."""
+        """Feed each row's greedy token back and move it one position on, on the device (the benchmark loop, and
+        IRQ's normal batch between its steps of a round; the block tables must already cover the next position).
+        A captured split step replays the advance captured with it: its kernels launched for the first time
+        inside another batch's step would wait for every running kernel, a copier pinned to a later recall
+        included."""
         assert self.logits is not None, "run a step first"
+        if self._advance_graph is not None:
+            self._advance_graph.replay()
+        else:
+            self._advance()
+
+    def _advance(self) -> None:
+        assert self.logits is not None
         self.input_ids.copy_(self.logits.argmax(dim=-1))
         self.positions.add_(1)
         self.context_lens.add_(1)
@@ -186,7 +197,11 @@ class OffloadStepGraph:
                     layer, (ids, dst, count) = self._recalls[i]                   # type: ignore[misc]
                     posts[i] = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
             graphs.append(graph)
+        advance = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(advance, pool=pool):      # after the pieces: self.logits is the last one's buffer
+            self._advance()
         self._graphs, self._posts, self._recall_graph = graphs, posts, recalls if posts else None
+        self._advance_graph = advance
 
     def _run_eagerly(self) -> None:
         pieces = self._pieces()
