@@ -137,6 +137,7 @@ def _paged_decode_split_kernel(
     PREFETCH: tl.constexpr,
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -209,26 +210,26 @@ def _paged_decode_split_kernel(
         counter = cnt_ptr + b * tl.num_programs(0) + kv_head
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
             tl.debug_barrier()  # the acquire holds for every thread's loads below (module doc)
-            o = _merge_splits(part_ptrs, lse_ptrs, g_mask, num_splits, stride_ps, GROUP_PAD, HEAD_DIM)
-            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+            _merge_splits(part_ptr + b * stride_pb, lse_ptr + b * stride_lb, out_ptr + b * stride_ob,
+                          kv_head * GROUP, num_splits, stride_ph, stride_ps, stride_lh, stride_oh, stride_od,
+                          GROUP, SPLITS_PAD, HEAD_DIM)  # fmt: skip
             tl.store(counter, 0)  # ready for the next launch, no memset
 
 
 @triton.jit
-def _merge_splits(part_ptrs, lse_ptrs, g_mask, num_splits, stride_ps, GROUP_PAD: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):  # fmt: skip
-    """The output of the group's heads from every split's normalised partial and log-sum-exp (base 2):
-    sum_s 2^lse_s * part_s / sum_s 2^lse_s, folded one split at a time with a running maximum."""
-    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-    den = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    for s in range(0, num_splits):
-        lse = tl.load(lse_ptrs + s, mask=g_mask, other=0.0)  # -inf for a split with no tokens
-        part = tl.load(part_ptrs + s * stride_ps, mask=g_mask[:, None], other=0.0)
-        m_new = tl.maximum(m, lse)  # finite from split 0 on: split 0 always has tokens
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new)
-        den = den * alpha + w
-        acc = acc * alpha[:, None] + w[:, None] * part
-        m = m_new
-    return acc / den[:, None]
+def _merge_splits(part_row, lse_row, out_row, head0, num_splits, stride_ph, stride_ps, stride_lh, stride_oh, stride_od,
+                  GROUP: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Write the output of heads [head0, head0 + GROUP) from every split's normalised partial and log-sum-exp
+    (base 2): sum_s 2^lse_s * part_s / sum_s 2^lse_s. One head at a time, each with all its splits in one
+    [SPLITS_PAD, HEAD_DIM] load, so the merge waits on GROUP loads, not on one per split."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    for g in range(0, GROUP):
+        head = head0 + g
+        lse = tl.load(lse_row + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+        weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has tokens, so the max is finite
+        part = tl.load(part_row + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                       mask=s_mask[:, None], other=0.0)  # fmt: skip
+        o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+        tl.store(out_row + head * stride_oh + offs_d * stride_od, o.to(out_row.dtype.element_ty))

@@ -208,6 +208,7 @@ def paged_decode_attention_triton(
         PREFETCH=config.prefetch,
         HEADS_PER_ROW=hkv // rows,
         CACHE_HEADS=cache_heads,
+        SPLITS_PAD=max(2, _next_pow2(splits)),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
