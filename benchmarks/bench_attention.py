@@ -5,8 +5,8 @@ Usage (repo root): PYTHONPATH=. python benchmarks/bench_attention.py [--budget-s
 Workload: bf16 q and KV with random values (speed does not depend on them), pages of 16 tokens placed
 at shuffled physical ids in an engine-shaped `kv: [num_blocks, 2, 16, Hkv, D]` tensor, every sequence of
 a batch at the stated context length unless the shape says "ragged". Each configuration is timed as
-CUDA-graph replays of 10 back-to-back calls on one DecodeWorkspace (what the engine's captured decode step
-sees), median of 15 replays. GB/s counts the K and V bytes of every context token once; "%copy" divides that by the
+CUDA-graph replays of 10 back-to-back calls (what the engine's captured decode step sees), median of 15
+replays. GB/s counts the K and V bytes of every context token once; "%copy" divides that by the
 bandwidth of a 1 GiB device-to-device copy measured in the same process (read + write bytes, eager as
 the engine bench measures it).
 "err" is the worst per-(sequence, head) relative error against the fp32 reference; a config with
@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
-from pulseio_engine.attention import DecodeWorkspace, paged_decode_attention, paged_decode_attention_reference
+from pulseio_engine.attention import paged_decode_attention, paged_decode_attention_reference
 from pulseio_engine.attention._launch import (
     DecodeConfig,
     _num_sms,
@@ -166,7 +166,6 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
     scale = shape.head_dim**-0.5
     nbytes = kv_bytes(shape, lens)
     expect = paged_decode_attention_reference(q, k_cache, v_cache, tables, lens, scale)
-    workspace = DecodeWorkspace(max_batch=shape.batch, num_kv_heads=shape.hkv, device=DEVICE)
     num_sms = _num_sms(q.device)
     heuristic = choose_config(
         batch=shape.batch,
@@ -183,9 +182,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
             log(f"  SKIPPED (time budget) {tag} {config}")
             return None
         out = torch.full_like(q, float("nan"))
-        fn = lambda: paged_decode_attention_triton(
-            q, k_cache, v_cache, tables, lens, scale, out=out, config=config, workspace=workspace
-        )
+        fn = lambda: paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, scale, out=out, config=config)
         try:
             t0 = time.perf_counter()
             fn()
@@ -223,9 +220,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
         f"KV={nbytes / 1e9:.3f} GB"
     )
     if run(heuristic, "heuristic") is not None:
-        eager = time_eager_us(
-            lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, workspace=workspace)
-        )
+        eager = time_eager_us(lambda: paged_decode_attention(q, k_cache, v_cache, tables, lens, scale))
         log(f"  eager dispatcher (no graph, Python + launches included): {eager:.1f} us")
     if shape.sweep == "full":
         for config in candidate_configs(shape, heuristic, num_sms):
@@ -256,7 +251,7 @@ def kernel_stats(log) -> None:
     """Registers, spills and shared memory of every compiled variant (Triton internals; best effort)."""
     from pulseio_engine.attention import _kernel
 
-    for fn in (_kernel._paged_decode_split_kernel,):
+    for fn in (_kernel._paged_decode_split_kernel, _kernel._reduce_splits_kernel):
         try:
             for entry in fn.device_caches.values():
                 for key, k in entry[0].items():

@@ -8,9 +8,7 @@ static device buffers; slots and context lengths are derived inside the graph, s
 only those three. Rows past the live batch are padding: token 0 at position 0 in the reserved
 padding block 0, so they read and write nothing that belongs to a sequence. What it writes:
 `logits` [Bmax, V] fp32 and `next_tokens` [Bmax] int64 (greedy). Capturing runs the step twice
-eagerly first (on padding rows only), which also compiles the attention kernel. Every bucket's
-attention shares one `DecodeWorkspace` (its counters): the graphs replay one after another on one
-stream, and each launch leaves the counters at zero.
+eagerly first (on padding rows only), which also compiles the attention kernel.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import warnings
 
 import torch
 
-from .attention import DecodeWorkspace
 from .kv.block_table import PAD_BLOCK
 from .kv.cache import KVCache
 from .model.batch_state import DecodeAttention
@@ -50,7 +47,6 @@ class DecodeGraphs:
                                        device=dev)                                         # [Bmax, M]
         self.logits = torch.zeros(bmax, vocab, dtype=torch.float32, device=dev)           # [Bmax, V]
         self.next_tokens = torch.zeros(bmax, dtype=torch.int64, device=dev)               # [Bmax]
-        self.workspace = DecodeWorkspace(max_batch=bmax, num_kv_heads=model.config.num_kv_heads, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._ready: set[int] = set()
         self._pool = None
@@ -123,7 +119,7 @@ class DecodeGraphs:
         bs = self.kv.block_size
         context_lens = (pos + 1).to(torch.int32)                                            # [B]
         slots = tables.gather(1, (pos // bs).unsqueeze(1)).squeeze(1).to(torch.int64) * bs + pos % bs
-        state = self.model.begin(ids, pos, slots, DecodeAttention(tables, context_lens, self.workspace), self.kv)
+        state = self.model.begin(ids, pos, slots, DecodeAttention(tables, context_lens), self.kv)
         logits = self.model.forward(state)                                                  # [B, V]
         self.logits[:bucket].copy_(logits)
         self.next_tokens[:bucket].copy_(logits.argmax(dim=-1))

@@ -31,7 +31,7 @@ from torch.profiler import record_function
 
 import pulseio
 
-from .attention import DecodeWorkspace, chunk_attention, paged_decode_attention
+from .attention import chunk_attention, paged_decode_attention
 from .config import EngineConfig, GroupScore, OffloadConfig, RecallMode, SparseMode
 from .errors import OffloadCapacityError
 from .kv.block_table import blocks_for
@@ -284,8 +284,7 @@ class PrefillOffload:
 
 class _SparseBatch:
     """A decode batch's selection (shared by both modes): the state of rows [0, B) of the offloader's seats, and
-    the per-step buffers its five launches per layer write (bounds, selection, attention table, lengths, and
-    the attention kernel's counters, which every launch leaves at zero)."""
+    the per-step buffers its five launches per layer write (bounds, selection, attention table, lengths)."""
 
     def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
         o = owner
@@ -300,7 +299,6 @@ class _SparseBatch:
         self.bounds = torch.empty((b, s, c, o.max_blocks), dtype=torch.float32, device=dev)
         self.table = torch.zeros((b, s, k), dtype=torch.int32, device=dev)
         self.context_lens = torch.ones((b, s), dtype=torch.int32, device=dev)
-        self.workspace = DecodeWorkspace(max_batch=b, num_kv_heads=o.model.num_kv_heads, device=dev)
         self.head = None if o.digests.heads is None else o.digests.heads   # per layer, or None (every head)
 
     def start(self, state: BatchState) -> None:
@@ -368,8 +366,7 @@ class DeviceSparseBatch(_SparseBatch):
         """Attention over the layer's selected blocks, in the paged cache."""
         with record_function("offload.attention"):
             return paged_decode_attention(q, self.kv.k(layer), self.kv.v(layer), self.table, self.context_lens,
-                                          self.owner.scale, num_kv_heads=self.owner.model.num_kv_heads,
-                                          workspace=self.workspace)
+                                          self.owner.scale, num_kv_heads=self.owner.model.num_kv_heads)
 
 
 class OffloadBatch(_SparseBatch):
@@ -415,4 +412,4 @@ class OffloadBatch(_SparseBatch):
         hot = self.owner.store.hot                                             # type: ignore[union-attr]
         with record_function("offload.attention"):
             return paged_decode_attention(q, hot[:, 0], hot[:, 1], self.table, self.context_lens, self.owner.scale,
-                                          num_kv_heads=self.owner.model.num_kv_heads, workspace=self.workspace)
+                                          num_kv_heads=self.owner.model.num_kv_heads)

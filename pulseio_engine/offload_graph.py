@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .attention import DecodeWorkspace
 from .kv.cache import KVCache
 from .kv.recall import PendingRecall
 from .model.batch_state import BatchState, DecodeAttention
@@ -61,7 +60,6 @@ class OffloadStepGraph:
         self.positions = torch.zeros(b, dtype=torch.int64, device=dev)
         self.block_tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=dev)
         self.context_lens = torch.ones(b, dtype=torch.int32, device=dev)
-        self.workspace = DecodeWorkspace(max_batch=b, num_kv_heads=model.config.num_kv_heads, device=dev)  # dense
         self.logits: torch.Tensor | None = None
         self._graphs: list[torch.cuda.CUDAGraph] = []
         self._advance_graph: torch.cuda.CUDAGraph | None = None     # split, captured: `advance_nowait`
@@ -252,8 +250,8 @@ class OffloadStepGraph:
         def first() -> None:
             pos = self.positions
             slots = self.block_tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
-            attention = DecodeAttention(self.block_tables, self.context_lens, self.workspace)
-            state = model.begin(self.input_ids, pos, slots, attention, self.kv)
+            state = model.begin(self.input_ids, pos, slots, DecodeAttention(self.block_tables, self.context_lens),
+                                self.kv)
             self.batch.start(state)
             for layer in range(dense):
                 model.layer_step(state, layer)

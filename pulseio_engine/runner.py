@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .attention import DecodeWorkspace
 from .decode_graph import DecodeGraphs
 from .kv.block_table import blocks_for
 from .kv.cache import KVCache
@@ -109,15 +108,12 @@ class ModelRunner:
     # ---- decode ---------------------------------------------------------------------------------
 
     def prepare_decode(self, seqs: Seq[Sequence]) -> BatchState:
-        """An eager (unpadded, graph-free) decode batch state: one token per sequence; the batch's attention
-        counters are its own, zeroed here once for all its layers."""
+        """An eager (unpadded, graph-free) decode batch state: one token per sequence."""
         bs = self.kv.block_size
         pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
         tables = self._table_array(seqs, self.max_blocks_per_seq)
         slots = tables[np.arange(len(seqs)), pos // bs].astype(np.int64) * bs + pos % bs
-        workspace = DecodeWorkspace(max_batch=max(1, len(seqs)), num_kv_heads=self.model.config.num_kv_heads,
-                                    device=self.device)
-        attention = DecodeAttention(self._to_device(tables), self._to_device((pos + 1).astype(np.int32)), workspace)
+        attention = DecodeAttention(self._to_device(tables), self._to_device((pos + 1).astype(np.int32)))
         ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
         return self.model.begin(self._to_device(ids), self._to_device(pos), self._to_device(slots),
                                 attention, self.kv)

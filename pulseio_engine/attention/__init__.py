@@ -3,12 +3,10 @@
 `paged_decode_attention` runs a Triton flash-decoding (split-K) kernel on CUDA tensors and the
 plain-torch reference on CPU; `paged_decode_attention_reference` is the fp32 reference itself.
 `chunk_attention` is a prefill chunk's causal attention over its sequence's keys and values.
-`DecodeWorkspace` holds the Triton kernel's arrival counters, kept by a caller between calls.
 """
 
 from ._decode import paged_decode_attention as paged_decode_attention
 from ._prefill import chunk_attention as chunk_attention
 from ._reference import paged_decode_attention_reference as paged_decode_attention_reference
-from ._workspace import DecodeWorkspace as DecodeWorkspace
 
-__all__ = ["DecodeWorkspace", "chunk_attention", "paged_decode_attention", "paged_decode_attention_reference"]
+__all__ = ["chunk_attention", "paged_decode_attention", "paged_decode_attention_reference"]

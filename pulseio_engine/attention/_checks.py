@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ._workspace import DecodeWorkspace
-
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPE = torch.int32
 
@@ -23,7 +21,6 @@ def check_paged_decode_args(
     scale: float,
     out: torch.Tensor | None = None,
     num_kv_heads: int | None = None,
-    workspace: DecodeWorkspace | None = None,
 ) -> None:
     """Raise TypeError/ValueError naming the offending value and the rule it breaks."""
     for name, t in (
@@ -42,8 +39,6 @@ def check_paged_decode_args(
         raise TypeError(f"scale must be a Python float, got {type(scale).__name__}")
     if out is not None:
         _check_out(q, out)
-    if workspace is not None:
-        _check_workspace(q, workspace, num_kv_heads or k_cache.shape[2])
 
 
 def _check_dims(q, k_cache, v_cache, block_tables, context_lens, num_kv_heads) -> None:
@@ -113,17 +108,3 @@ def _check_out(q: torch.Tensor, out: torch.Tensor) -> None:
         raise TypeError(f"out.dtype ({out.dtype}) must equal q.dtype ({q.dtype})")
     if out.device != q.device:
         raise ValueError(f"out is on {out.device} but q is on {q.device}")
-
-
-def _check_workspace(q: torch.Tensor, workspace: DecodeWorkspace, num_kv_heads: int) -> None:
-    if not isinstance(workspace, DecodeWorkspace):
-        raise TypeError(f"workspace must be a DecodeWorkspace or None, got {type(workspace).__name__}")
-    if workspace.counters.device != q.device:
-        raise ValueError(f"workspace is on {workspace.counters.device} but q is on {q.device}")
-    batch, need, have = q.shape[0], q.shape[0] * num_kv_heads, workspace.counters.numel()
-    if need > have:
-        raise ValueError(
-            f"workspace holds {have} counters (max_batch={workspace.max_batch} x num_kv_heads="
-            f"{workspace.num_kv_heads}) but B x Hkv = {batch} x {num_kv_heads} = {need} are needed: "
-            f"make it with max_batch >= {-(-need // workspace.num_kv_heads)}"
-        )

@@ -6,7 +6,6 @@ import torch
 
 from ._checks import check_paged_decode_args
 from ._reference import paged_decode_attention_reference
-from ._workspace import DecodeWorkspace
 
 
 def paged_decode_attention(
@@ -20,7 +19,6 @@ def paged_decode_attention(
     *,
     out: torch.Tensor | None = None,  # [B, Hq, D], q.dtype; written in place and returned
     num_kv_heads: int | None = None,  # Hkv, with row tables over a cache of Hkv / S heads; default k_cache's
-    workspace: DecodeWorkspace | None = None,  # the split kernel's counters, kept by the caller; unused on CPU
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
     """Decode attention of one new token per sequence over its paged KV cache.
 
@@ -31,15 +29,13 @@ def paged_decode_attention(
 
     On CUDA this is CUDA-graph safe: no host syncs, and the grid depends only on shapes
     (`max_blocks`, not `context_lens` values). Callers must keep context_lens <= max_blocks * block_size.
-    A caller that decodes every step keeps a `DecodeWorkspace` and passes it: without one, a launch that
-    splits the context zeroes a fresh counter buffer (one memset more).
     """
-    check_paged_decode_args(q, k_cache, v_cache, block_tables, context_lens, scale, out, num_kv_heads, workspace)
+    check_paged_decode_args(q, k_cache, v_cache, block_tables, context_lens, scale, out, num_kv_heads)
     if q.is_cuda:
         from ._launch import paged_decode_attention_triton  # Triton is imported only on the CUDA path
 
         return paged_decode_attention_triton(q, k_cache, v_cache, block_tables, context_lens, scale, out=out,
-                                             num_kv_heads=num_kv_heads, workspace=workspace)
+                                             num_kv_heads=num_kv_heads)
     result = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
                                               num_kv_heads=num_kv_heads)
     if out is None:

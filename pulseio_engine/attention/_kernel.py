@@ -12,10 +12,8 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
 - Tiles gather tokens through the block table, one page id per token: token t of the sequence lives at
   page block_tables[b, t // PAGE_SIZE], slot t % PAGE_SIZE. BLOCK_N may be smaller or larger than a page.
   Page ids are loaded only for t < context_len, so unused block-table entries are never read.
-- Each split writes its output normalised, plus its log-sum-exp (base 2), then counts itself in; the
-  last split of a (sequence, KV head) to arrive merges every split's partial into the output, so one
-  launch does the whole attention (see "The last split merges" below). With one split the program
-  writes the final output itself (DIRECT): no partials, no counter.
+- Each split writes its output normalised, plus its log-sum-exp (base 2); `_reduce_splits_kernel`
+  merges the splits. With one split the first kernel writes the final output itself (DIRECT).
 - Latency hiding: page ids are loaded one tile ahead in registers so that Triton's software pipeliner
   (num_stages) keeps num_stages - 1 K/V tiles in flight through a cp.async ring; PREFETCH=True is an
   alternative for num_stages=1 that holds the next tile in registers instead. Which wins is measured by
@@ -26,26 +24,6 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
   its KV heads, each with its own context length (the selected blocks differ per row). The cache holds
   CACHE_HEADS heads per page: every KV head (the paged cache: head kv_head) or one row's (a pool of
   per-row units: head kv_head % CACHE_HEADS). Plain tables are the case TABLE_ROWS = 1.
-
-The last split merges. Each (sequence, KV head) has an int32 counter, zero when the launch starts
-(`DecodeWorkspace`). A split program stores its partial output and log-sum-exp, then adds 1 to the
-counter with one atomic of acq_rel semantics at GPU scope; the value it gets back says how many splits
-arrived before it, and the one that gets num_splits - 1 reads every split's partial for the GROUP query
-heads, writes the merged output in q.dtype and stores 0 back into the counter. The ordering this needs:
-
-- release: a split's partial must be visible before its increment is. Its stores come before the atomic
-  in program order, but they are made by every thread of the program while a scalar atomic is issued by
-  one, and release orders only the issuing thread's own earlier writes. So a CTA barrier
-  (`tl.debug_barrier`) comes first: every thread's stores happen before the releasing thread's atomic.
-  Triton 3.9 emits such a barrier before a release atomic on its own; older versions, which pyproject
-  allows, do not, so the kernel keeps its own.
-- acquire: the last program's atomic reads the value that every other split's release wrote, so their
-  partials are visible to its issuing thread, and a second CTA barrier right after it carries that to
-  every thread that loads them (the barrier-release / acquire-barrier pair of CUTLASS's semaphore). The
-  loads sit under the branch on the atomic's result, so none can be issued before it.
-- the reset needs no ordering within the launch (no split touches the counter after the last one);
-  the next launch on the stream starts after this one ends, so it finds zeros. Two launches sharing
-  counters at the same time (two streams) would mix their counts: a workspace belongs to one stream.
 """
 
 from __future__ import annotations
@@ -96,10 +74,8 @@ def _paged_decode_split_kernel(
     v_ptr,
     bt_ptr,
     lens_ptr,
-    out_ptr,
-    part_ptr,
+    o_ptr,
     lse_ptr,
-    cnt_ptr,
     scale_log2,
     num_splits,
     max_context,
@@ -121,10 +97,8 @@ def _paged_decode_split_kernel(
     stride_lens_s,
     stride_ob,
     stride_oh,
+    stride_os,
     stride_od,
-    stride_pb,
-    stride_ph,
-    stride_ps,
     stride_lb,
     stride_lh,
     GROUP: tl.constexpr,
@@ -137,7 +111,6 @@ def _paged_decode_split_kernel(
     PREFETCH: tl.constexpr,
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -198,38 +171,43 @@ def _paged_decode_split_kernel(
     has_work = l_i > 0.0  # false only for splits past the end of a short context
     l_safe = tl.where(has_work, l_i, 1.0)
     o = acc / l_safe[:, None]
-    o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
+    o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
     if DIRECT:
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None])
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])
     else:
-        part_ptrs = part_ptr + b * stride_pb + heads[:, None] * stride_ph + offs_d[None, :]  # [GROUP_PAD, HEAD_DIM]
-        lse_ptrs = lse_ptr + b * stride_lb + heads * stride_lh  # [GROUP_PAD]
-        tl.store(part_ptrs + split * stride_ps, o, mask=g_mask[:, None])
-        tl.store(lse_ptrs + split, tl.where(has_work, m_i + tl.log2(l_safe), float("-inf")), mask=g_mask)
-        tl.debug_barrier()  # every thread's stores before the one-thread release (module doc)
-        counter = cnt_ptr + b * tl.num_programs(0) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
-            tl.debug_barrier()  # the acquire holds for every thread's loads below (module doc)
-            _merge_splits(part_ptr + b * stride_pb, lse_ptr + b * stride_lb, out_ptr + b * stride_ob,
-                          kv_head * GROUP, num_splits, stride_ph, stride_ps, stride_lh, stride_oh, stride_od,
-                          GROUP, SPLITS_PAD, HEAD_DIM)  # fmt: skip
-            tl.store(counter, 0)  # ready for the next launch, no memset
+        tl.store(o_ptrs + split * stride_os, o, mask=g_mask[:, None])
+        lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
 
 
 @triton.jit
-def _merge_splits(part_row, lse_row, out_row, head0, num_splits, stride_ph, stride_ps, stride_lh, stride_oh, stride_od,
-                  GROUP: tl.constexpr, SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
-    """Write the output of heads [head0, head0 + GROUP) from every split's normalised partial and log-sum-exp
-    (base 2): sum_s 2^lse_s * part_s / sum_s 2^lse_s. One head at a time, each with all its splits in one
-    [SPLITS_PAD, HEAD_DIM] load, so the merge waits on GROUP loads, not on one per split."""
+def _reduce_splits_kernel(
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    head = tl.program_id(0)
+    b = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
     s_mask = offs_s < num_splits
-    for g in range(0, GROUP):
-        head = head0 + g
-        lse = tl.load(lse_row + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-        weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has tokens, so the max is finite
-        part = tl.load(part_row + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                       mask=s_mask[:, None], other=0.0)  # fmt: skip
-        o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-        tl.store(out_row + head * stride_oh + offs_d * stride_od, o.to(out_row.dtype.element_ty))
+    lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has work, so the max is finite
+    part = tl.load(
+        part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )  # [SPLITS_PAD, HEAD_DIM]
+    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d * stride_od, o.to(out_ptr.dtype.element_ty))

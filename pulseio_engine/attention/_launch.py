@@ -10,13 +10,10 @@ fit on an SM (shared-memory ring and registers), ask for at least _MIN_WAVES wav
 costs little), and among up to twice that many splits take the one whose last wave is fullest.
 
 Short tables (at most _SHORT_TILES tiles: a sparse layer's selected blocks, a budget of 2048 tokens) are
-a few microseconds of work, where each program's prologue and the merge of the splits weigh: two pipeline
+a few microseconds of work, where each program's prologue and the reduce launch weigh: two pipeline
 stages and about _SHORT_PROGRAMS_PER_SM programs an SM, except that two splits or fewer become one (no
-partials to write and merge). The sparse shapes of benchmarks/bench_attention.py measure these against the
-rule for long contexts.
-
-One launch a call: with splits, the last split of each (sequence, KV head) merges them (`_kernel`), counting
-arrivals in a `DecodeWorkspace` the caller keeps, or in a fresh zeroed buffer when it passes none.
+reduce kernel). The sparse shapes of benchmarks/bench_attention.py measure these against the rule for long
+contexts.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from . import _kernel
-from ._workspace import DecodeWorkspace
 
 _TILE_BYTES = 16384  # bytes of one K (or V) tile per loop iteration: 64 tokens at D=128 in bf16
 _NUM_WARPS = 4
@@ -45,7 +41,7 @@ _SHORT_PROGRAMS_PER_SM = 4
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """One launch configuration; with `num_splits == 1` each program writes the output directly (no partials)."""
+    """One launch configuration; `num_splits == 1` skips the reduce kernel."""
 
     block_n: int  # tokens per loop iteration (power of two >= 16)
     num_warps: int
@@ -138,9 +134,8 @@ def paged_decode_attention_triton(
     out: torch.Tensor | None = None,  # [B, Hq, D], q.dtype
     config: DecodeConfig | None = None,
     num_kv_heads: int | None = None,  # Hkv; default C
-    workspace: DecodeWorkspace | None = None,  # counters for B * Hkv pairs; None: a fresh zeroed buffer
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
-    """Launch the split kernel, which also merges the splits when num_splits > 1; arguments pre-checked."""
+    """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
     check_triton_shapes(q, k_cache)
     batch, hq, head_dim = q.shape
     _, page_size, cache_heads, _ = k_cache.shape
@@ -167,26 +162,22 @@ def paged_decode_attention_triton(
     splits = config.num_splits
     direct = splits == 1
     if direct:
-        part, lse, counters = out, out, out  # unused when DIRECT
-        part_strides, lse_strides = (0, 0, 0), (0, 0)
+        part, lse = out, out  # lse is unused when DIRECT
+        part_strides = (out.stride(0), out.stride(1), 0, out.stride(2))
+        lse_strides = (0, 0)
     else:
         part = torch.empty((batch, hq, splits, head_dim), dtype=torch.float32, device=q.device)
         lse = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
-        part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-        if workspace is None:
-            counters = torch.zeros(batch * hkv, dtype=torch.int32, device=q.device)
-        else:
-            counters = workspace.counters
+        part_strides = part.stride()
+        lse_strides = lse.stride()[:2]
     _kernel._paged_decode_split_kernel[(hkv, splits, batch)](
         q,
         k_cache,
         v_cache,
         block_tables,
         context_lens,
-        out,
         part,
         lse,
-        counters,
         float(scale) * 1.4426950408889634,
         splits,
         max_blocks * page_size,
@@ -195,7 +186,6 @@ def paged_decode_attention_triton(
         *v_cache.stride(),
         *table_strides,
         *lens_strides,
-        *out.stride(),
         *part_strides,
         *lse_strides,
         GROUP=group,
@@ -208,8 +198,21 @@ def paged_decode_attention_triton(
         PREFETCH=config.prefetch,
         HEADS_PER_ROW=hkv // rows,
         CACHE_HEADS=cache_heads,
-        SPLITS_PAD=max(2, _next_pow2(splits)),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+    if not direct:
+        splits_pad = max(2, _next_pow2(splits))
+        _kernel._reduce_splits_kernel[(hq, batch)](
+            part,
+            lse,
+            out,
+            splits,
+            *part.stride()[:3],
+            *lse.stride()[:2],
+            *out.stride(),
+            SPLITS_PAD=splits_pad,
+            HEAD_DIM=head_dim,
+            num_warps=4 if splits_pad * head_dim <= 4096 else 8,
+        )
     return out

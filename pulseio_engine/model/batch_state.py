@@ -13,7 +13,6 @@ from typing import Protocol
 
 import torch
 
-from ..attention import DecodeWorkspace
 from ..kv.cache import KVCache
 
 
@@ -21,7 +20,6 @@ from ..kv.cache import KVCache
 class DecodeAttention:
     block_tables: torch.Tensor   # [B, max_blocks] int32, device
     context_lens: torch.Tensor   # [B] int32, device; includes the token being decoded
-    workspace: DecodeWorkspace | None = None   # the attention kernel's counters, kept by whoever keeps the tables
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class CausalLM:
             state.kv.write(layer_idx, k, v, state.kv_rows)
             meta = state.attention
             attn = paged_decode_attention(q, state.kv.k(layer_idx), state.kv.v(layer_idx), meta.block_tables,
-                                          meta.context_lens, self.scale, workspace=meta.workspace)
+                                          meta.context_lens, self.scale)
         else:
             state.kv.write(layer_idx, k, v, state.kv_rows)
             attn = self._prefill_attention(q, state.kv, layer_idx, state.attention)

@@ -35,7 +35,7 @@ def test_long_contexts_get_enough_programs_to_fill_the_sms(launch, batch, hkv, h
 @pytest.mark.parametrize("hkv", [8, 2])
 def test_short_tables_take_two_stages_and_fewer_splits_as_the_batch_grows(launch, hkv):
     """A sparse layer's table (128 pages of 16: 32 tiles of 64 tokens): about four programs an SM, never two
-    splits (one is cheaper: no partials to write and merge), never more splits than tiles allow."""
+    splits (one is cheaper: no reduce kernel), never more splits than tiles allow."""
     splits = []
     for batch in (1, 2, 4, 8, 12, 16, 24, 32, 64, 128):
         config = launch.choose_config(batch=batch, num_kv_heads=hkv, head_dim=128, page_size=16, max_blocks=128,

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from pulseio_engine.attention import DecodeWorkspace, paged_decode_attention, paged_decode_attention_reference
+from pulseio_engine.attention import paged_decode_attention, paged_decode_attention_reference
 from pulseio_engine.attention.testing import dense_attention, random_paged_case
 
 SHAPES = [  # (Hq, Hkv, D): MHA, SmolLM2 (group 3), Qwen3-like (group 5) with D=128
@@ -72,21 +72,6 @@ def test_dispatcher_on_cpu_writes_out_and_matches_reference():
     torch.testing.assert_close(out, _run(case))
 
 
-def test_dispatcher_on_cpu_takes_a_workspace_and_leaves_it_alone():
-    case = random_paged_case(context_lens=[7, 33, 64], num_q_heads=10, num_kv_heads=2, head_dim=64)
-    workspace = DecodeWorkspace(max_batch=4, num_kv_heads=2, device="cpu")
-    got = paged_decode_attention(
-        case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale, workspace=workspace
-    )
-    torch.testing.assert_close(got, _run(case))
-    assert workspace.counters.shape == (8,) and not workspace.counters.any()
-
-
-def test_workspace_validates():
-    with pytest.raises(ValueError, match=r"^max_batch and num_kv_heads must be >= 1, got 0 and 2$"):
-        DecodeWorkspace(max_batch=0, num_kv_heads=2, device="cpu")
-
-
 def _args():
     case = random_paged_case(context_lens=[4, 9], num_q_heads=4, num_kv_heads=2, head_dim=64)
     return dict(
@@ -136,17 +121,6 @@ def _args():
             lambda a: a.update(q=a["q"][:, :, :32]),
             ValueError,
             "head_dim of q (32) must equal head_dim of k_cache",
-        ),
-        (
-            lambda a: a.update(workspace=DecodeWorkspace(max_batch=1, num_kv_heads=2, device="cpu")),
-            ValueError,
-            "workspace holds 2 counters (max_batch=1 x num_kv_heads=2) but B x Hkv = 2 x 2 = 4 are needed: "
-            "make it with max_batch >= 2",
-        ),
-        (
-            lambda a: a.update(workspace=torch.zeros(8, dtype=torch.int32)),
-            TypeError,
-            "workspace must be a DecodeWorkspace or None, got Tensor",
         ),
     ],
 )
