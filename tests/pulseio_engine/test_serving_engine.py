@@ -87,6 +87,17 @@ def test_the_copier_belongs_to_the_offload_modes() -> None:
     assert ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1, host_kv_bytes=1, copier_ctas=8).copier_ctas == 8
 
 
+def test_several_normal_steps_a_round_need_captured_steps_on_a_gpu(tiny_qwen3) -> None:
+    """Refused before anything is allocated (this machine need not have a GPU): an eager advance inside the
+    offload batch's step could be a kernel's first launch, which waits for the copier."""
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 26, host_kv_bytes=1 << 26, normal_steps=2)
+    ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match=r"normal_steps=2 advances the normal batch .* use CUDA graphs or "
+                                         r"normal_steps=1"):
+        ServingEngine(config, ckpt, device="cuda", dtype=DType.BFLOAT16, max_model_len=256, heads=HEADS,
+                      use_cuda_graphs=False)
+
+
 def test_the_offload_batch_builds_one_step_per_size_whatever_its_members(tiny_qwen3, monkeypatch) -> None:
     """Requests finish at different rounds and one leaves the offload class and comes back: the offload batch's
     members change at nearly every round, its step is built once per batch size (then replayed), and the
