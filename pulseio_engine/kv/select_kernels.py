@@ -171,6 +171,18 @@ def _select_kernel(
     else:
         score = tl.load(b_row + ids, mask=in_table, other=0.0)
     key = _order_key(score)
+    # loads that do not depend on the selection, issued now so that their latency passes during the search
+    t_row = table_ptr + b * stride_tb + s * stride_ts
+    if HOT:
+        r_row = res_ptr + b * stride_rb + s * stride_rs
+        o_row = owner_ptr + b * stride_ob + s * stride_os
+        hot_row = hot_ptr + b * stride_hb + s * stride_hs
+        res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
+        j = tl.arange(0, KB)
+        own = tl.load(o_row + j, mask=j < K, other=-1).to(tl.int32)
+    else:
+        bt_row = bt_ptr + b * stride_btb
+        phys = tl.load(bt_row + ids * stride_btn, mask=real, other=0).to(tl.int32)
     forced = real & ((ids < SINK) | (ids >= n - LOCAL))
     middle = real & ~forced
     m_row = mask_ptr + b * stride_mb + s * stride_ms
@@ -214,16 +226,9 @@ def _select_kernel(
         tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
     offset = (n_tok - 1) % BLOCK_SIZE
     tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
-    t_row = table_ptr + b * stride_tb + s * stride_ts
     if HOT:
         tl.debug_barrier()                                      # the mask is visible to every thread
-        r_row = res_ptr + b * stride_rb + s * stride_rs
-        o_row = owner_ptr + b * stride_ob + s * stride_os
-        h_row = hot_ptr + b * stride_hb + s * stride_hs
-        res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
         need_it = chosen & (res < 0)                            # selected, not resident: recalled
-        j = tl.arange(0, KB)
-        own = tl.load(o_row + j, mask=j < K, other=-1).to(tl.int32)
         held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
         empty = (j < K) & (own < 0)
         evictable = (own >= 0) & ~held
@@ -239,9 +244,9 @@ def _select_kernel(
         tl.store(r_row + own, tl.full([KB], -1, tl.int64), mask=evictable & (free_rank < n_need))
         tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
         tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
-        dev = tl.load(h_row + index, mask=chosen, other=0)      # device slot of every chosen block
+        dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
         tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
-        tl.store(t_row + ids, tl.load(h_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
+        tl.store(t_row + ids, tl.load(hot_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
         last = ids == n - 1                                     # the block being written
         tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
         at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
@@ -259,10 +264,8 @@ def _select_kernel(
             tl.store(dst, k_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
             tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
     else:
-        bt_row = bt_ptr + b * stride_btb
-        phys = tl.load(bt_row + ids * stride_btn, mask=chosen, other=0)
-        tl.store(t_row + pos, phys.to(tl.int32), mask=chosen)
-        tl.store(t_row + ids, tl.load(bt_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
+        tl.store(t_row + pos, phys, mask=chosen)
+        tl.store(t_row + ids, tl.load(bt_ptr + b * stride_btb).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
 
 
 def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
