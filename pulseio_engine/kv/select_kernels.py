@@ -180,6 +180,7 @@ def _select_kernel(
         res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
         j = tl.arange(0, KB)
         own = tl.load(o_row + j, mask=j < K, other=-1).to(tl.int32)
+        units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=real, other=0)
     else:
         bt_row = bt_ptr + b * stride_btb
         phys = tl.load(bt_row + ids * stride_btn, mask=real, other=0).to(tl.int32)
@@ -214,8 +215,19 @@ def _select_kernel(
     picked = _top(key, member, need, PER_THREAD) | whole
     chosen = tl.where(n > K, forced | picked, real)
 
-    pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1          # where each chosen id lands, ascending
-    n_sel = tl.sum(chosen.to(tl.int32), axis=0)
+    if HOT:  # the chosen blocks and those of them to recall, counted in one scan and one sum: 16 bits each,
+        # unsigned, so 32,768 of them do not turn negative
+        need_it = chosen & (res < 0)                            # selected, not resident: recalled
+        both = chosen.to(tl.uint32) + (need_it.to(tl.uint32) << 16)
+        ranks = tl.cumsum(both, axis=0)
+        pos = (ranks & 0xFFFF).to(tl.int32) - 1                 # where each chosen id lands, ascending
+        rank = (ranks >> 16).to(tl.int32) - 1                   # each recalled block's place among them
+        totals = tl.sum(both, axis=0)
+        n_sel = (totals & 0xFFFF).to(tl.int32)
+        n_need = (totals >> 16).to(tl.int32)
+    else:
+        pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+        n_sel = tl.sum(chosen.to(tl.int32), axis=0)
     pad = (ids >= n_sel) & (ids < K)
     s_row = sel_ptr + b * stride_selb + s * stride_sels
     tl.store(s_row + pos, ids.to(tl.int64), mask=chosen)
@@ -228,17 +240,16 @@ def _select_kernel(
     tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
     if HOT:
         tl.debug_barrier()                                      # the mask is visible to every thread
-        need_it = chosen & (res < 0)                            # selected, not resident: recalled
         held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
         empty = (j < K) & (own < 0)
         evictable = (own >= 0) & ~held
-        n_empty = tl.sum(empty.to(tl.int32), axis=0)
-        free_rank = tl.where(empty, tl.cumsum(empty.to(tl.int32), axis=0) - 1,
-                             n_empty + tl.cumsum(evictable.to(tl.int32), axis=0) - 1)
+        free = empty.to(tl.uint32) + (evictable.to(tl.uint32) << 16)        # both counted in one scan
+        free_ranks = tl.cumsum(free, axis=0)
+        n_empty = (tl.sum(free, axis=0) & 0xFFFF).to(tl.int32)
+        free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
+                             n_empty + (free_ranks >> 16).to(tl.int32) - 1)
         scratch = scratch_ptr + (b * tl.num_programs(0) + s) * KB
         tl.store(scratch + free_rank, j, mask=empty | evictable)   # free rank -> hot index
-        rank = tl.cumsum(need_it.to(tl.int32), axis=0) - 1
-        n_need = tl.sum(need_it.to(tl.int32), axis=0)
         tl.debug_barrier()
         index = tl.where(need_it, tl.load(scratch + rank, mask=need_it, other=0), res)   # hot index, chosen ids
         tl.store(r_row + own, tl.full([KB], -1, tl.int64), mask=evictable & (free_rank < n_need))
@@ -250,7 +261,6 @@ def _select_kernel(
         last = ids == n - 1                                     # the block being written
         tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
         at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
-        units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=need_it, other=0)
         tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
         tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
         if WRITE_KV:
