@@ -105,17 +105,23 @@ class _Request:
     earlier: list[int] = field(default_factory=list)  # tokens generated before its last move
 
 
+def check_step_graphs(config: ServingConfig, device: str, use_cuda_graphs: bool) -> None:
+    """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the offload
+    batch's step, where an eager kernel launched for the first time waits for the copier."""
+    if config.normal_steps > 1 and not use_cuda_graphs and torch.device(device).type == "cuda":
+        raise ValueError(f"normal_steps={config.normal_steps} advances the normal batch between its steps inside "
+                         "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "
+                         "launched there for the first time waits for the copier); use CUDA graphs or "
+                         "normal_steps=1")
+
+
 class ServingEngine:
     """See the module doc. Global request ids are the caller's; each engine keeps its own."""
 
     def __init__(self, config: ServingConfig, checkpoint: Checkpoint, *, device: str, dtype: DType,
                  max_model_len: int, seed: int = 0, heads: RetrievalHeads | None = None,
                  use_cuda_graphs: bool = True, compile_decode: bool | None = None) -> None:
-        if config.normal_steps > 1 and not use_cuda_graphs and torch.device(device).type == "cuda":
-            raise ValueError(f"normal_steps={config.normal_steps} advances the normal batch between its steps inside "
-                             "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "
-                             "launched there for the first time waits for the copier); use CUDA graphs or "
-                             "normal_steps=1")
+        check_step_graphs(config, device, use_cuda_graphs)
         self.config = config
         model = checkpoint.config
         self.footprint, self.sizes = plan_pools(config, model, dtype)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine, StepOutcome
 from pulseio_engine.serving.gpu_busy import busy_fraction
 from pulseio_engine.serving.metrics import Recorder, bucket_of
-from pulseio_engine.serving.replay import WARMUP_TOKENS, warm_up
+from pulseio_engine.serving.replay import WARMUP_TOKENS, ReplayOptions, replay, warm_up
 from pulseio_engine.serving.report import ReportError, check_report, labels, load_report, table
+from pulseio_engine.trace import TraceOptions, open_trace
 
 SLICES = {
     "mooncake": ["--trace", "mooncake-sample", "--requests", "50", "--max-input", "1536", "--max-output", "12",
@@ -230,6 +232,19 @@ def test_a_host_pool_larger_than_the_host_is_refused_before_anything_is_allocate
     err = capsys.readouterr().err
     assert "--host-kv-gib asks for a host pool of 2.00 GiB, more than the 1.00 GiB this machine offers" in err
     assert "building" not in err
+
+
+def test_several_normal_steps_without_graphs_on_a_gpu_are_refused_before_the_model_is_built(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The serving engine's rule, checked by the replay before it loads the weights (this machine need not have a
+    GPU: nothing reaches one)."""
+    module = sys.modules[replay.__module__]
+    monkeypatch.setattr(module, "load_checkpoint",
+                        lambda *a, **k: pytest.fail("the replay built the model before refusing its options"))
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 22, host_kv_bytes=1 << 28, normal_steps=2)
+    trace = open_trace(TraceOptions("mooncake-sample", max_requests=2, max_input=512, max_output=4))
+    with pytest.raises(ValueError, match=r"normal_steps=2 advances the normal batch .* use CUDA graphs"):
+        replay(trace, open_model("tiny"), config, ReplayOptions(device="cuda", use_cuda_graphs=False))
 
 
 def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytest.CaptureFixture) -> None:
