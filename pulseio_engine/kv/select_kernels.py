@@ -109,7 +109,7 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
     counted = tl.where(member, key, -2147483648)    # every threshold tried is above INT32_MIN: never counted
     t = tl.zeros([], tl.int64)                   # threshold so far, in unsigned key space [0, 2^32)
     step = tl.zeros([], tl.int32)
-    exact = step != 0                            # False: no threshold has been counted yet
+    exact = tl.zeros([], tl.int1)                # no threshold has been counted yet
     while (step < 16) & (exact == 0):           # 2 bits a step, high first: t -> the need-th largest key
         digit = tl.full([], 1, tl.int64) << (30 - 2 * step).to(tl.int64)
         base = t - 2147483648                    # back to the signed keys
