@@ -15,13 +15,15 @@ import torch
 from pulseio import DmaConfig
 from pulseio_engine.cli import main
 from pulseio_engine.config import DType
+from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine, StepOutcome
 from pulseio_engine.serving.gpu_busy import busy_fraction
 from pulseio_engine.serving.metrics import Recorder, bucket_of
-from pulseio_engine.serving.replay import WARMUP_TOKENS, ReplayOptions, replay, warm_up
+from pulseio_engine.serving.replay import WARMUP_TOKENS, ReplayOptions, replay, sweep_sizes, warm_up
 from pulseio_engine.serving.report import ReportError, check_report, labels, load_report, table
 from pulseio_engine.trace import TraceOptions, open_trace
 
@@ -201,6 +203,55 @@ def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_
         serving.config = small
         warm_up(serving, source, 512, seed=0)
         assert rounds == []
+
+
+def _tiny_serving(source, config: ServingConfig) -> ServingEngine:  # type: ignore[no-untyped-def]
+    m = source.config
+    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
+    return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
+                         dtype=DType.FLOAT32, max_model_len=512, heads=heads)
+
+
+def _rounds_after_warm_up(every_size: bool) -> tuple[list[tuple[int, int]], int, int]:
+    """-> the warm-up's rounds (normal, offload batch sizes), the sweep's top size, and the step graphs built by
+    rounds of 3 offload and 2 normal requests, then 2 offload requests alone, run after it."""
+    source = open_model("tiny")
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
+                           max_batch=8)
+    with _tiny_serving(source, config) as serving:
+        rounds: list[tuple[int, int]] = []
+        step = serving.step
+
+        def counted() -> StepOutcome:
+            out = step()
+            rounds.append((out.normal_batch, out.offload_batch))
+            return out
+
+        serving.step = counted                                          # type: ignore[method-assign]
+        warm_up(serving, source, 512, seed=0, every_size=every_size)
+        top = sweep_sizes(serving, 64)
+        rid = 0
+        for batch in ({KVClass.OFFLOAD: 3, KVClass.NORMAL: 2}, {KVClass.OFFLOAD: 2}):
+            for kv_class, n in batch.items():                           # long enough to select and recall
+                for _ in range(n):
+                    serving.add(rid, [7 + rid] * 200, 3, kv_class, RandomKV(199, seed=rid))
+                    rid += 1
+            while serving.has_unfinished():
+                serving.step()
+        return rounds, top, serving.step_graphs_built()
+
+
+def test_the_warm_up_can_meet_every_batch_size_so_that_no_step_is_captured_on_the_clock() -> None:
+    rounds, top, built = _rounds_after_warm_up(every_size=True)
+    assert top >= 3, "the caps should let the sweep reach the sizes the rounds after it use"
+    warm = rounds[:rounds.index((2, 3))]
+    for n in range(1, top + 1):                                         # each size twice: eager, then captured
+        for sizes in ((1, n), (0, n), (n, 1), (n, 0)):
+            assert warm.count(sizes) >= 2, (sizes, warm)
+    assert max(max(r) for r in warm) == top
+    assert built == 0
+    rounds, _, built = _rounds_after_warm_up(every_size=False)
+    assert built == 2          # without the sweep: the offload batch of 3 beside the normal one, and of 2 alone
 
 
 def test_replay_plots(reports: dict[str, dict], tmp_path: Path) -> None:
