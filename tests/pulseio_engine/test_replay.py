@@ -17,7 +17,7 @@ from pulseio_engine.cli import main
 from pulseio_engine.config import DType
 from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
-from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.model.checkpoint import ModelSource, load_checkpoint, open_model
 from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine, StepOutcome
@@ -176,23 +176,34 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
 
 
-def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_zero() -> None:
-    source = open_model("tiny")
+def _tiny_serving(source: ModelSource) -> ServingEngine:
+    """A pulseinfer serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to 8."""
     m = source.config
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
                            max_batch=8)
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
-    with ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
-                       dtype=DType.FLOAT32, max_model_len=512, heads=heads) as serving:
-        rounds: list[tuple[int, int]] = []
-        step = serving.step
+    return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
+                         dtype=DType.FLOAT32, max_model_len=512, heads=heads)
 
-        def counted() -> StepOutcome:
-            out = step()
-            rounds.append((out.normal_batch, out.offload_batch))
-            return out
 
-        serving.step = counted                                          # type: ignore[method-assign]
+def _record_rounds(serving: ServingEngine) -> list[tuple[int, int]]:
+    """-> a list that each round of `serving` appends its (normal, offload) batch sizes to."""
+    rounds: list[tuple[int, int]] = []
+    step = serving.step
+
+    def counted() -> StepOutcome:
+        out = step()
+        rounds.append((out.normal_batch, out.offload_batch))
+        return out
+
+    serving.step = counted                                              # type: ignore[method-assign]
+    return rounds
+
+
+def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_zero() -> None:
+    source = open_model("tiny")
+    with _tiny_serving(source) as serving:
+        rounds = _record_rounds(serving)
         assert warm_up(serving, source, 512, seed=0) > 0
         assert rounds == [(1, 1)] * WARMUP_TOKENS + [(2, 2)] * WARMUP_TOKENS
         assert not serving.has_unfinished() and serving.rounds == 0 and not serving.batch_sizes
@@ -205,29 +216,12 @@ def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_
         assert rounds == []
 
 
-def _tiny_serving(source, config: ServingConfig) -> ServingEngine:  # type: ignore[no-untyped-def]
-    m = source.config
-    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
-    return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
-                         dtype=DType.FLOAT32, max_model_len=512, heads=heads)
-
-
 def _rounds_after_warm_up(every_size: bool) -> tuple[list[tuple[int, int]], int, int]:
     """-> the warm-up's rounds (normal, offload batch sizes), the sweep's top size, and the step graphs built by
     rounds of 3 offload and 2 normal requests, then 2 offload requests alone, run after it."""
     source = open_model("tiny")
-    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
-                           max_batch=8)
-    with _tiny_serving(source, config) as serving:
-        rounds: list[tuple[int, int]] = []
-        step = serving.step
-
-        def counted() -> StepOutcome:
-            out = step()
-            rounds.append((out.normal_batch, out.offload_batch))
-            return out
-
-        serving.step = counted                                          # type: ignore[method-assign]
+    with _tiny_serving(source) as serving:
+        rounds = _record_rounds(serving)
         warm_up(serving, source, 512, seed=0, every_size=every_size)
         top = sweep_sizes(serving, 64)
         rid = 0
