@@ -96,6 +96,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         "(auto: wall on a GPU, virtual on a CPU)")
     r.add_argument("--gpu-busy-every", type=int_at_least(0), default=200,
                    help="profile the GPU's timeline 5 rounds in every this many (0: never)")
+    r.add_argument("--timeline-dir", type=Path, default=None, metavar="DIR",
+                   help="write the timelines of the rounds --gpu-busy-every profiles (GPU kernels and the host's "
+                        "calls; Chrome trace JSON, one file a window: open them in Perfetto) into this folder")
     r.add_argument("--json", type=Path, default=None, help="write the report here")
     r.add_argument("--plot", type=Path, default=None, help="write its four panels here (PNG)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="run every piece eagerly")
@@ -122,6 +125,11 @@ def _replay(args: argparse.Namespace) -> int:
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None:
             check_writable(prog, option, path)
+    if args.timeline_dir is not None:
+        check_writable(prog, "--timeline-dir", args.timeline_dir / "rounds-0-0.json")
+        if args.gpu_busy_every == 0:
+            raise UsageError(prog, "--timeline-dir writes the windows --gpu-busy-every profiles, and "
+                                   "--gpu-busy-every 0 profiles none; give it a period (say 200)")
     config = _serving_config(prog, args)
     trace = open_trace(TraceOptions(args.trace, TraceFormat(args.format), args.seed, args.start, args.duration,
                                     args.requests, args.time_scale, args.max_input, args.max_output))
@@ -133,7 +141,8 @@ def _replay(args: argparse.Namespace) -> int:
     say = _say(prog)
     options = ReplayOptions(device=device, clock=None if args.clock == "auto" else ClockKind(args.clock),
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
-                            use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup)
+                            use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup,
+                            timeline_dir=args.timeline_dir)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
     status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows
@@ -156,6 +165,11 @@ def _replay(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_run(report, args.plot)
         print(f"wrote {args.plot}")
+    if args.timeline_dir is not None:
+        written = sorted(args.timeline_dir.glob("rounds-*.json"))
+        print(f"wrote {len(written)} timelines to {args.timeline_dir}" if written else
+              f"wrote no timeline to {args.timeline_dir}: the replay ran fewer than --gpu-busy-every "
+              f"{args.gpu_busy_every} rounds")
     return 0 if report["summary"]["complete"] else 1
 
 

@@ -5,11 +5,16 @@ last kernel's end), so overlapping kernels count once. pulseio's own kernels are
 copier and the device waits spin while they hold the GPU (a wait kernel is the GPU idle, waiting for a
 recall), and the publish is a one-thread store. Profiling costs time, so only every `every`-th window of
 `rounds` rounds is profiled, and the windows' events are walked only when the fraction is asked for (after
-the replay), not between rounds; None on a CPU.
+the replay), not between rounds; None on a CPU. With `timeline_dir`, the same windows also record the host's
+side (CPU activity, on a CPU too) and are written there as Chrome traces when they are walked, one file a
+window, to be read in Perfetto or `chrome://tracing`: where the GPU stands idle, and what the host did then.
+Recording the host's calls slows the host in those windows, so a run with timelines reads a lower busy
+fraction than one without.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 PULSEIO_KERNELS = ("resident_copy", "wait_word", "wait_seq", "publish_kernel")
@@ -31,33 +36,44 @@ def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float
 class BusyMeter:
     """Profiles `rounds` rounds out of every `every` on a GPU; `fraction()` over the windows profiled."""
 
-    def __init__(self, device: str, *, every: int = 50, rounds: int = 5) -> None:
-        self.enabled = device.startswith("cuda")
+    def __init__(self, device: str, *, every: int = 50, rounds: int = 5, timeline_dir: Path | None = None) -> None:
+        self.gpu = device.startswith("cuda")
+        self.enabled = self.gpu or timeline_dir is not None
         self.every, self.rounds = every, min(rounds, every)
+        self.timeline_dir = timeline_dir
+        self.timelines: list[Path] = []                   # the traces written so far
         self._round = 0
         self._prof: Any = None
-        self._stopped: list[Any] = []                     # profiled windows not walked yet
+        self._stopped: list[tuple[Any, int]] = []         # profiled windows not walked yet, with their first round
         self._windows: list[tuple[float, float]] = []     # (busy seconds, window seconds)
 
     def before_round(self) -> None:
         if self.enabled and self._prof is None and self._round % self.every == self.every - self.rounds:
             import torch
 
-            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+            activity = torch.profiler.ProfilerActivity
+            self._prof = torch.profiler.profile(activities=[activity.CUDA] * self.gpu
+                                                + [activity.CPU] * (self.timeline_dir is not None))
             self._prof.start()
 
     def after_round(self) -> None:
         self._round += 1
         if self._prof is not None and self._round % self.every == 0:
             self._prof.stop()
-            self._stopped.append(self._prof)
+            self._stopped.append((self._prof, self._round - self.rounds))
             self._prof = None
 
     @property
     def windows(self) -> list[tuple[float, float]]:
         """(busy seconds, window seconds) of each profiled window (walks the ones not walked yet)."""
         while self._stopped:
-            self._take(self._stopped.pop(0))
+            prof, first = self._stopped.pop(0)
+            if self.timeline_dir is not None:
+                path = self.timeline_dir / f"rounds-{first}-{first + self.rounds - 1}.json"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                prof.export_chrome_trace(str(path))
+                self.timelines.append(path)
+            self._take(prof)
         return self._windows
 
     def _take(self, prof: Any) -> None:

@@ -49,7 +49,8 @@ class ReplayOptions:
     """How to replay: on `device` (cpu, cuda[:N]); `clock` None: wall time on a GPU, virtual time on a CPU;
     `heads`: the SoloHead calibration (needed for real models; presets take any head); `busy_every`: profile
     the GPU's timeline 5 rounds out of every this many (0: never); `warmup`: run `warm_up` before the clock
-    starts, as a server warms up before it takes traffic."""
+    starts, as a server warms up before it takes traffic; `timeline_dir`: write those windows' timelines there
+    (`BusyMeter`)."""
 
     device: str = "cpu"
     clock: ClockKind | None = None
@@ -58,6 +59,7 @@ class ReplayOptions:
     busy_every: int = 200
     use_cuda_graphs: bool = True
     warmup: bool = True
+    timeline_dir: Path | None = None
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -195,7 +197,8 @@ class _Baseline:
 
 def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clock, source: ModelSource,
          options: ReplayOptions, progress: Callable[[int, dict], None] | None) -> Recorder:
-    recorder, busy = Recorder(), BusyMeter(options.device, every=options.busy_every or 1)
+    recorder = Recorder()
+    busy = BusyMeter(options.device, every=options.busy_every or 1, timeline_dir=options.timeline_dir)
     busy.enabled = busy.enabled and options.busy_every > 0
     arrivals = deque(enumerate(trace.requests))
     vocab, done = source.config.vocab_size, 0

@@ -48,9 +48,11 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         "mooncake": _replay(tmp, "pulseinfer", "mooncake", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
                             "--gpu-ahead", "3", "--copier-ctas", "16", "--copier-idle-us", "300",
                             "--plot", str(tmp / "p.png")),
-        "servegen": _replay(tmp, "pulseinfer-sg", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25"),
+        "servegen": _replay(tmp, "pulseinfer-sg", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                            "--gpu-busy-every", "20", "--timeline-dir", str(tmp / "timelines")),
         "vanilla": _replay(tmp, "vanilla", "servegen", "--mode", "vanilla", "--no-warmup"),
         "plot": {"path": str(tmp / "p.png")},
+        "timelines": {"dir": str(tmp / "timelines")},
     }
 
 
@@ -390,6 +392,56 @@ def test_the_busy_meter_profiles_one_window_per_period_walks_them_after_and_leav
     assert started == [7, 17] and walked == [], "no window is walked between rounds"
     assert meter.fraction() == pytest.approx(40 / 100) and len(meter.windows) == 2 and walked == [25, 25]
     assert BusyMeter("cpu").fraction() is None
+
+
+def test_the_busy_meter_writes_each_windows_timeline_with_the_hosts_calls_when_walked(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from pulseio_engine.serving.gpu_busy import BusyMeter
+
+    kinds: list[list] = []
+    written: list[str] = []
+
+    class FakeProfiler:
+        def __init__(self, activities: list) -> None:
+            kinds.append(activities)
+
+        def start(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+        def export_chrome_trace(self, path: str) -> None:
+            written.append(path)
+
+        def events(self) -> list:
+            return []
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfiler)
+    meter = BusyMeter("cuda", every=10, rounds=3, timeline_dir=tmp_path / "t")
+    for _ in range(25):
+        meter.before_round()
+        meter.after_round()
+    activity = torch.profiler.ProfilerActivity
+    assert kinds == [[activity.CUDA, activity.CPU]] * 2 and written == [], "nothing is written between rounds"
+    assert meter.fraction() is None
+    assert written == [str(tmp_path / "t" / "rounds-7-9.json"), str(tmp_path / "t" / "rounds-17-19.json")]
+    assert meter.timelines == [Path(p) for p in written] and (tmp_path / "t").is_dir()
+
+
+def test_a_cpu_replay_writes_timelines_of_the_host_and_refuses_a_timeline_without_windows(
+        reports: dict[str, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rounds = reports["servegen"]["summary"]["rounds"]
+    files = sorted(Path(reports["timelines"]["dir"]).glob("rounds-*.json"))
+    assert len(files) == rounds // 20 > 0                              # one a period of 20 rounds, 5 rounds each
+    names = {e.get("name") for e in json.loads(files[0].read_text())["traceEvents"]}
+    assert any(str(n).startswith("aten::") for n in names), sorted(map(str, names))[:20]
+    assert reports["servegen"]["summary"]["gpu_busy_fraction"] is None  # on a CPU: no GPU kernel to count
+
+    assert main(["replay", *SLICES["servegen"], *COMMON, "--mode", "vanilla", "--gpu-busy-every", "0",
+                 "--timeline-dir", str(tmp_path / "t")]) == 2
+    assert "--gpu-busy-every 0 profiles none" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists()
 
 
 def test_status_lines_report_at_most_every_interval_and_always_the_last_request() -> None:
