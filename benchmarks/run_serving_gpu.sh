@@ -8,8 +8,9 @@
 # ServeGen's long-prompt clients), START (0), DURATION (10 s of the trace), TIME_SCALE (1), MAX_INPUT (32000),
 # MAX_OUTPUT (1024), GPU_KV_GIB (6: vanilla memory-bound), HOST_KV_GIB (32), THRESHOLD (4096), BUDGET (2048),
 # MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
-# REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), DEVICE (cuda; cpu: a dry run of
-# the script with MODEL=tiny), R (/tmp/serving-results).
+# REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), TIMELINES=1 (each mode's
+# sampled rounds as Chrome traces in $R/timelines-<mode>/), DEVICE (cuda; cpu: a dry run of the script with
+# MODEL=tiny), R (/tmp/serving-results).
 # A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=150 TIME_SCALE=4.3 REPLAY_TIMEOUT_S=1500 DETACH=1 (the
 # shipped sample's 400 requests, their arrivals stretched over 606 s; longer than one command may run on the lent
 # machines): DETACH=1 starts the run in its own session and returns; a later command on
@@ -64,7 +65,7 @@ if [[ " $PARTS " == *" replay "* ]]; then
     esac
     echo "== $m" | tee -a $R/progress.log
     timeout -k 10 ${REPLAY_TIMEOUT_S:-540} python -m pulseio_engine.cli replay $common $args \
-      --json $R/$m.json --plot $R/$m.png > $R/$m.log 2>&1
+      ${TIMELINES:+--timeline-dir $R/timelines-$m} --json $R/$m.json --plot $R/$m.png > $R/$m.log 2>&1
     echo "rc=$? $(grep -E 'decode tok/s|completed' $R/$m.log | tr -s ' ' | tr '\n' ' ')" | tee -a $R/progress.log
   done
   python -m pulseio_engine.cli replay-table $R/*.json --plot $R/compare.png > $R/table.txt 2>&1
