@@ -1,9 +1,10 @@
-"""The `replay` and `replay-table` subcommands of `pulseio-engine` (parsers and handlers).
+"""The `replay`, `replay-table` and `replay-gaps` subcommands of `pulseio-engine` (parsers and handlers).
 
     pulseio-engine replay --trace mooncake-sample --model tiny --mode pulseinfer --gpu-kv-gib 0.02 \
         --host-kv-gib 0.5 --offload-threshold 2048 --token-budget 256 --requests 50 --max-input 3072 \
         --max-output 64 --json out/pulseinfer.json --plot out/pulseinfer.png
     pulseio-engine replay-table out/vanilla.json out/pulseinfer.json --plot out/compare.png
+    pulseio-engine replay-gaps out/timelines            # after replay --timeline-dir out/timelines
 
 Every option and the trace are checked before the model is loaded; a mistake is one line on stderr and exit
 code 2. Each transformation of the trace is printed as it is applied.
@@ -41,6 +42,7 @@ from .config import ServeMode, ServingConfig
 from .plots import plot_compare, plot_run
 from .replay import ReplayOptions, replay
 from .report import load_report, table
+from .timeline import describe, read_window
 
 _SELECTIONS = (SparseMode.QUEST.value, SparseMode.SOLOHEAD.value)
 DEFAULT_HOST_GIB = 16.0
@@ -118,6 +120,16 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     tb.add_argument("--plot", type=Path, default=None, help="throughput over time and TPOT of every run (PNG)")
     tb.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     tb.set_defaults(func=_replay_table, prog=tb.prog)
+
+    tg = sub.add_parser("replay-gaps", help="where the GPU stood idle in a replay's timelines",
+                        description="Read the timelines replay --timeline-dir wrote: the GPU's idle time between the "
+                                    "model's kernels, by gap length, and the longest gaps with the host calls that "
+                                    "overlap them most.")
+    tg.add_argument("timelines", nargs="+", type=Path, metavar="PATH",
+                    help="timeline files, or folders of them (rounds-*.json)")
+    tg.add_argument("--longest", type=int_at_least(1), default=5, help="gaps listed a timeline (default: 5)")
+    tg.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    tg.set_defaults(func=_replay_gaps, prog=tg.prog)
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -236,6 +248,17 @@ def _replay_table(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_compare(reports, args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _replay_gaps(args: argparse.Namespace) -> int:
+    files = []
+    for path in args.timelines:
+        found = sorted(path.glob("rounds-*.json"), key=lambda p: int(p.stem.split("-")[1])) if path.is_dir() else [path]
+        if not found or not all(f.is_file() for f in found):
+            raise UsageError(args.prog, f"{path}: no timeline there (replay --timeline-dir writes rounds-*.json)")
+        files += found
+    print(describe([read_window(f) for f in files], longest=args.longest))
     return 0
 
 

@@ -20,17 +20,26 @@ from typing import Any
 PULSEIO_KERNELS = ("resident_copy", "wait_word", "wait_seq", "publish_kernel")
 
 
+def idle_gaps(intervals: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    """The parts of [start, end] that no interval of `intervals` ([(start, end)], any order, overlapping) covers,
+    in order."""
+    gaps, reach = [], start
+    for lo, hi in sorted(intervals):
+        if lo > reach:
+            gaps.append((reach, min(lo, end)))
+        reach = max(reach, hi)
+        if reach >= end:
+            break
+    if reach < end:
+        gaps.append((reach, end))
+    return [(lo, hi) for lo, hi in gaps if hi > lo]
+
+
 def busy_fraction(intervals: list[tuple[float, float]], start: float, end: float) -> float:
     """Covered length of `intervals` ([(start, end)], any order, overlapping) within [start, end], over its length."""
     if end <= start:
         return 0.0
-    covered, reach = 0.0, start
-    for lo, hi in sorted(intervals):
-        lo, hi = max(lo, reach), min(hi, end)
-        if hi > lo:
-            covered += hi - lo
-            reach = hi
-    return covered / (end - start)
+    return 1.0 - sum(hi - lo for lo, hi in idle_gaps(intervals, start, end)) / (end - start)
 
 
 class BusyMeter:

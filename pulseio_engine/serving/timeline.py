@@ -1,0 +1,96 @@
+"""Where the GPU stands idle in a replay's timelines (`replay --timeline-dir`), and what the host did meanwhile.
+
+A timeline is one window of rounds as a Chrome trace: the GPU's kernels and the host's calls on one clock. The
+GPU is busy where a model kernel runs (pulseio's copier and device waits do not count, as in `BusyMeter`); every
+stretch between them is a gap. Gaps are summed by length (a few microseconds between two kernels of one graph,
+tens between graphs, hundreds and more where the host did not keep the GPU fed), and the longest are listed
+with the host calls that overlap them most: the main thread's `record_function` ranges and torch ops, and
+whatever else the profiler recorded (a `cudaGraphLaunch`, a `cudaStreamSynchronize`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .gpu_busy import PULSEIO_KERNELS, idle_gaps
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 1 ms, longer
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One stretch with no model kernel on the GPU, in microseconds of the trace's clock."""
+
+    start_us: float
+    end_us: float
+    host: tuple[tuple[str, float], ...]      # the host calls overlapping it most: (name, microseconds of overlap)
+
+    @property
+    def us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(frozen=True)
+class WindowGaps:
+    """One timeline: its span from the first model kernel's start to the last one's end, and its gaps."""
+
+    path: Path
+    start_us: float
+    span_us: float
+    gaps: tuple[Gap, ...]                    # longest first
+
+    @property
+    def idle_us(self) -> float:
+        return sum(g.us for g in self.gaps)
+
+    def idle_by_length(self) -> list[float]:
+        """Idle microseconds in gaps shorter than each of `BUCKETS_US`, and in longer ones (the last)."""
+        sums = [0.0] * (len(BUCKETS_US) + 1)
+        for g in self.gaps:
+            sums[next((i for i, top in enumerate(BUCKETS_US) if g.us < top), len(BUCKETS_US))] += g.us
+        return sums
+
+
+def read_window(path: Path, *, top_host: int = 3) -> WindowGaps:
+    """The gaps of one timeline (a Chrome trace `BusyMeter` wrote), each with its `top_host` host calls."""
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    model = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") in GPU_CATEGORIES and not any(k in e["name"] for k in PULSEIO_KERNELS)]
+    if not model:
+        return WindowGaps(path, 0.0, 0.0, ())
+    start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
+    host = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"])) for e in events
+            if e.get("cat") not in GPU_CATEGORIES and e.get("cat") != "Trace"]
+    gaps = []
+    for lo, hi in idle_gaps(model, start, end):
+        overlap: Counter[str] = Counter()
+        for h_lo, h_hi, name in host:
+            if h_lo < hi and h_hi > lo:
+                overlap[name] += min(hi, h_hi) - max(lo, h_lo)
+        gaps.append(Gap(lo, hi, tuple(overlap.most_common(top_host))))
+    return WindowGaps(path, start, end - start, tuple(sorted(gaps, key=lambda g: -g.us)))
+
+
+def describe(windows: list[WindowGaps], *, longest: int = 5) -> str:
+    """A table of the windows' idle time by gap length, then each window's longest gaps with their host calls."""
+    head = ["< 10 us", "10-100 us", "0.1-1 ms", ">= 1 ms"]
+    lines = [f"{'timeline':<28} {'span ms':>8} {'busy':>6}  idle ms in gaps of " + " / ".join(head)]
+    for w in windows:
+        if not w.span_us:
+            lines.append(f"{w.path.name:<28} no GPU kernel in it (a CPU run: the host's calls only)")
+            continue
+        busy = 1.0 - w.idle_us / w.span_us
+        parts = " / ".join(f"{us / 1e3:.2f}" for us in w.idle_by_length())
+        lines.append(f"{w.path.name:<28} {w.span_us / 1e3:>8.2f} {busy:>6.1%}  {parts}")
+    for w in windows:
+        if not w.gaps:
+            continue
+        lines.append(f"\n{w.path.name}: the longest gaps")
+        for g in w.gaps[:longest]:
+            calls = ", ".join(f"{name} {us:.0f} us" for name, us in g.host) or "no host call recorded"
+            lines.append(f"  {g.us:>9.1f} us at +{(g.start_us - w.start_us) / 1e3:.2f} ms: {calls}")
+    return "\n".join(lines)

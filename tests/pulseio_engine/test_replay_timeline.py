@@ -1,0 +1,63 @@
+"""`replay --timeline-dir`'s traces read back: the GPU's idle gaps between model kernels (pulseio's own kernels do
+not count), summed by length, and the host calls that overlap each gap most."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pulseio_engine.cli import main
+from pulseio_engine.serving.timeline import describe, read_window
+
+
+def _kernel(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+
+def _host(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur}
+
+
+def _write(path: Path, events: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": [{"ph": "i", "cat": "Trace", "name": "start", "ts": 0}, *events]}))
+    return path
+
+
+# Model kernels cover 1000-1100, 1105-1200, 1250-1300 and 2800-3000: gaps of 5, 50 and 1500 us; the copier spans
+# everything and does not count. The host commits tokens during the long gap and launches a graph in the 50 us one.
+EVENTS = [
+    _kernel("gemm", 1000, 100), _kernel("norm", 1105, 95), _kernel("attn", 1250, 50), _kernel("gemm", 2800, 200),
+    _kernel("_resident_copy_kernel", 900, 2200), _kernel("wait_seq", 1300, 1500),
+    _host("cudaGraphLaunch", 1210, 20), _host("serving.commit", 1300, 1000), _host("aten::copy_", 2400, 300),
+    _host("aten::copy_", 2790, 100),
+]
+
+
+def test_gaps_are_the_stretches_without_a_model_kernel_with_the_host_calls_that_overlap_them_most(
+        tmp_path: Path) -> None:
+    w = read_window(_write(tmp_path / "rounds-5-9.json", EVENTS), top_host=2)
+    assert (w.start_us, w.span_us) == (1000, 2000)
+    assert [(g.start_us, g.end_us) for g in w.gaps] == [(1300, 2800), (1200, 1250), (1100, 1105)]
+    assert w.idle_us == 1555 and w.idle_by_length() == [5, 50, 0, 1500]
+    assert w.gaps[0].host == (("serving.commit", 1000), ("aten::copy_", 310))
+    assert w.gaps[1].host == (("cudaGraphLaunch", 20),) and w.gaps[2].host == ()
+    text = describe([w], longest=2)
+    assert "rounds-5-9.json                  2.00  22.3%  0.01 / 0.05 / 0.00 / 1.50" in text, text
+    assert "1500.0 us at +0.30 ms: serving.commit 1000 us, aten::copy_ 310 us" in text, text
+    assert "+0.10 ms" not in text, "only the 2 longest gaps are listed"
+
+
+def test_the_cli_reads_a_folder_in_round_order_and_refuses_one_without_timelines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for first in (25, 5, 15):
+        _write(tmp_path / "tl" / f"rounds-{first}-{first + 4}.json", EVENTS if first != 15 else EVENTS[:1])
+    assert main(["replay-gaps", str(tmp_path / "tl"), "--longest", "1"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()[1:4]] == ["rounds-5-9.json", "rounds-15-19.json",
+                                                                   "rounds-25-29.json"]
+    assert "rounds-15-19.json                0.10 100.0%" in out, out
+    assert main(["replay-gaps", str(tmp_path / "empty")]) == 2
+    assert "no timeline there" in capsys.readouterr().err
