@@ -64,7 +64,7 @@ def read_window(path: Path, *, top_host: int = 3) -> WindowGaps:
         return WindowGaps(path, 0.0, 0.0, ())
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
     host = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"])) for e in events
-            if e.get("cat") not in GPU_CATEGORIES and e.get("cat") != "Trace"]
+            if e.get("cat") != "kernel" and not str(e.get("cat", "")).startswith("gpu_") and e.get("cat") != "Trace"]
     gaps = []
     for lo, hi in idle_gaps(model, start, end):
         overlap: Counter[str] = Counter()
