@@ -109,7 +109,7 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
     batch size is met here), decoding `WARMUP_TOKENS` each; then the engine counts from zero again. Kernels
     compiled and steps captured here are not charged to the first requests of the trace. Long enough to select
     (twice the token budget) where the budget and the context allow. `every_size`: then every batch size up to
-    the offload cap too (`warm_batch_sizes`). -> seconds it took."""
+    the caps too (`warm_batch_sizes`). -> seconds it took."""
     t0 = time.perf_counter()
     config, fp = serving.config, serving.footprint
     classes = [KVClass.NORMAL] + ([KVClass.OFFLOAD] if config.has_offload else [])
@@ -129,7 +129,7 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
                 rid -= 1
         while serving.has_unfinished():
             serving.step()
-    if every_size and config.has_offload:
+    if every_size:
         warm_batch_sizes(serving, source, seed, rid)
     serving.reset_statistics()
     return time.perf_counter() - t0
@@ -138,47 +138,51 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
 SWEEP_PROMPT_BLOCKS = 2        # the size sweep's prompts: a step's graphs do not depend on its requests' lengths
 
 
-def warm_batch_sizes(serving: ServingEngine, source: ModelSource, seed: int, rid: int = -1) -> int:
-    """Each engine's step at every batch size from 1 to `sweep_sizes`, beside the other class's batch (IRQ's split
-    pieces) and alone (one graph): a size met first on the clock runs its first step eagerly and captures its
-    graphs there, a round many times slower than the rest, which every request in it waits for. Each size is a
+def warm_batch_sizes(serving: ServingEngine, source: ModelSource, seed: int, rid: int = -1) -> dict[KVClass, int]:
+    """Each engine's step at every batch size from 1 to its `sweep_sizes`, alone (one graph) and, under IRQ, beside
+    the other class's batch (split pieces): a size met first on the clock runs its first step eagerly and captures
+    its graphs there, a round many times slower than the rest, which every request in it waits for. Each size is a
     batch of that many short requests of one class (with one of the other, or alone) decoding two rounds: the
-    eager step, then the captured one. `rid`: the first request id to use (negative, counting down). -> the size
-    the sweep went up to (0: not one request of each class fits the caps)."""
+    eager step, then the captured one. `rid`: the first request id to use (negative, counting down). -> each
+    class's largest size warmed (0: none)."""
     config, vocab = serving.config, source.config.vocab_size
     length = SWEEP_PROMPT_BLOCKS * config.block_size
     paired_normal_tokens = 1 + config.normal_steps   # the captured round of a split step runs normal_steps
-    top = sweep_sizes(serving, length + paired_normal_tokens)
-    normal, offload = KVClass.NORMAL, KVClass.OFFLOAD
-    for kv_class, other in ((offload, normal), (normal, offload)):
+    tops = sweep_sizes(serving, length + paired_normal_tokens)
+    for kv_class, top in tops.items():
+        others = [c for c in tops if c is not kv_class]
         for with_other in (True, False) if config.interleaves else (False,):    # coupled: every step is whole
             for n in range(top, 0, -1):                  # the largest first: the seats grow before any capture
-                batch = {kv_class: n, **({other: 1} if with_other else {})}
+                batch = {kv_class: n, **({others[0]: 1} if with_other else {})}
                 for c, count in batch.items():
-                    tokens = paired_normal_tokens if c is normal and with_other else 2
+                    tokens = paired_normal_tokens if c is KVClass.NORMAL and with_other else 2
                     for _ in range(count):
                         prompt, kv = _prompt(2**31 - rid, length, vocab, seed, random_kv=source.random)
                         serving.add(rid, prompt, tokens, c, kv)
                         rid -= 1
                 while serving.has_unfinished():
                     serving.step()
-    return top
+    return tops
 
 
-def sweep_sizes(serving: ServingEngine, tokens: int) -> int:
-    """The largest batch `warm_batch_sizes` warms: at most the offload cap, the batch cap and half the step graphs
-    an engine keeps (a size has two: split and whole), with every batch of it and one request of the other class
-    of `tokens` tokens within the KV caps."""
+def sweep_sizes(serving: ServingEngine, tokens: int) -> dict[KVClass, int]:
+    """The largest batch of each class `warm_batch_sizes` warms: at most the batch cap, half the step graphs an
+    engine keeps (a size has two: split and whole) and, offloaded, the offload cap, with every batch of it and one
+    request of the other class (if any) of `tokens` tokens within the KV caps."""
     config, fp = serving.config, serving.footprint
-    normal, offload = KVClass.NORMAL, KVClass.OFFLOAD
-    top = min(serving.sizes.max_offload, config.max_batch, KEPT_STEP_GRAPHS // 2)
-    gpu = {c: fp.device_bytes(c, tokens) for c in (normal, offload)}
-    host = {c: fp.host_bytes(c, tokens) for c in (normal, offload)}
-    pairs = ((normal, offload), (offload, normal))
-    while top > 0 and any(top * gpu[c] + gpu[o] > config.gpu_kv_bytes or top * host[c] + host[o] > config.host_kv_bytes
-                          for c, o in pairs):
-        top -= 1
-    return top
+    classes = [KVClass.NORMAL] + ([KVClass.OFFLOAD] if config.has_offload else [])
+    gpu = {c: fp.device_bytes(c, tokens) for c in classes}
+    host = {c: fp.host_bytes(c, tokens) for c in classes}
+    tops = {}
+    for c in classes:
+        other = [o for o in classes if o is not c]
+        top = min(config.max_batch, KEPT_STEP_GRAPHS // 2,
+                  serving.sizes.max_offload if c is KVClass.OFFLOAD else config.max_batch)
+        while top > 0 and (top * gpu[c] + sum(gpu[o] for o in other) > config.gpu_kv_bytes
+                           or top * host[c] + sum(host[o] for o in other) > config.host_kv_bytes):
+            top -= 1
+        tops[c] = top
+    return tops
 
 
 @dataclass(frozen=True)

@@ -178,11 +178,10 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
 
 
-def _tiny_serving(source: ModelSource) -> ServingEngine:
-    """A pulseinfer serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to 8."""
+def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER) -> ServingEngine:
+    """A serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to 8."""
     m = source.config
-    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
-                           max_batch=8)
+    config = ServingConfig(mode, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64, max_batch=8)
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
     return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
                          dtype=DType.FLOAT32, max_model_len=512, heads=heads)
@@ -218,36 +217,50 @@ def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_
         assert rounds == []
 
 
-def _rounds_after_warm_up(every_size: bool) -> tuple[list[tuple[int, int]], int, int]:
-    """-> the warm-up's rounds (normal, offload batch sizes), the sweep's top size, and the step graphs built by
-    rounds of 3 offload and 2 normal requests, then 2 offload requests alone, run after it."""
+def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]]
+                          ) -> tuple[list[tuple[int, int]], dict[KVClass, int], int]:
+    """-> the warm-up's rounds (normal, offload batch sizes), the sweep's largest size of each class, and the step
+    graphs built by rounds of `batches` (class -> requests, one batch after the other) run after it."""
     source = open_model("tiny")
-    with _tiny_serving(source) as serving:
+    with _tiny_serving(source, mode) as serving:
         rounds = _record_rounds(serving)
         warm_up(serving, source, 512, seed=0, every_size=every_size)
-        top = sweep_sizes(serving, 64)
+        warmed = len(rounds)
+        tops = sweep_sizes(serving, 64)
         rid = 0
-        for batch in ({KVClass.OFFLOAD: 3, KVClass.NORMAL: 2}, {KVClass.OFFLOAD: 2}):
+        for batch in batches:
             for kv_class, n in batch.items():                           # long enough to select and recall
                 for _ in range(n):
                     serving.add(rid, [7 + rid] * 200, 3, kv_class, RandomKV(199, seed=rid))
                     rid += 1
             while serving.has_unfinished():
                 serving.step()
-        return rounds, top, serving.step_graphs_built()
+        return rounds[:warmed], tops, serving.step_graphs_built()
 
 
 def test_the_warm_up_can_meet_every_batch_size_so_that_no_step_is_captured_on_the_clock() -> None:
-    rounds, top, built = _rounds_after_warm_up(every_size=True)
-    assert top >= 3, "the caps should let the sweep reach the sizes the rounds after it use"
-    warm = rounds[:rounds.index((2, 3))]
-    for n in range(1, top + 1):                                         # each size twice: eager, then captured
-        for sizes in ((1, n), (0, n), (n, 1), (n, 0)):
+    normal, offload = KVClass.NORMAL, KVClass.OFFLOAD
+    batches = [{offload: 3, normal: 2}, {offload: 2}]
+    warm, tops, built = _rounds_after_warm_up(ServeMode.PULSEINFER, True, batches)
+    assert min(tops.values()) >= 3, "the caps should let the sweep reach the sizes the rounds after it use"
+    for n in range(1, tops[normal] + 1):                                # each size twice: eager, then captured
+        for sizes in ((n, 1), (n, 0)):
             assert warm.count(sizes) >= 2, (sizes, warm)
-    assert max(max(r) for r in warm) == top
+    for n in range(1, tops[offload] + 1):
+        for sizes in ((1, n), (0, n)):
+            assert warm.count(sizes) >= 2, (sizes, warm)
+    assert max(n for n, _ in warm) == tops[normal] and max(n for _, n in warm) == tops[offload]
     assert built == 0
-    rounds, _, built = _rounds_after_warm_up(every_size=False)
+    _, _, built = _rounds_after_warm_up(ServeMode.PULSEINFER, False, batches)
     assert built == 2          # without the sweep: the offload batch of 3 beside the normal one, and of 2 alone
+
+
+def test_the_warm_up_sweeps_quests_single_batch_too() -> None:
+    warm, tops, built = _rounds_after_warm_up(ServeMode.QUEST, True, [{KVClass.NORMAL: 3}])
+    assert list(tops) == [KVClass.NORMAL] and tops[KVClass.NORMAL] >= 3
+    assert all(warm.count((n, 0)) >= 2 for n in range(1, tops[KVClass.NORMAL] + 1)), warm
+    assert built == 0
+    assert _rounds_after_warm_up(ServeMode.QUEST, False, [{KVClass.NORMAL: 3}])[2] == 1
 
 
 def test_replay_plots(reports: dict[str, dict], tmp_path: Path) -> None:
