@@ -130,7 +130,7 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
         while serving.has_unfinished():
             serving.step()
     if every_size:
-        warm_batch_sizes(serving, source, seed, rid)
+        warm_batch_sizes(serving, source, max_len, seed, rid)
     serving.reset_statistics()
     return time.perf_counter() - t0
 
@@ -138,16 +138,19 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
 SWEEP_PROMPT_BLOCKS = 2        # the size sweep's prompts: a step's graphs do not depend on its requests' lengths
 
 
-def warm_batch_sizes(serving: ServingEngine, source: ModelSource, seed: int, rid: int = -1) -> dict[KVClass, int]:
+def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, seed: int, rid: int = -1
+                     ) -> dict[KVClass, int]:
     """Each engine's step at every batch size from 1 to its `sweep_sizes`, alone (one graph) and, under IRQ, beside
     the other class's batch (split pieces): a size met first on the clock runs its first step eagerly and captures
     its graphs there, a round many times slower than the rest, which every request in it waits for. Each size is a
     batch of that many short requests of one class (with one of the other, or alone) decoding two rounds: the
-    eager step, then the captured one. `rid`: the first request id to use (negative, counting down). -> each
-    class's largest size warmed (0: none)."""
+    eager step, then the captured one; prompt and output within `max_len` tokens. `rid`: the first request id to
+    use (negative, counting down). -> each class's largest size warmed (0: none)."""
     config, vocab = serving.config, source.config.vocab_size
-    length = SWEEP_PROMPT_BLOCKS * config.block_size
     paired_normal_tokens = 1 + config.normal_steps   # the captured round of a split step runs normal_steps
+    length = min(SWEEP_PROMPT_BLOCKS * config.block_size, max_len - paired_normal_tokens)
+    if length < 1:
+        return {}
     tops = sweep_sizes(serving, length + paired_normal_tokens)
     for kv_class, top in tops.items():
         others = [c for c in tops if c is not kv_class]

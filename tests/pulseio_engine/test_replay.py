@@ -178,13 +178,14 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
 
 
-def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER) -> ServingEngine:
-    """A serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to 8."""
+def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER, max_len: int = 512) -> ServingEngine:
+    """A serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to 8, requests of
+    up to `max_len` tokens."""
     m = source.config
     config = ServingConfig(mode, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64, max_batch=8)
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
     return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
-                         dtype=DType.FLOAT32, max_model_len=512, heads=heads)
+                         dtype=DType.FLOAT32, max_model_len=max_len, heads=heads)
 
 
 def _record_rounds(serving: ServingEngine) -> list[tuple[int, int]]:
@@ -261,6 +262,14 @@ def test_the_warm_up_sweeps_quests_single_batch_too() -> None:
     assert all(warm.count((n, 0)) >= 2 for n in range(1, tops[KVClass.NORMAL] + 1)), warm
     assert built == 0
     assert _rounds_after_warm_up(ServeMode.QUEST, False, [{KVClass.NORMAL: 3}])[2] == 1
+
+
+def test_the_size_sweep_keeps_its_requests_within_the_replays_longest() -> None:
+    source = open_model("tiny")
+    with _tiny_serving(source, max_len=12) as serving:                 # prompt + output of at most 12 tokens
+        rounds = _record_rounds(serving)
+        warm_up(serving, source, 12, seed=0, every_size=True)
+        assert (0, sweep_sizes(serving, 12)[KVClass.OFFLOAD]) in rounds and not serving.has_unfinished()
 
 
 def test_replay_plots(reports: dict[str, dict], tmp_path: Path) -> None:
