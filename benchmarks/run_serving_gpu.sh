@@ -9,7 +9,7 @@
 # MAX_OUTPUT (1024), GPU_KV_GIB (6: vanilla memory-bound), HOST_KV_GIB (32), THRESHOLD (4096), BUDGET (2048),
 # MODES ("vanilla quest offload-sync pulseinfer pulseinfer-noirq"),
 # REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), TIMELINES=1 (each mode's
-# sampled rounds as Chrome traces in $R/timelines-<mode>/), DEVICE (cuda; cpu: a dry run of the script with
+# sampled rounds as Chrome traces in $R/timelines-<mode>/, read by `replay-gaps` into $R/gaps-<mode>.txt), DEVICE (cuda; cpu: a dry run of the script with
 # MODEL=tiny), R (/tmp/serving-results).
 # A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=150 TIME_SCALE=4.3 REPLAY_TIMEOUT_S=1500 DETACH=1 (the
 # shipped sample's 400 requests, their arrivals stretched over 606 s; longer than one command may run on the lent
@@ -67,6 +67,8 @@ if [[ " $PARTS " == *" replay "* ]]; then
     timeout -k 10 ${REPLAY_TIMEOUT_S:-540} python -m pulseio_engine.cli replay $common $args \
       ${TIMELINES:+--timeline-dir $R/timelines-$m} --json $R/$m.json --plot $R/$m.png > $R/$m.log 2>&1
     echo "rc=$? $(grep -E 'decode tok/s|completed' $R/$m.log | tr -s ' ' | tr '\n' ' ')" | tee -a $R/progress.log
+    [ -n "${TIMELINES:-}" ] && [ -d $R/timelines-$m ] && python -m pulseio_engine.cli replay-gaps $R/timelines-$m \
+      > $R/gaps-$m.txt 2>&1
   done
   python -m pulseio_engine.cli replay-table $R/*.json --plot $R/compare.png > $R/table.txt 2>&1
   cat $R/table.txt
