@@ -122,13 +122,7 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
         if gpu > config.gpu_kv_bytes or host > config.host_kv_bytes or batch > config.max_batch or (
                 config.has_offload and batch > serving.sizes.max_offload):
             break                                       # the caps hold fewer: the replay meets the rest itself
-        for kv_class in classes:
-            for _ in range(batch):
-                prompt, kv = _prompt(2**31 - rid, length, source.config.vocab_size, seed, random_kv=source.random)
-                serving.add(rid, prompt, WARMUP_TOKENS, kv_class, kv)
-                rid -= 1
-        while serving.has_unfinished():
-            serving.step()
+        rid = _serve_batch(serving, source, seed, rid, length, {c: (batch, WARMUP_TOKENS) for c in classes})
     if every_size:
         warm_batch_sizes(serving, source, max_len, seed, rid)
     serving.reset_statistics()
@@ -146,7 +140,7 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
     batch of that many short requests of one class (with one of the other, or alone) decoding two rounds: the
     eager step, then the captured one; prompt and output within `max_len` tokens. `rid`: the first request id to
     use (negative, counting down). -> each class's largest size warmed (0: none)."""
-    config, vocab = serving.config, source.config.vocab_size
+    config = serving.config
     paired_normal_tokens = 1 + config.normal_steps   # the captured round of a split step runs normal_steps
     length = min(SWEEP_PROMPT_BLOCKS * config.block_size, max_len - paired_normal_tokens)
     if length < 1:
@@ -157,15 +151,24 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
         for with_other in (True, False) if config.interleaves else (False,):    # coupled: every step is whole
             for n in range(top, 0, -1):                  # the largest first: the seats grow before any capture
                 batch = {kv_class: n, **({others[0]: 1} if with_other else {})}
-                for c, count in batch.items():
-                    tokens = paired_normal_tokens if c is KVClass.NORMAL and with_other else 2
-                    for _ in range(count):
-                        prompt, kv = _prompt(2**31 - rid, length, vocab, seed, random_kv=source.random)
-                        serving.add(rid, prompt, tokens, c, kv)
-                        rid -= 1
-                while serving.has_unfinished():
-                    serving.step()
+                rid = _serve_batch(serving, source, seed, rid, length, {
+                    c: (count, paired_normal_tokens if c is KVClass.NORMAL and with_other else 2)
+                    for c, count in batch.items()})
     return tops
+
+
+def _serve_batch(serving: ServingEngine, source: ModelSource, seed: int, rid: int, length: int,
+                 batch: dict[KVClass, tuple[int, int]]) -> int:
+    """Warm-up requests of `length` prompt tokens, (how many, tokens each decodes) by class, added at once and run
+    to their end; ids from `rid` counting down (never a trace's). -> the next id."""
+    for kv_class, (count, tokens) in batch.items():
+        for _ in range(count):
+            prompt, kv = _prompt(2**31 - rid, length, source.config.vocab_size, seed, random_kv=source.random)
+            serving.add(rid, prompt, tokens, kv_class, kv)
+            rid -= 1
+    while serving.has_unfinished():
+        serving.step()
+    return rid
 
 
 def sweep_sizes(serving: ServingEngine, tokens: int) -> dict[KVClass, int]:
@@ -179,8 +182,9 @@ def sweep_sizes(serving: ServingEngine, tokens: int) -> dict[KVClass, int]:
     tops = {}
     for c in classes:
         other = [o for o in classes if o is not c]
-        top = min(config.max_batch, KEPT_STEP_GRAPHS // 2,
-                  serving.sizes.max_offload if c is KVClass.OFFLOAD else config.max_batch)
+        top = min(config.max_batch, KEPT_STEP_GRAPHS // 2)
+        if c is KVClass.OFFLOAD:
+            top = min(top, serving.sizes.max_offload)
         while top > 0 and (top * gpu[c] + sum(gpu[o] for o in other) > config.gpu_kv_bytes
                            or top * host[c] + sum(host[o] for o in other) > config.host_kv_bytes):
             top -= 1
