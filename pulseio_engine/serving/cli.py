@@ -258,7 +258,7 @@ def _replay_gaps(args: argparse.Namespace) -> int:
         if not found or not all(f.is_file() for f in found):
             raise UsageError(args.prog, f"{path}: no timeline there (replay --timeline-dir writes rounds-*.json)")
         files += found
-    print(describe([read_window(f) for f in files], longest=args.longest))
+    print(describe([read_window(f, longest=args.longest) for f in files]))
     return 0
 
 

@@ -1,7 +1,7 @@
 """Where the GPU stands idle in a replay's timelines (`replay --timeline-dir`), and what the host did meanwhile.
 
 A timeline is one window of rounds as a Chrome trace: the GPU's kernels and the host's calls on one clock. The
-GPU is busy where a model kernel runs (pulseio's copier and device waits do not count, as in `BusyMeter`); every
+GPU is busy where a model kernel runs (not a copy, nor pulseio's copier or device waits: as in `BusyMeter`); every
 stretch between them is a gap. Gaps are summed by length (a few microseconds between two kernels of one graph,
 tens between graphs, hundreds and more where the host did not keep the GPU fed), and the longest are listed
 with the host calls that overlap them most: the main thread's `record_function` ranges and torch ops, and
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .gpu_busy import PULSEIO_KERNELS, idle_gaps
 
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 1 ms, longer
 
 
@@ -41,7 +40,8 @@ class WindowGaps:
     path: Path
     start_us: float
     span_us: float
-    gaps: tuple[Gap, ...]                    # longest first
+    gaps: tuple[Gap, ...]                    # longest first; the first `listed` with their host calls
+    listed: int
 
     @property
     def idle_us(self) -> float:
@@ -55,28 +55,34 @@ class WindowGaps:
         return sums
 
 
-def read_window(path: Path, *, top_host: int = 3) -> WindowGaps:
-    """The gaps of one timeline (a Chrome trace `BusyMeter` wrote), each with its `top_host` host calls."""
+def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGaps:
+    """The gaps of one timeline (a Chrome trace `BusyMeter` wrote); the `longest` of them with their `top_host`
+    host calls (a window has thousands of short gaps and host calls: only the listed ones are matched)."""
     events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    model = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if e.get("cat") in GPU_CATEGORIES and not any(k in e["name"] for k in PULSEIO_KERNELS)]
+    on_gpu = [e for e in events if e.get("cat") == "kernel" or str(e.get("cat", "")).startswith("gpu_")]
+    model = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in on_gpu
+             if e["cat"] == "kernel" and not any(k in e["name"] for k in PULSEIO_KERNELS)]
     if not model:
-        return WindowGaps(path, 0.0, 0.0, ())
+        return WindowGaps(path, 0.0, 0.0, (), 0)
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
-    host = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"])) for e in events
-            if e.get("cat") != "kernel" and not str(e.get("cat", "")).startswith("gpu_") and e.get("cat") != "Trace"]
-    gaps = []
-    for lo, hi in idle_gaps(model, start, end):
-        overlap: Counter[str] = Counter()
-        for h_lo, h_hi, name in host:
+    gaps = sorted(idle_gaps(model, start, end), key=lambda g: g[0] - g[1])             # longest first
+    listed = gaps[:longest]
+    overlap: list[Counter[str]] = [Counter() for _ in listed]
+    gpu_ids = {id(e) for e in on_gpu}
+    for e in events:
+        if id(e) in gpu_ids or e.get("cat") == "Trace":
+            continue
+        h_lo, h_hi = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        for (lo, hi), counts in zip(listed, overlap, strict=True):
             if h_lo < hi and h_hi > lo:
-                overlap[name] += min(hi, h_hi) - max(lo, h_lo)
-        gaps.append(Gap(lo, hi, tuple(overlap.most_common(top_host))))
-    return WindowGaps(path, start, end - start, tuple(sorted(gaps, key=lambda g: -g.us)))
+                counts[str(e["name"])] += min(hi, h_hi) - max(lo, h_lo)
+    found = [Gap(lo, hi, tuple(c.most_common(top_host))) for (lo, hi), c in zip(listed, overlap, strict=True)]
+    return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
+                      len(listed))
 
 
-def describe(windows: list[WindowGaps], *, longest: int = 5) -> str:
-    """A table of the windows' idle time by gap length, then each window's longest gaps with their host calls."""
+def describe(windows: list[WindowGaps]) -> str:
+    """A table of the windows' idle time by gap length, then each window's listed gaps with their host calls."""
     head = ["< 10 us", "10-100 us", "0.1-1 ms", ">= 1 ms"]
     lines = [f"{'timeline':<28} {'span ms':>8} {'busy':>6}  idle ms in gaps of " + " / ".join(head)]
     for w in windows:
@@ -87,10 +93,10 @@ def describe(windows: list[WindowGaps], *, longest: int = 5) -> str:
         parts = " / ".join(f"{us / 1e3:.2f}" for us in w.idle_by_length())
         lines.append(f"{w.path.name:<28} {w.span_us / 1e3:>8.2f} {busy:>6.1%}  {parts}")
     for w in windows:
-        if not w.gaps:
+        if not w.listed:
             continue
         lines.append(f"\n{w.path.name}: the longest gaps")
-        for g in w.gaps[:longest]:
+        for g in w.gaps[:w.listed]:
             calls = ", ".join(f"{name} {us:.0f} us" for name, us in g.host) or "no host call recorded"
             lines.append(f"  {g.us:>9.1f} us at +{(g.start_us - w.start_us) / 1e3:.2f} ms: {calls}")
     return "\n".join(lines)

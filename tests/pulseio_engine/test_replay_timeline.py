@@ -38,13 +38,13 @@ EVENTS = [
 
 def test_gaps_are_the_stretches_without_a_model_kernel_with_the_host_calls_that_overlap_them_most(
         tmp_path: Path) -> None:
-    w = read_window(_write(tmp_path / "rounds-5-9.json", EVENTS), top_host=2)
+    w = read_window(_write(tmp_path / "rounds-5-9.json", EVENTS), longest=2, top_host=2)
     assert (w.start_us, w.span_us) == (1000, 2000)
     assert [(g.start_us, g.end_us) for g in w.gaps] == [(1300, 2800), (1200, 1250), (1100, 1105)]
     assert w.idle_us == 1555 and w.idle_by_length() == [5, 50, 0, 1500]
     assert w.gaps[0].host == (("serving.commit", 1000), ("aten::copy_", 310))
-    assert w.gaps[1].host == (("cudaGraphLaunch", 20),) and w.gaps[2].host == ()
-    text = describe([w], longest=2)
+    assert w.gaps[1].host == (("cudaGraphLaunch", 20),) and w.gaps[2].host == () and w.listed == 2
+    text = describe([w])
     assert "rounds-5-9.json                  2.00  22.3%  0.01 / 0.05 / 0.00 / 1.50" in text, text
     assert "1500.0 us at +0.30 ms: serving.commit 1000 us, aten::copy_ 310 us" in text, text
     assert "+0.10 ms" not in text, "only the 2 longest gaps are listed"
