@@ -59,18 +59,17 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     """The gaps of one timeline (a Chrome trace `BusyMeter` wrote); the `longest` of them with their `top_host`
     host calls (a window has thousands of short gaps and host calls: only the listed ones are matched)."""
     events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    on_gpu = [e for e in events if e.get("cat") == "kernel" or str(e.get("cat", "")).startswith("gpu_")]
-    model = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in on_gpu
-             if e["cat"] == "kernel" and not any(k in e["name"] for k in PULSEIO_KERNELS)]
+    model = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+             if e.get("cat") == "kernel" and not any(k in e["name"] for k in PULSEIO_KERNELS)]
     if not model:
         return WindowGaps(path, 0.0, 0.0, (), 0)
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
     gaps = sorted(idle_gaps(model, start, end), key=lambda g: g[0] - g[1])             # longest first
     listed = gaps[:longest]
     overlap: list[Counter[str]] = [Counter() for _ in listed]
-    gpu_ids = {id(e) for e in on_gpu}
     for e in events:
-        if id(e) in gpu_ids or e.get("cat") == "Trace":
+        cat = str(e.get("cat", ""))
+        if cat in ("kernel", "Trace") or cat.startswith("gpu_"):       # the GPU's own rows, the profiler's own
             continue
         h_lo, h_hi = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         for (lo, hi), counts in zip(listed, overlap, strict=True):
