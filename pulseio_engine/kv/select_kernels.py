@@ -275,7 +275,7 @@ def _select_kernel(
             tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
     else:
         tl.store(t_row + pos, phys, mask=chosen)
-        tl.store(t_row + ids, tl.load(bt_ptr + b * stride_btb).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
+        tl.store(t_row + ids, tl.load(bt_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
 
 
 def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
