@@ -254,12 +254,18 @@ def _replay_table(args: argparse.Namespace) -> int:
 def _replay_gaps(args: argparse.Namespace) -> int:
     files = []
     for path in args.timelines:
-        found = sorted(path.glob("rounds-*.json"), key=lambda p: int(p.stem.split("-")[1])) if path.is_dir() else [path]
+        found = sorted(path.glob("rounds-*.json"), key=_first_round) if path.is_dir() else [path]
         if not found or not all(f.is_file() for f in found):
             raise UsageError(args.prog, f"{path}: no timeline there (replay --timeline-dir writes rounds-*.json)")
         files += found
     print(describe([read_window(f, longest=args.longest) for f in files]))
     return 0
+
+
+def _first_round(path: Path) -> tuple[int, str]:
+    """Timelines in round order (`rounds-<first>-<last>.json`); a name without its numbers goes last."""
+    first = path.stem.split("-")[1]
+    return (int(first), path.name) if first.isdigit() else (sys.maxsize, path.name)
 
 
 def _say(prog: str):  # noqa: ANN202

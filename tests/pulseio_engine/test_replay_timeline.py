@@ -54,10 +54,11 @@ def test_the_cli_reads_a_folder_in_round_order_and_refuses_one_without_timelines
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for first in (25, 5, 15):
         _write(tmp_path / "tl" / f"rounds-{first}-{first + 4}.json", EVENTS if first != 15 else EVENTS[:1])
+    _write(tmp_path / "tl" / "rounds-copy.json", EVENTS)
     assert main(["replay-gaps", str(tmp_path / "tl"), "--longest", "1"]) == 0
     out = capsys.readouterr().out
-    assert [line.split()[0] for line in out.splitlines()[1:4]] == ["rounds-5-9.json", "rounds-15-19.json",
-                                                                   "rounds-25-29.json"]
+    assert [line.split()[0] for line in out.splitlines()[1:5]] == ["rounds-5-9.json", "rounds-15-19.json",
+                                                                   "rounds-25-29.json", "rounds-copy.json"]
     assert "rounds-15-19.json                0.10 100.0%" in out, out
     assert main(["replay-gaps", str(tmp_path / "empty")]) == 2
     assert "no timeline there" in capsys.readouterr().err
