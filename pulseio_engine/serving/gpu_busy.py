@@ -53,7 +53,8 @@ class BusyMeter:
         self.timelines: list[Path] = []                   # the traces written so far
         self._round = 0
         self._prof: Any = None
-        self._stopped: list[tuple[Any, int]] = []         # profiled windows not walked yet, with their first round
+        self._first = 0                                   # the open window's first round
+        self._stopped: list[tuple[Any, int, int]] = []    # profiled windows not walked yet, their first and last round
         self._windows: list[tuple[float, float]] = []     # (busy seconds, window seconds)
 
     def before_round(self) -> None:
@@ -64,21 +65,31 @@ class BusyMeter:
             self._prof = torch.profiler.profile(activities=[activity.CUDA] * self.gpu
                                                 + [activity.CPU] * (self.timeline_dir is not None))
             self._prof.start()
+            self._first = self._round
 
     def after_round(self) -> None:
         self._round += 1
         if self._prof is not None and self._round % self.every == 0:
-            self._prof.stop()
-            self._stopped.append((self._prof, self._round - self.rounds))
-            self._prof = None
+            self._close()
+
+    def _close(self) -> None:
+        self._prof.stop()
+        self._stopped.append((self._prof, self._first, self._round - 1))
+        self._prof = None
+
+    def stop(self) -> None:
+        """After the last round: a window still open (the replay ended inside it) is closed and kept. A profiler
+        left running would be torn down at the interpreter's exit, which can crash it."""
+        if self._prof is not None:
+            self._close()
 
     @property
     def windows(self) -> list[tuple[float, float]]:
         """(busy seconds, window seconds) of each profiled window (walks the ones not walked yet)."""
         while self._stopped:
-            prof, first = self._stopped.pop(0)
+            prof, first, last = self._stopped.pop(0)
             if self.timeline_dir is not None:
-                path = self.timeline_dir / f"rounds-{first}-{first + self.rounds - 1}.json"
+                path = self.timeline_dir / f"rounds-{first}-{last}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 prof.export_chrome_trace(str(path))
                 self.timelines.append(path)

@@ -254,6 +254,7 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             progress(done, {"t": f"{t:.1f}s", "normal": outcome.normal_batch, "offload": outcome.offload_batch,
                             "waiting": len(outer.waiting)})
     recorder.sample_rss(clock.now())
+    busy.stop()
     recorder.busy = busy.fraction()
     return recorder
 
