@@ -34,6 +34,11 @@ class Clock:
         if self.kind is ClockKind.VIRTUAL:
             self._virtual += seconds
 
+    def exclude(self, seconds: float) -> None:
+        """`seconds` just passed on the wall doing no serving (measuring it): keep them off the clock."""
+        if self.kind is ClockKind.WALL:
+            self._start += seconds
+
     def idle_until(self, t: float) -> None:
         """Nothing to run before `t`: sleep (wall) or jump (virtual)."""
         if self.kind is ClockKind.WALL:

@@ -4,16 +4,18 @@ Busy is the union of the model's kernels' intervals over the window (from its fi
 last kernel's end), so overlapping kernels count once. pulseio's own kernels are left out: the resident
 copier and the device waits spin while they hold the GPU (a wait kernel is the GPU idle, waiting for a
 recall), and the publish is a one-thread store. Profiling costs time, so only every `every`-th window of
-`rounds` rounds is profiled, and the windows' events are walked only when the fraction is asked for (after
-the replay), not between rounds; None on a CPU. With `timeline_dir`, the same windows also record the host's
-side (CPU activity, on a CPU too) and are written there as Chrome traces when they are walked, one file a
-window, to be read in Perfetto or `chrome://tracing`: where the GPU stands idle, and what the host did then.
-Recording the host's calls slows the host in those windows, so a run with timelines reads a lower busy
-fraction than one without.
+`rounds` rounds is profiled. A window is walked as soon as it closes: on a GPU, a closed profiler's results
+do not survive the next window (read after it, every event's time is zero). The walk holds the host for a
+while, so `after_round` returns the seconds it took, which the replay keeps off its clock; None on a CPU.
+With `timeline_dir`, the same windows also record the host's side (CPU activity, on a CPU too) and are written
+there as Chrome traces, one file a window, to be read in Perfetto or `chrome://tracing`: where the GPU stands
+idle, and what the host did then. Recording the host's calls slows the host in those windows, so a run with
+timelines reads a lower busy fraction than one without.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +56,6 @@ class BusyMeter:
         self._round = 0
         self._prof: Any = None
         self._first = 0                                   # the open window's first round
-        self._stopped: list[tuple[Any, int, int]] = []    # profiled windows not walked yet, their first and last round
         self._windows: list[tuple[float, float]] = []     # (busy seconds, window seconds)
 
     def before_round(self) -> None:
@@ -67,33 +68,35 @@ class BusyMeter:
             self._prof.start()
             self._first = self._round
 
-    def after_round(self) -> None:
+    def after_round(self) -> float:
+        """-> seconds spent closing and walking a window that ended with this round (0.0 if none did)."""
         self._round += 1
         if self._prof is not None and self._round % self.every == 0:
-            self._close()
+            return self._close()
+        return 0.0
 
-    def _close(self) -> None:
-        self._prof.stop()
-        self._stopped.append((self._prof, self._first, self._round - 1))
+    def _close(self) -> float:
+        t0 = time.perf_counter()
+        prof, first, last = self._prof, self._first, self._round - 1
         self._prof = None
+        prof.stop()
+        if self.timeline_dir is not None:
+            path = self.timeline_dir / f"rounds-{first}-{last}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(path))
+            self.timelines.append(path)
+        self._take(prof)
+        return time.perf_counter() - t0
 
     def stop(self) -> None:
-        """After the last round: a window still open (the replay ended inside it) is closed and kept. A profiler
-        left running would be torn down at the interpreter's exit, which can crash it."""
+        """After the last round: a window still open (the replay ended inside it) is closed and walked. A
+        profiler left running would be torn down at the interpreter's exit, which can crash it."""
         if self._prof is not None:
             self._close()
 
     @property
     def windows(self) -> list[tuple[float, float]]:
-        """(busy seconds, window seconds) of each profiled window (walks the ones not walked yet)."""
-        while self._stopped:
-            prof, first, last = self._stopped.pop(0)
-            if self.timeline_dir is not None:
-                path = self.timeline_dir / f"rounds-{first}-{last}.json"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                prof.export_chrome_trace(str(path))
-                self.timelines.append(path)
-            self._take(prof)
+        """(busy seconds, window seconds) of each profiled window with a model kernel in it."""
         return self._windows
 
     def _take(self, prof: Any) -> None:

@@ -240,10 +240,11 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
         busy.before_round()
         t0 = time.perf_counter()
         outcome = serving.step()
-        clock.ran(time.perf_counter() - t0)
-        busy.after_round()
+        took = time.perf_counter() - t0
+        clock.ran(took)
+        clock.exclude(busy.after_round())
         t = clock.now()
-        recorder.round(t, time.perf_counter() - t0, outcome.normal_batch, outcome.offload_batch, outcome.produced,
+        recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced,
                        outcome.finished)
         for rid in outcome.finished:
             outer.finish(rid)

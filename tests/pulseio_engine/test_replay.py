@@ -376,7 +376,7 @@ def test_a_real_model_prefills_its_prompts_and_serves_both_classes(tmp_path: Pat
     assert report["config"]["steering"] is None and {r["class"] for r in report["requests"]} == {"normal", "offload"}
 
 
-def test_the_busy_meter_profiles_one_window_per_period_walks_them_after_and_leaves_pulseio_kernels_out(
+def test_the_busy_meter_profiles_one_window_per_period_walks_each_as_it_closes_and_leaves_pulseio_kernels_out(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
@@ -408,15 +408,17 @@ def test_the_busy_meter_profiles_one_window_per_period_walks_them_after_and_leav
 
     monkeypatch.setattr(torch.profiler, "profile", FakeProfiler)
     meter = BusyMeter("cuda", every=10, rounds=3)
+    spent = []
     for _ in range(25):
         meter.before_round()
-        meter.after_round()
-    assert started == [7, 17] and walked == [], "no window is walked between rounds"
-    assert meter.fraction() == pytest.approx(40 / 100) and len(meter.windows) == 2 and walked == [25, 25]
+        spent.append(meter.after_round())
+    assert started == [7, 17] and walked == [10, 20], "a window is walked as it closes, before the next opens"
+    assert [i for i, s in enumerate(spent) if s > 0] == [9, 19], "the walk's seconds are returned by its round"
+    assert meter.fraction() == pytest.approx(40 / 100) and len(meter.windows) == 2
     assert BusyMeter("cpu").fraction() is None
 
 
-def test_the_busy_meter_writes_each_windows_timeline_with_the_hosts_calls_when_walked(
+def test_the_busy_meter_writes_each_windows_timeline_with_the_hosts_calls_as_it_closes(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from pulseio_engine.serving.gpu_busy import BusyMeter
 
@@ -446,12 +448,12 @@ def test_the_busy_meter_writes_each_windows_timeline_with_the_hosts_calls_when_w
         meter.before_round()
         meter.after_round()
     activity = torch.profiler.ProfilerActivity
-    assert kinds == [[activity.CUDA, activity.CPU]] * 3 and written == [], "nothing is written between rounds"
-    assert running == [False, False, True]
-    meter.stop()                                        # after the last round: the open window is closed, kept
+    names = ("rounds-7-9.json", "rounds-17-19.json", "rounds-27-27.json")
+    assert kinds == [[activity.CUDA, activity.CPU]] * 3 and running == [False, False, True]
+    assert written == [str(tmp_path / "t" / name) for name in names[:2]], "each closed window is written at once"
+    meter.stop()                                        # after the last round: the open window is closed, written
     assert running == [False, False, False] and meter.fraction() is None
-    assert written == [str(tmp_path / "t" / name) for name in ("rounds-7-9.json", "rounds-17-19.json",
-                                                                 "rounds-27-27.json")]
+    assert written == [str(tmp_path / "t" / name) for name in names]
     assert meter.timelines == [Path(p) for p in written] and (tmp_path / "t").is_dir()
 
 
@@ -480,3 +482,16 @@ def test_status_lines_report_at_most_every_interval_and_always_the_last_request(
         status.update(done, {"normal": 4, "waiting": 0})
     assert lines == ["replay: 2/5 requests finished after 10 s wall; normal 4 waiting 0",
                      "replay: 5/5 requests finished after 13 s wall; normal 4 waiting 0"]
+
+
+def test_time_kept_off_the_clock_delays_a_wall_clock_and_leaves_a_virtual_one_as_it_is() -> None:
+    from pulseio_engine.serving.clock import Clock, ClockKind
+
+    wall = Clock(ClockKind.WALL)
+    before = wall.now()
+    wall.exclude(5.0)
+    assert wall.now() < before, "five seconds of measuring are not serving time"
+    virtual = Clock(ClockKind.VIRTUAL)
+    virtual.ran(0.25)
+    virtual.exclude(5.0)
+    assert virtual.now() == 0.25
