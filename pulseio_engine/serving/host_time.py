@@ -27,6 +27,10 @@ class HostTimes:
     def start(self) -> None:
         self._t = time.perf_counter()
 
+    def exclude(self, seconds: float) -> None:
+        """`seconds` just spent on no phase (measuring the run) stay out of the phase running now."""
+        self._t += seconds
+
     def lap(self, phase: str) -> None:
         now = time.perf_counter()
         self.seconds[phase] += now - self._t

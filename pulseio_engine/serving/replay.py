@@ -242,7 +242,9 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
         outcome = serving.step()
         took = time.perf_counter() - t0
         clock.ran(took)
-        clock.exclude(busy.after_round())
+        walked = busy.after_round()
+        clock.exclude(walked)
+        serving.host.exclude(walked)
         t = clock.now()
         recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced,
                        outcome.finished)

@@ -495,3 +495,16 @@ def test_time_kept_off_the_clock_delays_a_wall_clock_and_leaves_a_virtual_one_as
     virtual.ran(0.25)
     virtual.exclude(5.0)
     assert virtual.now() == 0.25
+
+
+def test_time_kept_out_of_the_host_phases_is_charged_to_none_of_them() -> None:
+    import time
+
+    from pulseio_engine.serving.host_time import HostTimes
+
+    host = HostTimes()
+    time.sleep(0.2)                     # measuring the run, in the middle of the outer phase
+    host.exclude(0.2)
+    host.lap("outer")
+    host.lap("schedule")
+    assert host.seconds["outer"] < 0.1 and host.seconds["schedule"] < 0.1
