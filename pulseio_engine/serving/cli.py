@@ -128,6 +128,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     tg.add_argument("timelines", nargs="+", type=Path, metavar="PATH",
                     help="timeline files, or folders of them (rounds-*.json)")
     tg.add_argument("--longest", type=int_at_least(1), default=5, help="gaps listed a timeline (default: 5)")
+    tg.add_argument("--boundaries", type=int_at_least(0), default=8,
+                    help="kinds of boundary (the kernels around a gap) listed with their idle time (default: 8)")
     tg.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     tg.set_defaults(func=_replay_gaps, prog=tg.prog)
 
@@ -254,11 +256,12 @@ def _replay_table(args: argparse.Namespace) -> int:
 def _replay_gaps(args: argparse.Namespace) -> int:
     files = []
     for path in args.timelines:
-        found = sorted(path.glob("rounds-*.json"), key=_first_round) if path.is_dir() else [path]
+        found = sorted([*path.glob("rounds-*.json"), *path.glob("rounds-*.json.gz")], key=_first_round) \
+            if path.is_dir() else [path]
         if not found or not all(f.is_file() for f in found):
             raise UsageError(args.prog, f"{path}: no timeline there (replay --timeline-dir writes rounds-*.json)")
         files += found
-    print(describe([read_window(f, longest=args.longest) for f in files]))
+    print(describe([read_window(f, longest=args.longest) for f in files], boundaries=args.boundaries))
     return 0
 
 

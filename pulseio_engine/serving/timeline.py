@@ -5,11 +5,14 @@ GPU is busy where a model kernel runs (not a copy, nor pulseio's copier or devic
 stretch between them is a gap. Gaps are summed by length (a few microseconds between two kernels of one graph,
 tens between graphs, hundreds and more where the host did not keep the GPU fed), and the longest are listed
 with the host calls that overlap them most: the main thread's `record_function` ranges and torch ops, and
-whatever else the profiler recorded (a `cudaGraphLaunch`, a `cudaStreamSynchronize`).
+whatever else the profiler recorded (a `cudaGraphLaunch`, a `cudaStreamSynchronize`). Gaps are also summed by
+the model kernels on either side of them, with the pulseio kernels that ran inside (a device wait, a publish):
+the same pair of kernels once a layer or once a round says which boundary loses the time.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +37,16 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class Boundary:
+    """Idle time at one kind of boundary: between the model kernels `before` and `after`, with `inside` the
+    pulseio kernels that ran in those gaps ('' if none)."""
+
+    before: str
+    after: str
+    inside: str
+
+
+@dataclass(frozen=True)
 class WindowGaps:
     """One timeline: its span from the first model kernel's start to the last one's end, and its gaps."""
 
@@ -42,6 +55,7 @@ class WindowGaps:
     span_us: float
     gaps: tuple[Gap, ...]                    # longest first; the first `listed` with their host calls
     listed: int
+    boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
 
     @property
     def idle_us(self) -> float:
@@ -55,14 +69,26 @@ class WindowGaps:
         return sums
 
 
+def kernel_name(name: str) -> str:
+    """A kernel's name without its template and argument lists or namespaces, cut to 40 characters."""
+    for mark in ("(", "<", "["):
+        name = name.split(mark, 1)[0] if not name.startswith(mark) else name
+    return name.removeprefix("void ").strip().rsplit("::", 1)[-1][:40]
+
+
 def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGaps:
-    """The gaps of one timeline (a Chrome trace `BusyMeter` wrote); the `longest` of them with their `top_host`
-    host calls (a window has thousands of short gaps and host calls: only the listed ones are matched)."""
-    events = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X" and "dur" in e]
-    model = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
-             if e.get("cat") == "kernel" and not any(k in e["name"] for k in PULSEIO_KERNELS)]
+    """The gaps of one timeline (a Chrome trace `BusyMeter` wrote, gzipped if its name ends in .gz); the
+    `longest` of them with their `top_host` host calls (a window has thousands of short gaps and host calls: only
+    the listed ones are matched)."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    events = [e for e in json.loads(text)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    kernels = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"])) for e in events
+               if e.get("cat") == "kernel"]
+    copies = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"]).split(" ", 1)[0]) for e in events
+              if str(e.get("cat", "")) in ("gpu_memset", "gpu_memcpy")]
+    model = [(lo, hi) for lo, hi, name in kernels if not any(k in name for k in PULSEIO_KERNELS)]
     if not model:
-        return WindowGaps(path, 0.0, 0.0, (), 0)
+        return WindowGaps(path, 0.0, 0.0, (), 0, {})
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
     gaps = sorted(idle_gaps(model, start, end), key=lambda g: g[0] - g[1])             # longest first
     listed = gaps[:longest]
@@ -77,11 +103,32 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
                 counts[str(e["name"])] += min(hi, h_hi) - max(lo, h_lo)
     found = [Gap(lo, hi, tuple(c.most_common(top_host))) for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
-                      len(listed))
+                      len(listed), _boundaries(kernels, gaps, copies))
 
 
-def describe(windows: list[WindowGaps]) -> str:
-    """A table of the windows' idle time by gap length, then each window's listed gaps with their host calls."""
+def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float, float]],
+                copies: list[tuple[float, float, str]]) -> dict[Boundary, tuple[float, int]]:
+    """Each gap by the model kernel that ended where it starts and the one that starts where it ends, with the
+    pulseio kernels and the copies and memsets (`copies`) that ran inside it."""
+    ended, started = {}, {}
+    for lo, hi, name in kernels:
+        if not any(k in name for k in PULSEIO_KERNELS):
+            ended[hi], started[lo] = kernel_name(name), kernel_name(name)
+    pulseio = [(lo, hi, kernel_name(name)) for lo, hi, name in kernels if any(k in name for k in PULSEIO_KERNELS)
+               and "resident_copy" not in name]                         # the copier runs throughout: not a boundary's
+    pulseio += copies
+    out: dict[Boundary, tuple[float, int]] = {}
+    for lo, hi in gaps:
+        inside = sorted({name for p_lo, p_hi, name in pulseio if p_lo < hi and p_hi > lo})
+        key = Boundary(ended.get(lo, "?"), started.get(hi, "?"), " + ".join(inside))
+        us, n = out.get(key, (0.0, 0))
+        out[key] = (us + hi - lo, n + 1)
+    return out
+
+
+def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
+    """A table of the windows' idle time by gap length, then the `boundaries` kinds of boundary losing the most
+    over all windows, then each window's listed gaps with their host calls."""
     head = ["< 10 us", "10-100 us", "0.1-1 ms", ">= 1 ms"]
     lines = [f"{'timeline':<28} {'span ms':>8} {'busy':>6}  idle ms in gaps of " + " / ".join(head)]
     for w in windows:
@@ -91,6 +138,21 @@ def describe(windows: list[WindowGaps]) -> str:
         busy = 1.0 - w.idle_us / w.span_us
         parts = " / ".join(f"{us / 1e3:.2f}" for us in w.idle_by_length())
         lines.append(f"{w.path.name:<28} {w.span_us / 1e3:>8.2f} {busy:>6.1%}  {parts}")
+    total: dict[Boundary, tuple[float, int]] = {}
+    for w in windows:
+        for key, (us, n) in w.boundaries.items():
+            t_us, t_n = total.get(key, (0.0, 0))
+            total[key] = (t_us + us, t_n + n)
+    span = sum(w.span_us for w in windows)
+    if total and boundaries:
+        lines.append(f"\nidle by the model kernels around it, over {span / 1e3:.1f} ms of timeline "
+                     f"(the {boundaries} boundaries losing most)")
+        lines.append(f"  {'idle ms':>8} {'share':>6} {'gaps':>6} {'mean us':>8}  "
+                     "before -> after [pulseio kernels, copies inside]")
+        for key, (us, n) in sorted(total.items(), key=lambda kv: -kv[1][0])[:boundaries]:
+            inside = f" [{key.inside}]" if key.inside else ""
+            lines.append(f"  {us / 1e3:>8.2f} {us / span:>6.1%} {n:>6} {us / n:>8.1f}  "
+                         f"{key.before} -> {key.after}{inside}")
     for w in windows:
         if not w.listed:
             continue

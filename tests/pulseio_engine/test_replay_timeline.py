@@ -3,6 +3,7 @@ not count), summed by length, and the host calls that overlap each gap most."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -55,10 +56,28 @@ def test_the_cli_reads_a_folder_in_round_order_and_refuses_one_without_timelines
     for first in (25, 5, 15):
         _write(tmp_path / "tl" / f"rounds-{first}-{first + 4}.json", EVENTS if first != 15 else EVENTS[:1])
     _write(tmp_path / "tl" / "rounds-copy.json", EVENTS)
+    kept = _write(tmp_path / "tl" / "rounds-35-39.json", EVENTS)            # a timeline kept gzipped, read as it is
+    kept.with_suffix(".json.gz").write_bytes(gzip.compress(kept.read_bytes()))
+    kept.unlink()
     assert main(["replay-gaps", str(tmp_path / "tl"), "--longest", "1"]) == 0
     out = capsys.readouterr().out
-    assert [line.split()[0] for line in out.splitlines()[1:5]] == ["rounds-5-9.json", "rounds-15-19.json",
-                                                                   "rounds-25-29.json", "rounds-copy.json"]
+    assert [line.split()[0] for line in out.splitlines()[1:6]] == ["rounds-5-9.json", "rounds-15-19.json",
+                                                                   "rounds-25-29.json", "rounds-35-39.json.gz",
+                                                                   "rounds-copy.json"]
+    assert "rounds-35-39.json.gz             2.00  22.3%" in out, out
     assert "rounds-15-19.json                0.10 100.0%" in out, out
     assert main(["replay-gaps", str(tmp_path / "empty")]) == 2
     assert "no timeline there" in capsys.readouterr().err
+
+
+def test_gaps_are_summed_by_the_model_kernels_around_them_with_what_ran_inside(tmp_path: Path) -> None:
+    memset = {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 1210, "dur": 5}
+    late = [_kernel("void at::native::norm<float>(int)", 3100, 50), _kernel("ns::attn[abi:v1](Array<int>)", 3200, 50)]
+    w = read_window(_write(tmp_path / "rounds-5-9.json", [*EVENTS, memset, *late]), longest=1)
+    by_pair = {(b.before, b.after, b.inside): v for b, v in w.boundaries.items()}
+    assert by_pair == {("gemm", "norm", ""): (105, 2), ("norm", "attn", "Memset"): (50, 1),
+                       ("norm", "attn", ""): (50, 1), ("attn", "gemm", "wait_seq"): (1500, 1)}
+    text = describe([w], boundaries=2)
+    assert "    1.50  66.7%      1   1500.0  attn -> gemm [wait_seq]" in text, text
+    assert "    0.10   4.7%      2     52.5  gemm -> norm\n" in text, text
+    assert "norm -> attn" not in text, "only the 2 boundaries losing most are listed"
