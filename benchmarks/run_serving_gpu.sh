@@ -11,6 +11,8 @@
 # REPLAY_TIMEOUT_S (540 a mode), REPLAY_ARGS (more `replay` options for every run), TIMELINES=1 (each mode's
 # sampled rounds as Chrome traces in $R/timelines-<mode>/, read by `replay-gaps` into $R/gaps-<mode>.txt), DEVICE (cuda; cpu: a dry run of the script with
 # MODEL=tiny), R (/tmp/serving-results).
+# The throughput-bound windows of the results: Mooncake DURATION=20 TIME_SCALE=0.3 (65 requests in 5.4 s); ServeGen
+# TRACE=servegen-mix START=600 DURATION=60 TIME_SCALE=0.05 (36 requests in 3 s, 23 of them 4K tokens or longer).
 # A 10-minute loss check: PARTS=replay MODES=pulseinfer DURATION=150 TIME_SCALE=4.3 REPLAY_TIMEOUT_S=1500 DETACH=1 (the
 # shipped sample's 400 requests, their arrivals stretched over 606 s; longer than one command may run on the lent
 # machines): DETACH=1 starts the run in its own session and returns; a later command on
