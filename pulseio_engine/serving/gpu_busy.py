@@ -3,14 +3,14 @@
 Busy is the union of the model's kernels' intervals over the window (from its first kernel's start to its
 last kernel's end), so overlapping kernels count once. pulseio's own kernels are left out: the resident
 copier and the device waits spin while they hold the GPU (a wait kernel is the GPU idle, waiting for a
-recall), and the publish is a one-thread store. Profiling costs time, so only every `every`-th window of
-`rounds` rounds is profiled. A window is walked as soon as it closes: on a GPU, a closed profiler's results
-do not survive the next window (read after it, every event's time is zero). The walk holds the host for a
-while, so `after_round` returns the seconds it took, which the replay keeps off its clock; None on a CPU.
-With `timeline_dir`, the same windows also record the host's side (CPU activity, on a CPU too) and are written
-there as Chrome traces, one file a window, to be read in Perfetto or `chrome://tracing`: where the GPU stands
-idle, and what the host did then. Recording the host's calls slows the host in those windows, so a run with
-timelines reads a lower busy fraction than one without.
+recall), and the publish only hands a recall's block list to the copier. Profiling costs time, so only every
+`every`-th window of `rounds` rounds is profiled. A window is walked as soon as it closes: on a GPU, a closed
+profiler's results do not survive the next window (read after it, every event's time is zero). The walk holds
+the host for a while, so `after_round` returns the seconds it took, which the replay keeps off its clock; None
+on a CPU. With `timeline_dir`, the same windows also record the host's side (CPU activity, on a CPU too) and
+are written there as Chrome traces, one file a window, to be read in Perfetto or `chrome://tracing`: where the
+GPU stands idle, and what the host did then. Recording the host's calls slows the host in those windows, so a
+run with timelines reads a lower busy fraction than one without.
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 PULSEIO_KERNELS = ("resident_copy", "wait_word", "wait_seq", "publish_kernel")
+
+
+def is_pulseio_kernel(name: str) -> bool:
+    """A kernel of pulseio's (`PULSEIO_KERNELS`): the GPU is not busy with the model while it runs."""
+    return any(k in name for k in PULSEIO_KERNELS)
 
 
 def idle_gaps(intervals: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
@@ -109,7 +114,7 @@ class BusyMeter:
         start = min(e.time_range.start for e in kernels)
         end = max(e.time_range.end for e in kernels)
         model = [(e.time_range.start, e.time_range.end) for e in kernels
-                 if not any(k in e.name for k in PULSEIO_KERNELS)]
+                 if not is_pulseio_kernel(e.name)]
         window = (end - start) / 1e6
         self._windows.append((busy_fraction(model, start, end) * window, window))
 

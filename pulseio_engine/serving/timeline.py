@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gpu_busy import PULSEIO_KERNELS, idle_gaps
+from .gpu_busy import idle_gaps, is_pulseio_kernel
 
 BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 1 ms, longer
 
@@ -71,9 +73,7 @@ class WindowGaps:
 
 def kernel_name(name: str) -> str:
     """A kernel's name without its template and argument lists or namespaces, cut to 40 characters."""
-    for mark in ("(", "<", "["):
-        name = name.split(mark, 1)[0] if not name.startswith(mark) else name
-    return name.removeprefix("void ").strip().rsplit("::", 1)[-1][:40]
+    return re.split(r"[(<\[]", name.removeprefix("void "), maxsplit=1)[0].strip().rsplit("::", 1)[-1][:40]
 
 
 def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGaps:
@@ -86,7 +86,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
                if e.get("cat") == "kernel"]
     copies = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"]).split(" ", 1)[0]) for e in events
               if str(e.get("cat", "")) in ("gpu_memset", "gpu_memcpy")]
-    model = [(lo, hi) for lo, hi, name in kernels if not any(k in name for k in PULSEIO_KERNELS)]
+    model = [(lo, hi) for lo, hi, name in kernels if not is_pulseio_kernel(name)]
     if not model:
         return WindowGaps(path, 0.0, 0.0, (), 0, {})
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
@@ -112,15 +112,17 @@ def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float,
     pulseio kernels and the copies and memsets (`copies`) that ran inside it."""
     ended, started = {}, {}
     for lo, hi, name in kernels:
-        if not any(k in name for k in PULSEIO_KERNELS):
-            ended[hi], started[lo] = kernel_name(name), kernel_name(name)
-    pulseio = [(lo, hi, kernel_name(name)) for lo, hi, name in kernels if any(k in name for k in PULSEIO_KERNELS)
-               and "resident_copy" not in name]                         # the copier runs throughout: not a boundary's
-    pulseio += copies
+        if not is_pulseio_kernel(name):
+            ended[hi] = started[lo] = kernel_name(name)
+    inside = sorted([(lo, hi, kernel_name(name)) for lo, hi, name in kernels if is_pulseio_kernel(name)
+                     and "resident_copy" not in name] + copies)        # the copier runs throughout: not a boundary's
+    starts = [lo for lo, _, _ in inside]
+    longest = max((hi - lo for lo, hi, _ in inside), default=0.0)
     out: dict[Boundary, tuple[float, int]] = {}
-    for lo, hi in gaps:
-        inside = sorted({name for p_lo, p_hi, name in pulseio if p_lo < hi and p_hi > lo})
-        key = Boundary(ended.get(lo, "?"), started.get(hi, "?"), " + ".join(inside))
+    for lo, hi in gaps:      # what overlaps [lo, hi) starts before hi, and after lo - longest (it ends after lo)
+        ran = {name for p_lo, p_hi, name in inside[bisect_left(starts, lo - longest):bisect_left(starts, hi)]
+               if p_hi > lo}
+        key = Boundary(ended.get(lo, "?"), started.get(hi, "?"), " + ".join(sorted(ran)))
         us, n = out.get(key, (0.0, 0))
         out[key] = (us + hi - lo, n + 1)
     return out
