@@ -6,11 +6,11 @@ copier and the device waits spin while they hold the GPU (a wait kernel is the G
 recall), and the publish only hands a recall's block list to the copier. Profiling costs time, so only every
 `every`-th window of `rounds` rounds is profiled. A window is walked as soon as it closes: on a GPU, a closed
 profiler's results do not survive the next window (read after it, every event's time is zero). The walk holds
-the host for a while, so `after_round` returns the seconds it took, which the replay keeps off its clock; None
-on a CPU. With `timeline_dir`, the same windows also record the host's side (CPU activity, on a CPU too) and
-are written there as Chrome traces, one file a window, to be read in Perfetto or `chrome://tracing`: where the
-GPU stands idle, and what the host did then. Recording the host's calls slows the host in those windows, so a
-run with timelines reads a lower busy fraction than one without.
+the host for a while, so `after_round` returns the seconds it took, which the replay keeps off its clock.
+`fraction()` is None on a CPU. With `timeline_dir`, the same windows also record the host's side (CPU
+activity, on a CPU too) and are written there as Chrome traces, one file a window, to be read in Perfetto or
+`chrome://tracing`: where the GPU stands idle, and what the host did then. Recording the host's calls slows
+the host in those windows, so a run with timelines reads a lower busy fraction than one without.
 """
 
 from __future__ import annotations
