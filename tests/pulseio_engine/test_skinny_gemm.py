@@ -1,0 +1,223 @@
+"""`skinny_linear`: the Triton kernel under TRITON_INTERPRET=1 (a child process on CPU: this file run as a
+script prints one JSON line) against x.float() @ weight.float().T, for M in {1, 3, 8, 16}, N and K that
+are not multiples of the tiles, split_k 1, 2 and 3, both products (tl.dot and multiply + sum); one
+workspace reused across calls and configs (its counters back to zero, outputs bit-equal); argument
+errors in-process; and on a GPU the compiled kernel at qwen3-14b's shapes against F.linear and replayed
+from a CUDA graph.
+
+Tolerance: one unit in the last place of the output dtype (finfo.eps relative) plus 1e-3: the interpreter
+rounds fp32 -> bf16 toward zero where the GPU rounds to nearest, so it may be one ulp off, not half."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+ATOL = 1e-3
+# name -> (M, N, K, (block_n, block_k, split_k, use_dot) or None for the default config, dtype)
+CASES = {
+    "m1-dot-split1-ragged": (1, 40, 72, (16, 32, 1, True), "bfloat16"),
+    "m3-dot-split2-ragged": (3, 50, 100, (32, 32, 2, True), "bfloat16"),
+    "m8-dot-split3-ragged": (8, 70, 200, (16, 32, 3, True), "bfloat16"),     # 7 K tiles: splits of 3, 3, 1
+    "m16-dot-split3-even": (16, 64, 192, (32, 32, 3, True), "bfloat16"),
+    "m16-sum-split3-ragged": (16, 33, 48, (16, 16, 3, False), "bfloat16"),
+    "m3-sum-split1-fp16": (3, 50, 100, (16, 32, 1, False), "float16"),
+    "m1-sum-split2-even": (1, 64, 128, (32, 64, 2, False), "bfloat16"),
+    "m8-dot-split2-fp16": (8, 48, 96, (16, 32, 2, True), "float16"),
+    "m16-default-config": (16, 96, 160, None, "bfloat16"),
+}
+
+
+def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((m, k), generator=gen).to(dtype)                  # x: [M, K]
+    w = (torch.randn((n, k), generator=gen) / k**0.5).to(dtype)       # weight: [N, K]
+    return x, w
+
+
+def _excess(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> dict:
+    """How far `got` [M, N] is from the fp32 product, and how many elements break the tolerance."""
+    ref = x.float() @ w.float().T
+    err = (got.float() - ref).abs()
+    bad = err > ATOL + torch.finfo(got.dtype).eps * ref.abs()
+    return {"max_err": err.max().item(), "max_ref": ref.abs().max().item(), "bad": int(bad.sum())}
+
+
+def _run_case(m: int, n: int, k: int, tile, dtype: str) -> dict:  # noqa: ANN001
+    from pulseio_engine.model.skinny_gemm import SkinnyConfig, skinny_linear
+
+    x, w = _inputs(m, n, k, getattr(torch, dtype))
+    config = None if tile is None else SkinnyConfig(*tile[:3], num_warps=4, num_stages=2, use_dot=tile[3])
+    wide = torch.full((m, 2 * n), float("nan"), dtype=x.dtype)
+    out = wide[:, ::2]  # a strided view: the kernel follows out's strides and writes nothing else
+    got = skinny_linear(x, w, config=config, out=out)
+    return {**_excess(got, x, w), "same_out": got is out, "untouched": bool(wide[:, 1::2].isnan().all())}
+
+
+def _workspace_reuse() -> dict:
+    """One workspace through split 3, split 2 (another tile), then split 3 again."""
+    from pulseio_engine.model.skinny_gemm import SkinnyConfig, SkinnyWorkspace, skinny_linear
+
+    x, w = _inputs(8, 70, 200, torch.bfloat16, seed=1)
+    ws = SkinnyWorkspace.allocate(70, max_split_k=3, device="cpu")
+    three, two = SkinnyConfig(16, 32, 3, 4, 2), SkinnyConfig(32, 64, 2, 4, 2)
+    first = skinny_linear(x, w, config=three, workspace=ws).clone()
+    counters_after_first = ws.counters.tolist()
+    other = skinny_linear(x, w, config=two, workspace=ws)
+    again = skinny_linear(x, w, config=three, workspace=ws)
+    return {"bit_equal": bool(torch.equal(first, again)), "counters_after_first": counters_after_first,
+            "counters_after_all": ws.counters.tolist(), "other": _excess(other, x, w), "first": _excess(first, x, w)}
+
+
+def _main() -> None:
+    results = {}
+    runs = [(name, _run_case, args) for name, args in CASES.items()] + [("workspace-reuse", _workspace_reuse, ())]
+    for name, run, args in runs:
+        try:
+            results[name] = run(*args)
+        except Exception as exc:  # reported to the parent test, which fails with it
+            results[name] = {"error": repr(exc)}
+    print(json.dumps(results))
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    if torch.cuda.is_available():
+        pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernel")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.needs_package("triton")
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_kernel_matches_fp32_product(interpreted: dict, name: str) -> None:
+    result = interpreted[name]
+    assert "error" not in result, result.get("error")
+    assert result["max_ref"] > 0.5, result  # the check below is not vacuous
+    assert result["bad"] == 0, result
+    assert result["same_out"] and result["untouched"], "writes into the given out view, and only there"
+
+
+@pytest.mark.needs_package("triton")
+def test_interpreted_workspace_is_reused_without_a_memset(interpreted: dict) -> None:
+    result = interpreted["workspace-reuse"]
+    assert "error" not in result, result.get("error")
+    assert result["first"]["bad"] == 0 and result["other"]["bad"] == 0, result
+    assert set(result["counters_after_first"]) == {0} and set(result["counters_after_all"]) == {0}, result
+    assert result["bit_equal"], "the same call through a reused workspace must give the same bits"
+
+
+# ---- in-process: configs and argument errors (nothing is launched) ------------------------------------------
+
+@pytest.mark.needs_package("triton")
+def test_default_config_splits_k_only_where_row_blocks_are_few() -> None:
+    from pulseio_engine.model.skinny_gemm import default_config
+
+    splits = {name: default_config(8, n, k, 132).split_k for name, (n, k) in QWEN3_14B.items()}
+    assert splits == {"qkv": 4, "o": 4, "gate_up": 1, "down": 4, "lm_head": 1}
+    assert default_config(1, 64, 64, 132).split_k == 1  # one K tile: nothing to split
+    assert default_config(8, 5120, 5120, 132) is default_config(8, 5120, 5120, 132)
+
+
+@pytest.mark.needs_package("triton")
+def test_bad_arguments_name_the_value_and_the_fix() -> None:
+    from pulseio_engine.model.skinny_gemm import SkinnyConfig, SkinnyWorkspace, skinny_linear
+
+    x, w = _inputs(4, 32, 64, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^x must be \[M, K\] with 1 <= M <= 16, got shape \[17, 64\]; "
+                                         r"use F.linear for more rows$"):
+        skinny_linear(torch.zeros((17, 64), dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match=r"^x must be \[M, K\] with 1 <= M <= 16, got shape \[0, 64\]"):
+        skinny_linear(torch.zeros((0, 64), dtype=torch.bfloat16), w)
+    with pytest.raises(TypeError, match=r"^x must be bfloat16 or float16, got torch.float32; cast it"):
+        skinny_linear(x.float(), w.float())
+    with pytest.raises(TypeError, match=r"^weight must have x's dtype torch.bfloat16, got torch.float16$"):
+        skinny_linear(x, w.half())
+    with pytest.raises(TypeError, match=r"^weight must be a torch.Tensor, got list$"):
+        skinny_linear(x, [[1.0]])
+    with pytest.raises(ValueError, match=r"^weight must be \[N, K\] with K = 64 \(x's\), got shape \[32, 63\]$"):
+        skinny_linear(x, w[:, :63].contiguous())
+    with pytest.raises(ValueError, match=r"^weight must be row-major \(stride 1 along K\), got strides \(1, 32\); "
+                                         r"pass weight.contiguous\(\)$"):
+        skinny_linear(x, w.T.contiguous().T)
+    with pytest.raises(ValueError, match=r"^out must be \[4, 32\] torch.bfloat16 on cpu, got \[4, 31\]"):
+        skinny_linear(x, w, out=torch.empty((4, 31), dtype=torch.bfloat16))
+    small = SkinnyWorkspace.allocate(32, max_split_k=1, device="cpu")
+    with pytest.raises(ValueError, match=r"^workspace too small or elsewhere: this call needs partials >= "
+                                         r"\[2, 16, 32\] and >= 2 counters on cpu, got \[1, 16, 32\] and 2 on cpu; "
+                                         r"use SkinnyWorkspace.allocate\(32, max_split_k=2, device=...\)$"):
+        skinny_linear(x, w, config=SkinnyConfig(16, 32, 2, 4, 2), workspace=small)
+
+
+@pytest.mark.needs_package("triton")
+def test_config_and_workspace_reject_bad_values() -> None:
+    from pulseio_engine.model.skinny_gemm import SkinnyConfig, SkinnyWorkspace
+
+    with pytest.raises(ValueError, match=r"^block_n must be a power of two >= 16, got 24$"):
+        SkinnyConfig(24, 64, 1, 4, 3)
+    with pytest.raises(ValueError, match=r"^block_k must be a power of two >= 16, got 8$"):
+        SkinnyConfig(16, 8, 1, 4, 3)
+    with pytest.raises(ValueError, match=r"^split_k must be in \[1, 64\], got 0$"):
+        SkinnyConfig(16, 64, 0, 4, 3)
+    with pytest.raises(ValueError, match=r"^num_warps must be one of 1, 2, 4, 8, 16, got 3$"):
+        SkinnyConfig(16, 64, 1, 3, 3)
+    with pytest.raises(ValueError, match=r"^partials must be \[splits, 16, N\] float32 with unit last stride, "
+                                         r"got \[2, 16, 8\] torch.bfloat16; use SkinnyWorkspace.allocate$"):
+        SkinnyWorkspace(torch.zeros((2, 16, 8), dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^counters must be a contiguous \[n\] int32 tensor on cpu, got \[1\] "
+                                         r"torch.int64 on cpu; use SkinnyWorkspace.allocate$"):
+        SkinnyWorkspace(torch.zeros((2, 16, 8)), torch.zeros(1, dtype=torch.long))
+
+
+# ---- on a GPU ---------------------------------------------------------------------------------------------
+
+QWEN3_14B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
+             "lm_head": (151936, 5120)}  # name -> (N, K)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(QWEN3_14B))
+def test_gpu_matches_f_linear_at_qwen3_14b_shapes(name: str) -> None:
+    from pulseio_engine.model.skinny_gemm import skinny_linear
+
+    n, k = QWEN3_14B[name]
+    x, w = (t.cuda() for t in _inputs(8, n, k, torch.bfloat16))
+    got = skinny_linear(x, w)
+    assert _excess(got, x, w)["bad"] == 0, _excess(got, x, w)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, w), rtol=2 * torch.finfo(x.dtype).eps, atol=ATOL)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replays_reuse_the_workspace() -> None:
+    """o_proj's default config splits K; three replays of a captured call give the eager call's bits."""
+    from pulseio_engine.model.skinny_gemm import SkinnyWorkspace, default_config, skinny_linear
+
+    n, k = QWEN3_14B["o"]
+    x, w = (t.cuda() for t in _inputs(8, n, k, torch.bfloat16))
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    assert default_config(8, n, k, sms).split_k > 1
+    ws = SkinnyWorkspace.allocate(n, max_split_k=8, device=x.device)
+    out = torch.empty((8, n), dtype=x.dtype, device=x.device)
+    eager = skinny_linear(x, w, workspace=ws).clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        skinny_linear(x, w, out=out, workspace=ws)
+    for _ in range(3):
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    assert int(ws.counters.abs().sum()) == 0
+
+
+if __name__ == "__main__":
+    _main()
