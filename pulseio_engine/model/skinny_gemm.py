@@ -81,17 +81,23 @@ class SkinnyWorkspace:
                    torch.zeros(triton.cdiv(max_n, 16), dtype=torch.int32, device=device))
 
 
-@functools.lru_cache(maxsize=256)
-def default_config(m: int, n: int, k: int, sm_count: int) -> SkinnyConfig:
-    """A starting point until benchmarks/bench_skinny_gemm.py's sweep says better: 64 x 256 bf16 tiles
-    (32 KiB, three stages in flight), and K split in 2, 4 or 8 until there are >= 2 programs per SM,
-    keeping >= 4 tiles per split. `m` is unused for now (every M <= 16 reads the same weight)."""
-    del m
-    block_n, block_k = 64, 256
+def default_split_k(n: int, k: int, block_n: int, block_k: int, sm_count: int) -> int:
+    """1, 2, 4 or 8: doubled while there are fewer than 2 programs per SM and each split keeps >= 4 K tiles."""
     row_blocks, k_tiles = triton.cdiv(n, block_n), triton.cdiv(k, block_k)
     split_k = 1
     while split_k < 8 and row_blocks * split_k < 2 * sm_count and k_tiles >= 4 * 2 * split_k:
         split_k *= 2
+    return split_k
+
+
+@functools.lru_cache(maxsize=256)
+def default_config(m: int, n: int, k: int, sm_count: int) -> SkinnyConfig:
+    """A starting point until benchmarks/bench_skinny_gemm.py's sweep says better: 64 x 256 bf16 tiles
+    (32 KiB, three stages in flight) and `default_split_k`. `m` is unused for now (every M <= 16 reads
+    the same weight)."""
+    del m
+    block_n, block_k = 64, 256
+    split_k = default_split_k(n, k, block_n, block_k, sm_count)
     return SkinnyConfig(block_n, block_k, split_k, num_warps=4, num_stages=3)
 
 
@@ -219,6 +225,15 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, config: SkinnyConfig
     config: None picks `default_config(M, N, K, SM count)`. workspace: used only when the config splits
     K; None then allocates one for this call (an allocation and a memset of the counters, so pass one
     when capturing a CUDA graph: `SkinnyWorkspace.allocate(N, max_split_k=..., device=...)`)."""
+    grid, args, meta = _launch_plan(x, weight, config, out, workspace)
+    _skinny_gemm_kernel[grid](*args, **meta)
+    return args[2]
+
+
+def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | None, out: torch.Tensor | None,
+                 workspace: SkinnyWorkspace | None) -> tuple[tuple[int, int], tuple, dict]:
+    """(grid, arguments, constexprs and launch options) of one call, checked; meta tensors give the
+    compile-only plan that `_skinny_gemm_kernel.warmup` takes."""
     _check_inputs(x, weight)
     (m, k), n = x.shape, weight.shape[0]
     config = config or default_config(m, n, k, _sm_count(x.device))
@@ -236,13 +251,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, config: SkinnyConfig
         part, count, part_strides = workspace.partials, workspace.counters, workspace.partials.stride()[:2]
     else:
         part, count, part_strides = out, out, (0, 0)  # never touched
-    _skinny_gemm_kernel[(triton.cdiv(n, config.block_n), splits)](
-        x, weight, out, part, count,
-        m, n, k, splits, tiles_per_split,
-        x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides,
-        M_PAD=MAX_ROWS if config.use_dot else triton.next_power_of_2(m),
-        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
-        EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
-    return out
+    args = (x, weight, out, part, count, m, n, k, splits, tiles_per_split,
+            x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides)
+    meta = dict(M_PAD=MAX_ROWS if config.use_dot else triton.next_power_of_2(m),
+                BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
+                EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
+                num_warps=config.num_warps, num_stages=config.num_stages)
+    return (triton.cdiv(n, config.block_n), splits), args, meta

@@ -46,7 +46,7 @@ def _excess(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> dict:
     """How far `got` [M, N] is from the fp32 product, and how many elements break the tolerance."""
     ref = x.float() @ w.float().T
     err = (got.float() - ref).abs()
-    bad = err > ATOL + torch.finfo(got.dtype).eps * ref.abs()
+    bad = ~(err <= ATOL + torch.finfo(got.dtype).eps * ref.abs())  # NaN is bad
     return {"max_err": err.max().item(), "max_ref": ref.abs().max().item(), "bad": int(bad.sum())}
 
 
