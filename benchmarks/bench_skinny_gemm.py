@@ -216,7 +216,8 @@ def bench_case(setup: Setup, name: str, m: int, copy_gbps: float, sms: int, dead
     rows: list[dict] = []
 
     def record(tag: str, config: SkinnyConfig | None, call: Callable[[int], torch.Tensor]) -> dict | None:
-        row = dict(shape=name, m=m, n=n, k=k, tag=tag, config=asdict(config) if config else None, floor_us=floor_us)
+        row: dict = dict(shape=name, m=m, n=n, k=k, tag=tag, config=asdict(config) if config else None,
+                         floor_us=floor_us)
         rows.append(row)
         if time.monotonic() > deadline:
             row["error"] = "skipped: over the time budget"

@@ -10,14 +10,17 @@ Split-K in one launch. Narrow N (o_proj, down) gives too few row blocks to keep 
 split over `split_k` programs per row block. cuBLAS then launches a memset and a reduce kernel; here the
 grid is (row blocks, splits) and the reduction happens in the same launch:
   1. every program stores its fp32 partial tile in `workspace.partials[split, :M, cols]`;
-  2. a CTA barrier, then one atomic add (acq_rel, gpu scope) on its row block's int32 counter: release
-     publishes the partial, acquire (for the last arrival) makes every other split's partial visible;
+  2. a CTA barrier, one atomic add (acq_rel, gpu scope) on its row block's int32 counter, a barrier again
+     (CUTLASS's semaphore pattern): the release publishes every thread's partial, the acquire makes the
+     earlier arrivals' partials visible, read back through L2 (.cg loads);
   3. the program whose add returns `split_k - 1` arrived last: it sums the partials in split order
      0, 1, ... (the result does not depend on which program came last: bitwise deterministic), writes
      the output in x's dtype, and stores 0 into the counter.
 The counters are thus zero between calls, so the workspace is reused with no memset: a CUDA graph holds
 one kernel node per call, not memset + gemm + reduce. A workspace may be shared by every call issued on
 one stream (size it for the largest N and split_k); two streams running at once need one each.
+Under TRITON_INTERPRET=1 programs run one after another, so the tests there check the arithmetic and the
+counters' reset, not the memory ordering; that is for the GPU tests.
 """
 
 from __future__ import annotations
@@ -244,9 +247,9 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
     k_tiles = triton.cdiv(k, config.block_k)
     tiles_per_split = triton.cdiv(k_tiles, config.split_k)
     splits = triton.cdiv(k_tiles, tiles_per_split)  # every launched split gets >= 1 tile
-    if splits > 1 and workspace is None:
-        workspace = SkinnyWorkspace.allocate(n, max_split_k=splits, device=x.device)
     if splits > 1:
+        if workspace is None:
+            workspace = SkinnyWorkspace.allocate(n, max_split_k=splits, device=x.device)
         _check_workspace(workspace, x, n, config.block_n, splits)
         part, count, part_strides = workspace.partials, workspace.counters, workspace.partials.stride()[:2]
     else:

@@ -2,8 +2,8 @@
 script prints one JSON line) against x.float() @ weight.float().T, for M in {1, 3, 8, 16}, N and K that
 are not multiples of the tiles, split_k 1, 2 and 3, both products (tl.dot and multiply + sum); one
 workspace reused across calls and configs (its counters back to zero, outputs bit-equal); argument
-errors in-process; and on a GPU the compiled kernel at qwen3-14b's shapes against F.linear and replayed
-from a CUDA graph.
+errors in-process; benchmarks/bench_skinny_gemm.py --quick; and on a GPU the compiled kernel at
+qwen3-14b's shapes against F.linear and replayed from a CUDA graph.
 
 Tolerance: one unit in the last place of the output dtype (finfo.eps relative) plus 1e-3: the interpreter
 rounds fp32 -> bf16 toward zero where the GPU rounds to nearest, so it may be one ulp off, not half."""
@@ -176,6 +176,23 @@ def test_config_and_workspace_reject_bad_values() -> None:
     with pytest.raises(ValueError, match=r"^counters must be a contiguous \[n\] int32 tensor on cpu, got \[1\] "
                                          r"torch.int64 on cpu; use SkinnyWorkspace.allocate$"):
         SkinnyWorkspace(torch.zeros((2, 16, 8)), torch.zeros(1, dtype=torch.long))
+
+
+@pytest.mark.needs_package("triton")
+def test_the_bench_dry_run_times_and_checks_every_variant(tmp_path: Path) -> None:
+    """benchmarks/bench_skinny_gemm.py --quick: the H200 sweep's bookkeeping on tiny shapes, interpreted."""
+    out = tmp_path / "bench.json"
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_skinny_gemm.py"), "--quick", "--json",
+                           str(out)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["shape"], r["m"]) for r in result["summary"]] == [("o", 1), ("o", 8), ("down", 1), ("down", 8)]
+    assert all(r["bad"] == 0 and r["failed"] == 0 and r["best_us"] > 0 for r in result["summary"]), result["summary"]
+    tags = {r["tag"] for r in result["rows"]}
+    assert tags == {"torch", "default", "tile", "split"}, tags
+    assert any(r["config"] and r["config"]["split_k"] > 1 for r in result["rows"]), "the sweep must split K"
+    assert "SUMMARY" in proc.stdout
 
 
 # ---- on a GPU ---------------------------------------------------------------------------------------------
