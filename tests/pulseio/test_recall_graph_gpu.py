@@ -30,7 +30,9 @@ def test_captured_recalls_land_bit_exact_on_every_replay(layers: int, k: int, re
     """split: publish-only posts, one graph per layer, the host waiting with wait_device or seeing done()."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    env = dict(os.environ, CASE_DUMP_AFTER_S=str(TIMEOUT_S - 20), PYTHONUNBUFFERED="1")
+    root = str(Path(__file__).resolve().parents[2])       # the child imports this checkout, installed or not
+    env = dict(os.environ, CASE_DUMP_AFTER_S=str(TIMEOUT_S - 20), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     argv = [sys.executable, str(CASE), str(layers), str(k), str(replays), temperature] + (["split"] if split else [])
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
