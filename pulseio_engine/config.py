@@ -257,7 +257,8 @@ class EngineConfig:
     """Everything the engine needs, built once at the top and handed down in pieces.
 
     `max_model_len=None` means the model's `max_position_embeddings`. `compile_decode=None` means
-    torch.compile the decode path's elementwise work on CUDA and not on CPU."""
+    torch.compile the decode path's elementwise work on CUDA and not on CPU. `skinny_gemm`: projections of at
+    most 16 rows through the Triton `skinny_linear` where it runs (CUDA, bf16 / fp16), False: all through cuBLAS."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -268,6 +269,7 @@ class EngineConfig:
     use_cuda_graphs: bool = True
     compile_decode: bool | None = None
     offload: OffloadConfig | None = None
+    skinny_gemm: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.dtype, DType):

@@ -57,7 +57,8 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         dtype = TORCH_DTYPES[config.dtype]
-        self.model = CausalLM(config.model, weights, max_len=config.model_len, compile_decode=config.compile)
+        self.model = CausalLM(config.model, weights, max_len=config.model_len, compile_decode=config.compile,
+                              skinny_gemm=config.skinny_gemm)
         m = config.model
         self.offload_only = config.offload is not None and config.offload.offload_only
         paged_layers = config.offload.dense_layers if self.offload_only else m.num_layers   # type: ignore[union-attr]

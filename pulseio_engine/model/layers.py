@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import ModelConfig, RopeScaling
+from .linear import Workspace, linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,15 +35,15 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def pre_attention(x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, input_norm: torch.Tensor, qkv: torch.Tensor, qkv_bias: torch.Tensor | None,
                   q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, num_heads: int,
-                  num_kv_heads: int, head_dim: int
+                  num_kv_heads: int, head_dim: int, workspace: Workspace | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x: [T, H] the residual stream, delta: the previous layer's MLP output not yet added to it (None before the
     first layer) -> (x + delta, q [T, Hq, D], k [T, Hkv, D] (normed if Qwen3, rotated), v [T, Hkv, D]).
-    qkv_bias: [(Hq + 2 Hkv) D] (Qwen2) or None."""
+    qkv_bias: [(Hq + 2 Hkv) D] (Qwen2) or None; workspace: the model's for `linear` (None: F.linear)."""
     if delta is not None:
         x = residual_add(x, delta)
     t, heads = x.shape[0], num_heads + num_kv_heads
-    qk, v = F.linear(rms_norm(x, input_norm, eps), qkv, qkv_bias).split(
+    qk, v = linear(rms_norm(x, input_norm, eps), qkv, qkv_bias, workspace).split(
         [heads * head_dim, num_kv_heads * head_dim], dim=-1)
     qk = qk.view(t, heads, head_dim)          # q and k heads as one tensor: one fused kernel, not one each
     if q_norm is not None:
@@ -54,11 +55,13 @@ def pre_attention(x: torch.Tensor, delta: torch.Tensor | None, positions: torch.
 
 
 def post_attention(x: torch.Tensor, attn: torch.Tensor, o: torch.Tensor, post_norm: torch.Tensor,
-                   gate_up: torch.Tensor, down: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                   gate_up: torch.Tensor, down: torch.Tensor, eps: float, workspace: Workspace | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [T, H] residual; attn: [T, Hq, D] -> (the residual after attention, the MLP's output): the layer's output
     is their `residual_add`, which the next layer's `pre_attention` (or `final_norm`) makes."""
-    x = residual_add(x, F.linear(attn.flatten(1), o))
-    return x, F.linear(swiglu(F.linear(rms_norm(x, post_norm, eps), gate_up)), down)
+    x = residual_add(x, linear(attn.flatten(1), o, workspace=workspace))
+    return x, linear(swiglu(linear(rms_norm(x, post_norm, eps), gate_up, workspace=workspace)), down,
+                     workspace=workspace)
 
 
 def final_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -23,19 +23,23 @@ from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
 from .layers import Rotary, final_norm, post_attention, pre_attention
+from .linear import decode_workspace, linear
 from .params import ModelWeights
 
 
 class CausalLM:
     def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_len: int,
-                 compile_decode: bool = False) -> None:
-        """`compile_decode`: run decode batches' pre/post-attention halves through `torch.compile`."""
+                 compile_decode: bool = False, skinny_gemm: bool = True) -> None:
+        """`compile_decode`: run decode batches' pre/post-attention halves through `torch.compile`.
+        `skinny_gemm`: projections of at most 16 rows through `skinny_linear` where it runs (a GPU, bf16 / fp16;
+        see `linear`), else all through F.linear."""
         weights.check(config)
         self.config = config
         self.weights = weights
         self.rotary = Rotary(config, max_len, weights.embed.dtype, weights.embed.device)
         self.scale = config.head_dim ** -0.5
         self.compile_error: str | None = None
+        self.workspace = decode_workspace(config, self.device, self.dtype) if skinny_gemm else None
         self._decode_halves: tuple[Callable, Callable] = (pre_attention, post_attention)
         if compile_decode:
             self._decode_halves = (torch.compile(pre_attention, fullgraph=True),
@@ -91,7 +95,7 @@ class CausalLM:
         pre = self._decode_halves[0] if isinstance(state.attention, DecodeAttention) else pre_attention
         state.hidden, q, k, v = pre(state.hidden, state.delta, state.positions, self.rotary.cos, self.rotary.sin,
                                     w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, cfg.rms_norm_eps,
-                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+                                    cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.workspace)
         state.delta = None
         return q, k, v
 
@@ -99,7 +103,8 @@ class CausalLM:
         """Layer `layer_idx` after its attention ([T, Hq, D]): output projection and MLP, in place."""
         cfg, w = self.config, self.weights.layers[layer_idx]
         post = self._decode_halves[1] if isinstance(state.attention, DecodeAttention) else post_attention
-        state.hidden, state.delta = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps)
+        state.hidden, state.delta = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps,
+                                         self.workspace)
         state.next_layer += 1
 
     def end(self, state: BatchState) -> torch.Tensor:
@@ -110,7 +115,8 @@ class CausalLM:
         x, delta, rows = state.hidden, state.delta, state.logit_rows
         if rows is not None:
             x, delta = x[rows], None if delta is None else delta[rows]
-        return F.linear(final_norm(x, delta, self.weights.norm, self.config.rms_norm_eps), self.weights.lm_head).float()
+        x = final_norm(x, delta, self.weights.norm, self.config.rms_norm_eps)
+        return linear(x, self.weights.lm_head, workspace=self.workspace).float()
 
     def forward(self, state: BatchState) -> torch.Tensor:
         """Run the remaining layers and return logits [S, V] fp32."""

@@ -95,13 +95,19 @@ def default_split_k(n: int, k: int, block_n: int, block_k: int, sm_count: int) -
 
 @functools.lru_cache(maxsize=256)
 def default_config(m: int, n: int, k: int, sm_count: int) -> SkinnyConfig:
-    """A starting point until benchmarks/bench_skinny_gemm.py's sweep says better: 64 x 256 bf16 tiles
-    (32 KiB, three stages in flight) and `default_split_k`. `m` is unused for now (every M <= 16 reads
-    the same weight)."""
+    """The tile for a shape, by a rule read off benchmarks/bench_skinny_gemm.py's sweep on an H200 (qwen3-14b's
+    projections, M = 1, 8, 16): the widest row block (128, then 32) that still gives the SMs a few programs each
+    with K unsplit, else 64-row blocks with K split until there are two programs an SM. Tiles hold 8192 weight
+    elements (16 KiB in bf16), 16384 with 8 warps and 4 stages once 128-row blocks run many waves (the lm_head).
+    `m` is unused: every M <= 16 reads the same weight."""
     del m
-    block_n, block_k = 64, 256
-    split_k = default_split_k(n, k, block_n, block_k, sm_count)
-    return SkinnyConfig(block_n, block_k, split_k, num_warps=4, num_stages=3)
+    row_blocks = triton.cdiv(n, 128)
+    if row_blocks >= 2 * sm_count:
+        many_waves = row_blocks >= 4 * sm_count
+        return SkinnyConfig(128, 128 if many_waves else 64, 1, num_warps=8, num_stages=4 if many_waves else 3)
+    if 2 * triton.cdiv(n, 32) >= 3 * sm_count:
+        return SkinnyConfig(32, 256, 1, num_warps=4, num_stages=3)
+    return SkinnyConfig(64, 128, default_split_k(n, k, 64, 128, sm_count), num_warps=4, num_stages=3)
 
 
 @triton.jit(do_not_specialize=["M"])

@@ -76,9 +76,30 @@ def _workspace_reuse() -> dict:
             "counters_after_all": ws.counters.tolist(), "other": _excess(other, x, w), "first": _excess(first, x, w)}
 
 
+def _linear_op() -> dict:
+    """`linear` with a workspace: the custom op for <= 16 rows (eager and inside torch.compile(fullgraph=True)),
+    F.linear itself for 17 rows or a bias."""
+    import torch.nn.functional as F
+
+    from pulseio_engine.model.linear import linear
+    from pulseio_engine.model.skinny_gemm import SkinnyWorkspace
+
+    x, w = _inputs(16, 70, 200, torch.bfloat16, seed=2)
+    ws = SkinnyWorkspace.allocate(70, max_split_k=8, device="cpu")
+    workspace = (ws.partials, ws.counters)
+    eager = linear(x, w, workspace=workspace)
+    compiled = torch.compile(lambda a: linear(a * 1, w, workspace=workspace), fullgraph=True)(x)
+    x17, bias = torch.cat([x, x[:1]]), torch.randn(70).to(torch.bfloat16)
+    return {"eager": _excess(eager, x, w), "compiled_equal": bool(torch.equal(compiled, eager)),
+            "rows17_is_f_linear": bool(torch.equal(linear(x17, w, workspace=workspace), F.linear(x17, w))),
+            "bias_is_f_linear": bool(torch.equal(linear(x, w, bias, workspace), F.linear(x, w, bias))),
+            "counters": ws.counters.tolist()}
+
+
 def _main() -> None:
     results = {}
-    runs = [(name, _run_case, args) for name, args in CASES.items()] + [("workspace-reuse", _workspace_reuse, ())]
+    runs = [(name, _run_case, args) for name, args in CASES.items()] + [("workspace-reuse", _workspace_reuse, ()),
+                                                                        ("linear-op", _linear_op, ())]
     for name, run, args in runs:
         try:
             results[name] = run(*args)
@@ -116,14 +137,28 @@ def test_interpreted_workspace_is_reused_without_a_memset(interpreted: dict) -> 
     assert result["bit_equal"], "the same call through a reused workspace must give the same bits"
 
 
+@pytest.mark.needs_package("triton")
+def test_interpreted_linear_takes_few_rows_to_the_kernel_and_the_rest_to_f_linear(interpreted: dict) -> None:
+    result = interpreted["linear-op"]
+    assert "error" not in result, result.get("error")
+    assert result["eager"]["bad"] == 0 and result["eager"]["max_ref"] > 0.5, result
+    assert result["compiled_equal"], "the custom op inside torch.compile must run the same kernel"
+    assert result["rows17_is_f_linear"] and result["bias_is_f_linear"], result
+    assert set(result["counters"]) == {0}, result
+
+
 # ---- in-process: configs and argument errors (nothing is launched) ------------------------------------------
 
 @pytest.mark.needs_package("triton")
 def test_default_config_splits_k_only_where_row_blocks_are_few() -> None:
+    """The sweep's winners on an H200: wide row blocks unsplit where N gives the SMs enough of them, else
+    64-row blocks with K split to two programs an SM."""
     from pulseio_engine.model.skinny_gemm import default_config
 
-    splits = {name: default_config(8, n, k, 132).split_k for name, (n, k) in QWEN3_14B.items()}
-    assert splits == {"qkv": 4, "o": 4, "gate_up": 1, "down": 4, "lm_head": 1}
+    tiles = {name: (c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages)
+             for name, (n, k) in QWEN3_14B.items() for c in [default_config(8, n, k, 132)]}
+    assert tiles == {"qkv": (32, 256, 1, 4, 3), "o": (64, 128, 4, 4, 3), "gate_up": (128, 64, 1, 8, 3),
+                     "down": (64, 128, 4, 4, 3), "lm_head": (128, 128, 1, 8, 4)}
     assert default_config(1, 64, 64, 132).split_k == 1  # one K tile: nothing to split
     assert default_config(8, 5120, 5120, 132) is default_config(8, 5120, 5120, 132)
 

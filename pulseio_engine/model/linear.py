@@ -1,0 +1,61 @@
+"""`linear`: the decoder's projections. F.linear, except decode's few rows on a GPU, which go to `skinny_linear`.
+
+A decode step multiplies each weight by at most a few rows, so a projection costs the time to read its weight
+once. For such skinny shapes cuBLAS picks kernels that fall short of that rate on some shapes, and splits K
+with a memset and a reduce kernel around the GEMM; `skinny_linear` (a Triton kernel, its tiles chosen by
+shape) reduces its split-K in the same launch (benchmarks/bench_skinny_gemm.py compares the two). It runs as a
+torch custom op, so the compiled decode halves call it as one opaque kernel, and it takes the model's
+`SkinnyWorkspace` as two tensors: their counters are zero between calls, so nothing clears them, and a CUDA
+graph holds one node per projection.
+
+Triton is imported only where a workspace is made (a GPU), so CPU installs without it never load it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..config import ModelConfig
+
+MAX_ROWS = 16                                         # skinny_gemm.MAX_ROWS, without importing Triton here
+Workspace = tuple[torch.Tensor, torch.Tensor]         # SkinnyWorkspace's (partials, counters)
+
+
+@torch.library.custom_op("pulseio_engine::skinny_linear", mutates_args=("partials", "counters"))
+def _skinny_linear_op(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor,
+                      counters: torch.Tensor) -> torch.Tensor:
+    from .skinny_gemm import SkinnyWorkspace, skinny_linear
+
+    return skinny_linear(x, weight, workspace=SkinnyWorkspace(partials, counters))
+
+
+@_skinny_linear_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           workspace: Workspace | None = None) -> torch.Tensor:
+    """x: [T, K]; weight: [N, K]; bias: [N] or None -> [T, N]. With the model's `workspace` (see
+    `decode_workspace`), at most MAX_ROWS rows and no bias run `skinny_linear`; everything else F.linear."""
+    if workspace is None or bias is not None or x.shape[0] > MAX_ROWS:
+        return F.linear(x, weight, bias)
+    return _skinny_linear_op(x.contiguous(), weight, *workspace)
+
+
+def decode_workspace(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Workspace | None:
+    """The workspace every `linear` of a model's decode path shares (calls on one stream), sized for its
+    projections' split-K configs; None where `skinny_linear` does not run (not a GPU, or not bf16 / fp16)."""
+    if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    from .skinny_gemm import SkinnyWorkspace, default_config
+
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    h, i = config.hidden_size, config.intermediate_size
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (config.vocab_size, h))   # (N, K): qkv o gate_up down lm
+    splits = {n: default_config(MAX_ROWS, n, k, sms).split_k for n, k in shapes}
+    max_n = max((n for n, s in splits.items() if s > 1), default=16)
+    ws = SkinnyWorkspace.allocate(max_n, max_split_k=max(splits.values()), device=device)
+    return ws.partials, ws.counters
