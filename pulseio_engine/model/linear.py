@@ -38,8 +38,9 @@ def _(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor, counters: t
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            workspace: Workspace | None = None) -> torch.Tensor:
     """x: [T, K]; weight: [N, K]; bias: [N] or None -> [T, N]. With the model's `workspace` (see
-    `decode_workspace`), at most MAX_ROWS rows and no bias run `skinny_linear`; everything else F.linear."""
-    if workspace is None or bias is not None or x.shape[0] > MAX_ROWS:
+    `decode_workspace`), 1 to MAX_ROWS rows and no bias run `skinny_linear`; everything else (no rows either: a
+    prefill whose chunks sample nothing asks for no logits) F.linear."""
+    if workspace is None or bias is not None or not 1 <= x.shape[0] <= MAX_ROWS:
         return F.linear(x, weight, bias)
     return _skinny_linear_op(x.contiguous(), weight, *workspace)
 

@@ -77,8 +77,8 @@ def _workspace_reuse() -> dict:
 
 
 def _linear_op() -> dict:
-    """`linear` with a workspace: the custom op for <= 16 rows (eager and inside torch.compile(fullgraph=True)),
-    F.linear itself for 17 rows or a bias."""
+    """`linear` with a workspace: the custom op for 1-16 rows (eager and inside torch.compile(fullgraph=True)),
+    F.linear itself for 17 rows, none, or a bias."""
     import torch.nn.functional as F
 
     from pulseio_engine.model.linear import linear
@@ -89,9 +89,10 @@ def _linear_op() -> dict:
     workspace = (ws.partials, ws.counters)
     eager = linear(x, w, workspace=workspace)
     compiled = torch.compile(lambda a: linear(a * 1, w, workspace=workspace), fullgraph=True)(x)
-    x17, bias = torch.cat([x, x[:1]]), torch.randn(70).to(torch.bfloat16)
+    x17, x0, bias = torch.cat([x, x[:1]]), x[:0], torch.randn(70).to(torch.bfloat16)
     return {"eager": _excess(eager, x, w), "compiled_equal": bool(torch.equal(compiled, eager)),
             "rows17_is_f_linear": bool(torch.equal(linear(x17, w, workspace=workspace), F.linear(x17, w))),
+            "rows0_is_f_linear": list(linear(x0, w, workspace=workspace).shape) == [0, 70],
             "bias_is_f_linear": bool(torch.equal(linear(x, w, bias, workspace), F.linear(x, w, bias))),
             "counters": ws.counters.tolist()}
 
@@ -143,7 +144,7 @@ def test_interpreted_linear_takes_few_rows_to_the_kernel_and_the_rest_to_f_linea
     assert "error" not in result, result.get("error")
     assert result["eager"]["bad"] == 0 and result["eager"]["max_ref"] > 0.5, result
     assert result["compiled_equal"], "the custom op inside torch.compile must run the same kernel"
-    assert result["rows17_is_f_linear"] and result["bias_is_f_linear"], result
+    assert result["rows17_is_f_linear"] and result["rows0_is_f_linear"] and result["bias_is_f_linear"], result
     assert set(result["counters"]) == {0}, result
 
 
