@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .metrics import BUCKETS
-from .report import labels
+from .report import labels, table
 
 _BUCKETS = [name for name, _, _ in BUCKETS]
 
@@ -20,9 +20,10 @@ def _pyplot():  # noqa: ANN202
 
 
 def plot_run(report: dict, path: Path) -> None:
-    """Throughput over time, batch sizes over time, TPOT p50/p99 per input-length bucket, and m."""
+    """Throughput, batch sizes and the host's resident memory over time; TPOT p50/p99 per input-length bucket,
+    m, and what the run completed (the loss check)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(2, 2, figsize=(12, 8))
+    fig, ax = plt.subplots(2, 3, figsize=(17, 8))
     tl = report["timeline"]
     ax[0, 0].plot(tl["t_s"], tl["throughput_tok_s"])
     ax[0, 0].set(title="decode throughput", xlabel="time (s)", ylabel="tokens/s")
@@ -30,20 +31,29 @@ def plot_run(report: dict, path: Path) -> None:
     ax[0, 1].plot(tl["t_s"], tl["offload_batch"], label="offload")
     ax[0, 1].set(title="batch size", xlabel="time (s)", ylabel="requests")
     ax[0, 1].legend()
+    ax[0, 2].plot(tl["rss_t_s"], [b / 2**30 for b in tl["rss_bytes"]])
+    ax[0, 2].set(title="host resident memory (pinned pools included)", xlabel="time (s)", ylabel="GiB")
     _tpot_bars(ax[1, 0], [report])
-    m = report["m"]
-    if m is not None and m["recalls"]:
-        keys = sorted(m["histogram"], key=int)
-        ax[1, 1].bar([int(k) for k in keys], [m["histogram"][k] for k in keys])
-        ax[1, 1].set_xticks([int(k) for k in keys])                 # m is a count: integer ticks only
-        ax[1, 1].set(title=f"m: normal layers per offload recall (mean {m['mean']:.2f}, "
-                           f"{m['device_waits']} device waits)", xlabel="m", ylabel="recalls")
-    else:
-        ax[1, 1].set_axis_off()
-        ax[1, 1].text(0.5, 0.5, "no IRQ in this mode", ha="center", va="center")
+    _m_bars(ax[1, 1], report["m"])
+    ax[1, 2].set_axis_off()
+    lines = [line for line in table([report]).splitlines()[1:]
+             if line.startswith(("completed", "output tokens", "recalls submitted", "host RSS", "decode tok/s"))]
+    ax[1, 2].text(0.0, 0.5, "\n".join(lines), family="monospace", va="center", fontsize=10)
     fig.suptitle(f"{report['model']} {report['mode']}, {report['trace']['requests']} requests, "
                  f"GPU KV cap {report['config']['gpu_kv_gib']:g} GiB")
     _save(fig, path)
+
+
+def _m_bars(ax, m: dict | None) -> None:  # noqa: ANN001
+    if m is None or not m["recalls"]:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no IRQ in this mode", ha="center", va="center")
+        return
+    keys = sorted(m["histogram"], key=int)
+    ax.bar([int(k) for k in keys], [m["histogram"][k] for k in keys])
+    ax.set_xticks([int(k) for k in keys])                           # m is a count: integer ticks only
+    ax.set(title=f"m: normal layers per offload recall\n(mean {m['mean']:.2f}, {m['device_waits']:,} device waits)",
+           xlabel="m", ylabel="recalls")
 
 
 def plot_compare(reports: list[dict], path: Path) -> None:

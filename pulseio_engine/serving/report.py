@@ -152,6 +152,10 @@ def table(reports: list[dict]) -> str:
     row("model / trace", lambda r: f"{r['model']} / {r['trace']['requests']} req")
     row("GPU KV cap (GiB)", lambda r: f"{r['config']['gpu_kv_gib']:g}")
     row("completed", lambda r: f"{r['summary']['completed']}/{r['summary']['requests']}")
+    row("output tokens (expected)",
+        lambda r: f"{r['summary']['output_tokens']:,} ({r['summary']['expected_tokens']:,})")
+    row("recalls submitted/completed/failed", _recall_counts)
+    row("host RSS GiB first/peak/last", _rss)
     row("warm-up before the clock (s)", lambda r: f"{r['summary']['warmup_s']:.1f}" if "warmup_s" in r["summary"]
         else "-")
     row("decode tok/s", lambda r: f"{r['summary']['decode_throughput_tok_s']:,.1f}")
@@ -185,6 +189,21 @@ def _host(report: dict) -> str:
         return "-"
     rest = sum(v for k, v in phases.items() if k not in ("launch", "tokens"))
     return f"{phases['launch']:.2f}/{rest:.2f}/{phases['tokens']:.2f}"
+
+
+def _recall_counts(report: dict) -> str:
+    """pulseio's recalls over the run: submitted/completed/failed, and the device waits that expired if any."""
+    p = report["pulseio"]
+    if p is None:
+        return "-"
+    expired = f" ({p['device_waits_expired']} expired)" if p["device_waits_expired"] else ""
+    return f"{p['submitted']:,}/{p['completed']:,}/{p['failed']:,}{expired}"
+
+
+def _rss(report: dict) -> str:
+    """The replay's resident host memory (pinned pools included) at its first sample, its peak and its last."""
+    rss = report["timeline"]["rss_bytes"]
+    return "-" if not rss else f"{rss[0] / 2**30:.2f}/{max(rss) / 2**30:.2f}/{rss[-1] / 2**30:.2f}"
 
 
 def _recall_latency(report: dict) -> str:

@@ -114,6 +114,19 @@ def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: 
     assert re.search(r"^TPOT p50/p99 <8K \(ms\)\s+[\d.]+/[\d.]+\s+[\d.]+/[\d.]+$", text, flags=re.M), text
 
 
+def test_the_table_shows_what_a_loss_check_reads(reports: dict[str, dict]) -> None:
+    """Tokens against the trace's, pulseio's recall counts, the host's RSS: '-' where a run has none."""
+    van, pulse = reports["vanilla"], reports["servegen"]
+    text = table([van, pulse])
+    s, p, rss = pulse["summary"], pulse["pulseio"], pulse["timeline"]["rss_bytes"]
+    tokens = re.search(r"^output tokens \(expected\)\s+(\S+ \(\S+\))\s+(\S+ \(\S+\))$", text, flags=re.M)
+    assert tokens and tokens.group(2) == f"{s['output_tokens']:,} ({s['expected_tokens']:,})", text
+    recalls = re.search(r"^recalls submitted/completed/failed\s+-\s+(\S+)$", text, flags=re.M)
+    assert recalls and recalls.group(1) == f"{p['submitted']:,}/{p['completed']:,}/{p['failed']:,}", text
+    host = re.search(r"^host RSS GiB first/peak/last\s+\S+\s+(\S+)$", text, flags=re.M)
+    assert rss and host and host.group(1) == "/".join(f"{b / 2**30:.2f}" for b in (rss[0], max(rss), rss[-1])), text
+
+
 def test_runs_of_one_mode_are_told_apart_by_the_settings_they_differ_in(reports: dict[str, dict]) -> None:
     runs = [reports["vanilla"], reports["mooncake"], reports["servegen"]]
     assert labels(runs) == ["vanilla", "pulseinfer thr=1024 ahead=3 ctas=16 idle_us=300",
