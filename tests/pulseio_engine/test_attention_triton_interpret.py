@@ -8,16 +8,9 @@ no CUDA device (the gpu tests cover the compiled kernel) and Triton is installed
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
+from interpreted import interpreted_results, run_cases
 
 # id -> (random_paged_case kwargs, DecodeConfig fields (block_n, warps, stages, splits[, prefetch]) or None, tol)
 CASES = {
@@ -143,29 +136,13 @@ def _run_row_case(rows: int, pooled: bool, hq: int, hkv: int, config: tuple | No
 
 
 def _main() -> None:
-    results = {}
     runs = [(name, _run_case, (kwargs, config)) for name, (kwargs, config, _) in CASES.items()]
-    runs += [(name, _run_row_case, args) for name, args in ROW_CASES.items()]
-    for name, run, args in runs:
-        try:
-            results[name] = run(*args)
-        except Exception as exc:  # reported to the parent test, which fails with it
-            results[name] = {"error": repr(exc)}
-    print(json.dumps(results))
+    run_cases(runs + [(name, _run_row_case, args) for name, args in ROW_CASES.items()])
 
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    if torch.cuda.is_available():
-        pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernel")
-    env = dict(
-        os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    )
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreted_results(__file__)
 
 
 @pytest.mark.needs_package("triton")

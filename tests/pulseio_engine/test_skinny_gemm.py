@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from interpreted import ROOT, interpreted_results, run_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 ATOL = 1e-3
 # name -> (M, N, K, (block_n, block_k, split_k, use_dot) or None for the default config, dtype)
 CASES = {
@@ -98,25 +98,13 @@ def _linear_op() -> dict:
 
 
 def _main() -> None:
-    results = {}
-    runs = [(name, _run_case, args) for name, args in CASES.items()] + [("workspace-reuse", _workspace_reuse, ()),
-                                                                        ("linear-op", _linear_op, ())]
-    for name, run, args in runs:
-        try:
-            results[name] = run(*args)
-        except Exception as exc:  # reported to the parent test, which fails with it
-            results[name] = {"error": repr(exc)}
-    print(json.dumps(results))
+    run_cases([(name, _run_case, args) for name, args in CASES.items()]
+              + [("workspace-reuse", _workspace_reuse, ()), ("linear-op", _linear_op, ())])
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    if torch.cuda.is_available():
-        pytest.skip("interpreter tests are for CPU machines; the gpu tests cover the compiled kernel")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreted_results(__file__)
 
 
 @pytest.mark.needs_package("triton")

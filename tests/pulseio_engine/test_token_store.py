@@ -5,18 +5,14 @@ of every head (Quest) or one head (SoloHead), with blocks started afresh (offset
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from interpreted import interpreted_results
 
 from pulseio_engine.kv.digests import BlockDigests
 from pulseio_engine.kv.token_store import store_tokens
 
-ROOT = Path(__file__).resolve().parents[2]
 # id -> (Hkv, heads per unit hg, digested heads: None = all, or the one head per layer, dtype)
 CASES = {
     "paged-cache-quest-digests": (4, 4, None, "float32"),
@@ -74,12 +70,7 @@ def _main() -> None:
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    if torch.cuda.is_available():
-        pytest.skip("interpreter tests are for CPU machines; test_token_store_gpu covers the compiled kernel")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run([sys.executable, __file__], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return interpreted_results(__file__)
 
 
 @pytest.mark.needs_package("triton")
