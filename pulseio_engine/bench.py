@@ -69,6 +69,7 @@ class BenchResult:
     compile_error: str | None   # why not, if torch.compile was asked for and failed
     torch_version: str
     workload: str = __doc__.split("Workload: ")[1].strip().replace("\n", " ")
+    skinny_gemm: bool = False   # projections of <= 16 rows ran through skinny_linear (`EngineConfig.skinny_gemm`)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -100,8 +101,10 @@ def measure_copy_bandwidth_sync(device: torch.device, nbytes: int = 2 << 30, ite
 
 def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, batch_size: int,
               context_len: int, steps: int, warmup: int = 5, device: str | None = None, use_cuda_graphs: bool = True,
-              compile_decode: bool | None = None, progress: bool = True, seed: int = 0) -> BenchResult:
-    """Checks the run against the model's context and the device's memory before building anything."""
+              compile_decode: bool | None = None, progress: bool = True, seed: int = 0,
+              skinny_gemm: bool = True) -> BenchResult:
+    """Checks the run against the model's context and the device's memory before building anything.
+    `skinny_gemm`: `EngineConfig.skinny_gemm` (False: every projection through cuBLAS)."""
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -115,7 +118,7 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     engine = Engine.from_model(
         source, device=device, seed=seed, use_cuda_graphs=use_cuda_graphs, compile_decode=compile_decode,
         max_model_len=max_len, cache=CacheConfig(num_blocks=num_blocks),
-        scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
+        scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress, skinny_gemm=skinny_gemm,
     )
     gen = torch.Generator().manual_seed(seed)
     for i in range(batch_size):
@@ -216,7 +219,8 @@ def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int
     return BenchResult(model, mode.value, name, str(engine.kv.dtype).removeprefix("torch."), batch, ctx, steps,
                        graphs and device.startswith("cuda"), step_s * 1e3, median_s * 1e3, batch / step_s,
                        weight_bytes, kv_bytes, total, bandwidth / 1e9, roofline_s * 1e3, step_s / roofline_s,
-                       finite, kernels, engine.model.compiled, engine.model.compile_error, torch.__version__, workload)
+                       finite, kernels, engine.model.compiled, engine.model.compile_error, torch.__version__, workload,
+                       skinny_gemm=engine.model.workspace is not None)
 
 
 class _Timer:

@@ -137,24 +137,26 @@ def _bench(args: argparse.Namespace) -> int:
         result: BenchResult | SparseBenchResult = run_bench(
             source, mode=BenchMode.VANILLA, batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, device=device, use_cuda_graphs=not args.no_cuda_graphs,
-            compile_decode=False if args.no_compile else None, progress=progress_enabled(args.progress))
+            compile_decode=False if args.no_compile else None, progress=progress_enabled(args.progress),
+            skinny_gemm=not args.no_skinny_gemm)
         keys: tuple[str, ...] = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step",
                                  "copy_bandwidth_gbps", "roofline_ms", "roofline_ratio", "kernels_per_step",
-                                 "cuda_graphs", "compiled", "compile_error")
+                                 "cuda_graphs", "compiled", "compile_error", "skinny_gemm")
     else:
         result = run_sparse_bench(
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
             selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
-            dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla)
+            dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
+            skinny_gemm=not args.no_skinny_gemm)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
                 "unit_bytes", "link_peak_gbps", "recall_floor_ms", "publish_gbps", "publish_fraction_of_peak",
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
-                "copier_ctas", "copier_idle_us", "vanilla_ratio")
+                "copier_ctas", "copier_idle_us", "skinny_gemm", "vanilla_ratio")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -270,6 +272,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed decode steps first")
     b.add_argument("--no-cuda-graphs", action="store_true", help="launch each step's kernels one by one")
     b.add_argument("--no-compile", action="store_true", help="run the decode step's elementwise ops eagerly")
+    b.add_argument("--no-skinny-gemm", action="store_true",
+                   help="every projection through cuBLAS (default on a GPU: up to 16 rows through skinny_linear)")
     b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
     b.add_argument("--profile", metavar="PATH", type=Path, default=None,
                    help="sparse modes: write a torch.profiler table of the timed steps here")

@@ -82,16 +82,17 @@ class Engine:
                    cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
                    max_model_len: int | None = None, use_cuda_graphs: bool = True,
                    compile_decode: bool | None = None, seed: int = 0, progress: bool = False,
-                   offload: OffloadConfig | None = None, retrieval_heads: RetrievalHeads | None = None) -> Engine:
+                   offload: OffloadConfig | None = None, retrieval_heads: RetrievalHeads | None = None,
+                   skinny_gemm: bool = True) -> Engine:
         """`model`: preset name, checkpoint directory, .gguf file, or `open_model`'s result. Defaults: CUDA +
         bf16 when a GPU is present, else CPU + fp32. `progress`: bars while the weights load. `offload`:
         how offload requests keep their KV (`add_request(offload=True)`); `retrieval_heads`: the
-        calibrated layer -> head map the solohead modes need."""
+        calibrated layer -> head map the solohead modes need. `skinny_gemm`: `EngineConfig.skinny_gemm`."""
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = dtype or (DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32)
         ckpt = load_checkpoint(model, dtype=TORCH_DTYPES[dtype], device=device, seed=seed, progress=progress)
         config = EngineConfig(ckpt.config, cache or CacheConfig(), scheduler or SchedulerConfig(), device, dtype,
-                              max_model_len, use_cuda_graphs, compile_decode, offload)
+                              max_model_len, use_cuda_graphs, compile_decode, offload, skinny_gemm)
         return cls(config, ckpt.weights, tokenizer=ckpt.tokenizer, seed=seed, retrieval_heads=retrieval_heads)
 
     def add_request(self, prompt_ids: Seq[int], sampling: SamplingParams | None = None, *,

@@ -278,6 +278,7 @@ class SparseBenchResult:
     copier_idle_us: int | None     # how long a generation stays up without a task; None: no runtime
     vanilla: BenchResult | None = None   # the dense step of the same batch, this process (compare_vanilla)
     vanilla_error: str | None = None     # why compare_vanilla got no dense step (it did not fit, say)
+    skinny_gemm: bool = False            # projections of <= 16 rows ran through skinny_linear
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -314,11 +315,11 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      warmup: int = 3, device: str | None = None, locality: LocalityProfile | None = None,
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
-                     compare_vanilla: bool = False) -> SparseBenchResult:
+                     compare_vanilla: bool = False, skinny_gemm: bool = True) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
-    (`result.vanilla`, `result.vanilla_ratio`)."""
+    (`result.vanilla`, `result.vanilla_ratio`). `skinny_gemm`: `EngineConfig.skinny_gemm`, both runs."""
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -327,7 +328,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         bench_status(progress, "measuring the device's copy bandwidth (2 GiB copies)")
         bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
     result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
-                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth)
+                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm)
     if not compare_vanilla:
         return result
     gc.collect()
@@ -337,6 +338,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     try:
         vanilla = run_bench(source, mode=BenchMode.VANILLA, batch_size=batch_size, context_len=context_len,
                             steps=steps, warmup=warmup, device=device, use_cuda_graphs=use_cuda_graphs,
+                            skinny_gemm=skinny_gemm,
                             progress=progress, seed=seed)
     except (torch.OutOfMemoryError, EngineError) as exc:     # the sparse result stands; say why there is no ratio
         bench_status(progress, f"vanilla did not run: {exc}")
@@ -347,7 +349,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
 def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, context_len: int, steps: int,
                 token_budget: int, selection: SparseMode, warmup: int, device: str,
                 locality: LocalityProfile | None, progress: bool, seed: int, profile: Path | None,
-                use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None) -> SparseBenchResult:
+                use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None,
+                skinny_gemm: bool) -> SparseBenchResult:
     dev = torch.device(device)
     m, bs = source.config, CacheConfig().block_size
     max_len = decode_len(context_len, warmup, steps)
@@ -362,6 +365,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
                            f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
+                               skinny_gemm=skinny_gemm,
                                cache=CacheConfig(num_blocks=1 + batch_size * per_seq),
                                scheduler=SchedulerConfig(max_num_seqs=batch_size), progress=progress,
                                offload=offload, retrieval_heads=_any_heads(m.num_layers, m.num_kv_heads))
@@ -443,7 +447,8 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             published.pickup_us(50), published.pickup_us(90), published.poller_lag_us(50), published.poller_lag_us(90),
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
-            None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us)
+            None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
+            skinny_gemm=engine.model.workspace is not None)
 
 
 def _settled_statistics(off: Any, before: Any, timeout_s: float = 5.0) -> Any:

@@ -104,6 +104,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--json", type=Path, default=None, help="write the report here")
     r.add_argument("--plot", type=Path, default=None, help="write its four panels here (PNG)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="run every piece eagerly")
+    r.add_argument("--no-skinny-gemm", action="store_true",
+                   help="every projection through cuBLAS (default on a GPU: up to 16 rows through skinny_linear)")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="start the clock at once: the first requests pay for compiling kernels and capturing steps "
                         "(by default a few short requests warm the engine up first, as a server does)")
@@ -156,7 +158,7 @@ def _replay(args: argparse.Namespace) -> int:
     options = ReplayOptions(device=device, clock=None if args.clock == "auto" else ClockKind(args.clock),
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
                             use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup,
-                            timeline_dir=args.timeline_dir)
+                            timeline_dir=args.timeline_dir, skinny_gemm=not args.no_skinny_gemm)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
     status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows

@@ -120,7 +120,7 @@ class ServingEngine:
 
     def __init__(self, config: ServingConfig, checkpoint: Checkpoint, *, device: str, dtype: DType,
                  max_model_len: int, seed: int = 0, heads: RetrievalHeads | None = None,
-                 use_cuda_graphs: bool = True, compile_decode: bool | None = None) -> None:
+                 use_cuda_graphs: bool = True, compile_decode: bool | None = None, skinny_gemm: bool = True) -> None:
         check_step_graphs(config, device, use_cuda_graphs)
         self.config = config
         model = checkpoint.config
@@ -130,7 +130,7 @@ class ServingEngine:
         def engine(blocks: int, offload: OffloadConfig | None) -> Engine:
             cfg = EngineConfig(model, CacheConfig(block_size=config.block_size, num_blocks=blocks),
                                SchedulerConfig(max_num_seqs=config.max_batch), device, dtype, max_model_len,
-                               use_cuda_graphs, compile_decode, offload)
+                               use_cuda_graphs, compile_decode, offload, skinny_gemm)
             return Engine(cfg, checkpoint.weights, tokenizer=checkpoint.tokenizer, seed=seed, retrieval_heads=heads)
 
         normal_offload = None if config.sparse is None else self._offload_config(1, 1, True)

@@ -50,7 +50,7 @@ class ReplayOptions:
     `heads`: the SoloHead calibration (needed for real models; presets take any head); `busy_every`: profile
     the GPU's timeline 5 rounds out of every this many (0: never); `warmup`: run `warm_up` before the clock
     starts, as a server warms up before it takes traffic; `timeline_dir`: write those windows' timelines there
-    (`BusyMeter`)."""
+    (`BusyMeter`); `skinny_gemm`: `EngineConfig.skinny_gemm` (False: every projection through cuBLAS)."""
 
     device: str = "cpu"
     clock: ClockKind | None = None
@@ -60,6 +60,7 @@ class ReplayOptions:
     use_cuda_graphs: bool = True
     warmup: bool = True
     timeline_dir: Path | None = None
+    skinny_gemm: bool = True
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -82,7 +83,8 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     ckpt = load_checkpoint(source, dtype=TORCH_DTYPES[dtype], device=device, seed=options.seed)
     wall0 = time.perf_counter()
     with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
-                       heads=heads, use_cuda_graphs=options.use_cuda_graphs) as serving:
+                       heads=heads, use_cuda_graphs=options.use_cuda_graphs,
+                       skinny_gemm=options.skinny_gemm) as serving:
         steering = _steer(serving, source, config, options.seed)
         warmup_s = 0.0
         if options.warmup:
@@ -368,7 +370,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    else config.sparse.value, "clock": kind.value, "seed": options.seed,
                    "max_batch": config.max_batch, "steering": steering,
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead,
-                   "normal_steps": config.normal_steps,
+                   "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)

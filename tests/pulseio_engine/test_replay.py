@@ -84,7 +84,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/5"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/6"
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
 
@@ -155,6 +155,14 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
 
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report = json.loads(json.dumps(reports["mooncake"]))
+    assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
+    del report["config"]["skinny_gemm"]
+    with pytest.raises(ReportError, match=r"^r: config\.skinny_gemm is missing$"):
+        check_report(report, source="r")
+    report["schema"] = "pulseio-replay/5"
+    assert check_report(report, source="r") is report
+    first, second = labels([report, reports["servegen"]])
+    assert first.endswith(" skinny=-") and second.endswith(" skinny=False"), (first, second)
     del report["config"]["normal_steps"], report["summary"]["normal_steps_mean"]
     with pytest.raises(ReportError, match=r"^r: config\.normal_steps is missing$"):
         check_report(report, source="r")
@@ -185,9 +193,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, reports["servegen"]]),
                      flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/5', "
-                                          r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
-                                          r"'pulseio-replay/1'$"):
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/6', "
+                                          r"'pulseio-replay/5', 'pulseio-replay/4', 'pulseio-replay/3', "
+                                          r"'pulseio-replay/2', 'pulseio-replay/1'$"):
         check_report(report, source="r")
 
 

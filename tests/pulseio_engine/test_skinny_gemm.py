@@ -219,6 +219,22 @@ def test_the_bench_dry_run_times_and_checks_every_variant(tmp_path: Path) -> Non
     assert "SUMMARY" in proc.stdout
 
 
+def test_the_engine_takes_skinny_projections_only_where_they_run() -> None:
+    """A workspace (so skinny_linear) on a GPU in bf16 / fp16 unless EngineConfig.skinny_gemm is off; never on a
+    CPU or in fp32, where every projection is F.linear."""
+    from pulseio_engine.engine import Engine
+    from pulseio_engine.model.linear import decode_workspace
+    from pulseio_engine.model.presets import preset_config
+
+    config = preset_config("qwen3-14b")
+    assert decode_workspace(config, torch.device("cpu"), torch.bfloat16) is None
+    assert decode_workspace(config, torch.device("cuda"), torch.float32) is None
+    assert Engine.from_model("tiny", device="cpu").model.workspace is None
+    if torch.cuda.is_available():
+        assert Engine.from_model("tiny", device="cuda").model.workspace is not None
+        assert Engine.from_model("tiny", device="cuda", skinny_gemm=False).model.workspace is None
+
+
 # ---- on a GPU ---------------------------------------------------------------------------------------------
 
 QWEN3_14B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
