@@ -8,10 +8,13 @@ torch custom op, so the compiled decode halves call it as one opaque kernel, and
 `SkinnyWorkspace` as two tensors: their counters are zero between calls, so nothing clears them, and a CUDA
 graph holds one node per projection.
 
-Triton is imported only where a workspace is made (a GPU), so CPU installs without it never load it.
+Triton is imported only where a workspace is made (a GPU), so CPU installs without it never load it; a GPU
+install without it is told so once and runs every projection on cuBLAS.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +53,11 @@ def decode_workspace(config: ModelConfig, device: torch.device, dtype: torch.dty
     projections' split-K configs; None where `skinny_linear` does not run (not a GPU, or not bf16 / fp16)."""
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return None
-    from .skinny_gemm import SkinnyWorkspace, default_config
+    try:
+        from .skinny_gemm import SkinnyWorkspace, default_config
+    except ImportError as exc:                      # a CUDA torch without Triton: say so once, run on cuBLAS
+        warnings.warn(f"skinny_linear needs Triton ({exc}); decode projections run on cuBLAS", stacklevel=2)
+        return None
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     h, i = config.hidden_size, config.intermediate_size

@@ -235,6 +235,16 @@ def test_the_engine_takes_skinny_projections_only_where_they_run() -> None:
         assert Engine.from_model("tiny", device="cuda", skinny_gemm=False).model.workspace is None
 
 
+def test_a_gpu_without_triton_is_told_once_and_runs_on_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pulseio_engine.model.linear import decode_workspace
+    from pulseio_engine.model.presets import preset_config
+
+    monkeypatch.setitem(sys.modules, "triton", None)                           # import triton now fails
+    monkeypatch.delitem(sys.modules, "pulseio_engine.model.skinny_gemm", raising=False)
+    with pytest.warns(UserWarning, match=r"^skinny_linear needs Triton \(.*\); decode projections run on cuBLAS$"):
+        assert decode_workspace(preset_config("tiny"), torch.device("cuda"), torch.bfloat16) is None
+
+
 # ---- on a GPU ---------------------------------------------------------------------------------------------
 
 QWEN3_14B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
