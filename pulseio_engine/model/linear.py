@@ -54,16 +54,21 @@ def decode_workspace(config: ModelConfig, device: torch.device, dtype: torch.dty
     if device.type != "cuda" or dtype not in (torch.bfloat16, torch.float16):
         return None
     try:
-        from .skinny_gemm import SkinnyWorkspace, default_config
+        from .skinny_gemm import SkinnyWorkspace
     except ImportError as exc:                      # a CUDA torch without Triton: say so once, run on cuBLAS
         warnings.warn(f"skinny_linear needs Triton ({exc}); decode projections run on cuBLAS", stacklevel=2)
         return None
+    max_n, max_split = workspace_extent(config, torch.cuda.get_device_properties(device).multi_processor_count)
+    ws = SkinnyWorkspace.allocate(max_n, max_split_k=max_split, device=device)
+    return ws.partials, ws.counters
 
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+def workspace_extent(config: ModelConfig, sm_count: int) -> tuple[int, int]:
+    """(the widest N, the most splits) among the model's projections whose tile splits K (16, 1: none does)."""
+    from .skinny_gemm import default_config
+
     h, i = config.hidden_size, config.intermediate_size
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     shapes = ((q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (config.vocab_size, h))   # (N, K): qkv o gate_up down lm
-    splits = {n: default_config(MAX_ROWS, n, k, sms).split_k for n, k in shapes}
-    max_n = max((n for n, s in splits.items() if s > 1), default=16)
-    ws = SkinnyWorkspace.allocate(max_n, max_split_k=max(splits.values()), device=device)
-    return ws.partials, ws.counters
+    splits = [default_config(MAX_ROWS, n, k, sm_count).split_k for n, k in shapes]
+    return max((n for (n, _), split in zip(shapes, splits, strict=True) if split > 1), default=16), max(splits)

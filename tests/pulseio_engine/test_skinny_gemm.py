@@ -235,6 +235,25 @@ def test_the_engine_takes_skinny_projections_only_where_they_run() -> None:
         assert Engine.from_model("tiny", device="cuda", skinny_gemm=False).model.workspace is None
 
 
+@pytest.mark.needs_package("triton")
+@pytest.mark.parametrize("preset", ["qwen3-8b", "qwen3-14b", "llama-3.1-8b", "tiny"])
+def test_the_workspace_covers_every_projection_that_splits_k(preset: str) -> None:
+    """o_proj and down share N but not K: each may split differently, and the workspace must hold the larger."""
+    from pulseio_engine.model.linear import workspace_extent
+    from pulseio_engine.model.presets import preset_config
+    from pulseio_engine.model.skinny_gemm import default_config
+
+    c = preset_config(preset)
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    shapes = [(q + 2 * kv, c.hidden_size), (c.hidden_size, q), (2 * c.intermediate_size, c.hidden_size),
+              (c.hidden_size, c.intermediate_size), (c.vocab_size, c.hidden_size)]
+    for sms in (66, 132):
+        max_n, max_split = workspace_extent(c, sms)
+        for n, k in shapes:
+            split = default_config(8, n, k, sms).split_k
+            assert split <= max_split and (split == 1 or n <= max_n), (preset, sms, n, k, split, max_n, max_split)
+
+
 def test_a_gpu_without_triton_is_told_once_and_runs_on_cublas(monkeypatch: pytest.MonkeyPatch) -> None:
     from pulseio_engine.model.linear import decode_workspace
     from pulseio_engine.model.presets import preset_config
