@@ -28,7 +28,7 @@ from .model.llama import CausalLM
 from .model.params import ModelWeights
 from .model.tokenizer import Tokenizer
 from .offload import Offloader
-from .request import RequestOutput, SamplingParams, Sequence
+from .request import PENDING_TOKEN, RequestOutput, SamplingParams, Sequence
 from .runner import ModelRunner
 from .scheduler import PrefillChunk, ScheduledStep, Scheduler
 
@@ -174,6 +174,46 @@ class Engine:
                 finished.append(self._finish(seq))
         self._decode_tokens += len(seqs)
         self._steps += 1
+        return finished
+
+    def advance_decode(self, seqs: Seq[Sequence], steps: int) -> list[int]:
+        """`steps` decode steps of `seqs` enqueued elsewhere whose tokens are still on the device (the serving loop's
+        overlapped rounds): each moves on as `commit_decode` would move it, its new tokens PENDING_TOKEN until
+        `fill_decode`. -> where each one's first new token is in its `token_ids`. One whose output is then complete
+        is no longer scheduled but keeps its blocks until `fill_decode` finishes it (its step may be reading them).
+        Output lengths must be fixed in advance (ignore_eos): an EOS cannot be seen in a token not yet known."""
+        starts = []
+        for seq in seqs:
+            if not seq.sampling.ignore_eos:
+                raise ValueError(f"request {seq.request_id} may stop at an EOS, which a step whose tokens are still on "
+                                 "the device cannot tell; advance_decode takes requests with ignore_eos")
+            starts.append(seq.num_tokens)
+            for _ in range(steps):
+                if seq.num_computed + 1 != seq.num_tokens or seq.finish_reason is not None:
+                    raise ValueError(f"request {seq.request_id} is not decoding its last token ({seq!r}): "
+                                     "advance_decode takes plain decode steps of unfinished requests")
+                seq.mark_computed(1)
+                seq.append_token(PENDING_TOKEN)
+        self._decode_tokens += len(seqs) * steps
+        self._steps += steps
+        return starts
+
+    def fill_decode(self, seqs: Seq[Sequence], starts: Seq[int], tokens: Seq[int]) -> list[RequestOutput]:
+        """The tokens of an `advance_decode` ([steps * len(seqs)], step by step) in place of its PENDING_TOKENs;
+        -> the requests that finished with it (their last step)."""
+        b = len(seqs)
+        steps, rest = divmod(len(tokens), b) if b else (0, 0)
+        if rest:
+            raise ValueError(f"{len(tokens)} tokens for {b} requests: fill_decode takes whole steps")
+        finished = []
+        for i, (seq, start) in enumerate(zip(seqs, starts, strict=True)):
+            for step in range(steps):
+                if seq.token_ids[start + step] != PENDING_TOKEN:
+                    raise RuntimeError(f"request {seq.request_id}: token {start + step} is not pending (this is a "
+                                       "bug in pulseio_engine)")
+                seq.token_ids[start + step] = int(tokens[step * b + i])
+            if seq.finish_reason is not None and seq.num_tokens == start + steps:     # its last step
+                finished.append(self._finish(seq))
         return finished
 
     def sequence(self, request_id: int) -> Sequence:

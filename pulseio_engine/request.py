@@ -11,6 +11,8 @@ from enum import Enum
 
 from .kv.block_table import BlockTable
 
+PENDING_TOKEN = -1      # a generated token whose value is still on the device (`Engine.advance_decode`)
+
 
 class Status(Enum):
     WAITING = "waiting"      # queued, no KV blocks yet

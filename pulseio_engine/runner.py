@@ -8,6 +8,7 @@ eagerly (one sync to read the sampled tokens); decode runs a captured CUDA graph
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
@@ -172,10 +173,15 @@ class ModelRunner:
         self._offload_graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))
         return self._offload_graph
 
-    def decode_nowait(self, seqs: Seq[Sequence]) -> torch.Tensor:
+    def decode_nowait(self, seqs: Seq[Sequence],
+                      feed: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """One greedy decode step of plain (paged, dense) requests, enqueued; -> their tokens [B] int64 on the
-        device (a view of the graphs' buffer: copy it before the next step). Never syncs once captured."""
+        device (a view of the graphs' buffer: copy it before the next step). Never syncs once captured.
+        `feed(input_ids)`: given the step's uploaded [B] input ids on the device, puts in place the ones still on the
+        device (tokens of an overlapped round, `DecodeBatch`)."""
         bucket = self.upload_decode(seqs)
+        if feed is not None:
+            feed(self.graphs.input_ids[:len(seqs)])
         self.graphs.run_nowait(bucket)
         return self.graphs.next_tokens[:len(seqs)]
 

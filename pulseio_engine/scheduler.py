@@ -80,7 +80,7 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         admitted = self.admit()
         prefill = self._prefill_chunks()
-        decode = () if prefill else tuple(self.running)
+        decode = () if prefill else tuple(s for s in self.running if s.finish_reason is None)   # not finishing
         return ScheduledStep(admitted, prefill, decode)
 
     def finish(self, seq: Sequence) -> None:

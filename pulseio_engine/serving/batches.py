@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
@@ -22,16 +23,33 @@ from ..kv.recall import PendingRecall
 from ..request import Sequence
 
 
+@dataclass(frozen=True)
+class TokenFeed:
+    """A step's input ids that are still on the device: row `rows[i]` takes `source[index[i]]` (each [n] int64 on
+    the device; `source`: the previous round's greedy tokens), applied after the step's inputs are uploaded."""
+
+    rows: torch.Tensor
+    source: torch.Tensor
+    index: torch.Tensor
+
+    def __call__(self, input_ids: torch.Tensor) -> None:
+        input_ids.index_copy_(0, self.rows, self.source.index_select(0, self.index))
+
+
 class DecodeBatch:
     """One decode step of `seqs` on `engine`, in `num_pieces` pieces (see the module doc)."""
 
-    def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool, steps: int = 1) -> None:
+    def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool, steps: int = 1,
+                 feed: TokenFeed | None = None) -> None:
         """Build it before any batch of the round runs: a split step due for capture is captured here.
         `steps`: decode steps of these requests to run in a row (each must have that many tokens left); a step
-        that is not split, or still runs eagerly before its capture on a GPU (`warming`), runs one."""
-        self.engine, self.seqs, self.split = engine, tuple(seqs), split
+        that is not split, or still runs eagerly before its capture on a GPU (`warming`), runs one. `feed`: the
+        input ids still on the device (an overlapped round), put in place after the upload."""
+        self.engine, self.seqs, self.split, self._feed = engine, tuple(seqs), split, feed
         off = engine.offloader
         self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split)
+        if self.graph is not None and feed is not None:
+            feed(self.graph.input_ids)
         step_pieces = self.graph.num_pieces if self.graph is not None and split else 1
         if self.graph is not None and split:
             self.graph.prepare_split()
@@ -59,7 +77,7 @@ class DecodeBatch:
         """Enqueue piece `piece` (in order, 0 first); -> the recall it posted, not waited for (split only)."""
         graph = self.graph
         if graph is None:
-            self._tokens = self.engine.runner.decode_nowait(self.seqs)
+            self._tokens = self.engine.runner.decode_nowait(self.seqs, self._feed)
             return None
         if not self.split:
             self._tokens = graph.run().argmax(dim=-1)
@@ -98,7 +116,7 @@ class HostTokens:
             self._event.record()
             self._host = pinned
         else:
-            self._host = tokens
+            self._host = tokens.clone()      # the step's buffer may be a graph's, which the next step overwrites
 
     def wait_list(self, nap_s: float = 20e-6) -> list[int]:
         """The tokens, once the copy has run: polls the event (never synchronizes on it)."""

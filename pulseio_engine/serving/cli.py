@@ -104,6 +104,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--json", type=Path, default=None, help="write the report here")
     r.add_argument("--plot", type=Path, default=None, help="write its four panels here (PNG)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="run every piece eagerly")
+    r.add_argument("--overlap-rounds", action="store_true",
+                   help="launch each round before the previous one's tokens reach the host (their ids fed on the "
+                        "device), so the host's work between rounds overlaps the GPU's")
     r.add_argument("--no-skinny-gemm", action="store_true",
                    help="every projection through cuBLAS (default on a GPU: up to 16 rows through skinny_linear)")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
@@ -234,7 +237,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              selection=None if args.selection is None else SparseMode(args.selection),
                              max_batch=args.max_batch, gpu_ahead=args.gpu_ahead, normal_steps=args.normal_steps,
                              copier_ctas=args.copier_ctas,
-                             copier_idle_us=args.copier_idle_us)
+                             copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

@@ -29,7 +29,9 @@ class ServingConfig:
     normal batch's decode steps a round, beside the offload batch's one (its layers fill the offload batch's
     recall waits; fewer when a normal request has fewer tokens left). `copier_ctas`,
     `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
-    `resident_idle_us`; None: the engine's defaults)."""
+    `resident_idle_us`; None: the engine's defaults). `overlap_rounds`: launch each round before the previous
+    one's tokens reach the host (its input ids fed on the device), so the host's work between rounds runs while
+    the GPU decodes; finishing is by output length (requests ignore EOS), and moves wait for the tokens."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -46,6 +48,7 @@ class ServingConfig:
     normal_steps: int = 1
     copier_ctas: int | None = None
     copier_idle_us: int | None = None
+    overlap_rounds: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):

@@ -11,8 +11,13 @@ loaded into the other, the host pool written or read through pulseio's device vi
 step of all its running requests; under IRQ up to `normal_steps` steps of the normal batch's), the decode steps
 run by the `InnerScheduler` (IRQ: interleaved layer by layer, each split in per-layer pieces; a batch decoding
 alone runs its whole step, one graph, as it has nothing to interleave with; or coupled), their greedy tokens
-brought to the host without a sync, and committed. Pool sizes follow the `KVBudget`: every pool is large
-enough for whatever the budget admits into it.
+brought to the host without a sync, and committed. It is `launch` (everything up to the tokens' copy) then
+`collect` (their wait and commit). Overlapped (`ServingConfig.overlap_rounds`, `overlapped_round`), the next
+round is launched before this one is collected: `launch(overlap=True)` moves its requests on at once, their
+tokens pending (`Engine.advance_decode`; finishing is by length), and the next round's input ids that are still
+on the device are fed there from this round's tokens (`TokenFeed`), so the host's work between rounds runs while
+the GPU decodes; a request that finishes leaves, its blocks with it, only when collected. Pool sizes follow the
+`KVBudget`: every pool is large enough for whatever the budget admits into it.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ from ..kv.offload_layout import UnitLayout
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
-from ..request import SamplingParams, Sequence
-from .batches import DecodeBatch, HostTokens, pinned_tokens
+from ..request import PENDING_TOKEN, SamplingParams, Sequence
+from .batches import DecodeBatch, HostTokens, TokenFeed, pinned_tokens
 from .budget import Footprint, KVClass
 from .config import ServingConfig
 from .host_time import HostTimes
@@ -89,6 +94,18 @@ class StepOutcome:
     offload_batch: int
 
 
+@dataclass(frozen=True)
+class LaunchedRound:
+    """A round `ServingEngine.launch` enqueued, for `collect`: its decode batches, their tokens on the way to the
+    host, where an overlapped round's pending tokens start, and what its prefills produced and finished."""
+
+    decodes: dict[KVClass, DecodeBatch]
+    copies: dict[KVClass, HostTokens]
+    starts: dict[KVClass, list[int]] | None
+    produced: Counter[int]
+    finished: dict[int, tuple[int, ...]]
+
+
 @dataclass
 class MoveStatistics:
     to_offload: int = 0
@@ -113,6 +130,13 @@ def check_step_graphs(config: ServingConfig, device: str, use_cuda_graphs: bool)
                          "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "
                          "launched there for the first time waits for the copier); use CUDA graphs or "
                          "normal_steps=1")
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """[n] int64 on `device` without a host sync: from pinned memory, non-blocking (a blocking copy to a GPU
+    waits for the stream, that is for the round in flight)."""
+    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
 
 
 class ServingEngine:
@@ -141,7 +165,10 @@ class ServingEngine:
                                                                              False))
         dev = torch.device(device)
         self.inner = InnerScheduler(Pacer(config.gpu_ahead) if dev.type == "cuda" else NoPacer())
-        self._pinned = {c: pinned_tokens(config.max_batch * config.normal_steps, dev) for c in KVClass}
+        self._pinned = {c: (pinned_tokens(config.max_batch * config.normal_steps, dev),
+                            pinned_tokens(config.max_batch * config.normal_steps, dev)) for c in KVClass}
+        self._launches = 0
+        self._inflight: dict[KVClass, tuple[dict[int, int], torch.Tensor, int]] = {}   # see launch(overlap=True)
         self._requests: dict[int, _Request] = {}
         self._by_local: dict[tuple[KVClass, int], int] = {}
         self.moves = MoveStatistics()
@@ -191,8 +218,12 @@ class ServingEngine:
         self._by_local[kv_class, local] = rid
 
     def move(self, rid: int, to: KVClass) -> None:
-        """Move a running request's KV to the other class's engine at a step boundary; its tokens continue."""
+        """Move a running request's KV to the other class's engine at a step boundary; its tokens continue (all of
+        them on the host: collect an overlapped round first)."""
         req = self._requests[rid]
+        if PENDING_TOKEN in req.seq.token_ids[req.seq.prompt_len:]:
+            raise RuntimeError(f"request {rid} has tokens of a launched round not collected yet; collect it before "
+                               "moving the request (this is a bug in the caller)")
         src, dst = self.engine_for(req.kv_class), self.engine_for(to)
         seq = req.seq
         kv = ResidentKV(src, seq, seq.num_computed)
@@ -221,7 +252,14 @@ class ServingEngine:
         return bool(self._requests)
 
     def step(self) -> StepOutcome:
-        """One round (see the module doc)."""
+        """One round, launched and collected (see the module doc)."""
+        return self.collect(self.launch())
+
+    def launch(self, *, overlap: bool = False) -> LaunchedRound:
+        """Enqueue one round: prefill runs now, the decode steps are enqueued and their tokens start for the host.
+        `overlap`: the requests move on at once, their new tokens pending (`Engine.advance_decode`), so the next
+        round can be launched before this one is collected; its input ids that are still on the device are fed
+        there from this round's tokens. Collect rounds in the order they were launched."""
         produced: Counter[int] = Counter()
         finished: dict[int, tuple[int, ...]] = {}
         due = {}
@@ -239,7 +277,8 @@ class ServingEngine:
                 due[kv_class] = (eng, work.decode)
         host.lap("schedule")
         split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
-        decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs)) for c, (eng, seqs) in due.items()}
+        decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
+                   for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
         host.lap("prepare")
         if split and not any(b.warming for b in decodes.values()):
@@ -247,20 +286,39 @@ class ServingEngine:
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
             self.warming_rounds += split
             self.inner.coupled(*sorted(decodes.values(), key=lambda b: not b.warming))
-        copies = {c: HostTokens(b.tokens_nowait(), self._pinned[c]) for c, b in decodes.items()}
+        pinned = self._launches % 2                      # two landing buffers: an overlapped round's copy may run
+        self._launches += 1                              # before the host has read the previous round's
+        copies = {c: HostTokens(b.tokens_nowait(), self._pinned[c][pinned]) for c, b in decodes.items()}
+        starts = None
+        if overlap:
+            starts = {c: b.engine.advance_decode(b.seqs, b.steps) for c, b in decodes.items()}
+            for c, b in decodes.items():                 # where the next round finds each request's last token
+                rows = {seq.request_id: i for i, seq in enumerate(b.seqs)}
+                self._inflight[c] = (rows, b.tokens_nowait(), (b.steps - 1) * b.size)
         host.lap("launch")
-        for kv_class, batch in decodes.items():
-            tokens = copies[kv_class].wait_list()
+        return LaunchedRound(decodes, copies, starts, produced, finished)
+
+    def collect(self, launched: LaunchedRound) -> StepOutcome:
+        """Wait for a launched round's tokens (polling, never syncing) and commit them; -> what it produced."""
+        host, produced, finished = self.host, launched.produced, launched.finished
+        host.start()
+        for kv_class, batch in launched.decodes.items():
+            tokens = launched.copies[kv_class].wait_list()
             host.lap("tokens")
             for seq in batch.seqs:
                 produced[self._by_local[kv_class, seq.request_id]] += batch.steps
-            b = batch.size
-            for step in range(batch.steps):               # every request has a token of each: see _steps
-                self._finished(kv_class, batch.engine.commit_decode(batch.seqs, tokens[step * b:(step + 1) * b]),
+            if launched.starts is not None:
+                self._finished(kv_class, batch.engine.fill_decode(batch.seqs, launched.starts[kv_class], tokens),
                                finished)
+            else:
+                b = batch.size
+                for step in range(batch.steps):           # every request has a token of each: see _steps
+                    self._finished(kv_class, batch.engine.commit_decode(batch.seqs, tokens[step * b:(step + 1) * b]),
+                                   finished)
             host.lap("commit")
         if self.offload is not None and self.offload.offloader.recaller is not None:     # type: ignore[union-attr]
             self.offload.offloader.recaller.check_landed()                                # type: ignore[union-attr]
+        normal, offload = launched.decodes.get(KVClass.NORMAL), launched.decodes.get(KVClass.OFFLOAD)
         sizes = (0 if normal is None else normal.size, 0 if offload is None else offload.size)
         host.lap("commit")
         self.rounds += 1
@@ -268,6 +326,28 @@ class ServingEngine:
         if normal is not None:
             self.normal_step_counts[normal.steps] += 1
         return StepOutcome(dict(produced), finished, *sizes)
+
+    def overlapped_round(self, pending: LaunchedRound | None) -> tuple[list[StepOutcome], LaunchedRound | None]:
+        """Launch a round overlapped, then collect `pending` (the one launched before it); -> the rounds collected,
+        and the one now in flight (None where the new round put nothing on the device: its prefills' outcome, if
+        any, is collected at once)."""
+        launched = self.launch(overlap=True)
+        outcomes = [] if pending is None else [self.collect(pending)]
+        if launched.decodes:
+            return outcomes, launched
+        if launched.produced or launched.finished:
+            outcomes.append(self.collect(launched))
+        return outcomes, None
+
+    def _feed(self, kv_class: KVClass, seqs: Seq[Sequence]) -> TokenFeed | None:
+        """The batch's input ids still on the device: its requests whose last token is pending (an overlapped
+        round launched before), taken from that round's tokens."""
+        pending = [(i, s.request_id) for i, s in enumerate(seqs) if s.token_ids[s.num_computed] == PENDING_TOKEN]
+        if not pending:
+            return None
+        rows, tokens, offset = self._inflight[kv_class]
+        return TokenFeed(_to_device([i for i, _ in pending], tokens.device), tokens,
+                         _to_device([offset + rows[rid] for _, rid in pending], tokens.device))
 
     def _steps(self, kv_class: KVClass, seqs: Seq[Sequence]) -> int:
         """Decode steps of a batch this round: the normal batch's `normal_steps`, fewer when one of its requests

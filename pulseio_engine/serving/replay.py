@@ -37,7 +37,7 @@ from ..trace import Trace
 from .budget import KVBudget, KVClass, size
 from .clock import Clock, ClockKind
 from .config import ServingConfig
-from .engine import ServingEngine, check_step_graphs, plan_pools
+from .engine import LaunchedRound, ServingEngine, StepOutcome, check_step_graphs, plan_pools
 from .gpu_busy import BusyMeter
 from .metrics import Recorder, counter_mean, m_summary
 from .outer import OuterScheduler
@@ -168,8 +168,12 @@ def _serve_batch(serving: ServingEngine, source: ModelSource, seed: int, rid: in
             prompt, kv = _prompt(2**31 - rid, length, source.config.vocab_size, seed, random_kv=source.random)
             serving.add(rid, prompt, tokens, kv_class, kv)
             rid -= 1
-    while serving.has_unfinished():
-        serving.step()
+    pending = None
+    while serving.has_unfinished():          # as the replay runs them, so overlapped rounds' kernels load here too
+        if serving.config.overlap_rounds:
+            _, pending = serving.overlapped_round(pending)
+        else:
+            serving.step()
     return rid
 
 
@@ -216,6 +220,21 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
     arrivals = deque(enumerate(trace.requests))
     vocab, done = source.config.vocab_size, 0
     serving.host.start()
+    pending: LaunchedRound | None = None        # overlapped rounds: the one launched last, not collected yet
+
+    def record(outcome: StepOutcome, took: float) -> None:
+        nonlocal done
+        t = clock.now()
+        recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced, outcome.finished)
+        for rid in outcome.finished:
+            outer.finish(rid)
+        if serving.rounds % 50 == 1:
+            recorder.sample_rss(t)
+        done += len(outcome.finished)
+        if progress is not None and (outcome.finished or serving.rounds % 20 == 0):
+            progress(done, {"t": f"{t:.1f}s", "normal": outcome.normal_batch, "offload": outcome.offload_batch,
+                            "waiting": len(outer.waiting)})
+
     while arrivals or outer.waiting or serving.has_unfinished():
         now = clock.now()
         while arrivals and arrivals[0][1].arrival_s <= now:
@@ -223,6 +242,12 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             outer.arrive(rid, r.input_len, r.output_len)
             recorder.arrived(rid, r.arrival_s, r.input_len, r.output_len, r.origin)
         decisions = outer.decide(serving.lengths())
+        if pending is not None and decisions.moves:     # a move hands the request's tokens on: collect them first
+            t0 = time.perf_counter()
+            outcome = serving.collect(pending)
+            pending = None
+            clock.ran(time.perf_counter() - t0)
+            record(outcome, time.perf_counter() - t0)
         for rid, to in decisions.moves:
             serving.move(rid, to)
             recorder.moved(rid)
@@ -241,23 +266,17 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             continue
         busy.before_round()
         t0 = time.perf_counter()
-        outcome = serving.step()
+        if serving.config.overlap_rounds:
+            outcomes, pending = serving.overlapped_round(pending)
+        else:
+            outcomes = [serving.step()]
         took = time.perf_counter() - t0
         clock.ran(took)
         walked = busy.after_round()
         clock.exclude(walked)
         serving.host.exclude(walked)
-        t = clock.now()
-        recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced,
-                       outcome.finished)
-        for rid in outcome.finished:
-            outer.finish(rid)
-        if serving.rounds % 50 == 1:
-            recorder.sample_rss(t)
-        done += len(outcome.finished)
-        if progress is not None and (outcome.finished or serving.rounds % 20 == 0):
-            progress(done, {"t": f"{t:.1f}s", "normal": outcome.normal_batch, "offload": outcome.offload_batch,
-                            "waiting": len(outer.waiting)})
+        for outcome in outcomes:
+            record(outcome, took / len(outcomes))
     recorder.sample_rss(clock.now())
     busy.stop()
     recorder.busy = busy.fraction()
@@ -371,6 +390,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "max_batch": config.max_batch, "steering": steering,
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead,
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
+                   "overlap_rounds": config.overlap_rounds,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)

@@ -21,7 +21,7 @@ _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", 
 _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
             *_PULSE_LATENCIES)
 _SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
-_SINCE_6 = ("config.skinny_gemm",)
+_SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
 OLDER_VERSIONS = {"pulseio-replay/5": _SINCE_6,                                           # the keys each one lacks
                   "pulseio-replay/4": (*_SINCE_6, *_SINCE_5),
                   "pulseio-replay/3": (*_SINCE_6, *_SINCE_5, *_SINCE_4),
@@ -38,7 +38,8 @@ SCHEMA: dict[str, Any] = {
     "config": {"gpu_kv_gib": NUM, "host_kv_gib": NUM, "offload_threshold": (int, type(None)), "token_budget": int,
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
-               "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool},
+               "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
+               "overlap_rounds": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -129,7 +130,7 @@ def load_report(path: Path) -> dict:
 # The config keys that tell runs of one mode apart, as `labels` says them.
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
-          ("skinny_gemm", "skinny"))
+          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"))
 
 
 def labels(reports: list[dict]) -> list[str]:

@@ -529,3 +529,17 @@ def test_time_kept_out_of_the_host_phases_is_charged_to_none_of_them() -> None:
     host.lap("outer")
     host.lap("schedule")
     assert host.seconds["outer"] < 0.1 and host.seconds["schedule"] < 0.1
+
+
+def test_overlapped_rounds_lose_nothing(tmp_path: Path) -> None:
+    """--overlap-rounds on a slice with moves (requests growing past the threshold) and both classes: every request
+    completes with its output length, every recall lands, and the report says the rounds overlapped."""
+    report = _replay(tmp_path, "overlap", "servegen", "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                     "--overlap-rounds", "--normal-steps", "2")
+    s = report["summary"]
+    assert report["config"]["overlap_rounds"] is True and s["complete"]
+    assert report["moves"]["to_offload"] > 0, "the slice should move requests (each collects the round first)"
+    assert s["output_tokens"] == s["expected_tokens"] == sum(r["output_len"] for r in report["requests"])
+    assert all(r["tokens"] == r["output_len"] for r in report["requests"])
+    assert {r["class"] for r in report["requests"]} == {"normal", "offload"}
+    assert report["pulseio"]["submitted"] == report["pulseio"]["completed"] == s["recalls"] > 0

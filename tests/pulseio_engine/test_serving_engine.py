@@ -124,3 +124,47 @@ def test_the_offload_batch_builds_one_step_per_size_whatever_its_members(tiny_qw
     serving.reset_statistics()                                  # every request finished
     assert serving.step_graphs_built() == 0
     assert tokens == _serve(path, classes, moves=moves, irq=False)[0]
+
+
+def _drive(s: ServingEngine, adds: dict[int, list[tuple]], *, overlap: bool) -> dict[int, tuple[int, ...]]:
+    """Rounds until every request is done, `adds[r]` added before round r; overlapped: each round launched before
+    the previous one is collected, as the replay does with --overlap-rounds."""
+    done: dict[int, tuple[int, ...]] = {}
+    pending, r = None, 0
+    while s.has_unfinished() or pending is not None or any(k >= r for k in adds):
+        for args in adds.get(r, []):
+            s.add(*args)
+        r += 1
+        if not overlap:
+            if s.has_unfinished():
+                done.update(s.step().finished)
+            continue
+        outcomes, pending = s.overlapped_round(pending)
+        for outcome in outcomes:
+            done.update(outcome.finished)
+    return done
+
+
+@pytest.mark.parametrize("mode,normal_steps", [(ServeMode.VANILLA, 1), (ServeMode.OFFLOAD_SYNC, 1),
+                                               (ServeMode.PULSEINFER, 1), (ServeMode.PULSEINFER, 2)])
+def test_overlapped_rounds_give_every_request_the_tokens_of_rounds_run_one_at_a_time(
+        tiny_qwen3, mode: ServeMode, normal_steps: int) -> None:
+    """Each round launched before the previous one's tokens are on the host (its ids fed on the device, requests
+    finishing by length and leaving when collected), with arrivals while a round is in flight."""
+    ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
+    config = ServingConfig(mode, gpu_kv_bytes=8 << 20, host_kv_bytes=0 if mode is ServeMode.VANILLA else 8 << 20,
+                           token_budget=64, block_size=16, dense_layers=1, max_offload_seqs=4,
+                           normal_steps=normal_steps, overlap_rounds=True)
+    offload = KVClass.OFFLOAD if config.has_offload else KVClass.NORMAL
+    adds: dict[int, list[tuple]] = {0: [], 3: [], 7: []}
+    for rid in range(6):
+        prompt = [3 + (rid * 7 + i) % 250 for i in range(40 + 50 * rid)]
+        adds[(0, 3, 7)[rid % 3]].append((rid, prompt, 4 + 3 * rid, (KVClass.NORMAL, offload)[rid % 2]))
+    outputs = []
+    for overlap in (False, True):
+        with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as s:
+            outputs.append(_drive(s, adds, overlap=overlap))
+            assert not s.has_unfinished()
+    alone, overlapped = outputs
+    assert {rid: len(out) for rid, out in overlapped.items()} == {rid: 4 + 3 * rid for rid in range(6)}
+    assert overlapped == alone
