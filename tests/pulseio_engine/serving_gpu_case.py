@@ -40,13 +40,14 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256,
-            normal_steps: int = 1) -> ServingEngine:
+            normal_steps: int = 1, overlap: bool = False) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=gpu_bytes, host_kv_bytes=4 << 30, irq=irq,
-                           token_budget=budget, max_batch=64, max_offload_seqs=32, normal_steps=normal_steps)
+                           token_budget=budget, max_batch=64, max_offload_seqs=32, normal_steps=normal_steps,
+                           overlap_rounds=overlap)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)
 
@@ -60,8 +61,14 @@ def _add(serving: ServingEngine, classes: dict[int, KVClass], context: int, new:
 
 def _run(serving: ServingEngine) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
+    pending = None
     while serving.has_unfinished():
-        out.update({rid: list(t) for rid, t in serving.step().finished.items()})
+        if serving.config.overlap_rounds:
+            outcomes, pending = serving.overlapped_round(pending)
+        else:
+            outcomes = [serving.step()]
+        for outcome in outcomes:
+            out.update({rid: list(t) for rid, t in outcome.finished.items()})
     return out
 
 
@@ -70,11 +77,13 @@ def tokens() -> dict:
     runs = {}
     # the 3-step rounds first, in a process that has launched no kernel yet: their advances between steps must
     # not be the first launch of a kernel inside the offload batch's step (it would wait for the copier)
-    for name, irq, late, which, steps in (("irq 3 steps", True, None, None, 3), ("irq 3 steps late", True, 6, None, 3),
-                                          ("normal alone", False, None, NRM, 1), ("offload alone", False, None, OFF, 1),
-                                          ("coupled", False, None, None, 1), ("irq", True, None, None, 1),
-                                          ("irq late", True, 6, None, 1)):
-        with _engine("tiny", irq=irq, normal_steps=steps) as serving:
+    for name, irq, late, which, steps, overlap in (
+            ("irq 3 steps", True, None, None, 3, False), ("irq 3 steps late", True, 6, None, 3, False),
+            ("normal alone", False, None, NRM, 1, False), ("offload alone", False, None, OFF, 1, False),
+            ("coupled", False, None, None, 1, False), ("irq", True, None, None, 1, False),
+            ("irq late", True, 6, None, 1, False), ("irq overlapped", True, None, None, 1, True),
+            ("irq late overlapped", True, 6, None, 1, True)):
+        with _engine("tiny", irq=irq, normal_steps=steps, overlap=overlap) as serving:
             if late is not None:
                 off = serving.offload.offloader                          # type: ignore[union-attr]
                 off.recaller = LateRecaller(off.recaller, max_checks=late, seed=1)
@@ -83,25 +92,32 @@ def tokens() -> dict:
                           "m": dict(serving.inner.stats.m), "device_waits": serving.inner.stats.device_waits,
                           "runtime": _runtime(serving)}
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
-    ok = all(runs[k]["tokens"] == alone for k in ("coupled", "irq", "irq late", "irq 3 steps", "irq 3 steps late"))
+    ok = all(runs[k]["tokens"] == alone for k in ("coupled", "irq", "irq late", "irq 3 steps", "irq 3 steps late",
+                                                  "irq overlapped", "irq late overlapped"))
     ok = ok and max(runs["irq 3 steps late"]["m"], default=0) > 1       # a late recall spans several normal layers
     ok = ok and all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
                     for r in runs.values())
     return {"ok": ok, **{k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}}
 
 
-def nosync(rounds: int) -> dict:
-    with _engine("tiny", irq=True) as serving:
+def nosync(rounds: int, overlap: bool = False) -> dict:
+    with _engine("tiny", irq=True, overlap=overlap) as serving:
         _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF}, 900, rounds + 8, 256)
         for _ in range(4):                   # admission, the eager steps, the captures
             serving.step()
+        pending = None
+        for _ in range(2 if overlap else 0):     # the second feeds the first's tokens: its kernels load here
+            _, pending = serving.overlapped_round(pending)
         error = None
         if DEVICE == "cuda":
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(rounds):
-                serving.step()
+                if overlap:
+                    _, pending = serving.overlapped_round(pending)
+                else:
+                    serving.step()
         except RuntimeError as exc:
             error = str(exc)
         finally:
@@ -186,7 +202,7 @@ def _runtime(serving: ServingEngine) -> dict | None:
 def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
-    cases = {"tokens": tokens, "nosync": lambda: nosync(int(args[0])),
+    cases = {"tokens": tokens, "nosync": lambda: nosync(int(args[0]), args[1:] == ["overlap"]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()
     print(json.dumps(out))

@@ -42,8 +42,9 @@ def test_irq_tokens_equal_each_batch_alone_with_captured_and_late_recalls() -> N
     assert result["irq"]["m"], "IRQ recorded no m"
 
 
-def test_steady_state_rounds_never_sync_the_host() -> None:
-    _case("nosync", "16")
+@pytest.mark.parametrize("overlap", [False, True])
+def test_steady_state_rounds_never_sync_the_host(overlap: bool) -> None:
+    _case("nosync", "16", *(["overlap"] if overlap else []))
 
 
 @pytest.mark.parametrize("model,batch,context", [("qwen3-8b", 32, 4096)])
