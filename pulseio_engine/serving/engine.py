@@ -221,7 +221,7 @@ class ServingEngine:
         """Move a running request's KV to the other class's engine at a step boundary; its tokens continue (all of
         them on the host: collect an overlapped round first)."""
         req = self._requests[rid]
-        if PENDING_TOKEN in req.seq.token_ids[req.seq.prompt_len:]:
+        if req.seq.token_ids[-1] == PENDING_TOKEN:           # pending tokens are the last ones (advance_decode)
             raise RuntimeError(f"request {rid} has tokens of a launched round not collected yet; collect it before "
                                "moving the request (this is a bug in the caller)")
         src, dst = self.engine_for(req.kv_class), self.engine_for(to)
@@ -346,8 +346,8 @@ class ServingEngine:
         if not pending:
             return None
         rows, tokens, offset = self._inflight[kv_class]
-        return TokenFeed(_to_device([i for i, _ in pending], tokens.device), tokens,
-                         _to_device([offset + rows[rid] for _, rid in pending], tokens.device))
+        both = _to_device([i for i, _ in pending] + [offset + rows[rid] for _, rid in pending], tokens.device)
+        return TokenFeed(both[:len(pending)], tokens, both[len(pending):])          # one upload for both
 
     def _steps(self, kv_class: KVClass, seqs: Seq[Sequence]) -> int:
         """Decode steps of a batch this round: the normal batch's `normal_steps`, fewer when one of its requests
