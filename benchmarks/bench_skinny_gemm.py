@@ -1,10 +1,10 @@
-"""Decode's skinny GEMMs (M <= 16 token rows) on one GPU: torch F.linear against Triton `skinny_linear`.
+"""Decode's skinny GEMMs (M <= 32 token rows) on one GPU: torch F.linear against Triton `skinny_linear`.
 
 Usage (repo root): python benchmarks/bench_skinny_gemm.py [--json PATH] [--budget-s 85] [--shapes o,down] [--ms 8]
                    python benchmarks/bench_skinny_gemm.py --quick [--json PATH]   (CPU dry run, interpreter, tiny)
 
 Workload: qwen3-14b's projections in bf16, the weight [N, K] as nn.Linear holds it: qkv 7168 x 5120,
-o 5120 x 5120, gate_up 34816 x 5120, down 5120 x 17408, lm_head 151936 x 5120; M = 1, 8 and 16 rows.
+o 5120 x 5120, gate_up 34816 x 5120, down 5120 x 17408, lm_head 151936 x 5120; M = 1, 8, 16 and 32 rows.
 Each variant is timed as a CUDA graph of 20 back-to-back calls cycling over >= 4 copies of the weight
 (>= 200 MB read between two reads of one copy: 4x the 50 MB L2, so weights come from HBM); the median of
 7 replays, divided by 20. floor: weight bytes / the rate of an eager 2 GiB device-to-device copy (read +
@@ -75,7 +75,7 @@ class Setup:
 
 QWEN3_14B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (34816, 5120), "down": (5120, 17408),
              "lm_head": (151936, 5120)}
-FULL = Setup("cuda", QWEN3_14B, (1, 8, 16),
+FULL = Setup("cuda", QWEN3_14B, (1, 8, 16, 32),
              tiles=((16, 512), (32, 256), (32, 512), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256)),
              sum_tiles=((16, 512), (32, 256), (64, 128)), warps=(4, 8), calls=20, replays=7, copy_bytes=2 << 30,
              l2_clear_bytes=200e6)

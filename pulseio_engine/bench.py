@@ -69,7 +69,7 @@ class BenchResult:
     compile_error: str | None   # why not, if torch.compile was asked for and failed
     torch_version: str
     workload: str = __doc__.split("Workload: ")[1].strip().replace("\n", " ")
-    skinny_gemm: bool = False   # projections of <= 16 rows ran through skinny_linear (`EngineConfig.skinny_gemm`)
+    skinny_gemm: bool = False   # projections of <= 32 rows ran through skinny_linear (`EngineConfig.skinny_gemm`)
 
     def to_dict(self) -> dict:
         return asdict(self)

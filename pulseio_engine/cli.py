@@ -273,7 +273,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-cuda-graphs", action="store_true", help="launch each step's kernels one by one")
     b.add_argument("--no-compile", action="store_true", help="run the decode step's elementwise ops eagerly")
     b.add_argument("--no-skinny-gemm", action="store_true",
-                   help="every projection through cuBLAS (default on a GPU: up to 16 rows through skinny_linear)")
+                   help="every projection through cuBLAS (default on a GPU: up to 32 rows through skinny_linear)")
     b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
     b.add_argument("--profile", metavar="PATH", type=Path, default=None,
                    help="sparse modes: write a torch.profiler table of the timed steps here")

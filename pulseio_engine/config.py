@@ -258,7 +258,7 @@ class EngineConfig:
 
     `max_model_len=None` means the model's `max_position_embeddings`. `compile_decode=None` means
     torch.compile the decode path's elementwise work on CUDA and not on CPU. `skinny_gemm`: projections of at
-    most 16 rows through the Triton `skinny_linear` where it runs (CUDA, bf16 / fp16), False: all through cuBLAS."""
+    most 32 rows through the Triton `skinny_linear` where it runs (CUDA, bf16 / fp16), False: all through cuBLAS."""
 
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -278,7 +278,7 @@ class SparseBenchResult:
     copier_idle_us: int | None     # how long a generation stays up without a task; None: no runtime
     vanilla: BenchResult | None = None   # the dense step of the same batch, this process (compare_vanilla)
     vanilla_error: str | None = None     # why compare_vanilla got no dense step (it did not fit, say)
-    skinny_gemm: bool = False            # projections of <= 16 rows ran through skinny_linear
+    skinny_gemm: bool = False            # projections of <= 32 rows ran through skinny_linear
 
     @property
     def vanilla_ratio(self) -> float | None:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from ..config import ModelConfig
 
-MAX_ROWS = 16                                         # skinny_gemm.MAX_ROWS, without importing Triton here
+MAX_ROWS = 32                                         # skinny_gemm.MAX_ROWS, without importing Triton here
 Workspace = tuple[torch.Tensor, torch.Tensor]         # SkinnyWorkspace's (partials, counters)
 
 

@@ -31,7 +31,7 @@ class CausalLM:
     def __init__(self, config: ModelConfig, weights: ModelWeights, *, max_len: int,
                  compile_decode: bool = False, skinny_gemm: bool = True) -> None:
         """`compile_decode`: run decode batches' pre/post-attention halves through `torch.compile`.
-        `skinny_gemm`: projections of at most 16 rows through `skinny_linear` where it runs (a GPU, bf16 / fp16;
+        `skinny_gemm`: projections of at most 32 rows through `skinny_linear` where it runs (a GPU, bf16 / fp16;
         see `linear`), else all through F.linear."""
         weights.check(config)
         self.config = config

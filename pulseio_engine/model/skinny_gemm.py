@@ -1,10 +1,11 @@
-"""`skinny_linear`: out = x @ weight.T for decode's few rows (M <= 16), one Triton launch per call.
+"""`skinny_linear`: out = x @ weight.T for decode's few rows (M <= 32), one Triton launch per call.
 
-Decode's projections read a weight of N x K and multiply it by M <= 16 token rows, so they are bounded
+Decode's projections read a weight of N x K and multiply it by M <= 32 token rows, so they are bounded
 by reading the weight from HBM once. Each program owns BLOCK_N weight rows (the "swapped" product: the
-weight tile is the dot's left operand, x.T its [BLOCK_K, 16] right one, so the MMA's long side is N) and
-streams them over its share of K, accumulating in fp32. Rows of x past M are masked to zero (tl.dot
-wants 16 of them); `use_dot=False` does the same product as a broadcast multiply and a sum instead.
+weight tile is the dot's left operand, x.T its [BLOCK_K, M_PAD] right one, so the MMA's long side is N) and
+streams them over its share of K, accumulating in fp32. Rows of x past M are masked to zero up to M_PAD
+(16, tl.dot's smallest side, or 32); `use_dot=False` does the same product as a broadcast multiply and a sum
+instead.
 
 Split-K in one launch. Narrow N (o_proj, down) gives too few row blocks to keep 132 SMs reading, so K is
 split over `split_k` programs per row block. cuBLAS then launches a memset and a reduce kernel; here the
@@ -32,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 16  # rows of x one call takes; tl.dot's smallest side
+MAX_ROWS = 32  # rows of x one call takes
+MIN_DOT_ROWS = 16  # tl.dot's smallest side: fewer rows are padded to it
 _DTYPES = (torch.bfloat16, torch.float16)
 _DEFAULT_NUM_SMS = 132  # an H200's; what CPU (interpreter) runs assume, so they pick a GPU's configs
 
@@ -46,7 +48,7 @@ class SkinnyConfig:
     split_k: int  # programs sharing one row block's K (fewer run when K has fewer BLOCK_K tiles)
     num_warps: int
     num_stages: int
-    use_dot: bool = True  # tl.dot on rows padded to 16; False: broadcast multiply + tl.sum
+    use_dot: bool = True  # tl.dot on rows padded to M_PAD; False: broadcast multiply + tl.sum
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -65,7 +67,7 @@ class SkinnyConfig:
 class SkinnyWorkspace:
     """Scratch for split-K calls; counters must be zero when handed over (`allocate` does that)."""
 
-    partials: torch.Tensor  # [max_split_k, 16, max_n] float32: one partial tile per split
+    partials: torch.Tensor  # [max_split_k, MAX_ROWS, max_n] float32: one partial tile per split
     counters: torch.Tensor  # [cdiv(max_n, 16)] int32: arrivals per row block, zero between calls
 
     def __post_init__(self) -> None:
@@ -96,10 +98,10 @@ def default_split_k(n: int, k: int, block_n: int, block_k: int, sm_count: int) -
 @functools.lru_cache(maxsize=256)
 def default_config(m: int, n: int, k: int, sm_count: int) -> SkinnyConfig:
     """The tile for a shape, by a rule read off benchmarks/bench_skinny_gemm.py's sweep on an H200 (qwen3-14b's
-    projections, M = 1, 8, 16): the widest row block (128, then 32) that still gives the SMs a few programs each
+    projections, M = 1, 8, 16, 32): the widest row block (128, then 32) that still gives the SMs a few programs each
     with K unsplit, else 64-row blocks with K split until there are two programs an SM. Tiles hold 8192 weight
     elements (16 KiB in bf16), 16384 with 8 warps and 4 stages once 128-row blocks run many waves (the lm_head).
-    `m` is unused: every M <= 16 reads the same weight."""
+    `m` is unused: every M <= 32 reads the same weight."""
     del m
     row_blocks = triton.cdiv(n, 128)
     if row_blocks >= 2 * sm_count:
@@ -151,7 +153,7 @@ def _skinny_gemm_kernel(
         if DOT_FP32:  # the interpreter's bf16 dot is wrong; see _interpreted_bf16
             acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
         elif USE_DOT:
-            acc = tl.dot(w, x, acc)  # [BLOCK_N, BLOCK_K] @ [BLOCK_K, 16]
+            acc = tl.dot(w, x, acc)  # [BLOCK_N, BLOCK_K] @ [BLOCK_K, M_PAD]
         else:
             prod = w.to(tl.float32)[:, None, :] * x.to(tl.float32)[None, :, :]  # [BLOCK_N, M_PAD, BLOCK_K]
             acc += tl.sum(prod, axis=2)
@@ -228,7 +230,7 @@ def _check_workspace(ws: SkinnyWorkspace, x: torch.Tensor, n: int, block_n: int,
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, config: SkinnyConfig | None = None,
                   out: torch.Tensor | None = None, workspace: SkinnyWorkspace | None = None) -> torch.Tensor:
-    """x: [M, K] bf16/fp16, 1 <= M <= 16, row-major; weight: [N, K] same dtype (nn.Linear's layout).
+    """x: [M, K] bf16/fp16, 1 <= M <= 32, row-major; weight: [N, K] same dtype (nn.Linear's layout).
     Returns out: [M, N] in x's dtype (fp32 accumulation), the given `out` when there is one.
 
     config: None picks `default_config(M, N, K, SM count)`. workspace: used only when the config splits
@@ -262,7 +264,8 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
         part, count, part_strides = out, out, (0, 0)  # never touched
     args = (x, weight, out, part, count, m, n, k, splits, tiles_per_split,
             x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides)
-    meta = dict(M_PAD=MAX_ROWS if config.use_dot else triton.next_power_of_2(m),
+    pad = triton.next_power_of_2(m)
+    meta = dict(M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
                 EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
                 num_warps=config.num_warps, num_stages=config.num_stages)

@@ -108,7 +108,7 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                    help="launch each round before the previous one's tokens reach the host (their ids fed on the "
                         "device), so the host's work between rounds overlaps the GPU's")
     r.add_argument("--no-skinny-gemm", action="store_true",
-                   help="every projection through cuBLAS (default on a GPU: up to 16 rows through skinny_linear)")
+                   help="every projection through cuBLAS (default on a GPU: up to 32 rows through skinny_linear)")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="start the clock at once: the first requests pay for compiling kernels and capturing steps "
                         "(by default a few short requests warm the engine up first, as a server does)")

@@ -1,5 +1,5 @@
 """`skinny_linear`: the Triton kernel under TRITON_INTERPRET=1 (a child process on CPU: this file run as a
-script prints one JSON line) against x.float() @ weight.float().T, for M in {1, 3, 8, 16}, N and K that
+script prints one JSON line) against x.float() @ weight.float().T, for M in {1, 3, 8, 16, 24, 32}, N and K that
 are not multiples of the tiles, split_k 1, 2 and 3, both products (tl.dot and multiply + sum); one
 workspace reused across calls and configs (its counters back to zero, outputs bit-equal); argument
 errors in-process; benchmarks/bench_skinny_gemm.py --quick; and on a GPU the compiled kernel at
@@ -32,6 +32,9 @@ CASES = {
     "m1-sum-split2-even": (1, 64, 128, (32, 64, 2, False), "bfloat16"),
     "m8-dot-split2-fp16": (8, 48, 96, (16, 32, 2, True), "float16"),
     "m16-default-config": (16, 96, 160, None, "bfloat16"),
+    "m24-dot-split3-ragged": (24, 70, 200, (16, 32, 3, True), "bfloat16"),   # padded to 32 rows
+    "m32-dot-split2-fp16": (32, 48, 96, (16, 32, 2, True), "float16"),
+    "m32-default-config": (32, 96, 160, None, "bfloat16"),
 }
 
 
@@ -77,21 +80,21 @@ def _workspace_reuse() -> dict:
 
 
 def _linear_op() -> dict:
-    """`linear` with a workspace: the custom op for 1-16 rows (eager and inside torch.compile(fullgraph=True)),
-    F.linear itself for 17 rows, none, or a bias."""
+    """`linear` with a workspace: the custom op for 1-32 rows (eager and inside torch.compile(fullgraph=True)),
+    F.linear itself for 33 rows, none, or a bias."""
     import torch.nn.functional as F
 
     from pulseio_engine.model.linear import linear
     from pulseio_engine.model.skinny_gemm import SkinnyWorkspace
 
-    x, w = _inputs(16, 70, 200, torch.bfloat16, seed=2)
+    x, w = _inputs(32, 70, 200, torch.bfloat16, seed=2)
     ws = SkinnyWorkspace.allocate(70, max_split_k=8, device="cpu")
     workspace = (ws.partials, ws.counters)
     eager = linear(x, w, workspace=workspace)
     compiled = torch.compile(lambda a: linear(a * 1, w, workspace=workspace), fullgraph=True)(x)
-    x17, x0, bias = torch.cat([x, x[:1]]), x[:0], torch.randn(70).to(torch.bfloat16)
+    x33, x0, bias = torch.cat([x, x[:1]]), x[:0], torch.randn(70).to(torch.bfloat16)
     return {"eager": _excess(eager, x, w), "compiled_equal": bool(torch.equal(compiled, eager)),
-            "rows17_is_f_linear": bool(torch.equal(linear(x17, w, workspace=workspace), F.linear(x17, w))),
+            "rows33_is_f_linear": bool(torch.equal(linear(x33, w, workspace=workspace), F.linear(x33, w))),
             "rows0_is_f_linear": list(linear(x0, w, workspace=workspace).shape) == [0, 70],
             "bias_is_f_linear": bool(torch.equal(linear(x, w, bias, workspace), F.linear(x, w, bias))),
             "counters": ws.counters.tolist()}
@@ -132,7 +135,7 @@ def test_interpreted_linear_takes_few_rows_to_the_kernel_and_the_rest_to_f_linea
     assert "error" not in result, result.get("error")
     assert result["eager"]["bad"] == 0 and result["eager"]["max_ref"] > 0.5, result
     assert result["compiled_equal"], "the custom op inside torch.compile must run the same kernel"
-    assert result["rows17_is_f_linear"] and result["rows0_is_f_linear"] and result["bias_is_f_linear"], result
+    assert result["rows33_is_f_linear"] and result["rows0_is_f_linear"] and result["bias_is_f_linear"], result
     assert set(result["counters"]) == {0}, result
 
 
@@ -157,10 +160,10 @@ def test_bad_arguments_name_the_value_and_the_fix() -> None:
     from pulseio_engine.model.skinny_gemm import SkinnyConfig, SkinnyWorkspace, skinny_linear
 
     x, w = _inputs(4, 32, 64, torch.bfloat16)
-    with pytest.raises(ValueError, match=r"^x must be \[M, K\] with 1 <= M <= 16, got shape \[17, 64\]; "
+    with pytest.raises(ValueError, match=r"^x must be \[M, K\] with 1 <= M <= 32, got shape \[33, 64\]; "
                                          r"use F.linear for more rows$"):
-        skinny_linear(torch.zeros((17, 64), dtype=torch.bfloat16), w)
-    with pytest.raises(ValueError, match=r"^x must be \[M, K\] with 1 <= M <= 16, got shape \[0, 64\]"):
+        skinny_linear(torch.zeros((33, 64), dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match=r"^x must be \[M, K\] with 1 <= M <= 32, got shape \[0, 64\]"):
         skinny_linear(torch.zeros((0, 64), dtype=torch.bfloat16), w)
     with pytest.raises(TypeError, match=r"^x must be bfloat16 or float16, got torch.float32; cast it"):
         skinny_linear(x.float(), w.float())
@@ -177,7 +180,7 @@ def test_bad_arguments_name_the_value_and_the_fix() -> None:
         skinny_linear(x, w, out=torch.empty((4, 31), dtype=torch.bfloat16))
     small = SkinnyWorkspace.allocate(32, max_split_k=1, device="cpu")
     with pytest.raises(ValueError, match=r"^workspace too small or elsewhere: this call needs partials >= "
-                                         r"\[2, 16, 32\] and >= 2 counters on cpu, got \[1, 16, 32\] and 2 on cpu; "
+                                         r"\[2, 32, 32\] and >= 2 counters on cpu, got \[1, 32, 32\] and 2 on cpu; "
                                          r"use SkinnyWorkspace.allocate\(32, max_split_k=2, device=...\)$"):
         skinny_linear(x, w, config=SkinnyConfig(16, 32, 2, 4, 2), workspace=small)
 
@@ -194,12 +197,12 @@ def test_config_and_workspace_reject_bad_values() -> None:
         SkinnyConfig(16, 64, 0, 4, 3)
     with pytest.raises(ValueError, match=r"^num_warps must be one of 1, 2, 4, 8, 16, got 3$"):
         SkinnyConfig(16, 64, 1, 3, 3)
-    with pytest.raises(ValueError, match=r"^partials must be \[splits, 16, N\] float32 with unit last stride, "
-                                         r"got \[2, 16, 8\] torch.bfloat16; use SkinnyWorkspace.allocate$"):
-        SkinnyWorkspace(torch.zeros((2, 16, 8), dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^partials must be \[splits, 32, N\] float32 with unit last stride, "
+                                         r"got \[2, 32, 8\] torch.bfloat16; use SkinnyWorkspace.allocate$"):
+        SkinnyWorkspace(torch.zeros((2, 32, 8), dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^counters must be a contiguous \[n\] int32 tensor on cpu, got \[1\] "
                                          r"torch.int64 on cpu; use SkinnyWorkspace.allocate$"):
-        SkinnyWorkspace(torch.zeros((2, 16, 8)), torch.zeros(1, dtype=torch.long))
+        SkinnyWorkspace(torch.zeros((2, 32, 8)), torch.zeros(1, dtype=torch.long))
 
 
 @pytest.mark.needs_package("triton")
@@ -271,12 +274,13 @@ QWEN3_14B = {"qkv": (7168, 5120), "o": (5120, 5120), "gate_up": (34816, 5120), "
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows", [8, 32])
 @pytest.mark.parametrize("name", list(QWEN3_14B))
-def test_gpu_matches_f_linear_at_qwen3_14b_shapes(name: str) -> None:
+def test_gpu_matches_f_linear_at_qwen3_14b_shapes(name: str, rows: int) -> None:
     from pulseio_engine.model.skinny_gemm import skinny_linear
 
     n, k = QWEN3_14B[name]
-    x, w = (t.cuda() for t in _inputs(8, n, k, torch.bfloat16))
+    x, w = (t.cuda() for t in _inputs(rows, n, k, torch.bfloat16))
     got = skinny_linear(x, w)
     assert _excess(got, x, w)["bad"] == 0, _excess(got, x, w)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, w), rtol=2 * torch.finfo(x.dtype).eps, atol=ATOL)
