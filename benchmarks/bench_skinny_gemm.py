@@ -307,7 +307,7 @@ def main() -> int:
     parser.add_argument("--json", help="write every row and the summary here")
     parser.add_argument("--budget-s", type=float, default=85.0, help="start no variant after this many seconds")
     parser.add_argument("--shapes", default="", help="comma-separated shape names (default: all)")
-    parser.add_argument("--ms", default="", help="comma-separated row counts (default: 1,8,16)")
+    parser.add_argument("--ms", default="", help="comma-separated row counts (default: 1,8,16,32)")
     parser.add_argument("--compile-jobs", type=int, default=min(16, os.cpu_count() or 1),
                         help="processes compiling variants ahead (0: compile each on first use)")
     parser.add_argument("--quick", action="store_true", help="CPU dry run under TRITON_INTERPRET=1, tiny shapes")
