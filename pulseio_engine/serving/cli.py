@@ -79,8 +79,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--heads", type=Path, default=None, help="SoloHead's calibration (pulseio-engine calibrate); "
                                                            "presets take any head")
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
-    r.add_argument("--gpu-ahead", type=int_at_least(1), default=ServingConfig.gpu_ahead,
-                   help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU")
+    r.add_argument("--gpu-ahead", type=int_at_least(1), default=None,
+                   help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU (default: 1, or 8 with "
+                        "--overlap-rounds, whose next launch must run while the GPU still has work)")
     r.add_argument("--normal-steps", type=int_at_least(1), default=ServingConfig.normal_steps,
                    help="pulseinfer (IRQ): the normal batch's decode steps a round, between the offload batch's layers")
     add_copier_options(r)

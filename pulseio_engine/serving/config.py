@@ -25,7 +25,8 @@ class ServingConfig:
     `selection` None: the mode's own (Quest for quest and offload-sync, SoloHead for pulseinfer).
     `max_batch` bounds each batch; `max_offload_seqs` the offload requests with hot sets (None: as many as
     the GPU budget could hold at the threshold's length). `gpu_ahead`: layer pieces the host may enqueue
-    ahead of the GPU under IRQ (each one is a decision made that much earlier). `normal_steps`: under IRQ, the
+    ahead of the GPU under IRQ (each one is a decision made that much earlier); None: `pieces_ahead`'s default.
+    `normal_steps`: under IRQ, the
     normal batch's decode steps a round, beside the offload batch's one (its layers fill the offload batch's
     recall waits; fewer when a normal request has fewer tokens left). `copier_ctas`,
     `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
@@ -44,7 +45,7 @@ class ServingConfig:
     dense_layers: int = 2
     max_batch: int = 256
     max_offload_seqs: int | None = None
-    gpu_ahead: int = 1
+    gpu_ahead: int | None = None
     normal_steps: int = 1
     copier_ctas: int | None = None
     copier_idle_us: int | None = None
@@ -55,8 +56,11 @@ class ServingConfig:
             raise TypeError(f"ServingConfig.mode must be a ServeMode, got {self.mode!r}")
         for name in ("gpu_kv_bytes", "offload_threshold", "max_batch", "gpu_ahead", "normal_steps"):
             value = getattr(self, name)
+            if value is None and name == "gpu_ahead":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ServingConfig.{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"ServingConfig.{name} must be an int >= 1{' or None' * (name == 'gpu_ahead')}, "
+                                 f"got {value!r}")
         if self.has_offload and self.host_kv_bytes < 1:
             raise ValueError(f"ServingConfig.host_kv_bytes must be >= 1 for {self.mode.value} (its host pool), "
                              f"got {self.host_kv_bytes!r}")
@@ -78,6 +82,15 @@ class ServingConfig:
             raise ValueError("vanilla attends densely; a selection applies to quest, offload-sync and pulseinfer")
         if self.sparse is not None:
             SparseConfig(mode=self.sparse, token_budget=self.token_budget, block_size=self.block_size)
+
+    @property
+    def pieces_ahead(self) -> int:
+        """`gpu_ahead`, by default 1, or 8 with `overlap_rounds`: the next round's launch (~2 ms of host work at
+        qwen3-14b's 40 layers) runs while the GPU still has the pieces the host is ahead by, and one piece is too
+        few to cover it (benchmarks/results/serving-2026-12-03-h200/README.md, session 25)."""
+        if self.gpu_ahead is not None:
+            return self.gpu_ahead
+        return 8 if self.overlap_rounds else 1
 
     @property
     def has_offload(self) -> bool:

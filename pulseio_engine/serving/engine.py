@@ -164,7 +164,7 @@ class ServingEngine:
             self.offload = engine(sizes.offload_blocks, self._offload_config(sizes.host_units, sizes.max_offload,
                                                                              False))
         dev = torch.device(device)
-        self.inner = InnerScheduler(Pacer(config.gpu_ahead) if dev.type == "cuda" else NoPacer())
+        self.inner = InnerScheduler(Pacer(config.pieces_ahead) if dev.type == "cuda" else NoPacer())
         self._pinned = {c: (pinned_tokens(config.max_batch * config.normal_steps, dev),
                             pinned_tokens(config.max_batch * config.normal_steps, dev)) for c in KVClass}
         self._launches = 0

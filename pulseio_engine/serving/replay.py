@@ -388,7 +388,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "token_budget": config.token_budget, "selection": None if config.sparse is None
                    else config.sparse.value, "clock": kind.value, "seed": options.seed,
                    "max_batch": config.max_batch, "steering": steering,
-                   "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.gpu_ahead,
+                   "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.pieces_ahead,
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds,
                    "copier_ctas": None if copier is None else copier[0],

@@ -79,6 +79,18 @@ def test_interleaving_belongs_to_pulseinfer() -> None:
         "pulseinfer --no-irq"
 
 
+def test_overlapped_rounds_let_the_host_further_ahead_unless_told() -> None:
+    def ahead(**kw: object) -> int:
+        return ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, **kw).pieces_ahead  # type: ignore[arg-type]
+
+    assert (ahead(), ahead(overlap_rounds=True)) == (1, 8)
+    assert (ahead(gpu_ahead=3), ahead(gpu_ahead=3, overlap_rounds=True)) == (3, 3)
+    with pytest.raises(ValueError, match=r"^ServingConfig.gpu_ahead must be an int >= 1 or None, got 0$"):
+        ahead(gpu_ahead=0)
+    with pytest.raises(ValueError, match=r"^ServingConfig.normal_steps must be an int >= 1, got 0$"):
+        ahead(normal_steps=0)
+
+
 def test_the_copier_belongs_to_the_offload_modes() -> None:
     with pytest.raises(ValueError, match="vanilla has no offload runtime, so no copier to set copier_ctas of"):
         ServingConfig(ServeMode.VANILLA, gpu_kv_bytes=1, copier_ctas=8)
