@@ -83,6 +83,15 @@ class ServingConfig:
         if self.sparse is not None:
             SparseConfig(mode=self.sparse, token_budget=self.token_budget, block_size=self.block_size)
 
+    def check_device(self, device: str, use_cuda_graphs: bool) -> None:
+        """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the
+        offload batch's step, where an eager kernel launched for the first time waits for the copier."""
+        if self.normal_steps > 1 and not use_cuda_graphs and device.split(":")[0] == "cuda":
+            raise ValueError(f"normal_steps={self.normal_steps} advances the normal batch between its steps inside "
+                             "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "
+                             "launched there for the first time waits for the copier); use CUDA graphs or "
+                             "normal_steps=1")
+
     @property
     def pieces_ahead(self) -> int:
         """`gpu_ahead`, by default 1, or 8 with `overlap_rounds`: the next round's launch (~2 ms of host work at

@@ -28,60 +28,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import CacheConfig, DType, EngineConfig, ModelConfig, OffloadConfig, RecallMode, SchedulerConfig
+from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, RecallMode, SchedulerConfig
 from ..copier_options import copier_dma
-from ..engine import TORCH_DTYPES, Engine
+from ..engine import Engine
 from ..kv.handoff import KVSource
-from ..kv.offload_layout import UnitLayout
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
 from ..request import PENDING_TOKEN, SamplingParams, Sequence
 from .batches import DecodeBatch, HostTokens, TokenFeed, pinned_tokens
-from .budget import Footprint, KVClass
+from .budget import KVClass
 from .config import ServingConfig
 from .host_time import HostTimes
 from .irq import InnerScheduler, InterleaveStatistics, NoPacer, Pacer
+from .pools import plan_pools
 from .resident_kv import ResidentKV
-
-
-@dataclass(frozen=True)
-class PoolSizes:
-    """What the engines allocate for a budget (see `pool_sizes`)."""
-
-    normal_blocks: int       # the normal engine's paged cache, block 0 included
-    offload_blocks: int      # the offload engine's paged cache (dense layers), block 0 included; 0: none
-    max_offload: int         # offload requests with hot sets
-    host_units: int          # the host pool, unit 0 included
-
-    def device_bytes(self, fp: Footprint) -> int:
-        """The KV-side device memory these pools take (paged caches with their digests, hot sets)."""
-        return self.normal_blocks * fp.normal_block + self.offload_blocks * fp.offload_block \
-            + self.max_offload * fp.offload_fixed
-
-
-def plan_pools(config: ServingConfig, model: ModelConfig, dtype: DType) -> tuple[Footprint, PoolSizes]:
-    """What a request holds by class, and the pools engines built for `config` allocate (before building them)."""
-    fp = Footprint.for_model(model, elem_bytes=TORCH_DTYPES[dtype].itemsize, block_size=config.block_size,
-                             dense_layers=config.dense_layers, budget_blocks=config.token_budget // config.block_size,
-                             selection=config.sparse)
-    unit = 0
-    if config.has_offload:
-        offload = OffloadConfig(sparse=config.sparse_config(), dense_layers=config.dense_layers)
-        unit = UnitLayout.for_mode(model, offload, TORCH_DTYPES[dtype].itemsize).unit_bytes
-    return fp, pool_sizes(config, fp, unit)
-
-
-def pool_sizes(config: ServingConfig, fp: Footprint, unit_bytes: int) -> PoolSizes:
-    gpu = config.gpu_kv_bytes
-    normal = 1 + gpu // fp.normal_block
-    if not config.has_offload:
-        return PoolSizes(normal, 0, 0, 0)
-    at_threshold = fp.device_bytes(KVClass.OFFLOAD, config.offload_threshold)
-    max_offload = config.max_offload_seqs or max(1, min(config.max_batch, gpu // at_threshold))
-    host_blocks = config.host_kv_bytes // fp.host_block
-    offload = 1 + max(1, min((gpu - fp.offload_fixed) // fp.offload_block, host_blocks))
-    return PoolSizes(normal, offload, max_offload, 1 + config.host_kv_bytes // unit_bytes)
 
 
 @dataclass(frozen=True)
@@ -122,30 +83,13 @@ class _Request:
     earlier: list[int] = field(default_factory=list)  # tokens generated before its last move
 
 
-def check_step_graphs(config: ServingConfig, device: str, use_cuda_graphs: bool) -> None:
-    """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the offload
-    batch's step, where an eager kernel launched for the first time waits for the copier."""
-    if config.normal_steps > 1 and not use_cuda_graphs and torch.device(device).type == "cuda":
-        raise ValueError(f"normal_steps={config.normal_steps} advances the normal batch between its steps inside "
-                         "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "
-                         "launched there for the first time waits for the copier); use CUDA graphs or "
-                         "normal_steps=1")
-
-
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """[n] int64 on `device` without a host sync: from pinned memory, non-blocking (a blocking copy to a GPU
-    waits for the stream, that is for the round in flight)."""
-    host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
-
-
 class ServingEngine:
     """See the module doc. Global request ids are the caller's; each engine keeps its own."""
 
     def __init__(self, config: ServingConfig, checkpoint: Checkpoint, *, device: str, dtype: DType,
                  max_model_len: int, seed: int = 0, heads: RetrievalHeads | None = None,
                  use_cuda_graphs: bool = True, compile_decode: bool | None = None, skinny_gemm: bool = True) -> None:
-        check_step_graphs(config, device, use_cuda_graphs)
+        config.check_device(device, use_cuda_graphs)
         self.config = config
         model = checkpoint.config
         self.footprint, self.sizes = plan_pools(config, model, dtype)
@@ -346,8 +290,7 @@ class ServingEngine:
         if not pending:
             return None
         rows, tokens, offset = self._inflight[kv_class]
-        both = _to_device([i for i, _ in pending] + [offset + rows[rid] for _, rid in pending], tokens.device)
-        return TokenFeed(both[:len(pending)], tokens, both[len(pending):])          # one upload for both
+        return TokenFeed.upload([i for i, _ in pending], tokens, [offset + rows[rid] for _, rid in pending])
 
     def _steps(self, kv_class: KVClass, seqs: Seq[Sequence]) -> int:
         """Decode steps of a batch this round: the normal batch's `normal_steps`, fewer when one of its requests

@@ -37,10 +37,11 @@ from ..trace import Trace
 from .budget import KVBudget, KVClass, size
 from .clock import Clock, ClockKind
 from .config import ServingConfig
-from .engine import LaunchedRound, ServingEngine, StepOutcome, check_step_graphs, plan_pools
+from .engine import LaunchedRound, ServingEngine, StepOutcome
 from .gpu_busy import BusyMeter
 from .metrics import Recorder, counter_mean, m_summary
 from .outer import OuterScheduler
+from .pools import plan_pools
 from .report import SCHEMA_VERSION, check_report
 
 
@@ -68,7 +69,7 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     """Replay `trace` on `source` under `config`; -> the report (checked against the schema). `progress(n, info)`
     is called as requests finish; `say` gets one line per setup step."""
     device, dtype = options.device, DType.BFLOAT16 if options.device.startswith("cuda") else DType.FLOAT32
-    check_step_graphs(config, device, options.use_cuda_graphs)
+    config.check_device(device, options.use_cuda_graphs)
     max_len = _check_context(trace, source)
     heads = _heads(source, config, options.heads)
     footprint, sizes = plan_pools(config, source.config, dtype)
