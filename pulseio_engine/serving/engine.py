@@ -225,6 +225,7 @@ class ServingEngine:
                    for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
         host.lap("prepare")
+        paced = self.inner.pacer.waited_s
         if split and not any(b.warming for b in decodes.values()):
             self.inner.interleave(normal, offload)
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
@@ -240,6 +241,7 @@ class ServingEngine:
                 rows = {seq.request_id: i for i, seq in enumerate(b.seqs)}
                 self._inflight[c] = (rows, b.tokens_nowait(), (b.steps - 1) * b.size)
         host.lap("launch")
+        host.move(self.inner.pacer.waited_s - paced, "launch", "pace")
         return LaunchedRound(decodes, copies, starts, produced, finished)
 
     def collect(self, launched: LaunchedRound) -> StepOutcome:

@@ -40,6 +40,7 @@ class Pacer:
         self.ahead, self.nap_s = ahead, nap_s
         self._events = [torch.cuda.Event() for _ in range(ahead + 2)]
         self._launched = 0
+        self.waited_s = 0.0          # in `wait_room`, summed
 
     def launched(self) -> None:
         self._events[self._launched % len(self._events)].record()
@@ -52,12 +53,16 @@ class Pacer:
 
     def wait_room(self, until: Callable[[], bool]) -> None:
         """Poll (napping, GIL released) until there is room or `until()` holds."""
+        t0 = time.perf_counter()
         while not self.has_room() and not until():
             time.sleep(self.nap_s)
+        self.waited_s += time.perf_counter() - t0
 
 
 class NoPacer:
     """On a CPU the host is the device: every piece has finished when its call returns."""
+
+    waited_s = 0.0
 
     def launched(self) -> None:
         pass

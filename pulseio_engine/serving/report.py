@@ -16,15 +16,17 @@ from ..errors import EngineError
 from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/6"
+SCHEMA_VERSION = "pulseio-replay/7"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
 _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
             *_PULSE_LATENCIES)
 _SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
 _SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
-OLDER_VERSIONS = {"pulseio-replay/5": _SINCE_6,                                           # the keys each one lacks
-                  "pulseio-replay/4": (*_SINCE_6, *_SINCE_5),
-                  "pulseio-replay/3": (*_SINCE_6, *_SINCE_5, *_SINCE_4),
+_SINCE_7 = ("host_ms_per_round.pace",)
+OLDER_VERSIONS = {"pulseio-replay/6": _SINCE_7,                                           # the keys each one lacks
+                  "pulseio-replay/5": (*_SINCE_7, *_SINCE_6),
+                  "pulseio-replay/4": (*_SINCE_7, *_SINCE_6, *_SINCE_5),
+                  "pulseio-replay/3": (*_SINCE_7, *_SINCE_6, *_SINCE_5, *_SINCE_4),
                   "pulseio-replay/2": (*_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round"),
                   "pulseio-replay/1": (*_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round", "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
@@ -170,7 +172,7 @@ def table(reports: list[dict]) -> str:
         row(f"TPOT p50/p99 {name} (ms)", lambda r, n=name: _pair(r["tpot_ms"][n]))
     row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
-    row("host ms/round launch/rest/tokens", _host)
+    row("host ms/round launch/pace/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", _recall_latency)
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
     row("normal steps a round (mean)", lambda r: "-" if r["summary"].get("normal_steps_mean") is None
@@ -186,13 +188,14 @@ def table(reports: list[dict]) -> str:
 
 
 def _host(report: dict) -> str:
-    """The main thread's ms a round enqueuing the pieces (under IRQ, pacing them too), in its other phases, and
-    waiting for the tokens (`host_time.py`); '-' before schema 3."""
+    """The main thread's ms a round enqueuing the pieces, napping in IRQ's pacer ('-' before schema 7: counted in
+    the launch), in its other phases, and waiting for the tokens (`host_time.py`); '-' before schema 3."""
     phases = report.get("host_ms_per_round")
     if phases is None:
         return "-"
-    rest = sum(v for k, v in phases.items() if k not in ("launch", "tokens"))
-    return f"{phases['launch']:.2f}/{rest:.2f}/{phases['tokens']:.2f}"
+    rest = sum(v for k, v in phases.items() if k not in ("launch", "pace", "tokens"))
+    pace = f"{phases['pace']:.2f}" if "pace" in phases else "-"
+    return f"{phases['launch']:.2f}/{pace}/{rest:.2f}/{phases['tokens']:.2f}"
 
 
 def _recall_counts(report: dict) -> str:

@@ -84,7 +84,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/6"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/7"
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
 
@@ -92,14 +92,15 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
 def test_the_main_threads_time_is_reported_by_phase(reports: dict[str, dict]) -> None:
     report = reports["mooncake"]
     phases, summary = report["host_ms_per_round"], report["summary"]
-    assert list(phases) == ["outer", "schedule", "prepare", "launch", "tokens", "commit"]
+    assert list(phases) == ["outer", "schedule", "prepare", "launch", "pace", "tokens", "commit"]
     assert all(v >= 0 for v in phases.values())
     assert phases["launch"] > phases["tokens"]           # on a CPU the pieces compute as they are enqueued
+    assert phases["pace"] == 0                           # and no pacer waits for a device
     in_rounds = sum(phases.values()) * summary["rounds"] / 1e3
     assert 0 < in_rounds <= summary["wall_s"] - summary["warmup_s"]
-    rest = sum(v for k, v in phases.items() if k not in ("launch", "tokens"))
-    row = re.search(r"^host ms/round launch/rest/tokens\s+(\S+)$", table([report]), flags=re.M)
-    assert row and row.group(1) == f"{phases['launch']:.2f}/{rest:.2f}/{phases['tokens']:.2f}", row
+    rest = sum(v for k, v in phases.items() if k not in ("launch", "pace", "tokens"))
+    row = re.search(r"^host ms/round launch/pace/rest/tokens\s+(\S+)$", table([report]), flags=re.M)
+    assert row and row.group(1) == f"{phases['launch']:.2f}/0.00/{rest:.2f}/{phases['tokens']:.2f}", row
 
 
 def test_vanilla_holds_every_request_on_the_gpu_and_the_table_compares(reports: dict[str, dict]) -> None:
@@ -156,6 +157,13 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report = json.loads(json.dumps(reports["mooncake"]))
     assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
+    del report["host_ms_per_round"]["pace"]
+    with pytest.raises(ReportError, match=r"^r: host_ms_per_round\.pace is missing$"):
+        check_report(report, source="r")
+    report["schema"] = "pulseio-replay/6"
+    assert check_report(report, source="r") is report
+    assert re.search(r"^host ms/round launch/pace/rest/tokens\s+[\d.]+/-/[\d.]+/[\d.]+\s+[\d.]+/0\.00/",
+                     table([report, reports["servegen"]]), flags=re.M)
     del report["config"]["skinny_gemm"]
     with pytest.raises(ReportError, match=r"^r: config\.skinny_gemm is missing$"):
         check_report(report, source="r")
@@ -183,7 +191,7 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
     report["schema"] = "pulseio-replay/2"
     assert check_report(report, source="r") is report
-    assert re.search(r"^host ms/round launch/rest/tokens\s+-\s+[\d.]+/[\d.]+/[\d.]+$",
+    assert re.search(r"^host ms/round launch/pace/rest/tokens\s+-\s+[\d.]+/[\d.]+/[\d.]+/[\d.]+$",
                      table([report, reports["servegen"]]), flags=re.M)
     del report["summary"]["warmup_s"]
     with pytest.raises(ReportError, match=r"^r: summary\.warmup_s is missing$"):
@@ -193,9 +201,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, reports["servegen"]]),
                      flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/6', "
-                                          r"'pulseio-replay/5', 'pulseio-replay/4', 'pulseio-replay/3', "
-                                          r"'pulseio-replay/2', 'pulseio-replay/1'$"):
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/7', "
+                                          r"'pulseio-replay/6', 'pulseio-replay/5', 'pulseio-replay/4', "
+                                          r"'pulseio-replay/3', 'pulseio-replay/2', 'pulseio-replay/1'$"):
         check_report(report, source="r")
 
 
@@ -516,6 +524,15 @@ def test_time_kept_off_the_clock_delays_a_wall_clock_and_leaves_a_virtual_one_as
     virtual.ran(0.25)
     virtual.exclude(5.0)
     assert virtual.now() == 0.25
+
+
+def test_the_pacers_naps_move_from_the_launch_to_their_own_phase() -> None:
+    from pulseio_engine.serving.host_time import HostTimes
+
+    host = HostTimes()
+    host.seconds["launch"] = 0.5
+    host.move(0.2, "launch", "pace")
+    assert host.ms_per_round(2)["launch"] == pytest.approx(150) and host.ms_per_round(2)["pace"] == pytest.approx(100)
 
 
 def test_time_kept_out_of_the_host_phases_is_charged_to_none_of_them() -> None:
