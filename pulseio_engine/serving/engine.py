@@ -273,6 +273,13 @@ class ServingEngine:
             self.normal_step_counts[normal.steps] += 1
         return StepOutcome(dict(produced), finished, *sizes)
 
+    def run_round(self, pending: LaunchedRound | None) -> tuple[list[StepOutcome], LaunchedRound | None]:
+        """One round as the config runs them: overlapped (`overlapped_round`), or launched and collected at once
+        (`step`; `pending` is then None and stays None). -> the rounds collected, and the one in flight."""
+        if self.config.overlap_rounds:
+            return self.overlapped_round(pending)
+        return [self.step()], None
+
     def overlapped_round(self, pending: LaunchedRound | None) -> tuple[list[StepOutcome], LaunchedRound | None]:
         """Launch a round overlapped, then collect `pending` (the one launched before it); -> the rounds collected,
         and the one now in flight (None where the new round put nothing on the device: its prefills' outcome, if

@@ -171,10 +171,7 @@ def _serve_batch(serving: ServingEngine, source: ModelSource, seed: int, rid: in
             rid -= 1
     pending = None
     while serving.has_unfinished():          # as the replay runs them, so overlapped rounds' kernels load here too
-        if serving.config.overlap_rounds:
-            _, pending = serving.overlapped_round(pending)
-        else:
-            serving.step()
+        _, pending = serving.run_round(pending)
     return rid
 
 
@@ -267,10 +264,7 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             continue
         busy.before_round()
         t0 = time.perf_counter()
-        if serving.config.overlap_rounds:
-            outcomes, pending = serving.overlapped_round(pending)
-        else:
-            outcomes = [serving.step()]
+        outcomes, pending = serving.run_round(pending)
         took = time.perf_counter() - t0
         clock.ran(took)
         walked = busy.after_round()
