@@ -154,52 +154,41 @@ def test_the_report_schema_names_what_is_wrong(reports: dict[str, dict]) -> None
         check_report(report, source="r")
 
 
+def _step_back(report: dict, version: int, *paths: str) -> None:
+    """Delete `paths` ("config.gpu_ahead") from `report`: refused, naming the first (the check's order), until the
+    schema says `version`, which lacks them all; then read."""
+    for path in paths:
+        *parents, key = path.split(".")
+        node = report
+        for parent in parents:
+            node = node[parent]
+        del node[key]
+    with pytest.raises(ReportError, match=rf"^r: {re.escape(paths[0])} is missing$"):
+        check_report(report, source="r")
+    report["schema"] = f"pulseio-replay/{version}"
+    assert check_report(report, source="r") is report
+
+
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
-    report = json.loads(json.dumps(reports["mooncake"]))
+    report, other = json.loads(json.dumps(reports["mooncake"])), reports["servegen"]
     assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
-    del report["host_ms_per_round"]["pace"]
-    with pytest.raises(ReportError, match=r"^r: host_ms_per_round\.pace is missing$"):
-        check_report(report, source="r")
-    report["schema"] = "pulseio-replay/6"
-    assert check_report(report, source="r") is report
+    _step_back(report, 6, "host_ms_per_round.pace")
     assert re.search(r"^host ms/round launch/pace/rest/tokens\s+[\d.]+/-/[\d.]+/[\d.]+\s+[\d.]+/0\.00/",
-                     table([report, reports["servegen"]]), flags=re.M)
-    del report["config"]["skinny_gemm"]
-    with pytest.raises(ReportError, match=r"^r: config\.skinny_gemm is missing$"):
-        check_report(report, source="r")
-    report["schema"] = "pulseio-replay/5"
-    assert check_report(report, source="r") is report
-    first, second = labels([report, reports["servegen"]])
+                     table([report, other]), flags=re.M)
+    _step_back(report, 5, "config.skinny_gemm")
+    first, second = labels([report, other])
     assert first.endswith(" skinny=-") and second.endswith(" skinny=False"), (first, second)
-    del report["config"]["normal_steps"], report["summary"]["normal_steps_mean"]
-    with pytest.raises(ReportError, match=r"^r: config\.normal_steps is missing$"):
-        check_report(report, source="r")
-    report["schema"] = "pulseio-replay/4"
-    assert check_report(report, source="r") is report
-    assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, reports["servegen"]]), flags=re.M)
-    del report["pulseio"]["publish_to_landed_us"]
-    with pytest.raises(ReportError, match=r"^r: pulseio\.publish_to_landed_us is missing$"):
-        check_report(report, source="r")
-    del report["config"]["gpu_ahead"], report["pulseio"]["post_to_landed_us"], report["pulseio"]["publish_to_taken_us"]
-    del report["config"]["copier_ctas"], report["config"]["copier_idle_us"], report["summary"]["step_graphs_built"]
-    report["schema"] = "pulseio-replay/3"
-    assert check_report(report, source="r") is report
-    assert re.search(r"^recall publish->landed p50/p99 \(us\)\s+-\s+[\d,]+/[\d,]+$",
-                     table([report, reports["servegen"]]), flags=re.M)
-    del report["host_ms_per_round"]
-    with pytest.raises(ReportError, match=r"^r: host_ms_per_round is missing$"):
-        check_report(report, source="r")
-    report["schema"] = "pulseio-replay/2"
-    assert check_report(report, source="r") is report
+    _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
+    assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
+    _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
+               "summary.step_graphs_built", "pulseio.post_to_landed_us", "pulseio.publish_to_taken_us",
+               "pulseio.publish_to_landed_us")
+    assert re.search(r"^recall publish->landed p50/p99 \(us\)\s+-\s+[\d,]+/[\d,]+$", table([report, other]), flags=re.M)
+    _step_back(report, 2, "host_ms_per_round")
     assert re.search(r"^host ms/round launch/pace/rest/tokens\s+-\s+[\d.]+/[\d.]+/[\d.]+/[\d.]+$",
-                     table([report, reports["servegen"]]), flags=re.M)
-    del report["summary"]["warmup_s"]
-    with pytest.raises(ReportError, match=r"^r: summary\.warmup_s is missing$"):
-        check_report(report, source="r")
-    report["schema"] = "pulseio-replay/1"
-    assert check_report(report, source="r") is report
-    assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, reports["servegen"]]),
-                     flags=re.M)
+                     table([report, other]), flags=re.M)
+    _step_back(report, 1, "summary.warmup_s")
+    assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
     with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/7', "
                                           r"'pulseio-replay/6', 'pulseio-replay/5', 'pulseio-replay/4', "
