@@ -94,9 +94,9 @@ class ServingConfig:
 
     @property
     def pieces_ahead(self) -> int:
-        """`gpu_ahead`, by default 1, or 8 with `overlap_rounds`: the next round's launch (~2 ms of host work at
-        qwen3-14b's 40 layers) runs while the GPU still has the pieces the host is ahead by, and one piece is too
-        few to cover it (benchmarks/results/serving-2026-12-03-h200/README.md, session 25)."""
+        """`gpu_ahead`, by default 1, or 8 with `overlap_rounds`: an overlapped round's launch runs while the GPU
+        works through the pieces the host is ahead by, and the work between two rounds (commit, schedule,
+        prepare, the first pieces) outlasts one piece."""
         if self.gpu_ahead is not None:
             return self.gpu_ahead
         return 8 if self.overlap_rounds else 1
