@@ -241,11 +241,12 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             recorder.arrived(rid, r.arrival_s, r.input_len, r.output_len, r.origin)
         decisions = outer.decide(serving.lengths())
         if pending is not None and decisions.moves:     # a move hands the request's tokens on: collect them first
+            serving.host.lap("outer")                   # the arrivals and decisions so far (collect starts anew)
             t0 = time.perf_counter()
-            outcome = serving.collect(pending)
-            pending = None
-            clock.ran(time.perf_counter() - t0)
-            record(outcome, time.perf_counter() - t0)
+            outcome, pending = serving.collect(pending), None
+            took = time.perf_counter() - t0
+            clock.ran(took)
+            record(outcome, took)
         for rid, to in decisions.moves:
             serving.move(rid, to)
             recorder.moved(rid)
