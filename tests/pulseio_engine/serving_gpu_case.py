@@ -63,10 +63,7 @@ def _run(serving: ServingEngine) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     pending = None
     while serving.has_unfinished():
-        if serving.config.overlap_rounds:
-            outcomes, pending = serving.overlapped_round(pending)
-        else:
-            outcomes = [serving.step()]
+        outcomes, pending = serving.run_round(pending)
         for outcome in outcomes:
             out.update({rid: list(t) for rid, t in outcome.finished.items()})
     return out
@@ -107,17 +104,14 @@ def nosync(rounds: int, overlap: bool = False) -> dict:
             serving.step()
         pending = None
         for _ in range(2 if overlap else 0):     # the second feeds the first's tokens: its kernels load here
-            _, pending = serving.overlapped_round(pending)
+            _, pending = serving.run_round(pending)
         error = None
         if DEVICE == "cuda":
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
         try:
             for _ in range(rounds):
-                if overlap:
-                    _, pending = serving.overlapped_round(pending)
-                else:
-                    serving.step()
+                _, pending = serving.run_round(pending)
         except RuntimeError as exc:
             error = str(exc)
         finally:
