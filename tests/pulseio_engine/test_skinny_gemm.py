@@ -239,6 +239,14 @@ def test_the_engine_takes_skinny_projections_only_where_they_run() -> None:
 
 
 @pytest.mark.needs_package("triton")
+def test_linear_routes_as_many_rows_as_the_kernel_takes() -> None:
+    """linear.py keeps its own copy of the row limit so that CPU installs never import Triton."""
+    from pulseio_engine.model import linear, skinny_gemm
+
+    assert linear.MAX_ROWS == skinny_gemm.MAX_ROWS
+
+
+@pytest.mark.needs_package("triton")
 @pytest.mark.parametrize("preset", ["qwen3-8b", "qwen3-14b", "llama-3.1-8b", "tiny"])
 def test_the_workspace_covers_every_projection_that_splits_k(preset: str) -> None:
     """o_proj and down share N but not K: each may split differently, and the workspace must hold the larger."""
