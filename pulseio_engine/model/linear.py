@@ -1,4 +1,5 @@
-"""`linear`: the decoder's projections. F.linear, except decode's few rows on a GPU, which go to `skinny_linear`.
+"""`linear`: the decoder's projections. F.linear, except decode's few rows on a GPU, which go to `skinny_linear`
+where it reads the weight faster than cuBLAS (`runs_skinny`).
 
 A decode step multiplies each weight by at most a few rows, so a projection costs the time to read its weight
 once. For such skinny shapes cuBLAS picks kernels that fall short of that rate on some shapes, and splits K
@@ -22,6 +23,8 @@ import torch.nn.functional as F
 from ..config import ModelConfig
 
 MAX_ROWS = 32                                         # skinny_gemm.MAX_ROWS, without importing Triton here
+MIN_WEIGHT = 32 << 20                                 # elements (64 MiB in bf16) a weight needs to run skinny
+MIN_WEIGHT_PAST_16_ROWS = 64 << 20                    # ... and to run skinny with more than 16 rows
 Workspace = tuple[torch.Tensor, torch.Tensor]         # SkinnyWorkspace's (partials, counters)
 
 
@@ -41,11 +44,20 @@ def _(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor, counters: t
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            workspace: Workspace | None = None) -> torch.Tensor:
     """x: [T, K]; weight: [N, K]; bias: [N] or None -> [T, N]. With the model's `workspace` (see
-    `decode_workspace`), 1 to MAX_ROWS rows and no bias run `skinny_linear`; everything else (no rows either: a
-    prefill whose chunks sample nothing asks for no logits) F.linear."""
-    if workspace is None or bias is not None or not 1 <= x.shape[0] <= MAX_ROWS:
+    `decode_workspace`) and no bias, the shapes `runs_skinny` names run `skinny_linear`; everything else (no rows
+    either: a prefill whose chunks sample nothing asks for no logits) F.linear."""
+    if workspace is None or bias is not None or not runs_skinny(x.shape[0], *weight.shape):
         return F.linear(x, weight, bias)
     return _skinny_linear_op(x.contiguous(), weight, *workspace)
+
+
+def runs_skinny(rows: int, n: int, k: int) -> bool:
+    """Whether `linear` multiplies `rows` rows by an [n, k] weight in `skinny_linear` rather than cuBLAS. By a rule
+    read off benchmarks/bench_skinny_gemm.py's sweep on an H200 (qwen3-14b's projections, 1 to 32 rows): cuBLAS read
+    the smaller weights faster, o_proj's 50 MiB at every row count and qkv's 70 MiB past 16 rows, and the skinny
+    kernel the larger ones (gate_up, down, the lm_head) at every row count."""
+    weight = n * k
+    return 1 <= rows <= MAX_ROWS and weight >= MIN_WEIGHT and (rows <= 16 or weight >= MIN_WEIGHT_PAST_16_ROWS)
 
 
 def decode_workspace(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Workspace | None:

@@ -80,21 +80,30 @@ def _workspace_reuse() -> dict:
 
 
 def _linear_op() -> dict:
-    """`linear` with a workspace: the custom op for 1-32 rows (eager and inside torch.compile(fullgraph=True)),
-    F.linear itself for 33 rows, none, or a bias."""
+    """`linear` with a workspace: the custom op for the rows and weights `runs_skinny` names (eager and inside
+    torch.compile(fullgraph=True)), F.linear itself for more rows, a smaller weight, none, or a bias."""
     import torch.nn.functional as F
 
+    import pulseio_engine.model.linear as linear_module
     from pulseio_engine.model.linear import linear
     from pulseio_engine.model.skinny_gemm import SkinnyWorkspace
 
-    x, w = _inputs(32, 70, 200, torch.bfloat16, seed=2)
+    # this 70 x 200 weight runs skinny up to 16 rows; one of 35 rows, or more rows, go to F.linear
+    linear_module.MIN_WEIGHT, linear_module.MIN_WEIGHT_PAST_16_ROWS = 70 * 200, 70 * 200 + 1
+    x, w = _inputs(16, 70, 200, torch.bfloat16, seed=2)
     ws = SkinnyWorkspace.allocate(70, max_split_k=8, device="cpu")
     workspace = (ws.partials, ws.counters)
+    op, calls = linear_module._skinny_linear_op, []
+    linear_module._skinny_linear_op = lambda *args: calls.append(args[0].shape[0]) or op(*args)
     eager = linear(x, w, workspace=workspace)
+    x17 = torch.cat([x, x[:1]])
+    rows17 = bool(torch.equal(linear(x17, w, workspace=workspace), F.linear(x17, w)))
+    small = bool(torch.equal(linear(x, w[:35], workspace=workspace), F.linear(x, w[:35])))
+    linear_module._skinny_linear_op = op
     compiled = torch.compile(lambda a: linear(a * 1, w, workspace=workspace), fullgraph=True)(x)
-    x33, x0, bias = torch.cat([x, x[:1]]), x[:0], torch.randn(70).to(torch.bfloat16)
+    x0, bias = x[:0], torch.randn(70).to(torch.bfloat16)
     return {"eager": _excess(eager, x, w), "compiled_equal": bool(torch.equal(compiled, eager)),
-            "rows33_is_f_linear": bool(torch.equal(linear(x33, w, workspace=workspace), F.linear(x33, w))),
+            "op_calls": calls, "rows17_is_f_linear": rows17, "small_weight_is_f_linear": small,
             "rows0_is_f_linear": list(linear(x0, w, workspace=workspace).shape) == [0, 70],
             "bias_is_f_linear": bool(torch.equal(linear(x, w, bias, workspace), F.linear(x, w, bias))),
             "counters": ws.counters.tolist()}
@@ -134,8 +143,10 @@ def test_interpreted_linear_takes_few_rows_to_the_kernel_and_the_rest_to_f_linea
     result = interpreted["linear-op"]
     assert "error" not in result, result.get("error")
     assert result["eager"]["bad"] == 0 and result["eager"]["max_ref"] > 0.5, result
+    assert result["op_calls"] == [16], "16 rows of a large enough weight, and only they, run the custom op"
     assert result["compiled_equal"], "the custom op inside torch.compile must run the same kernel"
-    assert result["rows33_is_f_linear"] and result["rows0_is_f_linear"] and result["bias_is_f_linear"], result
+    assert result["rows17_is_f_linear"] and result["small_weight_is_f_linear"], result
+    assert result["rows0_is_f_linear"] and result["bias_is_f_linear"], result
     assert set(result["counters"]) == {0}, result
 
 
@@ -236,6 +247,17 @@ def test_the_engine_takes_skinny_projections_only_where_they_run() -> None:
     if torch.cuda.is_available():
         assert Engine.from_model("tiny", device="cuda").model.workspace is not None
         assert Engine.from_model("tiny", device="cuda", skinny_gemm=False).model.workspace is None
+
+
+@pytest.mark.parametrize(("rows", "skinny"), [(1, {"qkv", "gate_up", "down", "lm_head"}),
+                                               (16, {"qkv", "gate_up", "down", "lm_head"}),
+                                               (17, {"gate_up", "down", "lm_head"}), (32, {"gate_up", "down", "lm_head"}),
+                                               (0, set()), (33, set())])
+def test_skinny_runs_the_projections_it_reads_faster_than_cublas(rows: int, skinny: set[str]) -> None:
+    """qwen3-14b's projections: o_proj always on cuBLAS, qkv up to 16 rows, the larger weights up to MAX_ROWS."""
+    from pulseio_engine.model.linear import runs_skinny
+
+    assert {name for name, (n, k) in QWEN3_14B.items() if runs_skinny(rows, n, k)} == skinny
 
 
 @pytest.mark.needs_package("triton")
