@@ -45,12 +45,7 @@ class ModelRunner:
         self.graphs = DecodeGraphs(model, kv, max_batch=max_batch, max_blocks_per_seq=self.max_blocks_per_seq,
                                    use_graphs=use_cuda_graphs)
         self.generator = torch.Generator(device=model.device).manual_seed(seed)
-        pin = model.device.type == "cuda"
-        bmax = self.graphs.buckets[-1]
-        # host staging for decode inputs; pinned so the uploads are asynchronous
-        self._host_ids = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
-        self._host_pos = torch.zeros(bmax, dtype=torch.int64, pin_memory=pin)
-        self._host_tables = torch.zeros((bmax, self.max_blocks_per_seq), dtype=torch.int32, pin_memory=pin)
+        self._pin_uploads = model.device.type == "cuda"     # decode inputs staged pinned: the uploads are async
         self._offload_graph: OffloadStepGraph | None = None
         self._step_graphs: OrderedDict[tuple[int, bool], OffloadStepGraph] = OrderedDict()   # (size, split) ->
         self.step_graphs_built = 0                   # offload step graphs built (each captured once on a GPU)
@@ -186,19 +181,21 @@ class ModelRunner:
         return self.graphs.next_tokens[:len(seqs)]
 
     def upload_decode(self, seqs: Seq[Sequence]) -> int:
-        """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket."""
+        """Fill the graphs' static inputs for `seqs` (padding the rest of the bucket); returns the bucket. Each
+        copy's host side is a fresh block of torch's pinned-memory cache, which takes it back only once the copy
+        ran: a step enqueued while earlier ones still wait on the GPU (overlapped rounds) must not rewrite their
+        inputs."""
         batch = len(seqs)
         bucket = self.graphs.bucket_for(batch)
         self.graphs.ensure_captured(bucket)
-        self._host_ids.numpy()[:bucket] = 0
-        self._host_ids.numpy()[:batch] = [s.token_ids[s.num_computed] for s in seqs]
-        self._host_pos.numpy()[:bucket] = 0
-        self._host_pos.numpy()[:batch] = [s.num_computed for s in seqs]
-        self._host_tables.numpy()[:bucket] = self._table_array(seqs, self.max_blocks_per_seq, rows=bucket)
+        ids, positions = np.zeros(bucket, dtype=np.int64), np.zeros(bucket, dtype=np.int64)
+        ids[:batch] = [s.token_ids[s.num_computed] for s in seqs]
+        positions[:batch] = [s.num_computed for s in seqs]
+        tables = self._table_array(seqs, self.max_blocks_per_seq, rows=bucket)
         g = self.graphs
-        g.input_ids[:bucket].copy_(self._host_ids[:bucket], non_blocking=True)
-        g.positions[:bucket].copy_(self._host_pos[:bucket], non_blocking=True)
-        g.block_tables[:bucket].copy_(self._host_tables[:bucket], non_blocking=True)
+        for dst, src in ((g.input_ids, ids), (g.positions, positions), (g.block_tables, tables)):
+            staged = torch.from_numpy(src)
+            dst[:bucket].copy_(staged.pin_memory() if self._pin_uploads else staged, non_blocking=True)
         return bucket
 
     # ---- helpers --------------------------------------------------------------------------------

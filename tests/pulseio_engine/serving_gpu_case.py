@@ -3,6 +3,8 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
 
     tokens                      the tiny preset in bf16: each batch alone (coupled), both coupled, both under IRQ
                                 with captured recalls, and IRQ with recalls made to land late: the same tokens
+    vanilla                     vanilla's rounds overlapped, the GPU held back so the host enqueues rounds ahead of
+                                it: the tokens of rounds run one at a time
     nosync ROUNDS               steady-state IRQ rounds (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
     cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
@@ -40,12 +42,13 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256,
-            normal_steps: int = 1, overlap: bool = False) -> ServingEngine:
+            normal_steps: int = 1, overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
-    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=gpu_bytes, host_kv_bytes=4 << 30, irq=irq,
+    host = 0 if mode is ServeMode.VANILLA else 4 << 30
+    config = ServingConfig(mode, gpu_kv_bytes=gpu_bytes, host_kv_bytes=host, irq=irq,
                            token_budget=budget, max_batch=64, max_offload_seqs=32, normal_steps=normal_steps,
                            overlap_rounds=overlap)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
@@ -59,10 +62,13 @@ def _add(serving: ServingEngine, classes: dict[int, KVClass], context: int, new:
         serving.add(rid, prompt, new, kv_class, kv=RandomKV(length - 1, seed=rid))
 
 
-def _run(serving: ServingEngine) -> dict[int, list[int]]:
+def _run(serving: ServingEngine, hold_cycles: int = 0) -> dict[int, list[int]]:
+    """Rounds until every request is done; `hold_cycles`: a GPU spin enqueued before each round (a GPU behind)."""
     out: dict[int, list[int]] = {}
     pending = None
     while serving.has_unfinished():
+        if hold_cycles:
+            torch.cuda._sleep(hold_cycles)
         outcomes, pending = serving.run_round(pending)
         for outcome in outcomes:
             out.update({rid: list(t) for rid, t in outcome.finished.items()})
@@ -95,6 +101,20 @@ def tokens() -> dict:
     ok = ok and all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
                     for r in runs.values())
     return {"ok": ok, **{k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}}
+
+
+def vanilla() -> dict:
+    """Vanilla's rounds are one graph each, so overlapped the host may enqueue several before the GPU runs the
+    first: each must keep its own inputs (their uploads' pinned staging among them)."""
+    runs = {}
+    for name, overlap, hold in (("alone", False, 0), ("overlapped", True, 0),
+                                ("overlapped, GPU behind", True, 4_000_000 if DEVICE == "cuda" else 0)):
+        with _engine("tiny", irq=False, overlap=overlap, mode=ServeMode.VANILLA) as serving:
+            _add(serving, {0: NRM, 1: NRM, 2: NRM, 3: NRM}, 700, 24, 256)
+            runs[name] = _run(serving, hold)
+    ok = runs["overlapped"] == runs["alone"] == runs["overlapped, GPU behind"]
+    ok = ok and sorted(len(t) for t in runs["alone"].values()) == [24] * 4
+    return {"ok": ok, "differ": [k for k, v in runs.items() if v != runs["alone"]]}
 
 
 def nosync(rounds: int, overlap: bool = False) -> dict:
@@ -196,7 +216,7 @@ def _runtime(serving: ServingEngine) -> dict | None:
 def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
-    cases = {"tokens": tokens, "nosync": lambda: nosync(int(args[0]), args[1:] == ["overlap"]),
+    cases = {"tokens": tokens, "vanilla": vanilla, "nosync": lambda: nosync(int(args[0]), args[1:] == ["overlap"]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()
     print(json.dumps(out))

@@ -1,6 +1,6 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
 (serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens,
-also with recalls landing late; steady-state rounds never sync the host; a normal batch alone under IRQ costs at
+also with recalls landing late; vanilla's rounds overlapped keep their tokens with the GPU behind the host; steady-state rounds never sync the host; a normal batch alone under IRQ costs at
 most 5% more than without it (and what its per-layer pieces cost is reported); a replay of the Mooncake sample
 loses nothing."""
 
@@ -40,6 +40,10 @@ def _case(*argv: str) -> dict:
 def test_irq_tokens_equal_each_batch_alone_with_captured_and_late_recalls() -> None:
     result = _case("tokens")
     assert result["irq"]["m"], "IRQ recorded no m"
+
+
+def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> None:
+    _case("vanilla")
 
 
 @pytest.mark.parametrize("overlap", [False, True])
