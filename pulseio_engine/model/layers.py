@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ..config import ModelConfig, RopeScaling
-from .linear import Workspace, linear, swiglu_linear
+from .linear import Workspace, linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,6 +24,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2I] (gate then up) -> [T, I]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def pre_attention(x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor, cos: torch.Tensor,
@@ -53,7 +60,8 @@ def post_attention(x: torch.Tensor, attn: torch.Tensor, o: torch.Tensor, post_no
     """x: [T, H] residual; attn: [T, Hq, D] -> (the residual after attention, the MLP's output): the layer's output
     is their `residual_add`, which the next layer's `pre_attention` (or `final_norm`) makes."""
     x = residual_add(x, linear(attn.flatten(1), o, workspace=workspace))
-    return x, swiglu_linear(linear(rms_norm(x, post_norm, eps), gate_up, workspace=workspace), down, workspace)
+    return x, linear(swiglu(linear(rms_norm(x, post_norm, eps), gate_up, workspace=workspace)), down,
+                     workspace=workspace)
 
 
 def final_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,6 +1,5 @@
 """`linear`: the decoder's projections. F.linear, except decode's few rows on a GPU, which go to `skinny_linear`
-where it reads the weight faster than cuBLAS (`runs_skinny`). `swiglu_linear`, the MLP's down projection, runs
-the SwiGLU inside that kernel.
+where it reads the weight faster than cuBLAS (`runs_skinny`).
 
 A decode step multiplies each weight by at most a few rows, so a projection costs the time to read its weight
 once. For such skinny shapes cuBLAS picks kernels that fall short of that rate on some shapes, and splits K
@@ -30,16 +29,15 @@ Workspace = tuple[torch.Tensor, torch.Tensor]         # SkinnyWorkspace's (parti
 
 
 @torch.library.custom_op("pulseio_engine::skinny_linear", mutates_args=("partials", "counters"))
-def _skinny_linear_op(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor, counters: torch.Tensor,
-                      gated: bool) -> torch.Tensor:
+def _skinny_linear_op(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor,
+                      counters: torch.Tensor) -> torch.Tensor:
     from .skinny_gemm import SkinnyWorkspace, skinny_linear
 
-    return skinny_linear(x, weight, workspace=SkinnyWorkspace(partials, counters), gated=gated)
+    return skinny_linear(x, weight, workspace=SkinnyWorkspace(partials, counters))
 
 
 @_skinny_linear_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor, counters: torch.Tensor,
-      gated: bool) -> torch.Tensor:
+def _(x: torch.Tensor, weight: torch.Tensor, partials: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
@@ -50,22 +48,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     either: a prefill whose chunks sample nothing asks for no logits) F.linear."""
     if workspace is None or bias is not None or not runs_skinny(x.shape[0], *weight.shape):
         return F.linear(x, weight, bias)
-    return _skinny_linear_op(x.contiguous(), weight, *workspace, False)
-
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up: [T, 2I] (gate then up) -> [T, I]."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def swiglu_linear(gate_up: torch.Tensor, weight: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
-    """The MLP's down projection, `linear(swiglu(gate_up), weight)`: gate_up [T, 2I], weight [N, I] -> [T, N]. Where
-    `linear` would run `skinny_linear`, the kernel multiplies silu(gate) * up as it loads each tile, so the
-    SwiGLU is no kernel of its own (and its [T, I] result is never written)."""
-    if workspace is None or not runs_skinny(gate_up.shape[0], *weight.shape):
-        return F.linear(swiglu(gate_up), weight)
-    return _skinny_linear_op(gate_up.contiguous(), weight, *workspace, True)
+    return _skinny_linear_op(x.contiguous(), weight, *workspace)
 
 
 def runs_skinny(rows: int, n: int, k: int) -> bool:

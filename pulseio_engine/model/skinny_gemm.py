@@ -5,9 +5,7 @@ by reading the weight from HBM once. Each program owns BLOCK_N weight rows (the 
 weight tile is the dot's left operand, x.T its [BLOCK_K, M_PAD] right one, so the MMA's long side is N) and
 streams them over its share of K, accumulating in fp32. Rows of x past M are masked to zero up to M_PAD
 (16, tl.dot's smallest side, or 32); `use_dot=False` does the same product as a broadcast multiply and a sum
-instead. `gated=True` (the MLP's down projection) takes x as [M, 2K], gate then up, and multiplies
-silu(gate) * up (fp32, rounded once to x's dtype, as the compiled SwiGLU does) as it loads each tile, so the
-SwiGLU is no kernel of its own.
+instead.
 
 Split-K in one launch. Narrow N (o_proj, down) gives too few row blocks to keep 132 SMs reading, so K is
 split over `split_k` programs per row block. cuBLAS then launches a memset and a reduce kernel; here the
@@ -120,7 +118,7 @@ def _skinny_gemm_kernel(
     M, N, K, split_k, tiles_per_split,
     stride_xm, stride_wn, stride_om, stride_on, stride_ps, stride_pm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, GATED: tl.constexpr,
+    SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -141,16 +139,17 @@ def _skinny_gemm_kernel(
     for t in range(num_tiles):
         if EVEN_K:
             w = tl.load(w_ptrs)
-            x_mask = m_ok[None, :] if USE_DOT else m_ok[:, None]
+            if USE_DOT:
+                x = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
+            else:
+                x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
         else:
             k_ok = k_start + t * BLOCK_K + offs_k < K
             w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-            x_mask = (m_ok[None, :] & k_ok[:, None]) if USE_DOT else (m_ok[:, None] & k_ok[None, :])
-        x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        if GATED:  # x holds the gate; the up half is K elements further along each row
-            gate = x.to(tl.float32)
-            up = tl.load(x_ptrs + K, mask=x_mask, other=0.0).to(tl.float32)
-            x = (gate * tl.sigmoid(gate) * up).to(w.dtype)
+            if USE_DOT:
+                x = tl.load(x_ptrs, mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+            else:
+                x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if DOT_FP32:  # the interpreter's bf16 dot is wrong; see _interpreted_bf16
             acc = tl.dot(w.to(tl.float32), x.to(tl.float32), acc, input_precision="ieee")
         elif USE_DOT:
@@ -192,7 +191,7 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _check_inputs(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) -> None:
+def _check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -203,12 +202,8 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, gated: bool = False) ->
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS:
         raise ValueError(f"x must be [M, K] with 1 <= M <= {MAX_ROWS}, got shape {list(x.shape)}; "
                          "use F.linear for more rows")
-    k = x.shape[1] // 2 if gated else x.shape[1]
-    if gated and x.shape[1] % 2:
-        raise ValueError(f"gated x must be [M, 2K] (gate then up), got an odd width {x.shape[1]}")
-    if weight.dim() != 2 or weight.shape[1] != k or weight.shape[0] < 1:
-        what = "half x's width (gated)" if gated else "x's"
-        raise ValueError(f"weight must be [N, K] with K = {k} ({what}), got shape {list(weight.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != x.shape[1] or weight.shape[0] < 1:
+        raise ValueError(f"weight must be [N, K] with K = {x.shape[1]} (x's), got shape {list(weight.shape)}")
     for name, t in (("x", x), ("weight", weight)):
         if t.stride(1) != 1:
             raise ValueError(f"{name} must be row-major (stride 1 along K), got strides {t.stride()}; "
@@ -234,26 +229,24 @@ def _check_workspace(ws: SkinnyWorkspace, x: torch.Tensor, n: int, block_n: int,
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, *, config: SkinnyConfig | None = None,
-                  out: torch.Tensor | None = None, workspace: SkinnyWorkspace | None = None,
-                  gated: bool = False) -> torch.Tensor:
+                  out: torch.Tensor | None = None, workspace: SkinnyWorkspace | None = None) -> torch.Tensor:
     """x: [M, K] bf16/fp16, 1 <= M <= 32, row-major; weight: [N, K] same dtype (nn.Linear's layout).
-    Returns out: [M, N] in x's dtype (fp32 accumulation), the given `out` when there is one. `gated`: x is
-    [M, 2K], gate then up, and the product is silu(gate) * up @ weight.T (the MLP's down projection).
+    Returns out: [M, N] in x's dtype (fp32 accumulation), the given `out` when there is one.
 
     config: None picks `default_config(M, N, K, SM count)`. workspace: used only when the config splits
     K; None then allocates one for this call (an allocation and a memset of the counters, so pass one
     when capturing a CUDA graph: `SkinnyWorkspace.allocate(N, max_split_k=..., device=...)`)."""
-    grid, args, meta = _launch_plan(x, weight, config, out, workspace, gated)
+    grid, args, meta = _launch_plan(x, weight, config, out, workspace)
     _skinny_gemm_kernel[grid](*args, **meta)
     return args[2]
 
 
 def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | None, out: torch.Tensor | None,
-                 workspace: SkinnyWorkspace | None, gated: bool = False) -> tuple[tuple[int, int], tuple, dict]:
+                 workspace: SkinnyWorkspace | None) -> tuple[tuple[int, int], tuple, dict]:
     """(grid, arguments, constexprs and launch options) of one call, checked; meta tensors give the
     compile-only plan that `_skinny_gemm_kernel.warmup` takes."""
-    _check_inputs(x, weight, gated)
-    m, (n, k) = x.shape[0], weight.shape
+    _check_inputs(x, weight)
+    (m, k), n = x.shape, weight.shape[0]
     config = config or default_config(m, n, k, _sm_count(x.device))
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -274,6 +267,6 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
     pad = triton.next_power_of_2(m)
     meta = dict(M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
-                EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype), GATED=gated,
+                EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
                 num_warps=config.num_warps, num_stages=config.num_stages)
     return (triton.cdiv(n, config.block_n), splits), args, meta

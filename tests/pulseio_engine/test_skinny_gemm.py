@@ -36,12 +36,6 @@ CASES = {
     "m32-dot-split2-fp16": (32, 48, 96, (16, 32, 2, True), "float16"),
     "m32-default-config": (32, 96, 160, None, "bfloat16"),
 }
-# gated (x: [M, 2K], silu(gate) * up taken as each tile loads): name -> the same fields
-GATED_CASES = {
-    "gated-m8-dot-split3-ragged": (8, 70, 200, (16, 32, 3, True), "bfloat16"),
-    "gated-m3-sum-split1-fp16": (3, 50, 100, (16, 32, 1, False), "float16"),
-    "gated-m32-default-config": (32, 96, 160, None, "bfloat16"),
-}
 
 
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,27 +51,6 @@ def _excess(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> dict:
     err = (got.float() - ref).abs()
     bad = ~(err <= ATOL + torch.finfo(got.dtype).eps * ref.abs())  # NaN is bad
     return {"max_err": err.max().item(), "max_ref": ref.abs().max().item(), "bad": int(bad.sum())}
-
-
-def _excess_gated(got: torch.Tensor, gate_up: torch.Tensor, w: torch.Tensor) -> dict:
-    """`_excess` against swiglu(gate_up) @ w.T in fp32, allowing each SwiGLU value its rounding to got's dtype (in any
-    rounding mode: the interpreter truncates) on top: eps * (|swiglu| @ |w|.T)."""
-    gate, up = gate_up.float().chunk(2, dim=-1)
-    x = torch.nn.functional.silu(gate) * up
-    ref = x @ w.float().T
-    err = (got.float() - ref).abs()
-    eps = torch.finfo(got.dtype).eps
-    bad = ~(err <= ATOL + eps * ref.abs() + eps * (x.abs() @ w.float().abs().T))
-    return {"max_err": err.max().item(), "max_ref": ref.abs().max().item(), "bad": int(bad.sum())}
-
-
-def _run_gated_case(m: int, n: int, k: int, tile, dtype: str) -> dict:  # noqa: ANN001
-    from pulseio_engine.model.skinny_gemm import SkinnyConfig, skinny_linear
-
-    gate_up, w = _inputs(m, n, 2 * k, getattr(torch, dtype))
-    w = w[:, :k].contiguous()
-    config = None if tile is None else SkinnyConfig(*tile[:3], num_warps=4, num_stages=2, use_dot=tile[3])
-    return _excess_gated(skinny_linear(gate_up, w, config=config, gated=True), gate_up, w)
 
 
 def _run_case(m: int, n: int, k: int, tile, dtype: str) -> dict:  # noqa: ANN001
@@ -126,15 +99,10 @@ def _linear_op() -> dict:
     x17 = torch.cat([x, x[:1]])
     rows17 = bool(torch.equal(linear(x17, w, workspace=workspace), F.linear(x17, w)))
     small = bool(torch.equal(linear(x, w[:35], workspace=workspace), F.linear(x, w[:35])))
-    gate_up = torch.cat([x, x.flip(1)], dim=1)                                  # [16, 2 * 200]
-    gated = linear_module.swiglu_linear(gate_up, w, workspace)
     linear_module._skinny_linear_op = op
     compiled = torch.compile(lambda a: linear(a * 1, w, workspace=workspace), fullgraph=True)(x)
     x0, bias = x[:0], torch.randn(70).to(torch.bfloat16)
-    unrouted = linear_module.swiglu_linear(gate_up, w)
     return {"eager": _excess(eager, x, w), "compiled_equal": bool(torch.equal(compiled, eager)),
-            "gated": _excess_gated(gated, gate_up, w),
-            "no_workspace_is_f_linear": bool(torch.equal(unrouted, F.linear(linear_module.swiglu(gate_up), w))),
             "op_calls": calls, "rows17_is_f_linear": rows17, "small_weight_is_f_linear": small,
             "rows0_is_f_linear": list(linear(x0, w, workspace=workspace).shape) == [0, 70],
             "bias_is_f_linear": bool(torch.equal(linear(x, w, bias, workspace), F.linear(x, w, bias))),
@@ -143,21 +111,12 @@ def _linear_op() -> dict:
 
 def _main() -> None:
     run_cases([(name, _run_case, args) for name, args in CASES.items()]
-              + [(name, _run_gated_case, args) for name, args in GATED_CASES.items()]
               + [("workspace-reuse", _workspace_reuse, ()), ("linear-op", _linear_op, ())])
 
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
     return interpreted_results(__file__)
-
-
-@pytest.mark.needs_package("triton")
-@pytest.mark.parametrize("name", list(GATED_CASES))
-def test_interpreted_gated_kernel_matches_swiglu_then_the_product(interpreted: dict, name: str) -> None:
-    result = interpreted[name]
-    assert "error" not in result, result.get("error")
-    assert result["max_ref"] > 0.1 and result["bad"] == 0, result
 
 
 @pytest.mark.needs_package("triton")
@@ -184,12 +143,10 @@ def test_interpreted_linear_takes_few_rows_to_the_kernel_and_the_rest_to_f_linea
     result = interpreted["linear-op"]
     assert "error" not in result, result.get("error")
     assert result["eager"]["bad"] == 0 and result["eager"]["max_ref"] > 0.5, result
-    assert result["op_calls"] == [16, 16], "16 rows of a large enough weight (linear, then swiglu_linear), and only " \
-        "they, run the custom op"
+    assert result["op_calls"] == [16], "16 rows of a large enough weight, and only they, run the custom op"
     assert result["compiled_equal"], "the custom op inside torch.compile must run the same kernel"
     assert result["rows17_is_f_linear"] and result["small_weight_is_f_linear"], result
     assert result["rows0_is_f_linear"] and result["bias_is_f_linear"], result
-    assert result["gated"]["bad"] == 0 and result["no_workspace_is_f_linear"], result
     assert set(result["counters"]) == {0}, result
 
 
@@ -357,21 +314,6 @@ def test_gpu_matches_f_linear_at_qwen3_14b_shapes(name: str, rows: int) -> None:
     got = skinny_linear(x, w)
     assert _excess(got, x, w)["bad"] == 0, _excess(got, x, w)
     torch.testing.assert_close(got, torch.nn.functional.linear(x, w), rtol=2 * torch.finfo(x.dtype).eps, atol=ATOL)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows", [8, 32])
-def test_gpu_gated_matches_swiglu_then_f_linear_at_qwen3_14b_down(rows: int) -> None:
-    from pulseio_engine.model.linear import swiglu
-    from pulseio_engine.model.skinny_gemm import skinny_linear
-
-    n, k = QWEN3_14B["down"]
-    gate_up, w = (t.cuda() for t in _inputs(rows, n, 2 * k, torch.bfloat16))
-    w = w[:, :k].contiguous()
-    got = skinny_linear(gate_up, w, gated=True)
-    assert _excess_gated(got, gate_up, w)["bad"] == 0, _excess_gated(got, gate_up, w)
-    eager = torch.nn.functional.linear(swiglu(gate_up), w)                  # SwiGLU rounded twice: one ulp apart
-    torch.testing.assert_close(got, eager, rtol=4 * torch.finfo(w.dtype).eps, atol=4 * ATOL)
 
 
 @pytest.mark.gpu
