@@ -80,8 +80,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                                                            "presets take any head")
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
     r.add_argument("--gpu-ahead", type=int_at_least(1), default=None,
-                   help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU (default: 1, or 8 with "
-                        "--overlap-rounds, whose next launch must run while the GPU still has work)")
+                   help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU (default: 8 with "
+                        "overlapped rounds, whose next launch must run while the GPU still has work; 1 without)")
     r.add_argument("--normal-steps", type=int_at_least(1), default=ServingConfig.normal_steps,
                    help="pulseinfer (IRQ): the normal batch's decode steps a round, between the offload batch's layers")
     add_copier_options(r)
@@ -105,9 +105,10 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--json", type=Path, default=None, help="write the report here")
     r.add_argument("--plot", type=Path, default=None, help="write its four panels here (PNG)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="run every piece eagerly")
-    r.add_argument("--overlap-rounds", action="store_true",
+    r.add_argument("--overlap-rounds", action=argparse.BooleanOptionalAction, default=True,
                    help="launch each round before the previous one's tokens reach the host (their ids fed on the "
-                        "device), so the host's work between rounds overlaps the GPU's")
+                        "device), so the host's work between rounds overlaps the GPU's; a replay finishes each "
+                        "request by its trace's output length either way (default: on)")
     r.add_argument("--no-skinny-gemm", action="store_true",
                    help="every projection through cuBLAS (default on a GPU: up to 32 rows through skinny_linear)")
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
