@@ -32,7 +32,9 @@ class ServingConfig:
     `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
     `resident_idle_us`; None: the engine's defaults). `overlap_rounds`: launch each round before the previous
     one's tokens reach the host (its input ids fed on the device), so the host's work between rounds runs while
-    the GPU decodes; finishing is by output length (requests ignore EOS), and moves wait for the tokens."""
+    the GPU decodes; finishing is by output length (requests ignore EOS), and moves wait for the tokens. Off here,
+    for callers that stop at EOS; `pulseio-engine replay`, whose requests decode their trace's lengths, turns it on
+    unless told `--no-overlap-rounds`."""
 
     mode: ServeMode
     gpu_kv_bytes: int
