@@ -66,6 +66,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="session")
+def hf_gguf():  # noqa: ANN201 (a loader)
+    """-> load(path): (model, tokenizer) of a GGUF file as `transformers` reads it (its own GGUF reader and
+    dequantization, fp32, CPU, eval), each file read once a session: dequantizing Qwen2.5-0.5B takes ~50 s here and
+    two test files compare against it. Callers must not change the model (set the attention implementation they
+    use on each call)."""
+    loaded: dict = {}
+
+    def load(path):  # noqa: ANN001, ANN202
+        if path not in loaded:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer  # needs `accelerate` for GGUF files
+
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+            loaded[path] = (model.eval(), tokenizer)
+        return loaded[path]
+    return load
+
+
 # Triton's bindings (nanobind) print a "leaked N instances/types/functions" report at interpreter exit,
 # after the test summary, because Triton keeps module-level objects alive until then; it reads like a
 # failure and is not one. Once pytest is done (at exit: pytest restores its captured stderr after the

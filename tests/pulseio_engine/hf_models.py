@@ -70,24 +70,22 @@ def prefill_logits(engine: Engine, prompt: list[int], chunk: int) -> torch.Tenso
     return torch.cat(rows)
 
 
-def generate_like_transformers(gguf_path: Path, prompt: str, n: int, capsys) -> dict:  # noqa: ANN001
+def generate_like_transformers(gguf_path: Path, prompt: str, n: int, capsys, hf_gguf) -> dict:  # noqa: ANN001
     """Run `pulseio-engine generate --json` greedily on a .gguf and assert that its prompt ids and `n` new
-    tokens equal those of `transformers` loading the same file (its own GGUF reader and dequantization,
-    fp32, CPU). Returns our JSON output."""
+    tokens equal those of `transformers` loading the same file (`hf_gguf`, the session's loader: its own GGUF
+    reader and dequantization, fp32, CPU). Returns our JSON output."""
     import json
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # needs `accelerate` for GGUF files
 
     from pulseio_engine.cli import main
 
     assert main(["generate", "--model", str(gguf_path), "--prompt", prompt, "--max-new-tokens", str(n),
                  "--device", "cpu", "--json"]) == 0
     ours = json.loads(capsys.readouterr().out)
-    tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    ref, tok = hf_gguf(gguf_path)
     ids = tok(prompt, return_tensors="pt").input_ids
     assert ours["prompt_ids"] == ids[0].tolist()
-    ref = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    ref.set_attn_implementation("sdpa")
     with torch.no_grad():
-        out = ref.generate(ids, max_new_tokens=n, do_sample=False)
+        out = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
     assert ours["output_ids"] == out[0, ids.shape[1]:].tolist()
     return ours

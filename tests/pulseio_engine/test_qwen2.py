@@ -26,7 +26,7 @@ def qwen() -> Path:
 
 
 @pytest.mark.slow
-def test_greedy_code_completion_has_the_tokens_of_transformers(qwen: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    ours = generate_like_transformers(qwen, "def fibonacci(n):", 8, capsys)
+def test_greedy_code_completion_has_the_tokens_of_transformers(qwen: Path, capsys: pytest.CaptureFixture[str],
+                                                               hf_gguf) -> None:  # noqa: ANN001
+    ours = generate_like_transformers(qwen, "def fibonacci(n):", 8, capsys, hf_gguf)
     assert "if n" in ours["text"], ours["text"]

@@ -1,8 +1,8 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
 (serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens,
-also with recalls landing late; vanilla's rounds overlapped keep their tokens with the GPU behind the host; steady-state rounds never sync the host; a normal batch alone under IRQ costs at
-most 5% more than without it (and what its per-layer pieces cost is reported); a replay of the Mooncake sample
-loses nothing."""
+also with recalls landing late; vanilla's rounds overlapped keep their tokens with the GPU behind the host;
+steady-state rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and
+what its per-layer pieces cost is reported); a replay of the Mooncake sample loses nothing."""
 
 from __future__ import annotations
 

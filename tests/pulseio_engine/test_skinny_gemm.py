@@ -251,8 +251,8 @@ def test_the_engine_takes_skinny_projections_only_where_they_run() -> None:
 
 @pytest.mark.parametrize(("rows", "skinny"), [(1, {"qkv", "gate_up", "down", "lm_head"}),
                                                (16, {"qkv", "gate_up", "down", "lm_head"}),
-                                               (17, {"gate_up", "down", "lm_head"}), (32, {"gate_up", "down", "lm_head"}),
-                                               (0, set()), (33, set())])
+                                               (17, {"gate_up", "down", "lm_head"}),
+                                               (32, {"gate_up", "down", "lm_head"}), (0, set()), (33, set())])
 def test_skinny_runs_the_projections_it_reads_faster_than_cublas(rows: int, skinny: set[str]) -> None:
     """qwen3-14b's projections: o_proj always on cuBLAS, qkv up to 16 rows, the larger weights up to MAX_ROWS."""
     from pulseio_engine.model.linear import runs_skinny

@@ -21,7 +21,7 @@ def smollm2() -> Path:
 
 
 @pytest.mark.slow
-def test_cli_answers_paris_with_the_tokens_of_transformers(smollm2: Path,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    ours = generate_like_transformers(smollm2, "The capital of France is", 8, capsys)
+def test_cli_answers_paris_with_the_tokens_of_transformers(smollm2: Path, capsys: pytest.CaptureFixture[str],
+                                                           hf_gguf) -> None:  # noqa: ANN001
+    ours = generate_like_transformers(smollm2, "The capital of France is", 8, capsys, hf_gguf)
     assert "Paris" in ours["text"]

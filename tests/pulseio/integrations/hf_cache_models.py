@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import weakref
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,15 +29,6 @@ def tiny_model(arch: str, *, layers: int = 4, seed: int = 0) -> Any:
         for name, p in model.named_parameters():
             p.uniform_(0.5, 1.5) if "norm" in name else p.normal_(0.0, 0.15)
     return model.eval()
-
-
-def gguf_model(path: Path) -> tuple[Any, Any]:
-    """(model, tokenizer) of a GGUF file, dequantized to fp32 by transformers' own GGUF reader."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval(), tokenizer
 
 
 def greedy(model: Any, ids: torch.Tensor, n: int, cache: Any = None, attention: str = "sdpa",

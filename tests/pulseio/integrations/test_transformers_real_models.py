@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from hf_cache_models import gguf_model, greedy
+from hf_cache_models import greedy
 from hf_sparse_reference import register_reference
 
 from pulseio.integrations.transformers import SPARSE_ATTENTION, LayerOffloadCache, SparseOffloadCache, SparseSelection
@@ -30,7 +30,7 @@ TEXT = ("The PCIe link between a host and its GPU moves data in both directions,
 NEW = 12
 
 
-def _load(name: str) -> tuple[Any, Any]:
+def _load(name: str, hf_gguf) -> tuple[Any, Any]:  # noqa: ANN001
     if name == "smollm2":
         try:
             path = fetch_smollm2()
@@ -40,12 +40,12 @@ def _load(name: str) -> tuple[Any, Any]:
         path = cached_model_path(name)
         if not path.is_file():
             pytest.skip(f"{name} is not in the cache ({path}); fetch it with `pulseio-engine fetch --model {name}`")
-    return gguf_model(path)
+    return hf_gguf(path)
 
 
 @pytest.fixture(scope="module", params=["smollm2", "qwen2.5-coder-0.5b"])
-def real(request: pytest.FixtureRequest) -> tuple[str, Any, torch.Tensor]:
-    model, tokenizer = _load(request.param)
+def real(request: pytest.FixtureRequest, hf_gguf) -> tuple[str, Any, torch.Tensor]:  # noqa: ANN001
+    model, tokenizer = _load(request.param, hf_gguf)
     return request.param, model, tokenizer(TEXT, return_tensors="pt").input_ids
 
 
