@@ -276,7 +276,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="every projection through cuBLAS (default on a GPU: up to 32 rows through skinny_linear)")
     b.add_argument("--json", metavar="PATH", type=Path, default=None, help="also write the result as JSON here")
     b.add_argument("--profile", metavar="PATH", type=Path, default=None,
-                   help="sparse modes: write a torch.profiler table of the timed steps here")
+                   help="sparse modes: write a torch.profiler table of the timed steps here, their timeline beside it "
+                        "(PATH.trace.json.gz)")
     add_copier_options(b)
     _common(b)
     b.set_defaults(func=_bench, prog=b.prog)

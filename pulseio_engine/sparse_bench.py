@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import gzip
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -316,7 +318,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
                      compare_vanilla: bool = False, skinny_gemm: bool = True) -> SparseBenchResult:
-    """`profile`: also write a torch.profiler table of the timed steps there (they run slower under it).
+    """`profile`: also write a torch.profiler table of the timed steps there, and their timeline beside it as a
+    gzipped Chrome trace (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
     (`result.vanilla`, `result.vanilla_ratio`). `skinny_gemm`: `EngineConfig.skinny_gemm`, both runs."""
@@ -473,12 +476,18 @@ def _profiler(path: Path | None, device: torch.device) -> Any:
 
 
 def _write_profile(prof: Any, path: Path, steps: int) -> None:
+    """The table at `path`, and the timeline beside it (`<path>.trace.json.gz`, for Perfetto)."""
     averages = prof.key_averages()
     tables = [f"# {steps} steps; totals over all of them\n"]
     for key in ("self_cpu_time_total", "self_device_time_total"):
         tables.append(f"\n## by {key}\n" + averages.table(sort_by=key, row_limit=45, max_name_column_width=70))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(tables))
+    trace = path.with_name(path.name + ".trace.json")
+    prof.export_chrome_trace(str(trace))
+    with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+        shutil.copyfileobj(raw, packed)
+    trace.unlink()
 
 
 def _blocked_ns(off: Any) -> int:

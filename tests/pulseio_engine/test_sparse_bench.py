@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 
 import pytest
 
@@ -104,3 +106,16 @@ def test_summary_and_compare_vanilla() -> None:
                                  roofline_ms=r.step_ms / 2, roofline_ratio=2.0)
     assert f"publish -> landed {r.publish_gbps:.1f} GB/s = 0.50 " in on_gpu.summary()
     assert f"roofline {r.step_ms / 2:.2f} ms ({r.bytes_per_step / 1e9:.1f} GB) -> 2.00x" in on_gpu.summary()
+
+
+def test_the_profile_writes_a_table_and_a_timeline(tmp_path) -> None:
+    """`--profile PATH`: the profiler's table at PATH, the timed steps' timeline beside it as a gzipped Chrome
+    trace holding the engine's ops."""
+    path = tmp_path / "step.profile.txt"
+    run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, batch_size=2, context_len=320, steps=2,
+                     token_budget=64, device="cpu", progress=False, profile=path)
+    assert "self_cpu_time_total" in path.read_text()
+    with gzip.open(tmp_path / "step.profile.txt.trace.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("name") == "aten::linear" for e in events)
+    assert not (tmp_path / "step.profile.txt.trace.json").exists(), "only the gzipped timeline is kept"
