@@ -203,7 +203,7 @@ def _reduce_splits_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     s_mask = offs_s < num_splits
     lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always has work, so the max is finite
+    weight = tl.exp2(lse - tl.max(lse, axis=0))  # some split has work (split 0 of one table), so the max is finite
     part = tl.load(
         part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
         mask=s_mask[:, None],

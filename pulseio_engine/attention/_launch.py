@@ -137,6 +137,36 @@ def paged_decode_attention_triton(
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
     """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
     check_triton_shapes(q, k_cache)
+    config = config or config_for(q, k_cache, block_tables, num_kv_heads)
+    if out is None:
+        out = torch.empty_like(q)
+    if q.shape[0] == 0:
+        return out
+    if config.num_splits == 1:
+        launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, out, None, config, num_kv_heads)
+        return out
+    batch, hq, head_dim = q.shape
+    part = torch.empty((batch, hq, config.num_splits, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.empty((batch, hq, config.num_splits), dtype=torch.float32, device=q.device)
+    launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, part, lse, config, num_kv_heads)
+    launch_reduce(part, lse, out)
+    return out
+
+
+def config_for(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
+               num_kv_heads: int | None) -> DecodeConfig:
+    """`choose_config` for these tensors' shapes."""
+    return choose_config(batch=q.shape[0], num_kv_heads=num_kv_heads or k_cache.shape[2], head_dim=q.shape[2],
+                         page_size=k_cache.shape[1], max_blocks=block_tables.shape[-1], num_sms=_num_sms(q.device),
+                         element_size=q.element_size())
+
+
+def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 context_lens: torch.Tensor, scale: float, part: torch.Tensor, lse: torch.Tensor | None,
+                 config: DecodeConfig, num_kv_heads: int | None) -> None:
+    """The split kernel over config.num_splits splits: lse None writes the output itself into `part` ([B, Hq, D],
+    q.dtype: one split only); else each split's normalised output into part [B, Hq, >= splits, D] fp32 and its
+    log-sum-exp (base 2) into lse [B, Hq, >= splits] fp32, contiguous along the splits."""
     batch, hq, head_dim = q.shape
     _, page_size, cache_heads, _ = k_cache.shape
     hkv = num_kv_heads or cache_heads
@@ -144,42 +174,27 @@ def paged_decode_attention_triton(
     max_blocks = block_tables.shape[-1]
     table_strides = (block_tables.stride(0), block_tables.stride(1) if rows > 1 else 0, block_tables.stride(-1))
     lens_strides = (context_lens.stride(0), context_lens.stride(1) if context_lens.dim() == 2 else 0)
-    if config is None:
-        config = choose_config(
-            batch=batch,
-            num_kv_heads=hkv,
-            head_dim=head_dim,
-            page_size=page_size,
-            max_blocks=max_blocks,
-            num_sms=_num_sms(q.device),
-            element_size=q.element_size(),
-        )
-    if out is None:
-        out = torch.empty_like(q)
-    if batch == 0:
-        return out
-    group = hq // hkv
-    splits = config.num_splits
-    direct = splits == 1
+    direct = lse is None
+    part_strides: tuple[int, ...]
+    lse_strides: tuple[int, ...]
     if direct:
-        part, lse = out, out  # lse is unused when DIRECT
-        part_strides = (out.stride(0), out.stride(1), 0, out.stride(2))
+        assert config.num_splits == 1, "the split kernel writes the output itself only with one split"
+        part_strides = (part.stride(0), part.stride(1), 0, part.stride(2))
         lse_strides = (0, 0)
     else:
-        part = torch.empty((batch, hq, splits, head_dim), dtype=torch.float32, device=q.device)
-        lse = torch.empty((batch, hq, splits), dtype=torch.float32, device=q.device)
+        assert lse is not None and lse.stride(2) == 1, "lse must be contiguous along the splits"
         part_strides = part.stride()
         lse_strides = lse.stride()[:2]
-    _kernel._paged_decode_split_kernel[(hkv, splits, batch)](
+    _kernel._paged_decode_split_kernel[(hkv, config.num_splits, batch)](
         q,
         k_cache,
         v_cache,
         block_tables,
         context_lens,
         part,
-        lse,
+        part if direct else lse,
         float(scale) * 1.4426950408889634,
-        splits,
+        config.num_splits,
         max_blocks * page_size,
         *q.stride(),
         *k_cache.stride(),
@@ -188,8 +203,8 @@ def paged_decode_attention_triton(
         *lens_strides,
         *part_strides,
         *lse_strides,
-        GROUP=group,
-        GROUP_PAD=max(16, _next_pow2(group)),
+        GROUP=hq // hkv,
+        GROUP_PAD=max(16, _next_pow2(hq // hkv)),
         HEAD_DIM=head_dim,
         PAGE_SIZE=page_size,
         BLOCK_N=config.block_n,
@@ -201,18 +216,21 @@ def paged_decode_attention_triton(
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if not direct:
-        splits_pad = max(2, _next_pow2(splits))
-        _kernel._reduce_splits_kernel[(hq, batch)](
-            part,
-            lse,
-            out,
-            splits,
-            *part.stride()[:3],
-            *lse.stride()[:2],
-            *out.stride(),
-            SPLITS_PAD=splits_pad,
-            HEAD_DIM=head_dim,
-            num_warps=4 if splits_pad * head_dim <= 4096 else 8,
-        )
-    return out
+
+
+def launch_reduce(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:
+    """Merge part [B, Hq, P, D] fp32 by lse [B, Hq, P] (base 2; at least one finite a head) into out [B, Hq, D]."""
+    batch, hq, splits, head_dim = part.shape
+    splits_pad = max(2, _next_pow2(splits))
+    _kernel._reduce_splits_kernel[(hq, batch)](
+        part,
+        lse,
+        out,
+        splits,
+        *part.stride()[:3],
+        *lse.stride()[:2],
+        *out.stride(),
+        SPLITS_PAD=splits_pad,
+        HEAD_DIM=head_dim,
+        num_warps=4 if splits_pad * head_dim <= 4096 else 8,
+    )

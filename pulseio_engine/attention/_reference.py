@@ -7,6 +7,8 @@ host, so it syncs on GPU and is not CUDA-graph safe: use it for CPU inference an
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -20,6 +22,17 @@ def paged_decode_attention_reference(
     *,
     num_kv_heads: int | None = None,  # Hkv; default C
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
+    out, _ = attention_with_lse_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                          num_kv_heads=num_kv_heads)
+    return out.to(q.dtype)
+
+
+def attention_with_lse_reference(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    context_lens: torch.Tensor, scale: float, *, num_kv_heads: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`paged_decode_attention_reference` before the cast -> (out [B, Hq, D] fp32, lse [B, Hq] fp32: the
+    log-sum-exp of the scaled scores in base 2). A row of context 0 gives out 0 and lse -inf."""
     batch, hq, head_dim = q.shape
     block_size, cache_heads = k_cache.shape[1], k_cache.shape[2]
     hkv = num_kv_heads or cache_heads
@@ -27,17 +40,22 @@ def paged_decode_attention_reference(
     lens = (context_lens if context_lens.dim() == 2 else context_lens[:, None]).tolist()  # [B][S]
     rows = tables.shape[1]
     per_row, group = hkv // rows, hq // hkv
-    out = torch.empty((batch, hq, head_dim), dtype=torch.float32, device=q.device)
+    out = torch.zeros((batch, hq, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, hq), float("-inf"), dtype=torch.float32, device=q.device)
     for b in range(batch):
         for s, n in enumerate(lens[b]):
+            if n == 0:
+                continue
             heads = slice(s * per_row, (s + 1) * per_row)                              # KV heads of the row
             in_cache = heads if cache_heads == hkv else slice(0, per_row)
             n_blocks = -(-n // block_size)
             pages = tables[b, s, :n_blocks].long()
             k = k_cache[pages][:, :, in_cache].reshape(n_blocks * block_size, per_row, head_dim)[:n].float()
             v = v_cache[pages][:, :, in_cache].reshape(n_blocks * block_size, per_row, head_dim)[:n].float()
-            qb = q[b, s * per_row * group:(s + 1) * per_row * group].float().view(per_row, group, head_dim)
-            probs = torch.softmax(torch.einsum("hgd,nhd->hgn", qb, k) * scale, dim=-1)   # [per_row, G, n]
-            out[b, s * per_row * group:(s + 1) * per_row * group] = \
-                torch.einsum("hgn,nhd->hgd", probs, v).reshape(-1, head_dim)
-    return out.to(q.dtype)
+            q_heads = slice(s * per_row * group, (s + 1) * per_row * group)
+            qb = q[b, q_heads].float().view(per_row, group, head_dim)
+            scores = torch.einsum("hgd,nhd->hgn", qb, k) * scale                       # [per_row, G, n]
+            probs = torch.softmax(scores, dim=-1)
+            out[b, q_heads] = torch.einsum("hgn,nhd->hgd", probs, v).reshape(-1, head_dim)
+            lse[b, q_heads] = (torch.logsumexp(scores, dim=-1) / math.log(2)).reshape(-1)
+    return out, lse

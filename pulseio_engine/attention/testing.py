@@ -144,3 +144,27 @@ def random_row_case(base: PagedCase, *, rows: int, pooled: bool, seed: int = 0) 
     dev = base.q.device
     return RowCase(base.q, kv[:, 0].to(dev), kv[:, 1].to(dev), tables.to(dev), row_lens.to(dev), hkv,
                    base.scale, expect.to(dev))
+
+
+def split_rows(case: RowCase, block_size: int, *, seed: int = 0, first: float = 0.5
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """Each row's pages dealt into two tables, each in the row's order (so the partly filled last page stays last
+    in whichever table holds it), a page going to the first with probability `first` (1.0 or 0.0: one table
+    empty): -> ((tables, context_lens) of the first, (tables, context_lens) of the second)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, rows, width = case.block_tables.shape
+    tables = [torch.zeros((batch, rows, width), dtype=torch.int32) for _ in range(2)]
+    lens = [torch.zeros((batch, rows), dtype=torch.int32) for _ in range(2)]
+    all_tables, all_lens = case.block_tables.cpu(), case.context_lens.cpu()
+    for b in range(batch):
+        for s in range(rows):
+            n = int(all_lens[b, s])
+            pages = -(-n // block_size)
+            to_first = torch.rand(pages, generator=gen) < first
+            for part in range(2):
+                keep = [p for p in range(pages) if bool(to_first[p]) == (part == 0)]
+                tables[part][b, s, :len(keep)] = all_tables[b, s, keep]
+                full = len(keep) * block_size
+                lens[part][b, s] = full - (block_size - ((n - 1) % block_size + 1) if pages - 1 in keep else 0)
+    dev = case.q.device
+    return ((tables[0].to(dev), lens[0].to(dev)), (tables[1].to(dev), lens[1].to(dev)))

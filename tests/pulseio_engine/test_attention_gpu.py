@@ -189,3 +189,33 @@ def test_row_tables_match_naive_attention_over_each_rows_selection(rows, pooled)
     got = paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
                                  case.scale, out=out, num_kv_heads=case.num_kv_heads)
     _assert_close(got, case.expect.to(got.dtype))
+
+
+@pytest.mark.parametrize("first", [0.85, 1.0, 0.0], ids=["dealt", "all-first", "all-second"])
+@pytest.mark.parametrize("rows,pooled", [(1, True), (8, True)], ids=["solohead-hot", "quest-hot"])
+def test_two_parts_merged_match_naive_attention(first, rows, pooled):
+    """An offloaded layer's attention in two parts (its resident blocks, then the recalled ones), merged, in bf16
+    at the qwen3-14b shape and captured in a CUDA graph: naive attention over the whole selection."""
+    from pulseio_engine.attention import attend_part, decode_partials, merge_partials
+    from pulseio_engine.attention.testing import random_row_case, split_rows
+
+    base = _case("qwen3-14b", [17, 333, 1024, 4099])
+    case = random_row_case(base, rows=rows, pooled=pooled)
+    parts = split_rows(case, base.kv.shape[2], first=first)
+    work = decode_partials(case.q, case.k_cache, case.block_tables.shape[2], 2, num_kv_heads=case.num_kv_heads)
+    out = torch.full_like(case.q, float("nan"))
+
+    def attend():
+        for index, (tables, lens) in enumerate(parts):
+            attend_part(work, index, case.q, case.k_cache, case.v_cache, tables, lens, case.scale,
+                        num_kv_heads=case.num_kv_heads)
+        merge_partials(work, out)
+
+    attend()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attend()
+    out.fill_(float("nan"))
+    graph.replay()
+    _assert_close(out.clone(), case.expect.to(out.dtype))

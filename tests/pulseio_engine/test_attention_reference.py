@@ -7,8 +7,14 @@ import re
 import pytest
 import torch
 
-from pulseio_engine.attention import paged_decode_attention, paged_decode_attention_reference
-from pulseio_engine.attention.testing import dense_attention, random_paged_case
+from pulseio_engine.attention import (
+    attend_part,
+    decode_partials,
+    merge_partials,
+    paged_decode_attention,
+    paged_decode_attention_reference,
+)
+from pulseio_engine.attention.testing import dense_attention, random_paged_case, random_row_case, split_rows
 
 SHAPES = [  # (Hq, Hkv, D): MHA, SmolLM2 (group 3), Qwen3-like (group 5) with D=128
     (4, 4, 64),
@@ -156,3 +162,23 @@ def test_row_tables_refuse_a_cache_of_neither_width():
     with pytest.raises(ValueError, match=re.escape("context_lens must be [B=2, S=2] with row tables")):
         paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens[:, 0],
                                case.scale, num_kv_heads=4)
+
+
+@pytest.mark.parametrize("first", [0.5, 1.0, 0.0], ids=["dealt", "all-first", "all-second"])
+@pytest.mark.parametrize("rows,pooled", [(1, True), (4, True), (2, False)], ids=["solohead", "quest", "paged"])
+def test_attention_in_two_parts_merges_to_the_whole(first: float, rows: int, pooled: bool) -> None:
+    """A row's pages dealt into two tables (one may be empty), attended part by part and merged: the attention over
+    all of them (what an offloaded layer computes from its resident and its recalled blocks)."""
+    base = random_paged_case(context_lens=[1, 17, 64, 150], num_q_heads=8, num_kv_heads=4, head_dim=32,
+                             max_blocks=11, seed=3)
+    case = random_row_case(base, rows=rows, pooled=pooled)
+    parts = split_rows(case, 16, first=first, seed=1)
+    work = decode_partials(case.q, case.k_cache, case.block_tables.shape[2], 2, num_kv_heads=case.num_kv_heads)
+    for index, (tables, lens) in enumerate(parts):
+        attend_part(work, index, case.q, case.k_cache, case.v_cache, tables, lens, case.scale,
+                    num_kv_heads=case.num_kv_heads)
+    out = merge_partials(work, torch.full_like(case.q, float("nan")))
+    assert (out.double() - case.expect).abs().max() < 1e-5
+    if first in (0.0, 1.0):
+        empty = work.lse[:, :, 1 if first == 1.0 else 0]
+        assert torch.isinf(empty).all() and (empty < 0).all(), "an empty part has no weight"

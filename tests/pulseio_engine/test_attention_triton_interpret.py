@@ -85,6 +85,14 @@ ROW_CASES = {
     "two-rows-of-two-heads-paged": (2, False, 12, 4, (16, 4, 2, 1)),
 }
 
+# two tables a row, attended one after the other and merged (attention.decode_partials): id -> (rows S, pooled,
+# Hq, Hkv, the share of pages in the first table)
+PART_CASES = {
+    "parts-solohead-hot-dealt": (1, True, 10, 2, 0.7),
+    "parts-quest-hot-second-empty": (2, True, 8, 2, 1.0),
+    "parts-paged-first-empty": (2, False, 12, 4, 0.0),
+}
+
 
 def _run_case(kwargs: dict, config: tuple | None) -> dict:
     from pulseio_engine.attention import paged_decode_attention_reference
@@ -135,8 +143,25 @@ def _run_row_case(rows: int, pooled: bool, hq: int, hkv: int, config: tuple | No
             "max_ref": case.expect.abs().max().item()}
 
 
+def _run_part_case(rows: int, pooled: bool, hq: int, hkv: int, first: float) -> dict:
+    from pulseio_engine.attention import attend_part, decode_partials, merge_partials
+    from pulseio_engine.attention.testing import random_paged_case, random_row_case, split_rows
+
+    base = random_paged_case(context_lens=LENS, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, max_blocks=11)
+    case = random_row_case(base, rows=rows, pooled=pooled)
+    work = decode_partials(case.q, case.k_cache, 11, 2, num_kv_heads=case.num_kv_heads, use_triton=True)
+    for index, (tables, lens) in enumerate(split_rows(case, 16, first=first)):
+        attend_part(work, index, case.q, case.k_cache, case.v_cache, tables, lens, case.scale,
+                    num_kv_heads=case.num_kv_heads)
+    out = torch.full_like(case.q, float("nan"))
+    got = merge_partials(work, out)
+    return {"same_out": got is out, "max_err": (got.double() - case.expect).abs().max().item(),
+            "max_ref": case.expect.abs().max().item(), "triton": work.config is not None}
+
+
 def _main() -> None:
     runs = [(name, _run_case, (kwargs, config)) for name, (kwargs, config, _) in CASES.items()]
+    runs += [(name, _run_part_case, args) for name, args in PART_CASES.items()]
     run_cases(runs + [(name, _run_row_case, args) for name, args in ROW_CASES.items()])
 
 
@@ -146,13 +171,14 @@ def results() -> dict:
 
 
 @pytest.mark.needs_package("triton")
-@pytest.mark.parametrize("name", list(CASES) + list(ROW_CASES))
+@pytest.mark.parametrize("name", list(CASES) + list(ROW_CASES) + list(PART_CASES))
 def test_interpreted_kernel_matches_reference(results, name):
     """Plain cases against the torch reference; row-table cases against naive float64 attention over each
     row's selected tokens (poisoned pages and table entries must not be read)."""
     result = results[name]
     assert "error" not in result, result.get("error")
     assert result["same_out"], "the kernel must write into and return the given out tensor"
+    assert result.get("triton", True), "the Triton kernels ran, not the reference"
     assert result["max_ref"] > 0.1  # the check below is not vacuous
     tol = CASES[name][2] if name in CASES else 1e-5
     assert result["max_err"] <= tol * max(1.0, result["max_ref"]), result
