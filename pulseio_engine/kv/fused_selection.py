@@ -8,7 +8,8 @@ sink/local forcing and padding, and the top-K by a threshold search on order-pre
 sort); optionally steering (`kv/steering.py`); then the attention table, for all blocks on the GPU
 (PAGED: `block_tables` given) or for an offload row's hot set (HOT: `hot` given), where it also plans the
 recall exactly as `plan_recall` + `apply_recall` do, reserves the recall's place with an atomic add on
-`count` and writes the new token into its hot slot.
+`count` and writes the new token into its hot slot; with `Arrivals` the table holds only the blocks already
+resident and the arrivals' table those the recall brings (each ascending, with their own context lengths).
 
 The contract is the torch reference below, built from `head_bounds`/`block_scores`, `select_blocks`,
 `plan_recall`/`apply_recall` and `steering`: ids equal bit for bit. CPU tensors take the reference,
@@ -41,6 +42,15 @@ class NewToken:
 
 
 @dataclass(frozen=True)
+class Arrivals:
+    """HOT mode's second attention table: the selected blocks the recall brings, as `table` and `context_lens`
+    hold the others (already resident), so that attention to those can run while the recall is in flight."""
+
+    table: torch.Tensor          # [B, S, K] int32 out: device slots of the recalled blocks, ascending by block
+    context_lens: torch.Tensor   # [B, S] int32 out: tokens in them (0: none)
+
+
+@dataclass(frozen=True)
 class HotRecall:
     """HOT mode: one layer's offload state (owned and kept by the caller) and the recall it produces.
     Initially resident and owner are all -1; each call keeps owner the exact inverse of resident."""
@@ -55,6 +65,7 @@ class HotRecall:
                                # (appended at count: pairs past the buffers' end are dropped, still counted)
     write_slot: torch.Tensor   # [B, S] int64 out: device slot of the block being written
     new_token: NewToken | None = None
+    arrivals: Arrivals | None = None   # given: the table splits into the resident blocks and these
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,8 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
     first as the previous step's selection); context_lens: [B, S] int32 tokens in the selected blocks;
     table: [B, S, K] int32 for attention: PAGED (block_tables [B, NB] given) the selected blocks' physical
     ids, HOT (`hot` given) their device slots; entries past the selected ones repeat entry 0's source
-    (block_tables[b, 0], hot[b, s, 0])."""
+    (block_tables[b, 0], hot[b, s, 0]). HOT with `hot.arrivals`: table and context_lens cover the selected
+    blocks resident before the call, the arrivals' those it recalls (either may be empty: length 0)."""
     b, s, _, nb = bounds.shape
     k = config.budget_blocks
     _check_select(bounds, num_tokens, config, mask, table, context_lens, block_tables, hot, steer)
@@ -148,12 +160,12 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
         rows = block_tables.long().gather(1, selected.clamp(min=0).view(b, s * k))  # type: ignore[union-attr]
         table.copy_(rows.view(b, s, k))
     else:
-        _hot_reference(selected, offset, hot, table, k)
+        _hot_reference(selected, offset, hot, table, context_lens, k, config.block_size)
     return selected
 
 
 def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall, table: torch.Tensor,
-                   k: int) -> None:
+                   context_lens: torch.Tensor, k: int, block_size: int) -> None:
     """HOT mode on torch: `plan_recall` + `apply_recall`, the owner map as resident's inverse, the
     recall pairs appended at `count`, the new token into its hot slot."""
     b, s, nb = hot.resident.shape
@@ -161,6 +173,7 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
     rows = selected.reshape(r, k)
     resident = hot.resident.reshape(r, nb)
     plan = plan_recall(rows, resident, k)
+    arriving = (rows >= 0) & (resident.gather(1, rows.clamp(min=0)) < 0)             # before the plan is applied
     after = apply_recall(resident, plan)
     hot.resident.copy_(after.view(b, s, nb))
     owner = torch.full((r, k + 1), PAD, dtype=torch.int64, device=rows.device)
@@ -168,6 +181,9 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
     hot.owner.copy_(owner.scatter_(1, torch.where(after >= 0, after, k), blocks)[:, :k].view(b, s, k))
     slots = hot.hot.reshape(r, k)
     table.copy_(slots.gather(1, plan.selected_slots.clamp(min=0)).view(b, s, k))
+    if hot.arrivals is not None:
+        _split_reference(rows, arriving, slots, plan.selected_slots, offset.repeat_interleave(s), table,
+                         context_lens, hot.arrivals, block_size)
     n_sel = (rows >= 0).sum(1)
     hot.write_slot.copy_(slots.gather(1, plan.selected_slots.gather(1, (n_sel - 1)[:, None])).view(b, s))
     units = hot.host_map.reshape(r, nb).gather(1, plan.blocks.clamp(min=0))
@@ -184,6 +200,29 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
         at_slot, at_offset = hot.write_slot.reshape(r), offset.repeat_interleave(s)
         t.pool[at_slot, 0, at_offset] = t.k.reshape(r, hg, d).to(t.pool.dtype)
         t.pool[at_slot, 1, at_offset] = t.v.reshape(r, hg, d).to(t.pool.dtype)
+
+
+def _split_reference(rows: torch.Tensor, arriving: torch.Tensor, slots: torch.Tensor, selected_slots: torch.Tensor,
+                     offset: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor, arrivals: Arrivals,
+                     block_size: int) -> None:
+    """HOT with arrivals on torch: rows [R, K] selected (ascending, -1 padded), arriving [R, K] which of them the
+    recall brings, slots [R, K] hot index -> device slot, selected_slots [R, K] each one's hot index, offset [R]
+    of the token being written. Entries past a table's blocks repeat hot index 0's slot, as the whole table's do."""
+    r, k = rows.shape
+    dev = slots.gather(1, selected_slots.clamp(min=0))
+    b, s = context_lens.shape
+    valid = rows >= 0
+    n_sel = valid.sum(1)
+    last = (torch.arange(k, device=rows.device) == (n_sel - 1)[:, None]) & valid      # the block being written
+    missing = block_size - offset - 1                                                # its tokens still to come
+    pad = slots[:, :1].expand(r, k)
+    for part, out_table, out_lens in ((valid & ~arriving, table, context_lens),
+                                      (arriving, arrivals.table, arrivals.context_lens)):
+        order = (~part).long().argsort(dim=1, stable=True)                           # the part's entries first
+        n = part.sum(1)
+        first = torch.arange(k, device=rows.device) < n[:, None]
+        out_table.copy_(torch.where(first, dev.gather(1, order), pad).view(b, s, k))
+        out_lens.copy_((n * block_size - (last & part).any(1).long() * missing).view(b, s))
 
 
 def _triton(t: torch.Tensor, use_triton: bool | None) -> bool:
@@ -232,6 +271,13 @@ def _check_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
                             or hot.recall_ids.numel() < b * s * k or hot.recall_dst.numel() < b * s * k):
         raise ValueError(f"HotRecall wants resident, host_map [B, S, NB] = {[b, s, nb]}, owner, hot "
                          f"[B, S, K] = {[b, s, k]} and recall buffers of B * S * K = {b * s * k} entries")
+    arrivals = None if hot is None else hot.arrivals
+    if arrivals is not None and (arrivals.table.shape != (b, s, k) or arrivals.table.dtype != torch.int32
+                                 or arrivals.context_lens.shape != (b, s)
+                                 or arrivals.context_lens.dtype != torch.int32):
+        raise ValueError(f"Arrivals wants table [B, S, K] = {[b, s, k]} int32 and context_lens [B, S] int32, got "
+                         f"{list(arrivals.table.shape)} {arrivals.table.dtype} and "
+                         f"{list(arrivals.context_lens.shape)} {arrivals.context_lens.dtype}")
     if steer is not None and (steer.calls.shape != (b, s) or not 0.0 <= steer.overlap <= 1.0):
         raise ValueError(f"Steering wants calls [B, S] = {[b, s]} and an overlap in [0, 1], got "
                          f"{list(steer.calls.shape)} and {steer.overlap}")

@@ -21,7 +21,9 @@ Why they look the way they do:
   makes the program's own global writes visible to its threads), gathers through it: whether each hot
   index's owner is still selected, then the rank -> free hot index match through a small scratch row.
   The recall pairs are appended at an offset reserved by one `tl.atomic_add` per program on `count`,
-  which the score kernel's first program zeroed earlier in stream order.
+  which the score kernel's first program zeroed earlier in stream order. With arrivals (SPLIT), a chosen
+  block's place in its own table is its rank among the resident or among the recalled blocks, which the
+  packed scan already counts: no further scan.
 """
 
 from __future__ import annotations
@@ -142,16 +144,17 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
-    k_ptr, v_ptr, pool_ptr, calls_ptr,
+    k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr,
     nb, nbw, capacity, keep_threshold, steer_key,
     stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
     stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
     stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_mapb, stride_maps,
     stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
     stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
+    stride_atb, stride_ats, stride_acb, stride_acs,
     K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
-    HOT: tl.constexpr, STEER: tl.constexpr, WRITE_KV: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, WRITE_KV: tl.constexpr, SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr,
 ):  # fmt: skip
@@ -237,7 +240,8 @@ def _select_kernel(
     for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
         tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
     offset = (n_tok - 1) % BLOCK_SIZE
-    tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
+    if not SPLIT:
+        tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
     if HOT:
         tl.debug_barrier()                                      # the mask is visible to every thread
         held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
@@ -256,9 +260,24 @@ def _select_kernel(
         tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
         tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
         dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
-        tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
-        tl.store(t_row + ids, tl.load(hot_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
         last = ids == n - 1                                     # the block being written
+        pad_slot = tl.load(hot_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32)
+        if SPLIT:  # the resident blocks in the table, the recalled ones in the arrivals' table, each ascending
+            present = chosen & ~need_it
+            n_pres = n_sel - n_need
+            missing = BLOCK_SIZE - offset - 1                   # tokens of the block being written still to come
+            last_pres = tl.sum((last & present).to(tl.int32), axis=0)
+            last_need = tl.sum((last & need_it).to(tl.int32), axis=0)
+            a_row = atab_ptr + b * stride_atb + s * stride_ats
+            tl.store(t_row + pos - rank - 1, dev.to(tl.int32), mask=present)
+            tl.store(t_row + ids, pad_slot, mask=(ids >= n_pres) & (ids < K))
+            tl.store(a_row + rank, dev.to(tl.int32), mask=need_it)
+            tl.store(a_row + ids, pad_slot, mask=(ids >= n_need) & (ids < K))
+            tl.store(ctx_ptr + b * stride_cb + s * stride_cs, n_pres * BLOCK_SIZE - last_pres * missing)
+            tl.store(actx_ptr + b * stride_acb + s * stride_acs, n_need * BLOCK_SIZE - last_need * missing)
+        else:
+            tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
+            tl.store(t_row + ids, pad_slot, mask=pad)
         tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
         at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
         tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
@@ -333,20 +352,23 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     d = pool.shape[4] if new is not None else 1
     if new is not None and (d & (d - 1) or kk.stride(2) != 1 or vv.stride(2) != 1 or pool.stride(4) != 1):
         raise ValueError("the new token's K, V and the hot pool must be contiguous along a power-of-two head_dim")
+    arrivals = hot.arrivals if hot is not None else None
+    atab, actx = (arrivals.table, arrivals.context_lens) if arrivals is not None else (dummy, dummy)
     calls = steer.calls if steer is not None else dummy
     threshold = keep_threshold(steer.overlap, config) if steer is not None else 0
     key = steer_key(steer.seed, steer.layer) if steer is not None else 0
     _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
-        res, own, slots, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls,
+        res, own, slots, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
         nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key,
         bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
+        *_s2(atab), *_s2(actx),
         K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
         KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
-        STEER=steer is not None, WRITE_KV=new is not None,
+        STEER=steer is not None, WRITE_KV=new is not None, SPLIT=arrivals is not None,
         HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
         PER_THREAD=max(1, block // (32 * warps)), num_warps=warps,
     )  # fmt: skip

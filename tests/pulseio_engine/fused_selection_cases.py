@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pulseio_engine.config import GroupScore, SparseConfig  # noqa: E402
 from pulseio_engine.kv.fused_selection import (  # noqa: E402
+    Arrivals,
     HotRecall,
     NewToken,
     Steering,
@@ -52,6 +53,7 @@ class Spec:
     mask_extra: int = 5              # mask columns past NB (the kernel zeroes them)
     random_mask: bool = False        # start from a random mask (a previous selection, and ones past NB)
     zero_count: bool = True          # HOT: score_blocks zeroes count (False: it starts at 99, past the buffers)
+    arrivals: bool = False           # HOT: the table split into resident blocks and arrivals
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -75,6 +77,9 @@ class _Side:
         self.out = {"selected": torch.full((b, s, k), -7, dtype=torch.int64, device=device),
                     "table": torch.full((b, s, k), -7, dtype=torch.int32, device=device),
                     "context_lens": torch.full((b, s), -7, dtype=torch.int32, device=device)}
+        if spec.arrivals:
+            self.out["arrival_table"] = torch.full((b, s, k), -7, dtype=torch.int32, device=device)
+            self.out["arrival_lens"] = torch.full((b, s), -7, dtype=torch.int32, device=device)
 
     def step(self, q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
              num_tokens: torch.Tensor, bounds: torch.Tensor | None, kv: tuple[torch.Tensor, torch.Tensor]
@@ -86,8 +91,9 @@ class _Side:
         if spec.mode == "hot":
             new = NewToken(kv[0].to(dev), kv[1].to(dev), t["pool"]) if spec.new_token else None
             cap = t["owner"].numel()           # B * S * K; the buffers run on: a guard that must stay untouched
+            arrivals = Arrivals(self.out["arrival_table"], self.out["arrival_lens"]) if spec.arrivals else None
             hot = HotRecall(t["resident"], t["owner"], t["hot"], t["host_map"], t["recall_ids"][:cap],
-                            t["recall_dst"][:cap], t["count"], t["write_slot"], new)
+                            t["recall_dst"][:cap], t["count"], t["write_slot"], new, arrivals)
         own = score_blocks(*args, num_kv_heads=spec.hkv, head=spec.head, rule=spec.rule,
                            count=t["count"] if hot is not None and spec.zero_count else None,
                            use_triton=self.triton)
@@ -169,7 +175,7 @@ def _check_bounds(failures: dict, step: int, got: torch.Tensor, want: torch.Tens
 
 
 def _compare(failures: dict, step: int, kernel: _Side, ref: _Side, spec: Spec) -> None:
-    names = ["selected", "table", "context_lens"]
+    names = ["selected", "table", "context_lens"] + (["arrival_table", "arrival_lens"] if spec.arrivals else [])
     for name in names:
         got, want = kernel.out[name].cpu(), ref.out[name]
         _note(failures, name, step, None if torch.equal(got, want) else _first_diff(got, want))
@@ -225,6 +231,10 @@ CASES: dict[str, Spec] = {
     "steer-paged": Spec((3, 12 * BS, 30 * BS, 44 * BS), 48, 8, steps=8, steer=0.5),
     "steer-hot-integer": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=8, steer=0.7, integer=True),
     "steer-full-overlap": Spec((20 * BS, 40 * BS), 48, 8, steps=5, steer=1.0, head=1),
+    "hot-quest-arrivals": Spec((5 * BS, 9 * BS + 3, 30 * BS), 48, 8, mode="hot", steps=6, new_token=True,
+                               arrivals=True),
+    "hot-solohead-arrivals-steer": Spec((2, 12 * BS + 7, 40 * BS), 48, 8, head=0, mode="hot", steps=6, steer=0.6,
+                                        integer=True, arrivals=True, sink=2, local=1),
     "hot-count-not-zeroed": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=2, zero_count=False),
     "mask-wider-than-block": Spec((3, 20 * BS, 32 * BS), 32, 8, steps=3, steer=0.5, mask_extra=70, random_mask=True),
 }
@@ -237,6 +247,8 @@ def gpu_specs() -> dict[str, Spec]:
     specs["qwen3-14b-quest-paged"] = big
     specs["qwen3-14b-quest-hot-steer"] = replace(big, mode="hot", steps=3, steer=0.9, new_token=True)
     specs["qwen3-14b-solohead-maxnorm-hot"] = replace(big, head=3, rule=GroupScore.MAX_NORM, mode="hot", steps=3)
+    specs["qwen3-14b-solohead-hot-steer-arrivals"] = replace(big, head=3, mode="hot", steps=3, steer=0.9,
+                                                             new_token=True, arrivals=True)
     return specs
 
 

@@ -19,7 +19,14 @@ from sparse_reference import ref_steer
 from pulseio_engine.config import GroupScore, SparseConfig, SparseMode
 from pulseio_engine.evaluation.locality import middle_overlap, packaged_profile
 from pulseio_engine.kv.digests import BlockDigests
-from pulseio_engine.kv.fused_selection import HotRecall, NewToken, Steering, score_blocks, select_blocks_fused
+from pulseio_engine.kv.fused_selection import (
+    Arrivals,
+    HotRecall,
+    NewToken,
+    Steering,
+    score_blocks,
+    select_blocks_fused,
+)
 from pulseio_engine.kv.selection import select_blocks, select_for_layer
 from pulseio_engine.kv.steering import keep_threshold, mix32, steer_block_hash, steer_kept, steer_key, steered_scores
 
@@ -188,6 +195,51 @@ def test_steered_hot_rows_recall_what_the_real_model_did(mode: SparseMode, budge
             fetched += int(hot.count) if step else 0
         measured = profile.recall_fraction[profile.layers.index(layer)]
         assert fetched / (40 * b * rows * k) == pytest.approx(measured, abs=0.01), layer
+
+
+def test_arrivals_split_the_table_into_resident_and_recalled_blocks() -> None:
+    """HOT with Arrivals (the reference): the same selection, plan and state as without; the table's entries dealt
+    into the blocks resident before the call and those recalled, each in block order, and the tokens with them:
+    the recalled ones are exactly the recall's device slots, and the block being written counts its tokens so far
+    in whichever table holds it."""
+    config = SparseConfig(token_budget=8 * 16, sink_blocks=1, local_blocks=2)
+    b, rows, nb, k = 3, 2, 40, config.budget_blocks
+    gen = torch.Generator().manual_seed(4)
+    resident, owner = torch.full((b, rows, nb), -1), torch.full((b, rows, k), -1)
+    for i in range(b):                                           # some blocks resident, the last one of row 0
+        for j in range(rows):
+            blocks = torch.randperm(nb, generator=gen)[:5]
+            resident[i, j, blocks], owner[i, j, :5] = torch.arange(5), blocks
+    num_tokens = torch.tensor([37 * 16 + 5, 6 * 16, 20 * 16 + 1])
+    bounds = torch.randn((b, rows, 1, nb), generator=gen)
+    slots = 100 + torch.randperm(b * rows * k, generator=gen).view(b, rows, k)
+    sides = []
+    for split in (False, True):
+        hot = HotRecall(resident.clone(), owner.clone(), slots, torch.arange(b * rows * nb).view(b, rows, nb),
+                        torch.full((b * rows * k,), -1), torch.full((b * rows * k,), -1),
+                        torch.zeros(1, dtype=torch.long), torch.empty((b, rows), dtype=torch.long),
+                        arrivals=Arrivals(torch.full((b, rows, k), -7, dtype=torch.int32),
+                                          torch.full((b, rows), -7, dtype=torch.int32)) if split else None)
+        out = _buffers(b, rows, nb, k)
+        selected = select_blocks_fused(bounds, num_tokens, config, **out, hot=hot)
+        sides.append((selected, out, hot))
+    (whole_sel, whole, whole_hot), (sel, part, hot) = sides
+    assert torch.equal(whole_sel, sel) and torch.equal(whole_hot.resident, hot.resident)
+    assert torch.equal(whole_hot.recall_ids, hot.recall_ids) and int(hot.count) > 0
+    recalled = set(hot.recall_dst[:int(hot.count)].tolist())
+    for i in range(b):
+        for j in range(rows):
+            n_sel = int((sel[i, j] >= 0).sum())
+            n_arr = sum(1 for x in whole["table"][i, j, :n_sel].tolist() if x in recalled)
+            table = whole["table"][i, j, :n_sel].tolist()
+            assert part["table"][i, j, :n_sel - n_arr].tolist() == [x for x in table if x not in recalled]
+            assert hot.arrivals.table[i, j, :n_arr].tolist() == [x for x in table if x in recalled]
+            lens = int(part["context_lens"][i, j]), int(hot.arrivals.context_lens[i, j])
+            assert sum(lens) == int(whole["context_lens"][i, j])
+            written_arrives = table[-1] in recalled
+            assert lens[1 if written_arrives else 0] % 16 == (int(num_tokens[i]) - 1) % 16 + 1 or \
+                (int(num_tokens[i]) % 16 == 0), "the block being written is the partial one"
+            assert lens[0 if written_arrives else 1] % 16 == 0
 
 
 def test_select_states_what_it_takes() -> None:
