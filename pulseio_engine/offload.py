@@ -4,15 +4,17 @@
 `Recaller` and every request's selection state. For a decode batch it returns an `OffloadBatch` (offload
 requests) or a `DeviceSparseBatch` (all blocks on the GPU: Quest as published), the model's attention for
 every offloaded layer (layers >= dense_layers; the dense layers use the paged cache). One offloaded layer
-of one decode step is five launches, all fixed-shape, no host sync:
+of one decode step is a few launches, all fixed-shape, no host sync:
 
     store_tokens(k, v)        the new token's KV to the host copy (or the paged cache), its key into the digest
     score_blocks(q)           Quest bounds of every block, read through the block table
     select_blocks_fused(...)  top-K per selecting row; the recall plan against the hot set (ids, slots, count),
-                              the hot set updated, the new token into its hot slot; the attention table
-    recall                    pulseio: publish + device wait (captured in the step's CUDA graph), or the
-                              sync baseline
-    paged_decode_attention    over each row's selected blocks: hot slots, or the paged cache in place
+                              the hot set updated, the new token into its hot slot; the attention tables
+                              (offload rows: one of the blocks resident already, one of those recalled)
+    recall                    pulseio: the publish (captured in the step's CUDA graph), or the sync baseline
+    attention                 the paged cache in place (all on the GPU); offload rows: over the resident blocks
+                              while the recall is in flight, then its device wait, the recalled blocks, and the
+                              merge of the two parts (`attention.decode_partials`)
 
 Every request's selection state (residency, hot-slot owners, the previous selection's mask, steering
 counters) lives in a row of persistent [L, R, S, ...] tensors (`kv/seats.py`); a batch of B requests is rows
@@ -31,13 +33,20 @@ from torch.profiler import record_function
 
 import pulseio
 
-from .attention import chunk_attention, paged_decode_attention
+from .attention import (
+    DecodePartials,
+    attend_part,
+    chunk_attention,
+    decode_partials,
+    merge_partials,
+    paged_decode_attention,
+)
 from .config import EngineConfig, GroupScore, OffloadConfig, RecallMode, SparseMode
 from .errors import OffloadCapacityError
 from .kv.block_table import blocks_for
 from .kv.cache import KVCache
 from .kv.digests import BlockDigests
-from .kv.fused_selection import HotRecall, NewToken, Steering, score_blocks, select_blocks_fused
+from .kv.fused_selection import Arrivals, HotRecall, NewToken, Steering, score_blocks, select_blocks_fused
 from .kv.handoff import KVSource
 from .kv.host_store import HostStore, OffloadSeq
 from .kv.offload_layout import OffloadFootprint, UnitLayout, offload_footprint
@@ -236,10 +245,12 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
     generation stays up between layers (`RESIDENT_IDLE_US`, unless `offload.dma` says otherwise), so it
     serves the next layer's recall and the next generation takes over after that recall, not on its
-    path. On a CPU the poller sleeps at once: spinning would take a core from the decode it serves."""
+    path. While up it holds `RECALL_COPY_CTAS` copy CTAs, which the model's kernels share their SMs with.
+    On a CPU the poller sleeps at once: spinning would take a core from the decode it serves."""
     per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
     on_gpu = device.startswith("cuda")
-    dma = offload.dma or (pulseio.DmaConfig(resident_idle_us=RESIDENT_IDLE_US) if on_gpu else pulseio.DmaConfig())
+    dma = offload.dma or (pulseio.DmaConfig(zero_copy_ctas=RECALL_COPY_CTAS, resident_idle_us=RESIDENT_IDLE_US)
+                          if on_gpu else pulseio.DmaConfig())
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
         block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
@@ -252,6 +263,7 @@ STEPS_AHEAD = 12   # steps of recalls the ring holds: a host enqueueing that far
 
 
 RESIDENT_IDLE_US = 5000   # longer than a decode step's gap between two layers' recalls, and than most steps
+RECALL_COPY_CTAS = 16     # a layer's scattered recall at ~0.8 of the link; each more CTA costs the model's kernels
 
 
 class PrefillOffload:
@@ -319,14 +331,23 @@ class _SparseBatch:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, Hq, D], k, v: [B, Hkv, D] of the tokens being decoded -> attention output [B, Hq, D]."""
         recall = self.prepare(layer, q, k, v)
+        pending = None
         if recall is not None:
             with record_function("offload.recall"):
-                self.owner.recaller.recall(*recall, tag=layer)      # type: ignore[union-attr]
+                pending = self.owner.recaller.post(*recall, tag=layer)      # type: ignore[union-attr]
+        self.attend_resident(layer, q)
+        if pending is not None:
+            with record_function("offload.recall"):
+                pending.wait_device()
         return self.finish(layer, q, k, v)
 
     def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         raise NotImplementedError
+
+    def attend_resident(self, layer: int, q: torch.Tensor) -> None:
+        """After `prepare` and the recall's post, before its device wait: the part of the layer's attention that
+        needs no recalled block (none here: the all-on-GPU batch attends in `finish`)."""
 
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -385,6 +406,9 @@ class OffloadBatch(_SparseBatch):
         self.recall_dst = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] device slots
         self.count = torch.zeros(1, dtype=torch.int64, device=dev)                 # [1] pairs to recall
         self.write_slot = torch.zeros((b, s), dtype=torch.int64, device=dev)
+        self.arrivals = Arrivals(torch.zeros((b, s, k), dtype=torch.int32, device=dev),    # the recalled blocks'
+                                 torch.zeros((b, s), dtype=torch.int32, device=dev))       # table (`table`: the rest)
+        self.partials: DecodePartials | None = None     # the attention's two parts, built by the first step
 
     def start(self, state: BatchState) -> None:
         super().start(state)
@@ -403,13 +427,27 @@ class OffloadBatch(_SparseBatch):
             store_tokens(store.host_view, self.write_units[li], self.offsets, k, v, digests=o.digests, layer=layer,
                          digest_blocks=self.blocks)
         hot = HotRecall(self.resident[li], self.owners[li], self.hot[li], self.host_map[li], self.recall_ids,
-                        self.recall_dst, self.count, self.write_slot, NewToken(k, v, store.hot))
+                        self.recall_dst, self.count, self.write_slot, NewToken(k, v, store.hot), self.arrivals)
         self._select(layer, q, count=self.count, hot=hot)
         return self.recall_ids, self.recall_dst, self.count
 
-    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Everything of `attend` after the recall: attention over the selected hot slots."""
+    def attend_resident(self, layer: int, q: torch.Tensor) -> None:
+        """Attention over the selected blocks that were resident already: it reads no slot the recall writes,
+        so it runs while the recall is in flight."""
         hot = self.owner.store.hot                                             # type: ignore[union-attr]
+        heads = self.owner.model.num_kv_heads
+        if self.partials is None:
+            self.partials = decode_partials(q, hot[:, 0], self.table.shape[2], 2, num_kv_heads=heads)
         with record_function("offload.attention"):
-            return paged_decode_attention(q, hot[:, 0], hot[:, 1], self.table, self.context_lens, self.owner.scale,
-                                          num_kv_heads=self.owner.model.num_kv_heads)
+            attend_part(self.partials, 0, q, hot[:, 0], hot[:, 1], self.table, self.context_lens, self.owner.scale,
+                        num_kv_heads=heads)
+
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Everything of `attend` after the recall: attention over the recalled blocks, merged with the resident
+        blocks' part."""
+        hot = self.owner.store.hot                                             # type: ignore[union-attr]
+        assert self.partials is not None, "attend_resident runs before finish"
+        with record_function("offload.attention"):
+            attend_part(self.partials, 1, q, hot[:, 0], hot[:, 1], self.arrivals.table, self.arrivals.context_lens,
+                        self.owner.scale, num_kv_heads=self.owner.model.num_kv_heads)
+            return merge_partials(self.partials, torch.empty_like(q))

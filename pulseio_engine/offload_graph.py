@@ -5,8 +5,12 @@ plan, attention, MLP) and a recall, so at 40 layers the host, not the GPU, would
 step is written as pieces, each ending where a layer's recall is posted:
 
     piece 0      embed, the dense layers, the first offloaded layer up to its planned recall
-    piece i      the previous layer's attention and MLP, the next layer up to its planned recall
+    piece i      the previous layer's attention to its recalled blocks, the merge with its resident part,
+                 the MLP; the next layer up to its planned recall
     last piece   the last layer's attention and MLP, final norm, logits
+
+After each piece's recall is posted and before its device wait, the layer attends to its selected blocks
+that were resident already (`_resident`), so that part of attention runs while the recall is in flight.
 
 How the recalls run between pieces decides how the step is captured:
 
@@ -66,6 +70,7 @@ class OffloadStepGraph:
         self._recall_graph: Any = None          # pulseio.RecallGraph when the recalls are captured
         self._recalls: list[tuple[int, tuple[torch.Tensor, ...] | None]] = []   # (layer, compacted recall)
         self._live: list[object] = []                                            # what the pieces share
+        self._shared: dict[str, Any] = {}                                        # the state pieces pass on
         self._eager: list[Callable[[], None]] = []     # split, before capture: this step's pieces
         self._ran_eagerly = False                      # split: a step ran eagerly, the next one captures
         self._posts: dict[int, int] = {}               # split, captured: piece -> its RecallGraph post
@@ -131,7 +136,7 @@ class OffloadStepGraph:
         else:
             for piece, graph in enumerate(self._graphs):
                 graph.replay()
-                self._recall(piece)
+                self._recall(piece, resident=False)
             logits = self.logits
         assert logits is not None
         return logits
@@ -152,10 +157,12 @@ class OffloadStepGraph:
             if self._recall_graph is not None:
                 self._armed = self.offloader.recaller.arm(self._recall_graph)
         if self._graphs:
-            self._graphs[piece].replay()
+            self._graphs[piece].replay()          # its recall's publish and resident attention captured in it
+            self._pending = self._posted(piece)
         else:
             self._eager[piece]()
-        self._pending = self._posted(piece)
+            self._pending = self._posted(piece)
+            self._resident(piece)
         if piece == self.num_pieces - 1 and not self._graphs:
             self._ran_eagerly, self._eager = True, []
         return self._pending
@@ -196,7 +203,8 @@ class OffloadStepGraph:
                 if recalls is not None and i < len(self._recalls) and self._recalls[i][1] is not None:
                     layer, (ids, dst, count) = self._recalls[i]                   # type: ignore[misc]
                     posts[i] = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
-            graphs.append(graph)
+                self._resident(i)         # after the publish; a recall run from the host comes after it (safe:
+            graphs.append(graph)          # it reads no slot a recall writes)
         advance = torch.cuda.CUDAGraph()
         with torch.cuda.graph(advance, pool=pool):      # after the pieces: self.logits is the last one's buffer
             self._advance()
@@ -219,24 +227,42 @@ class OffloadStepGraph:
             with torch.cuda.graph(graph, pool=pool):
                 for i, piece in enumerate(pieces):
                     piece()
+                    index = None
                     if recalls is not None and i < len(self._recalls):
                         layer, (ids, dst, count) = self._recalls[i]       # type: ignore[misc]
-                        recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer)
+                        index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+                    self._resident(i)
+                    if recalls is not None and index is not None:
+                        recalls.wait_device(index)
             self._graphs, self._recall_graph = [graph], recalls
             return
         graphs = []
-        for piece in pieces:
+        for i, piece in enumerate(pieces):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 piece()
+                self._resident(i)         # before the recall, which runs from the host: it reads no slot that writes
             graphs.append(graph)
         self._graphs = graphs
 
-    def _recall(self, piece: int) -> None:
+    def _recall(self, piece: int, *, resident: bool = True) -> None:
+        """Piece `piece`'s recall from the host: posted, then (`resident`) the layer's attention to the blocks it
+        does not bring, then its device wait."""
+        pending = None
         if piece < len(self._recalls):
             layer, args = self._recalls[piece]
             if args is not None:
-                self.offloader.recaller.recall(*args, tag=layer)
+                pending = self.offloader.recaller.post(*args, tag=layer)
+        if resident:
+            self._resident(piece)
+        if pending is not None:
+            pending.wait_device()
+
+    def _resident(self, piece: int) -> None:
+        """The attention of the layer whose recall piece `piece` posted, over its blocks already on the GPU:
+        between the recall's publish and its device wait (`_SparseBatch.attend_resident`)."""
+        if piece < len(self._recalls):
+            self._shared["batch"].attend_resident(self._recalls[piece][0], self._shared["qkv"][0])
 
     def _pieces(self) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step."""
@@ -246,6 +272,7 @@ class OffloadStepGraph:
         shared: dict[str, Any] = {}
         self._recalls = []
         self._live = [shared]
+        self._shared = shared
 
         def first() -> None:
             pos = self.positions

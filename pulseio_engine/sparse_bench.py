@@ -66,7 +66,7 @@ from .evaluation.locality import LocalityProfile, packaged_profiles
 from .kv.block_table import blocks_for
 from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
-from .kv.recall import Recaller
+from .kv.recall import PendingRecall, Recaller
 from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, open_model
 from .offload import SteeringProfile
@@ -106,13 +106,21 @@ class TimedRecaller:
         self.host_ns = 0
         self.requests: list[Any] = []
 
-    def recall(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> Any:
+    def post(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> PendingRecall:
+        """`Recaller.post`, its time and its device wait's on the main thread counted."""
         t0 = time.perf_counter_ns()
-        done = self.inner.recall(ids, dst, count, tag=tag)
+        pending = self.inner.post(ids, dst, count, tag=tag)
         self.host_ns += time.perf_counter_ns() - t0
-        if done is not None and hasattr(done, "published_ns"):
-            self.requests.append(done)
-        return done
+        if pending.handle is not None and hasattr(pending.handle, "published_ns"):
+            self.requests.append(pending.handle)
+
+        def wait() -> None:
+            t1 = time.perf_counter_ns()
+            try:
+                pending.wait_device()
+            finally:
+                self.host_ns += time.perf_counter_ns() - t1
+        return PendingRecall(pending.handle, tag, waiter=wait)
 
     @property
     def captures(self) -> bool:

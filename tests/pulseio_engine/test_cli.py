@@ -10,6 +10,7 @@ import pytest
 
 from pulseio_engine import fetch
 from pulseio_engine.cli import main
+from pulseio_engine.offload import RECALL_COPY_CTAS
 
 
 def test_generate_tiny_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,7 +44,8 @@ def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytes
               "1", "--token-budget", "64", "--selection", "quest", "--no-progress", "--device", "cpu"]
     assert main([*common, "--mode", "offload-doorbell", "--copier-idle-us", "70", "--json", str(path)]) == 0
     result = json.loads(path.read_text())
-    assert (result["copier_ctas"], result["copier_idle_us"]) == (64, 70), "the flag set, the other pulseio's default"
+    assert (result["copier_ctas"], result["copier_idle_us"]) == (RECALL_COPY_CTAS, 70), \
+        "the flag set, the other the engine's default"
     capsys.readouterr()
     assert main([*common, "--mode", "all-on-gpu", "--copier-ctas", "32"]) == 2
     assert ("--copier-ctas set the offload runtime's copier, and --mode all-on-gpu runs none"
