@@ -137,7 +137,7 @@ def paged_decode_attention_triton(
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
     """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
     check_triton_shapes(q, k_cache)
-    config = config or config_for(q, k_cache, block_tables, num_kv_heads)
+    config = config or config_for(q, k_cache, block_tables.shape[-1], num_kv_heads)
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0:
@@ -153,11 +153,10 @@ def paged_decode_attention_triton(
     return out
 
 
-def config_for(q: torch.Tensor, k_cache: torch.Tensor, block_tables: torch.Tensor,
-               num_kv_heads: int | None) -> DecodeConfig:
-    """`choose_config` for these tensors' shapes."""
+def config_for(q: torch.Tensor, k_cache: torch.Tensor, max_blocks: int, num_kv_heads: int | None) -> DecodeConfig:
+    """`choose_config` for queries like q over pages like k_cache's, tables `max_blocks` wide."""
     return choose_config(batch=q.shape[0], num_kv_heads=num_kv_heads or k_cache.shape[2], head_dim=q.shape[2],
-                         page_size=k_cache.shape[1], max_blocks=block_tables.shape[-1], num_sms=_num_sms(q.device),
+                         page_size=k_cache.shape[1], max_blocks=max_blocks, num_sms=_num_sms(q.device),
                          element_size=q.element_size())
 
 

@@ -14,11 +14,15 @@ CPU each part is the plain-torch reference (one split a part).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ._checks import check_paged_decode_args
 from ._reference import attention_with_lse_reference
+
+if TYPE_CHECKING:
+    from ._launch import DecodeConfig  # Triton's path only: a CPU install has no Triton
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class DecodePartials:
     part: torch.Tensor  # [B, Hq, parts * splits, D] fp32
     lse: torch.Tensor   # [B, Hq, parts * splits] fp32, base 2 (-inf: a split with no token)
     splits: int         # splits of each part
-    config: object | None  # the Triton launch configuration (None on a CPU)
+    config: DecodeConfig | None  # the Triton launch configuration (None: the reference, on a CPU)
 
 
 def decode_partials(q: torch.Tensor, k_cache: torch.Tensor, max_blocks: int, parts: int, *,
@@ -41,12 +45,10 @@ def decode_partials(q: torch.Tensor, k_cache: torch.Tensor, max_blocks: int, par
     config = None
     splits = 1
     if q.is_cuda if use_triton is None else use_triton:
-        from ._launch import _num_sms, check_triton_shapes, choose_config
+        from ._launch import check_triton_shapes, config_for
 
         check_triton_shapes(q, k_cache)
-        config = choose_config(batch=q.shape[0], num_kv_heads=num_kv_heads or k_cache.shape[2], head_dim=q.shape[2],
-                               page_size=k_cache.shape[1], max_blocks=max_blocks, num_sms=_num_sms(q.device),
-                               element_size=q.element_size())
+        config = config_for(q, k_cache, max_blocks, num_kv_heads)
         splits = config.num_splits
     batch, hq, head_dim = q.shape
     part = torch.zeros((batch, hq, parts * splits, head_dim), dtype=torch.float32, device=q.device)
@@ -73,7 +75,7 @@ def attend_part(partials: DecodePartials, index: int, q: torch.Tensor, k_cache: 
     from ._launch import launch_split
 
     launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, partials.part[:, :, at],
-                 partials.lse[:, :, at], partials.config, num_kv_heads)  # type: ignore[arg-type]
+                 partials.lse[:, :, at], partials.config, num_kv_heads)
 
 
 def merge_partials(partials: DecodePartials, out: torch.Tensor) -> torch.Tensor:
