@@ -3,7 +3,8 @@
 # row-table attention, captured recalls, the offload engine, pulseio's chained device waits), then `pulseio-engine
 # bench` in the sparse modes (qwen3-14b preset, random weights, handed-in random KV, the real scoring and top-K
 # steered to the shipped recall-locality model), each against its roofline; SPEC suffix "+vanilla" adds
-# --compare-vanilla (the dense step of the same batch, same process).
+# --compare-vanilla (the dense step of the same batch, same process), "+bound" (offload modes) --compare-all-on-gpu
+# (the offload step against the all-on-GPU step + the recall at 0.8 of the link); both: "+bound+vanilla".
 #   PULSEIO_GIT_SHA=$(git rev-parse HEAD) PARTS="tests bench" bash benchmarks/run_sparse_gpu.sh
 # Env: PARTS, TESTS (pytest paths) and TESTS_TIMEOUT_S (420), STEPS (20), CONFIGS ("8x32768 24x8192"), SPECS (mode:selection ...), BUDGET (2048),
 # BENCH_ARGS (more `bench` options for every run, say "--copier-idle-us 100"), PROFILE=1 (a torch.profiler
@@ -50,7 +51,8 @@ if [[ " $PARTS " == *" bench "* ]]; then
   for cfg in $CONFIGS; do
     b=${cfg%x*}; ctx=${cfg#*x}
     for spec in $SPECS; do
-      extra=""; [[ $spec == *+vanilla ]] && extra="--compare-vanilla"; spec=${spec%+vanilla}
+      extra=""; [[ $spec == *+bound* ]] && extra="--compare-all-on-gpu"; spec=${spec/+bound/}
+      [[ $spec == *+vanilla ]] && extra="$extra --compare-vanilla"; spec=${spec%+vanilla}
       mode=${spec%:*}; sel=${spec#*:}; name=${mode}_${sel}_b${b}_ctx${ctx}
       echo "== $name $extra" | tee -a $R/progress.log
       timeout 300 python -m pulseio_engine.cli bench --model qwen3-14b --mode $mode --selection $sel \

@@ -127,6 +127,10 @@ def _bench(args: argparse.Namespace) -> int:
     if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
         raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
                                "(all-on-gpu, offload-sync, offload-doorbell)")
+    if args.compare_all_on_gpu and args.mode not in (SparseBenchMode.OFFLOAD_SYNC.value,
+                                                     SparseBenchMode.OFFLOAD_DOORBELL.value):
+        raise UsageError(prog, f"--compare-all-on-gpu gives an offload step its bound, and --mode {args.mode} "
+                               "offloads nothing; use --mode offload-doorbell or offload-sync")
     if args.mode != BenchMode.VANILLA.value:
         try:
             SparseConfig(token_budget=args.token_budget)
@@ -149,14 +153,15 @@ def _bench(args: argparse.Namespace) -> int:
             selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
             dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
-            skinny_gemm=not args.no_skinny_gemm)
+            compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
                 "unit_bytes", "link_peak_gbps", "recall_floor_ms", "publish_gbps", "publish_fraction_of_peak",
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
-                "copier_ctas", "copier_idle_us", "skinny_gemm", "vanilla_ratio")
+                "copier_ctas", "copier_idle_us", "skinny_gemm", "vanilla_ratio", "all_on_gpu_step_ms",
+                "recall_bound_ms", "recall_bound_ratio")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -266,6 +271,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")
+    b.add_argument("--compare-all-on-gpu", action="store_true",
+                   help="offload modes: then run all-on-gpu (same selection) in this process and report the offload "
+                        "step against its bound, the all-on-gpu step + the recalled bytes at 0.8 of the link")
     b.add_argument("--batch-size", type=int_at_least(1), default=64, help="sequences decoded together")
     b.add_argument("--context-len", type=int_at_least(1), default=4096, help="tokens of KV per sequence")
     b.add_argument("--steps", type=int_at_least(1), default=100, help="timed decode steps")

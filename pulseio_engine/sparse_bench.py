@@ -289,15 +289,32 @@ class SparseBenchResult:
     vanilla: BenchResult | None = None   # the dense step of the same batch, this process (compare_vanilla)
     vanilla_error: str | None = None     # why compare_vanilla got no dense step (it did not fit, say)
     skinny_gemm: bool = False            # projections of <= 32 rows ran through skinny_linear
+    all_on_gpu_step_ms: float | None = None   # the all-on-GPU step of the same batch, this process
+    all_on_gpu_error: str | None = None       # why compare_all_on_gpu got no such step
 
     @property
     def vanilla_ratio(self) -> float | None:
         """This step over the dense step of the same batch (compare_vanilla), or None."""
         return None if self.vanilla is None else self.step_ms / self.vanilla.step_ms
 
+    @property
+    def recall_bound_ms(self) -> float | None:
+        """What an offload step may take: the all-on-GPU step plus the recall at 0.8 of the link (compare_all_on_gpu,
+        on a GPU), or None."""
+        if self.all_on_gpu_step_ms is None or self.recall_floor_ms is None:
+            return None
+        return self.all_on_gpu_step_ms + self.recall_floor_ms
+
+    @property
+    def recall_bound_ratio(self) -> float | None:
+        """This step over `recall_bound_ms`, or None."""
+        bound = self.recall_bound_ms
+        return None if bound is None else self.step_ms / bound
+
     def to_dict(self) -> dict:
         out = asdict(self)
         out["vanilla_ratio"] = self.vanilla_ratio
+        out["recall_bound_ms"], out["recall_bound_ratio"] = self.recall_bound_ms, self.recall_bound_ratio
         return out
 
     def summary(self) -> str:
@@ -311,6 +328,9 @@ class SparseBenchResult:
         kernels = "" if self.kernels_per_step is None else f", {self.kernels_per_step:,.0f} kernels/step"
         vs = "" if self.vanilla is None else \
             f"; vanilla {self.vanilla.step_ms:.2f} ms/step -> sparse/vanilla {self.vanilla_ratio:.2f}"
+        if self.recall_bound_ms is not None:
+            vs += (f"; bound {self.all_on_gpu_step_ms:.2f} (all-on-gpu) + {self.recall_floor_ms:.2f} (recall at 0.8 "
+                   f"of the link) = {self.recall_bound_ms:.2f} ms -> {self.recall_bound_ratio:.2f}x")
         recall = "" if not self.units_per_step else \
             f", {self.recalled_mib_per_step:.1f} MiB/step recalled in {self.unit_bytes >> 10} KiB units{rate}"
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
@@ -325,12 +345,17 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      warmup: int = 3, device: str | None = None, locality: LocalityProfile | None = None,
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
-                     compare_vanilla: bool = False, skinny_gemm: bool = True) -> SparseBenchResult:
+                     compare_vanilla: bool = False, compare_all_on_gpu: bool = False,
+                     skinny_gemm: bool = True) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there, and their timeline beside it as a
     gzipped Chrome trace (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
-    (`result.vanilla`, `result.vanilla_ratio`). `skinny_gemm`: `EngineConfig.skinny_gemm`, both runs."""
+    (`result.vanilla`, `result.vanilla_ratio`). `compare_all_on_gpu` (offload modes): then the all-on-GPU mode
+    with the same selection, for the offload step's bound (`result.recall_bound_ms`, `recall_bound_ratio`).
+    `skinny_gemm`: `EngineConfig.skinny_gemm`, every run."""
+    if compare_all_on_gpu and mode is SparseBenchMode.ALL_ON_GPU:
+        raise ValueError("compare_all_on_gpu compares an offload mode with the all-on-GPU step; got mode all-on-gpu")
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -340,11 +365,21 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
     result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
                          locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm)
+    if compare_all_on_gpu:
+        _release(dev)
+        bench_status(progress, f"all-on-gpu at the same batch and context, for the bound ({batch_size} x "
+                               f"{context_len})")
+        try:
+            on_gpu = _run_sparse(source, SparseBenchMode.ALL_ON_GPU, batch_size, context_len, steps, token_budget,
+                                 selection, warmup, device, locality, progress, seed, None, use_cuda_graphs, None,
+                                 bandwidth, skinny_gemm)
+            result = replace(result, all_on_gpu_step_ms=on_gpu.step_ms)
+        except (torch.OutOfMemoryError, EngineError) as exc:     # the offload result stands; say why there is no bound
+            bench_status(progress, f"all-on-gpu did not run: {exc}")
+            result = replace(result, all_on_gpu_error=f"{type(exc).__name__}: {exc}"[:500])
     if not compare_vanilla:
         return result
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    _release(dev)
     bench_status(progress, f"vanilla at the same batch and context, for the ratio ({batch_size} x {context_len})")
     try:
         vanilla = run_bench(source, mode=BenchMode.VANILLA, batch_size=batch_size, context_len=context_len,
@@ -460,6 +495,13 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
             skinny_gemm=engine.model.workspace is not None)
+
+
+def _release(device: torch.device) -> None:
+    """Before the next run of this process: the last one's memory back (its engine is garbage by now)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _settled_statistics(off: Any, before: Any, timeout_s: float = 5.0) -> Any:

@@ -50,6 +50,11 @@ def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytes
     assert main([*common, "--mode", "all-on-gpu", "--copier-ctas", "32"]) == 2
     assert ("--copier-ctas set the offload runtime's copier, and --mode all-on-gpu runs none"
             in capsys.readouterr().err)
+    assert main([*common, "--mode", "all-on-gpu", "--compare-all-on-gpu"]) == 2
+    assert "--compare-all-on-gpu gives an offload step its bound, and --mode all-on-gpu" in capsys.readouterr().err
+    assert main([*common, "--mode", "offload-doorbell", "--compare-all-on-gpu", "--json", str(path)]) == 0
+    assert json.loads(path.read_text())["all_on_gpu_step_ms"] > 0
+    assert "all_on_gpu_step_ms" in capsys.readouterr().out
 
 
 def test_errors_exit_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:

@@ -119,3 +119,20 @@ def test_the_profile_writes_a_table_and_a_timeline(tmp_path) -> None:
         events = json.load(f)["traceEvents"]
     assert any(e.get("name") == "aten::linear" for e in events)
     assert not (tmp_path / "step.profile.txt.trace.json").exists(), "only the gzipped timeline is kept"
+
+
+def test_compare_all_on_gpu_runs_the_bounds_step_in_the_same_process() -> None:
+    """An offload step's bound needs the all-on-GPU step of the same batch: it runs after the offload one and is
+    recorded; on a CPU there is no link peak, so no bound. The all-on-GPU mode has no bound to compare with."""
+    args = dict(batch_size=2, context_len=320, steps=2, token_budget=64, device="cpu", progress=False)
+    r = run_sparse_bench("tiny", mode=SparseBenchMode.OFFLOAD_DOORBELL, compare_all_on_gpu=True, **args)
+    alone = run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, **args)
+    assert r.all_on_gpu_step_ms is not None and r.all_on_gpu_step_ms > 0 and r.all_on_gpu_error is None
+    assert r.units_per_step > 0 and alone.units_per_step == 0, "the offload run recalled, the other did not"
+    assert r.recall_floor_ms is None and r.recall_bound_ms is None and r.recall_bound_ratio is None
+    bounded = dataclasses.replace(r, recall_floor_ms=1.5)
+    assert bounded.recall_bound_ms == pytest.approx(r.all_on_gpu_step_ms + 1.5)
+    assert bounded.to_dict()["recall_bound_ratio"] == pytest.approx(r.step_ms / (r.all_on_gpu_step_ms + 1.5))
+    assert "bound" in bounded.summary()
+    with pytest.raises(ValueError, match="^compare_all_on_gpu compares an offload mode"):
+        run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, compare_all_on_gpu=True, **args)
