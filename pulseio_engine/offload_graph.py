@@ -158,10 +158,10 @@ class OffloadStepGraph:
                 self._armed = self.offloader.recaller.arm(self._recall_graph)
         if self._graphs:
             self._graphs[piece].replay()          # its recall's publish and resident attention captured in it
-            self._pending = self._posted(piece)
         else:
             self._eager[piece]()
-            self._pending = self._posted(piece)
+        self._pending = self._posted(piece)
+        if not self._graphs:
             self._resident(piece)
         if piece == self.num_pieces - 1 and not self._graphs:
             self._ran_eagerly, self._eager = True, []

@@ -22,8 +22,7 @@ def paged_decode_attention_reference(
     *,
     num_kv_heads: int | None = None,  # Hkv; default C
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
-    out, _ = attention_with_lse_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                          num_kv_heads=num_kv_heads)
+    out, _ = _attend(q, k_cache, v_cache, block_tables, context_lens, scale, num_kv_heads, with_lse=False)
     return out.to(q.dtype)
 
 
@@ -33,6 +32,15 @@ def attention_with_lse_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`paged_decode_attention_reference` before the cast -> (out [B, Hq, D] fp32, lse [B, Hq] fp32: the
     log-sum-exp of the scaled scores in base 2). A row of context 0 gives out 0 and lse -inf."""
+    out, lse = _attend(q, k_cache, v_cache, block_tables, context_lens, scale, num_kv_heads, with_lse=True)
+    assert lse is not None
+    return out, lse
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+            context_lens: torch.Tensor, scale: float, num_kv_heads: int | None, *, with_lse: bool
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Both references' loop; the log-sum-exps only `with_lse` (a second pass over every row's scores)."""
     batch, hq, head_dim = q.shape
     block_size, cache_heads = k_cache.shape[1], k_cache.shape[2]
     hkv = num_kv_heads or cache_heads
@@ -41,7 +49,7 @@ def attention_with_lse_reference(
     rows = tables.shape[1]
     per_row, group = hkv // rows, hq // hkv
     out = torch.zeros((batch, hq, head_dim), dtype=torch.float32, device=q.device)
-    lse = torch.full((batch, hq), float("-inf"), dtype=torch.float32, device=q.device)
+    lse = torch.full((batch, hq), float("-inf"), dtype=torch.float32, device=q.device) if with_lse else None
     for b in range(batch):
         for s, n in enumerate(lens[b]):
             if n == 0:
@@ -57,5 +65,6 @@ def attention_with_lse_reference(
             scores = torch.einsum("hgd,nhd->hgn", qb, k) * scale                       # [per_row, G, n]
             probs = torch.softmax(scores, dim=-1)
             out[b, q_heads] = torch.einsum("hgn,nhd->hgd", probs, v).reshape(-1, head_dim)
-            lse[b, q_heads] = (torch.logsumexp(scores, dim=-1) / math.log(2)).reshape(-1)
+            if lse is not None:
+                lse[b, q_heads] = (torch.logsumexp(scores, dim=-1) / math.log(2)).reshape(-1)
     return out, lse

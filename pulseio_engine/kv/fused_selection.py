@@ -180,10 +180,12 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
     blocks = torch.arange(nb, device=rows.device).expand(r, nb)
     hot.owner.copy_(owner.scatter_(1, torch.where(after >= 0, after, k), blocks)[:, :k].view(b, s, k))
     slots = hot.hot.reshape(r, k)
-    table.copy_(slots.gather(1, plan.selected_slots.clamp(min=0)).view(b, s, k))
-    if hot.arrivals is not None:
-        _split_reference(rows, arriving, slots, plan.selected_slots, offset.repeat_interleave(s), table,
-                         context_lens, hot.arrivals, block_size)
+    dev = slots.gather(1, plan.selected_slots.clamp(min=0))                          # each entry's device slot
+    if hot.arrivals is None:
+        table.copy_(dev.view(b, s, k))
+    else:
+        _split_reference(rows, arriving, dev, slots[:, :1], offset.repeat_interleave(s), table, context_lens,
+                         hot.arrivals, block_size)
     n_sel = (rows >= 0).sum(1)
     hot.write_slot.copy_(slots.gather(1, plan.selected_slots.gather(1, (n_sel - 1)[:, None])).view(b, s))
     units = hot.host_map.reshape(r, nb).gather(1, plan.blocks.clamp(min=0))
@@ -202,20 +204,19 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
         t.pool[at_slot, 1, at_offset] = t.v.reshape(r, hg, d).to(t.pool.dtype)
 
 
-def _split_reference(rows: torch.Tensor, arriving: torch.Tensor, slots: torch.Tensor, selected_slots: torch.Tensor,
+def _split_reference(rows: torch.Tensor, arriving: torch.Tensor, dev: torch.Tensor, pad_slot: torch.Tensor,
                      offset: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor, arrivals: Arrivals,
                      block_size: int) -> None:
     """HOT with arrivals on torch: rows [R, K] selected (ascending, -1 padded), arriving [R, K] which of them the
-    recall brings, slots [R, K] hot index -> device slot, selected_slots [R, K] each one's hot index, offset [R]
-    of the token being written. Entries past a table's blocks repeat hot index 0's slot, as the whole table's do."""
+    recall brings, dev [R, K] each one's device slot, pad_slot [R, 1] what entries past a table's blocks hold (hot
+    index 0's slot, as the whole table's do), offset [R] of the token being written."""
     r, k = rows.shape
-    dev = slots.gather(1, selected_slots.clamp(min=0))
     b, s = context_lens.shape
     valid = rows >= 0
     n_sel = valid.sum(1)
     last = (torch.arange(k, device=rows.device) == (n_sel - 1)[:, None]) & valid      # the block being written
     missing = block_size - offset - 1                                                # its tokens still to come
-    pad = slots[:, :1].expand(r, k)
+    pad = pad_slot.expand(r, k)
     for part, out_table, out_lens in ((valid & ~arriving, table, context_lens),
                                       (arriving, arrivals.table, arrivals.context_lens)):
         order = (~part).long().argsort(dim=1, stable=True)                           # the part's entries first
