@@ -25,11 +25,11 @@ from .config import CacheConfig, DType, SchedulerConfig
 from .engine import TORCH_DTYPES, Engine
 from .errors import PromptTooLongError
 from .kv.block_table import blocks_for
-from .kv.cache import kv_bytes_per_token
 from .kv.handoff import RandomKV
 from .model.checkpoint import ModelSource, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import SamplingParams
+from .step_bytes import decode_bytes_per_step
 
 _CPU_WORKLOAD_END = "one eager decode step per step on the CPU (no CUDA graphs)."
 PROFILED_STEPS = 3   # steps after the timed ones, under the profiler that counts kernels (1 warm-up + 2 counted)
@@ -97,6 +97,20 @@ def measure_copy_bandwidth_sync(device: torch.device, nbytes: int = 2 << 30, ite
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return 2 * nbytes / min(seconds)
+
+
+def measure_upload_bandwidth(host: torch.Tensor, device: torch.device, nbytes: int = 512 << 20, reps: int = 5
+                             ) -> float:
+    """Bytes per second of a contiguous copy of (up to) `nbytes` of pinned `host` memory to `device`, best of
+    `reps`: the link's peak as the recalls see it."""
+    src = host.view(-1).view(torch.uint8)[:nbytes]
+    dst = torch.empty(src.numel(), dtype=torch.uint8, device=device)
+    best = float("inf")
+    for _ in range(reps):
+        timer = _Timer(device)
+        dst.copy_(src, non_blocking=True)
+        best = min(best, timer.stop()())
+    return src.numel() / best
 
 
 def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, batch_size: int,
@@ -193,17 +207,6 @@ def bench_status(progress: bool, text: str) -> None:
     """A progress line of `pulseio-engine bench` on stderr (both its decode benchmarks)."""
     if progress:
         tqdm.write(f"pulseio-engine bench: {text}", file=sys.stderr)
-
-
-def decode_bytes_per_step(engine: Engine, batch_size: int, mean_context: float) -> tuple[int, int]:
-    """(weight bytes, KV bytes) one decode step reads."""
-    cfg, w = engine.config.model, engine.model.weights
-    item = w.embed.element_size()
-    weights = w.parameter_bytes()
-    if not cfg.tie_word_embeddings:   # the embedding table is gathered, not read whole
-        weights += batch_size * cfg.hidden_size * item - w.embed.numel() * item
-    per_token = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, engine.kv.dtype)
-    return weights, int(batch_size * mean_context * per_token)
 
 
 def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int, ctx: int, steps: int,

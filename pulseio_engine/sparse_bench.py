@@ -54,9 +54,9 @@ from .bench import (
     _Timer,
     bench_status,
     count_kernels_per_step,
-    decode_bytes_per_step,
     decode_len,
     measure_copy_bandwidth_sync,
+    measure_upload_bandwidth,
     run_bench,
 )
 from .config import CacheConfig, OffloadConfig, RecallMode, SchedulerConfig, SparseConfig, SparseMode
@@ -71,6 +71,7 @@ from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, open_model
 from .offload import SteeringProfile
 from .request import SamplingParams
+from .step_bytes import SparseStepBytes, sparse_step_bytes
 
 
 class SparseBenchMode(Enum):
@@ -196,48 +197,6 @@ def _of_peak(fraction: float | None) -> str:
 
 def _percentile_us(samples_ns: tuple[int, ...], percentile: float) -> float | None:
     return float(np.percentile(samples_ns, percentile)) / 1e3 if samples_ns else None
-
-
-@dataclass(frozen=True)
-class SparseStepBytes:
-    """What one sparse decode step must read from device memory, in bytes (its roofline's numerator)."""
-
-    weights: int          # every weight once (the embedding's gathered rows)
-    dense_kv: int         # the dense layers' whole KV
-    digests: int          # the selecting heads' key max and min, every block of every offloaded layer
-    selected_kv: int      # the selected blocks' K and V, every offloaded layer and row
-    bookkeeping: int      # bounds written and read, masks, block tables, residency and hot-set maps
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.dense_kv + self.digests + self.selected_kv + self.bookkeeping
-
-
-def sparse_step_bytes(engine: Engine, batch: int, mean_context: float, *, offload: bool) -> SparseStepBytes:
-    """The bytes of `SparseStepBytes` for `batch` requests of `mean_context` tokens on `engine` (its model, sparse
-    config, selection width and dtype)."""
-    off = engine.offloader
-    assert off is not None
-    m, sparse = engine.config.model, off.sparse
-    item = engine.kv.dtype.itemsize
-    weights, _ = decode_bytes_per_step(engine, batch, mean_context)
-    layers, dense = m.num_layers - off.dense, off.dense
-    token_kv = 2 * m.num_kv_heads * m.head_dim * item                      # K and V of one token, one layer
-    blocks = -(-int(mean_context) // sparse.block_size)
-    chosen = min(blocks, sparse.budget_blocks)
-    rows, width = off.rows, off.digests.width
-    bounds = off.last_batch.bounds.shape[2] if off.last_batch is not None else 1
-    per_row_layer = (2 * 4 * bounds * blocks          # bounds: written by the score kernel, read by the select kernel
-                     + 2 * blocks                     # the selection mask, read and written
-                     + 8 * chosen * 3)                # the selection, its table and (offload) residency lookups
-    if offload:
-        per_row_layer += 8 * blocks + 8 * 4 * sparse.budget_blocks   # residency row, host map reads, hot-set maps
-    return SparseStepBytes(
-        weights=weights,
-        dense_kv=int(dense * batch * mean_context * token_kv),
-        digests=layers * batch * blocks * width * m.head_dim * 2 * off.digests.max.element_size(),
-        selected_kv=layers * batch * chosen * sparse.block_size * token_kv,
-        bookkeeping=layers * batch * (rows * per_row_layer + 4 * blocks))
 
 
 @dataclass(frozen=True)
@@ -464,7 +423,8 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         published = StampTotals() if timed is None else timed.take_publish_to_landed()
         moved = after.bytes_recalled - before.bytes_recalled
         counted = steps + PROFILED_STEPS             # the profiled steps recalled too
-        peak = _link_peak(off, dev) if timed is not None and dev.type == "cuda" else None
+        peak = (measure_upload_bandwidth(off.runtime.host_pool.blocks, dev) / 1e9
+                if timed is not None and dev.type == "cuda" else None)
         pub_s, pickup_s, pub_n = published.publish_to_landed_s, sum(published.pickups_ns) / 1e9, published.requests
         pub_rate = published.nbytes / pub_s / 1e9 if pub_s > 0 else None
         copy_rate = published.nbytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
@@ -476,7 +436,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         used = None if off.runtime is None else off.runtime.config.dma
         mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
-        nbytes = sparse_step_bytes(engine, batch_size, mean_ctx, offload=not on_gpu)
+        nbytes = sparse_step_bytes(engine, [mean_ctx] * batch_size, offload=not on_gpu)
         roofline = None if bandwidth is None else nbytes.total / bandwidth * 1e3
         recalled = moved / counted
         return SparseBenchResult(
@@ -543,21 +503,6 @@ def _write_profile(prof: Any, path: Path, steps: int) -> None:
 def _blocked_ns(off: Any) -> int:
     recaller = off.recaller.inner if isinstance(off.recaller, TimedRecaller) else off.recaller
     return 0 if recaller is None else recaller.blocked_ns
-
-
-def _link_peak(off: Any, device: torch.device, nbytes: int = 512 << 20, reps: int = 5) -> float:
-    """GB/s of a contiguous copy from the runtime's pinned host pool to the device, best of `reps`."""
-    src = off.runtime.host_pool.blocks.view(-1)[:nbytes]
-    dst = torch.empty(src.numel(), dtype=torch.uint8, device=device)
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src, non_blocking=True)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return src.numel() / best / 1e9
 
 
 def _any_heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:

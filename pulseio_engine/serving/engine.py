@@ -43,6 +43,7 @@ from .host_time import HostTimes
 from .irq import InnerScheduler, InterleaveStatistics, NoPacer, Pacer
 from .pools import plan_pools
 from .resident_kv import ResidentKV
+from .roofline import RoundBytes
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class ServingEngine:
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
         self.normal_step_counts: Counter[int] = Counter()   # rounds by the normal batch's decode steps in them
         self.host = HostTimes()
+        self.read = RoundBytes()                 # what the decode steps launched must read (the serving roofline)
         self._graphs_before = 0                  # step graphs built before the statistics were last reset
 
     def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
@@ -224,6 +226,8 @@ class ServingEngine:
         decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
                    for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
+        for b in decodes.values():
+            self.read.add(b.engine, b.seqs, b.steps)
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
         if split and not any(b.warming for b in decodes.values()):
@@ -315,8 +319,8 @@ class ServingEngine:
             finished[rid] = (*self._requests.pop(rid).earlier, *out.output_ids)
 
     def reset_statistics(self) -> None:
-        """Count rounds, batch sizes, IRQ's m and moves from zero again (after a warm-up); pulseio's own counters
-        (`recall_statistics`, `runtime_statistics`) run on, so callers take a baseline of those."""
+        """Count rounds, batch sizes, IRQ's m, moves and the bytes read from zero again (after a warm-up); pulseio's
+        own counters (`recall_statistics`, `runtime_statistics`) run on, so callers take a baseline of those."""
         if self._requests:
             raise RuntimeError(f"reset_statistics with {len(self._requests)} requests running (this is a bug in "
                                "pulseio_engine: the warm-up must finish its requests)")
@@ -326,6 +330,7 @@ class ServingEngine:
         self.normal_step_counts.clear()
         self.inner.stats = InterleaveStatistics()
         self.host = HostTimes()
+        self.read = RoundBytes()
         self._graphs_before += self.step_graphs_built()
 
     def step_graphs_built(self) -> int:

@@ -71,6 +71,7 @@ class Recorder:
         self.rounds: list[RoundSample] = []
         self.rss: list[tuple[float, int]] = []          # (t, bytes) samples of the host's resident memory
         self.busy: float | None = None                    # the GPU's busy fraction (gpu_busy.py), None on a CPU
+        self.idle_s = 0.0                                 # waiting for arrivals with no request to serve
 
     def arrived(self, rid: int, arrival_s: float, input_len: int, output_len: int, origin: str) -> None:
         self.requests[rid] = RequestRecord(rid, arrival_s, input_len, output_len, origin)

@@ -24,6 +24,7 @@ import torch
 
 from pulseio.machine import gib, memory_budget
 
+from ..bench import measure_copy_bandwidth_sync, measure_upload_bandwidth
 from ..config import DType, SparseMode
 from ..engine import TORCH_DTYPES
 from ..errors import EngineError, PromptTooLongError
@@ -43,6 +44,7 @@ from .metrics import Recorder, counter_mean, m_summary
 from .outer import OuterScheduler
 from .pools import plan_pools
 from .report import SCHEMA_VERSION, check_report
+from .roofline import roofline
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
             say("warming up: compiling the kernels and capturing the steps the first rounds need, before the clock")
             warmup_s = warm_up(serving, source, max_len, options.seed,
                                every_size=device.startswith("cuda") and options.use_cuda_graphs)
+        rates = _rates(serving, device, say)
         base = _Baseline(serving.recall_statistics(), _settled_runtime(serving))
         outer = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch,
                                max_offload=max(1, serving.sizes.max_offload))
@@ -99,7 +102,7 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
         recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
         pulse = base.since(_settled_runtime(serving))
         return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder, steering, pulse,
-                                    time.perf_counter() - wall0, warmup_s, base))
+                                    time.perf_counter() - wall0, warmup_s, base, rates))
 
 
 WARMUP_TOKENS = 4      # a first step (eager: compiles), a second (captures its graph), then replays
@@ -260,7 +263,9 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             if not arrivals:
                 raise EngineError(f"{len(outer.waiting)} requests wait and none can be admitted into an idle engine "
                                   "(this is a bug in pulseio_engine)")
+            idle0 = clock.now()
             clock.idle_until(arrivals[0][1].arrival_s)
+            recorder.idle_s += clock.now() - idle0
             serving.host.start()
             continue
         busy.before_round()
@@ -277,6 +282,20 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
     busy.stop()
     recorder.busy = busy.fraction()
     return recorder
+
+
+def _rates(serving: ServingEngine, device: str, say: Callable[[str], None]) -> tuple[float | None, float | None]:
+    """(device copy GB/s, link GB/s from the offload engine's pinned pool) for the serving roofline, measured
+    before the clock; (None, None) on a CPU, None for the link without an offload runtime."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None, None
+    say("measuring the device's copy bandwidth and the link's, for the serving roofline")
+    copy = measure_copy_bandwidth_sync(dev, 1 << 30) / 1e9
+    off = None if serving.offload is None else serving.offload.offloader
+    link = None if off is None or off.runtime is None else measure_upload_bandwidth(off.runtime.host_pool.blocks,
+                                                                                   dev) / 1e9
+    return copy, link
 
 
 def _prompt(rid: int, length: int, vocab: int, seed: int, *, random_kv: bool) -> tuple[list[int], RandomKV | None]:
@@ -362,7 +381,7 @@ def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | 
 
 def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, kind: ClockKind,
             dtype: DType, serving: ServingEngine, rec: Recorder, steering: str | None, pulse: dict | None,
-            wall_s: float, warmup_s: float, base: _Baseline) -> dict:
+            wall_s: float, warmup_s: float, base: _Baseline, rates: tuple[float | None, float | None]) -> dict:
     records = [rec.requests[rid].to_dict() for rid in sorted(rec.requests)]
     tokens = sum(r["tokens"] for r in records)
     span = rec.span_s()
@@ -402,6 +421,8 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
         "moves": asdict(serving.moves), "pulseio": pulse,
         "memory": {"gpu_kv_cap_bytes": config.gpu_kv_bytes, **asdict(sizes), "gpu_pools_bytes": pools,
                    "host_pool_bytes": serving.host_pool_bytes()},
+        "roofline": roofline(serving.read, recalled, span - rec.idle_s, tokens, copy_gbps=rates[0],
+                             link_gbps=rates[1]),
         "timeline": rec.timeline(), "batches": rec.batch_histogram(), "requests": records,
     }
 

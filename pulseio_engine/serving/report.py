@@ -16,19 +16,22 @@ from ..errors import EngineError
 from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/7"
+SCHEMA_VERSION = "pulseio-replay/8"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
 _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
             *_PULSE_LATENCIES)
 _SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
 _SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
 _SINCE_7 = ("host_ms_per_round.pace",)
-OLDER_VERSIONS = {"pulseio-replay/6": _SINCE_7,                                           # the keys each one lacks
-                  "pulseio-replay/5": (*_SINCE_7, *_SINCE_6),
-                  "pulseio-replay/4": (*_SINCE_7, *_SINCE_6, *_SINCE_5),
-                  "pulseio-replay/3": (*_SINCE_7, *_SINCE_6, *_SINCE_5, *_SINCE_4),
-                  "pulseio-replay/2": (*_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round"),
-                  "pulseio-replay/1": (*_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round", "summary.warmup_s")}
+_SINCE_8 = ("roofline",)
+OLDER_VERSIONS = {"pulseio-replay/7": _SINCE_8,                                           # the keys each one lacks
+                  "pulseio-replay/6": (*_SINCE_8, *_SINCE_7),
+                  "pulseio-replay/5": (*_SINCE_8, *_SINCE_7, *_SINCE_6),
+                  "pulseio-replay/4": (*_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5),
+                  "pulseio-replay/3": (*_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5, *_SINCE_4),
+                  "pulseio-replay/2": (*_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round"),
+                  "pulseio-replay/1": (*_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round",
+                                       "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
@@ -55,6 +58,9 @@ SCHEMA: dict[str, Any] = {
                "host_units": int, "gpu_pools_bytes": int, "host_pool_bytes": int},
     "timeline": {"t_s": list, "throughput_tok_s": list, "normal_batch": list, "offload_batch": list,
                  "rss_t_s": list, "rss_bytes": list},
+    "roofline": {"weights_bytes": int, "kv_bytes": int, "batch_steps": int, "recalled_bytes": int,
+                 "copy_gbps": OPT_NUM, "link_gbps": OPT_NUM, "hbm_s": OPT_NUM, "link_s": OPT_NUM, "bound_s": OPT_NUM,
+                 "rounds_s": NUM, "ratio": OPT_NUM, "bound_tok_s": OPT_NUM},
     "batches": {"normal": dict, "offload": dict},
     "requests": list,
 }
@@ -170,6 +176,7 @@ def table(reports: list[dict]) -> str:
         row("  x vanilla", lambda r: f"{r['summary']['decode_throughput_tok_s'] / base:.2f}" if base else "-")
     for name, _, _ in (*BUCKETS, ("all", 0, None)):
         row(f"TPOT p50/p99 {name} (ms)", lambda r, n=name: _pair(r["tpot_ms"][n]))
+    row("roofline tok/s (rounds / bound)", _roofline)
     row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
     row("host ms/round launch/pace/rest/tokens", _host)
@@ -196,6 +203,14 @@ def _host(report: dict) -> str:
     rest = sum(v for k, v in phases.items() if k not in ("launch", "pace", "tokens"))
     pace = f"{phases['pace']:.2f}" if "pace" in phases else "-"
     return f"{phases['launch']:.2f}/{pace}/{rest:.2f}/{phases['tokens']:.2f}"
+
+
+def _roofline(report: dict) -> str:
+    """The decode rounds' bound as a throughput, and their time over it ('-' on a CPU or before schema 8)."""
+    roof = report.get("roofline")
+    if roof is None or roof["bound_tok_s"] is None:
+        return "-"
+    return f"{roof['bound_tok_s']:,.1f} ({roof['ratio']:.2f}x)"
 
 
 def _recall_counts(report: dict) -> str:

@@ -201,7 +201,8 @@ def replay() -> dict:
     report = run_replay(trace, open_model("tiny"), config, ReplayOptions(device=DEVICE, busy_every=20))
     pulse, summary = report["pulseio"], report["summary"]
     ok = summary["complete"] and pulse["submitted"] == pulse["completed"] and pulse["failed"] == 0
-    return {"ok": ok, "summary": summary, "pulseio": pulse, "m": report["m"], "tpot_all": report["tpot_ms"]["all"]}
+    return {"ok": ok, "summary": summary, "pulseio": pulse, "m": report["m"], "tpot_all": report["tpot_ms"]["all"],
+            "roofline": report["roofline"]}
 
 
 def _runtime(serving: ServingEngine) -> dict | None:

@@ -89,8 +89,8 @@ def test_bench_byte_accounting() -> None:
     import torch
 
     from pulseio_engine import Engine, EngineConfig
-    from pulseio_engine.bench import decode_bytes_per_step
     from pulseio_engine.model.presets import PRESETS, random_weights
+    from pulseio_engine.step_bytes import decode_bytes_per_step
 
     for tied in (True, False):
         cfg = replace(PRESETS["tiny"], tie_word_embeddings=tied)

@@ -25,6 +25,7 @@ from pulseio_engine.serving.gpu_busy import busy_fraction
 from pulseio_engine.serving.metrics import Recorder, bucket_of
 from pulseio_engine.serving.replay import WARMUP_TOKENS, ReplayOptions, replay, sweep_sizes, warm_up
 from pulseio_engine.serving.report import ReportError, check_report, labels, load_report, table
+from pulseio_engine.serving.roofline import RoundBytes, roofline
 from pulseio_engine.trace import TraceOptions, open_trace
 
 SLICES = {
@@ -85,9 +86,31 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/7"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/8"
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
+
+
+@pytest.mark.parametrize("name", ["mooncake", "servegen", "vanilla"])
+def test_the_roofline_counts_every_batch_step_launched(reports: dict[str, dict], name: str) -> None:
+    """One batch step per batch present in a round (a step a round each, the default); no bound on a CPU."""
+    report = reports[name]
+    roof, batches = report["roofline"], report["batches"]
+    present = sum(rounds for batch in ("normal", "offload") for size, rounds in batches[batch].items() if size != "0")
+    assert roof["batch_steps"] == present > 0
+    assert roof["weights_bytes"] > 0 and roof["kv_bytes"] > 0
+    assert roof["recalled_bytes"] == report["summary"]["recalled_bytes"]
+    assert 0 < roof["rounds_s"] <= report["summary"]["duration_s"]
+    assert roof["copy_gbps"] is roof["bound_s"] is roof["ratio"] is roof["bound_tok_s"] is None    # a CPU
+    assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-$", table([report]), flags=re.M)
+
+
+def test_the_table_shows_the_bound_as_a_throughput_and_the_rounds_over_it(reports: dict[str, dict]) -> None:
+    report = json.loads(json.dumps(reports["vanilla"]))
+    read = RoundBytes(weights=4 * 10**9, kv=0, steps=1)             # 2 ms at 2000 GB/s; 4 ms of rounds
+    report["roofline"] = roofline(read, 0, 0.004, 10, copy_gbps=2000.0, link_gbps=None)
+    check_report(report)
+    assert re.search(r"^roofline tok/s \(rounds / bound\)\s+5,000\.0 \(2\.00x\)$", table([report]), flags=re.M)
 
 
 def test_the_main_threads_time_is_reported_by_phase(reports: dict[str, dict]) -> None:
@@ -173,6 +196,8 @@ def _step_back(report: dict, version: int, *paths: str) -> None:
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report, other = json.loads(json.dumps(reports["mooncake"])), reports["servegen"]
     assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
+    _step_back(report, 7, "roofline")
+    assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
     assert re.search(r"^host ms/round launch/pace/rest/tokens\s+[\d.]+/-/[\d.]+/[\d.]+\s+[\d.]+/0\.00/",
                      table([report, other]), flags=re.M)
@@ -191,9 +216,10 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/7', "
-                                          r"'pulseio-replay/6', 'pulseio-replay/5', 'pulseio-replay/4', "
-                                          r"'pulseio-replay/3', 'pulseio-replay/2', 'pulseio-replay/1'$"):
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/8', "
+                                          r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
+                                          r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
+                                          r"'pulseio-replay/1'$"):
         check_report(report, source="r")
 
 

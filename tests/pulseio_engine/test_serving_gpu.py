@@ -59,3 +59,6 @@ def test_a_normal_batch_alone_under_irq_costs_at_most_5_percent_more(model: str,
 def test_a_replay_of_the_mooncake_sample_loses_nothing() -> None:
     result = _case("replay")
     assert result["summary"]["gpu_busy_fraction"] is not None
+    roof = result["roofline"]                            # the rates measured before the clock, the bound from them
+    assert roof["copy_gbps"] > 100 and roof["link_gbps"] > 1 and roof["bound_s"] > 0, roof
+    assert roof["ratio"] > 1, roof                       # the tiny model's rounds are launch-bound, far from its bytes

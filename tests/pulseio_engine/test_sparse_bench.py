@@ -12,11 +12,11 @@ from pulseio_engine.config import SparseMode
 from pulseio_engine.evaluation.locality import LocalityProfile
 from pulseio_engine.sparse_bench import (
     SparseBenchMode,
-    SparseStepBytes,
     StampTotals,
     default_profile,
     run_sparse_bench,
 )
+from pulseio_engine.step_bytes import SparseStepBytes
 
 
 @pytest.mark.parametrize("mode", list(SparseBenchMode), ids=[m.value for m in SparseBenchMode])

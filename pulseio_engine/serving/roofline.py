@@ -1,0 +1,55 @@
+"""The replay's decode rounds against the least time they could take: the serving roofline.
+
+Every decode step of a round reads, per batch, the weights once and the KV its attention reads (`step_bytes`:
+a dense request's whole KV; a sparse one's dense layers whole, its digests and its selected blocks), and the
+offload batch's recalls cross the link. `RoundBytes` sums those bytes over the rounds as they are launched;
+`roofline` puts them over the device's copy bandwidth and the link's, both measured before the clock starts:
+the larger of the two times is the least the replay's decode steps could take at the batches it ran, and
+`ratio` is the rounds' time over it (1.0: at the roofline). A round's prefill (real models only) is not
+counted, so such rounds only raise the ratio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..engine import Engine
+from ..request import Sequence
+from ..step_bytes import decode_bytes_per_step, sparse_step_bytes
+
+
+@dataclass
+class RoundBytes:
+    """Bytes the decode steps launched so far must read from device memory: weights and the rest."""
+
+    weights: int = 0
+    kv: int = 0                  # KV, digests and bookkeeping
+    steps: int = 0               # batch steps (a round of two batches, one step each: 2)
+
+    def add(self, engine: Engine, seqs: Iterable[Sequence], steps: int) -> None:
+        """`steps` decode steps of `seqs` on `engine` (each step one token longer than the one before)."""
+        contexts = [s.num_tokens for s in seqs]
+        off = engine.offloader
+        for step in range(steps):
+            now = [c + step for c in contexts]
+            if off is None:
+                weights, kv = decode_bytes_per_step(engine, len(now), sum(now) / len(now))
+            else:
+                b = sparse_step_bytes(engine, now, offload=not off.on_gpu)
+                weights, kv = b.weights, b.total - b.weights
+            self.weights, self.kv, self.steps = self.weights + weights, self.kv + kv, self.steps + 1
+
+
+def roofline(read: RoundBytes, recalled_bytes: int, rounds_s: float, tokens: int, *, copy_gbps: float | None,
+             link_gbps: float | None) -> dict:
+    """The report's `roofline` section: the bytes, the rates, the bound and the rounds' ratio to it (the bound
+    and ratio None without a measured copy bandwidth, as on a CPU, whose decode is bound by its arithmetic)."""
+    hbm_s = None if copy_gbps is None else (read.weights + read.kv) / (copy_gbps * 1e9)
+    link_s = None if link_gbps is None or not recalled_bytes else recalled_bytes / (link_gbps * 1e9)
+    bound_s = None if hbm_s is None else max(hbm_s, link_s or 0.0)
+    return {"weights_bytes": read.weights, "kv_bytes": read.kv, "batch_steps": read.steps,
+            "recalled_bytes": recalled_bytes, "copy_gbps": copy_gbps, "link_gbps": link_gbps, "hbm_s": hbm_s,
+            "link_s": link_s, "bound_s": bound_s, "rounds_s": rounds_s,
+            "ratio": None if not bound_s else rounds_s / bound_s,
+            "bound_tok_s": None if not bound_s else tokens / bound_s}

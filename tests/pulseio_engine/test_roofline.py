@@ -1,0 +1,75 @@
+"""What a decode step must read (`step_bytes`) and the serving roofline built on it (`serving/roofline.py`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pulseio_engine.config import DType
+from pulseio_engine.kv.handoff import RandomKV
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.request import SamplingParams
+from pulseio_engine.serving.config import ServeMode, ServingConfig
+from pulseio_engine.serving.engine import ServingEngine
+from pulseio_engine.serving.roofline import RoundBytes, roofline
+from pulseio_engine.step_bytes import decode_bytes_per_step, sparse_step_bytes
+
+
+@pytest.fixture(scope="module")
+def serving() -> ServingEngine:
+    """The tiny preset (4 layers, 2 dense; 2 KV heads of 32, fp32) serving pulseinfer: budget 64 tokens (4 blocks)."""
+    source = open_model("tiny")
+    m = source.config
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
+                           max_batch=8)
+    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
+    with ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
+                       dtype=DType.FLOAT32, max_model_len=512, heads=heads) as engine:
+        yield engine
+
+
+def test_a_request_within_the_budget_reads_its_whole_kv_and_a_longer_one_its_selection(serving: ServingEngine
+                                                                                       ) -> None:
+    """Normal engine (all on the GPU, SoloHead: one digest head): 40 tokens is within the 4-block budget, 330
+    tokens (21 blocks) selects 4 blocks in each of the 2 offloaded layers."""
+    eng = serving.normal
+    token_kv = 2 * 2 * 32 * 4                                         # K and V, 2 heads of 32, fp32: one layer
+    short, long = sparse_step_bytes(eng, [40], offload=False), sparse_step_bytes(eng, [330], offload=False)
+    assert short.weights == long.weights == decode_bytes_per_step(eng, 1, 0.0)[0] > 0
+    assert (short.dense_kv, short.digests, short.selected_kv, short.bookkeeping) == (4 * 40 * token_kv, 0, 0, 0)
+    assert long.dense_kv == 2 * 330 * token_kv
+    assert long.digests == 2 * 21 * 1 * 32 * 2 * 4                   # 2 layers, 21 blocks, 1 head, max + min
+    assert long.selected_kv == 2 * 4 * 16 * token_kv
+    both = sparse_step_bytes(eng, [40, 330], offload=False)
+    assert both.total - both.weights == (short.total - short.weights) + (long.total - long.weights)
+    assert sparse_step_bytes(serving.offload, [330], offload=True).bookkeeping > long.bookkeeping  # hot-set maps
+
+
+def test_round_bytes_count_each_step_of_a_batch_one_token_longer(serving: ServingEngine) -> None:
+    eng = serving.normal
+    eng.add_request([5] * 300, SamplingParams(max_new_tokens=4, ignore_eos=True), kv=RandomKV(299, seed=1),
+                    offload=True)
+    seqs = eng.admit()
+    try:
+        read = RoundBytes()
+        read.add(eng, seqs, steps=2)
+        n = seqs[0].num_tokens
+        one, two = sparse_step_bytes(eng, [n], offload=False), sparse_step_bytes(eng, [n + 1], offload=False)
+        assert (read.weights, read.kv, read.steps) == (2 * one.weights, one.total + two.total - 2 * one.weights, 2)
+    finally:
+        for seq in seqs:
+            eng.release(seq.request_id)
+
+
+@pytest.mark.parametrize("recalled,bound", [(0, "hbm"), (10**7, "hbm"), (10**11, "link")])
+def test_the_bound_is_the_slower_of_the_device_and_the_link(recalled: int, bound: str) -> None:
+    """4 GB at 4000 GB/s of copy bandwidth: 1 ms; at 50 GB/s the link takes 0.2 ms for 10 MB, 2 s for 100 GB."""
+    read = RoundBytes(weights=3 * 10**9, kv=10**9, steps=2)
+    roof = roofline(read, recalled, 0.5, 1000, copy_gbps=4000.0, link_gbps=50.0)
+    assert roof["hbm_s"] == pytest.approx(1e-3)
+    assert roof["link_s"] == (None if not recalled else pytest.approx(recalled / 50e9))
+    assert roof["bound_s"] == pytest.approx(1e-3 if bound == "hbm" else 2.0)
+    assert roof["ratio"] == pytest.approx(0.5 / roof["bound_s"]) and roof["bound_tok_s"] == pytest.approx(
+        1000 / roof["bound_s"])
+
