@@ -29,7 +29,7 @@ from .kv.handoff import RandomKV
 from .model.checkpoint import ModelSource, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import SamplingParams
-from .step_bytes import decode_bytes_per_step
+from .step_bytes import StepShape, step_bytes
 
 _CPU_WORKLOAD_END = "one eager decode step per step on the CPU (no CUDA graphs)."
 PROFILED_STEPS = 3   # steps after the timed ones, under the profiler that counts kernels (1 warm-up + 2 counted)
@@ -212,8 +212,8 @@ def bench_status(progress: bool, text: str) -> None:
 def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int, ctx: int, steps: int,
             graphs: bool, step_s: float, median_s: float, mean_ctx: float, bandwidth: float,
             finite: bool, kernels: float | None) -> BenchResult:
-    weight_bytes, kv_bytes = decode_bytes_per_step(engine, batch, mean_ctx)
-    total = weight_bytes + kv_bytes
+    read = step_bytes(StepShape.of(engine), [mean_ctx] * batch)
+    weight_bytes, kv_bytes, total = read.weights, read.dense_kv, read.total
     roofline_s = total / bandwidth
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     workload = BenchResult.workload

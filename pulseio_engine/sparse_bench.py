@@ -71,7 +71,7 @@ from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, open_model
 from .offload import SteeringProfile
 from .request import SamplingParams
-from .step_bytes import SparseStepBytes, sparse_step_bytes
+from .step_bytes import StepBytes, StepShape, step_bytes
 
 
 class SparseBenchMode(Enum):
@@ -214,7 +214,7 @@ class SparseBenchResult:
     step_ms: float                 # sustained: first timed step's start to the last one's end, over steps
     step_ms_median: float          # median of per-step times
     tokens_per_s: float
-    step_bytes: SparseStepBytes    # what a step must read
+    step_bytes: StepBytes    # what a step must read
     bytes_per_step: int
     copy_bandwidth_gbps: float | None   # device-to-device copy, read + written, this process (None on a CPU)
     roofline_ms: float | None
@@ -436,7 +436,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
         used = None if off.runtime is None else off.runtime.config.dma
         mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
-        nbytes = sparse_step_bytes(engine, [mean_ctx] * batch_size, offload=not on_gpu)
+        nbytes = step_bytes(StepShape.of(engine), [mean_ctx] * batch_size, offload=not on_gpu)
         roofline = None if bandwidth is None else nbytes.total / bandwidth * 1e3
         recalled = moved / counted
         return SparseBenchResult(

@@ -36,6 +36,7 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
 from ..request import PENDING_TOKEN, SamplingParams, Sequence
+from ..step_bytes import StepShape
 from .batches import DecodeBatch, HostTokens, TokenFeed, pinned_tokens
 from .budget import KVClass
 from .config import ServingConfig
@@ -108,6 +109,8 @@ class ServingEngine:
         if config.has_offload:
             self.offload = engine(sizes.offload_blocks, self._offload_config(sizes.host_units, sizes.max_offload,
                                                                              False))
+        self._shapes = {c: StepShape.of(e) for c, e in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload))
+                        if e is not None}                   # what each engine's steps read (`RoundBytes`)
         dev = torch.device(device)
         self.inner = InnerScheduler(Pacer(config.pieces_ahead) if dev.type == "cuda" else NoPacer())
         self._pinned = {c: (pinned_tokens(config.max_batch * config.normal_steps, dev),
@@ -226,8 +229,8 @@ class ServingEngine:
         decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
                    for c, (eng, seqs) in due.items()}
         normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
-        for b in decodes.values():
-            self.read.add(b.engine, b.seqs, b.steps)
+        for c, b in decodes.items():
+            self.read.add(self._shapes[c], [s.num_tokens for s in b.seqs], b.steps, offload=c is KVClass.OFFLOAD)
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
         if split and not any(b.warming for b in decodes.values()):

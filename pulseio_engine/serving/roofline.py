@@ -11,12 +11,10 @@ counted, so such rounds only raise the ratio.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..engine import Engine
-from ..request import Sequence
-from ..step_bytes import decode_bytes_per_step, sparse_step_bytes
+from ..step_bytes import StepShape, step_bytes
 
 
 @dataclass
@@ -27,18 +25,12 @@ class RoundBytes:
     kv: int = 0                  # KV, digests and bookkeeping
     steps: int = 0               # batch steps (a round of two batches, one step each: 2)
 
-    def add(self, engine: Engine, seqs: Iterable[Sequence], steps: int) -> None:
-        """`steps` decode steps of `seqs` on `engine` (each step one token longer than the one before)."""
-        contexts = [s.num_tokens for s in seqs]
-        off = engine.offloader
+    def add(self, shape: StepShape, contexts: Sequence[int], steps: int, *, offload: bool) -> None:
+        """`steps` decode steps of requests of `contexts` tokens (each step one token longer than the one before)
+        on an engine of `shape`; `offload`: its selected blocks come from hot sets."""
         for step in range(steps):
-            now = [c + step for c in contexts]
-            if off is None:
-                weights, kv = decode_bytes_per_step(engine, len(now), sum(now) / len(now))
-            else:
-                b = sparse_step_bytes(engine, now, offload=not off.on_gpu)
-                weights, kv = b.weights, b.total - b.weights
-            self.weights, self.kv, self.steps = self.weights + weights, self.kv + kv, self.steps + 1
+            b = step_bytes(shape, [c + step for c in contexts], offload=offload)
+            self.weights, self.kv, self.steps = self.weights + b.weights, self.kv + b.total - b.weights, self.steps + 1
 
 
 def roofline(read: RoundBytes, recalled_bytes: int, rounds_s: float, tokens: int, *, copy_gbps: float | None,

@@ -90,13 +90,15 @@ def test_bench_byte_accounting() -> None:
 
     from pulseio_engine import Engine, EngineConfig
     from pulseio_engine.model.presets import PRESETS, random_weights
-    from pulseio_engine.step_bytes import decode_bytes_per_step
+    from pulseio_engine.step_bytes import StepShape, step_bytes
 
     for tied in (True, False):
         cfg = replace(PRESETS["tiny"], tie_word_embeddings=tied)
         engine = Engine(EngineConfig(cfg), random_weights(cfg, dtype=torch.float32, device="cpu"))
-        w_bytes, kv_bytes = decode_bytes_per_step(engine, batch_size=4, mean_context=100.0)
+        read = step_bytes(StepShape.of(engine), [100.0] * 4)
         embed = cfg.vocab_size * cfg.hidden_size * 4
         gathered = 0 if tied else embed - 4 * cfg.hidden_size * 4
-        assert w_bytes == engine.model.weights.parameter_bytes() - gathered
-        assert kv_bytes == 4 * 100 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+        assert read.weights == engine.model.weights.parameter_bytes() - gathered
+        per_token = cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 4
+        assert read.dense_kv == read.total - read.weights == 4 * 100 * per_token
+        assert StepShape.for_model(cfg, dtype_bytes=4) == StepShape.of(engine)      # the configs alone say the same

@@ -4,6 +4,7 @@ trace line, a host pool the machine does not have, a request past the model's co
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -103,6 +104,23 @@ def test_the_roofline_counts_every_batch_step_launched(reports: dict[str, dict],
     assert 0 < roof["rounds_s"] <= report["summary"]["duration_s"]
     assert roof["copy_gbps"] is roof["bound_s"] is roof["ratio"] is roof["bound_tok_s"] is None    # a CPU
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-$", table([report]), flags=re.M)
+
+
+def test_older_reports_rooflines_are_estimated_from_their_records_as_the_replay_counts_them(
+        reports: dict[str, dict]) -> None:
+    """benchmarks/estimate_serving_roofline.py rebuilds a report's bytes from its requests and batch sizes: on
+    these reports (no moves, one normal step a round) exactly what the replay counted as it launched the rounds."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "estimate_serving_roofline.py"
+    spec = importlib.util.spec_from_file_location("estimate_serving_roofline", path)
+    module = importlib.util.module_from_spec(spec)                      # type: ignore[arg-type]
+    spec.loader.exec_module(module)                                     # type: ignore[union-attr]
+    for name in ("mooncake", "servegen", "vanilla"):
+        report = reports[name]
+        roof = module.estimate(report, copy_gbps=100.0, link_gbps=10.0)
+        counted = report["roofline"]
+        assert (roof["weights_bytes"], roof["kv_bytes"], roof["batch_steps"]) == (
+            counted["weights_bytes"], counted["kv_bytes"], counted["batch_steps"]), name
+        assert roof["hbm_s"] == pytest.approx((counted["weights_bytes"] + counted["kv_bytes"]) / 100e9)
 
 
 def test_the_table_shows_the_bound_as_a_throughput_and_the_rounds_over_it(reports: dict[str, dict]) -> None:

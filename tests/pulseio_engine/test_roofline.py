@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pulseio_engine.config import DType
-from pulseio_engine.kv.handoff import RandomKV
+from pulseio_engine import Engine
+from pulseio_engine.config import CacheConfig, DType, GroupScore, OffloadConfig, RecallMode, SparseConfig, SparseMode
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint, open_model
-from pulseio_engine.request import SamplingParams
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine
 from pulseio_engine.serving.roofline import RoundBytes, roofline
-from pulseio_engine.step_bytes import decode_bytes_per_step, sparse_step_bytes
+from pulseio_engine.step_bytes import StepShape, step_bytes
 
 
 @pytest.fixture(scope="module")
@@ -33,33 +32,46 @@ def test_a_request_within_the_budget_reads_its_whole_kv_and_a_longer_one_its_sel
                                                                                        ) -> None:
     """Normal engine (all on the GPU, SoloHead: one digest head): 40 tokens is within the 4-block budget, 330
     tokens (21 blocks) selects 4 blocks in each of the 2 offloaded layers."""
-    eng = serving.normal
+    shape = StepShape.of(serving.normal)
     token_kv = 2 * 2 * 32 * 4                                         # K and V, 2 heads of 32, fp32: one layer
-    short, long = sparse_step_bytes(eng, [40], offload=False), sparse_step_bytes(eng, [330], offload=False)
-    assert short.weights == long.weights == decode_bytes_per_step(eng, 1, 0.0)[0] > 0
+    short, long = step_bytes(shape, [40]), step_bytes(shape, [330])
+    assert short.weights == long.weights == shape.weight_bytes(1) > 0
     assert (short.dense_kv, short.digests, short.selected_kv, short.bookkeeping) == (4 * 40 * token_kv, 0, 0, 0)
     assert long.dense_kv == 2 * 330 * token_kv
     assert long.digests == 2 * 21 * 1 * 32 * 2 * 4                   # 2 layers, 21 blocks, 1 head, max + min
     assert long.selected_kv == 2 * 4 * 16 * token_kv
-    both = sparse_step_bytes(eng, [40, 330], offload=False)
+    both = step_bytes(shape, [40, 330])
     assert both.total - both.weights == (short.total - short.weights) + (long.total - long.weights)
-    assert sparse_step_bytes(serving.offload, [330], offload=True).bookkeeping > long.bookkeeping  # hot-set maps
+    assert step_bytes(shape, [330], offload=True).bookkeeping > long.bookkeeping          # the hot-set maps too
+
+
+@pytest.mark.parametrize("selection,group_score", [(SparseMode.SOLOHEAD, GroupScore.SUM),
+                                                   (SparseMode.QUEST, GroupScore.SUM),
+                                                   (SparseMode.QUEST, GroupScore.MAX_NORM)])
+@pytest.mark.parametrize("recall", [RecallMode.ALL_ON_GPU, RecallMode.DOORBELL])
+def test_the_configs_alone_give_the_shape_a_built_engine_has(selection: SparseMode, group_score: GroupScore,
+                                                             recall: RecallMode) -> None:
+    """`StepShape.for_model` (a report of a model not built here) against `StepShape.of` an engine built from the
+    same configs: weights, KV, digest width, selecting rows, bounds per row."""
+    source = open_model("tiny")
+    sparse = SparseConfig(mode=selection, token_budget=64, group_score=group_score)
+    offload = OffloadConfig(sparse=sparse, recall=recall, host_blocks=256, max_seqs=2, dense_layers=1)
+    m = source.config
+    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
+    engine = Engine.from_model(source, device="cpu", cache=CacheConfig(num_blocks=64), offload=offload,
+                               retrieval_heads=heads)
+    try:
+        assert StepShape.for_model(m, dtype_bytes=4, sparse=sparse, dense_layers=1) == StepShape.of(engine)
+    finally:
+        engine.close()
 
 
 def test_round_bytes_count_each_step_of_a_batch_one_token_longer(serving: ServingEngine) -> None:
-    eng = serving.normal
-    eng.add_request([5] * 300, SamplingParams(max_new_tokens=4, ignore_eos=True), kv=RandomKV(299, seed=1),
-                    offload=True)
-    seqs = eng.admit()
-    try:
-        read = RoundBytes()
-        read.add(eng, seqs, steps=2)
-        n = seqs[0].num_tokens
-        one, two = sparse_step_bytes(eng, [n], offload=False), sparse_step_bytes(eng, [n + 1], offload=False)
-        assert (read.weights, read.kv, read.steps) == (2 * one.weights, one.total + two.total - 2 * one.weights, 2)
-    finally:
-        for seq in seqs:
-            eng.release(seq.request_id)
+    shape = StepShape.of(serving.offload)
+    read = RoundBytes()
+    read.add(shape, [300, 500], steps=2, offload=True)
+    one, two = step_bytes(shape, [300, 500], offload=True), step_bytes(shape, [301, 501], offload=True)
+    assert (read.weights, read.kv, read.steps) == (2 * one.weights, one.total + two.total - 2 * one.weights, 2)
 
 
 @pytest.mark.parametrize("recalled,bound", [(0, "hbm"), (10**7, "hbm"), (10**11, "link")])
@@ -72,4 +84,3 @@ def test_the_bound_is_the_slower_of_the_device_and_the_link(recalled: int, bound
     assert roof["bound_s"] == pytest.approx(1e-3 if bound == "hbm" else 2.0)
     assert roof["ratio"] == pytest.approx(0.5 / roof["bound_s"]) and roof["bound_tok_s"] == pytest.approx(
         1000 / roof["bound_s"])
-

@@ -16,7 +16,7 @@ from pulseio_engine.sparse_bench import (
     default_profile,
     run_sparse_bench,
 )
-from pulseio_engine.step_bytes import SparseStepBytes
+from pulseio_engine.step_bytes import StepBytes
 
 
 @pytest.mark.parametrize("mode", list(SparseBenchMode), ids=[m.value for m in SparseBenchMode])
@@ -53,7 +53,7 @@ def test_the_sparse_roofline_counts_what_a_step_must_read() -> None:
     (21 blocks), budget 4 blocks: each offloaded layer reads each request's digests and 4 selected blocks."""
     r = run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, batch_size=2, context_len=320, steps=4,
                          token_budget=64, selection=SparseMode.QUEST, device="cpu", progress=False)
-    b: SparseStepBytes = r.step_bytes
+    b: StepBytes = r.step_bytes
     token_kv = 2 * 2 * 32 * 4                                     # K and V, 2 heads, head_dim 32, fp32
     mean_ctx = 320 + 2 + 3 + 1.5                                  # the timed steps' mean context
     assert b.dense_kv == int(2 * 2 * mean_ctx * token_kv)         # 2 dense layers, 2 requests
