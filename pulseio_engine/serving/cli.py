@@ -84,6 +84,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         "overlapped rounds, whose next launch must run while the GPU still has work; 1 without)")
     r.add_argument("--normal-steps", type=int_at_least(1), default=ServingConfig.normal_steps,
                    help="pulseinfer (IRQ): the normal batch's decode steps a round, between the offload batch's layers")
+    r.add_argument("--two-streams", action="store_true",
+                   help="pulseinfer (IRQ) on a GPU: the offload batch on a high-priority stream, the normal batch on a "
+                        "low-priority one, so the GPU runs normal layers wherever the offload batch waits")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -239,7 +242,8 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              selection=None if args.selection is None else SparseMode(args.selection),
                              max_batch=args.max_batch, gpu_ahead=args.gpu_ahead, normal_steps=args.normal_steps,
                              copier_ctas=args.copier_ctas,
-                             copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds)
+                             copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
+                             two_streams=args.two_streams)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

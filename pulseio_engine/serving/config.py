@@ -29,7 +29,9 @@ class ServingConfig:
     `normal_steps`: under IRQ, the
     normal batch's decode steps a round, beside the offload batch's one (its layers fill the offload batch's
     recall waits; fewer when a normal request has fewer tokens left). `copier_ctas`,
-    `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
+    `two_streams`: under IRQ on a GPU, the offload batch's pieces on a high-priority stream and the normal batch's
+    on a low-priority one (`irq.StreamPair`), so the device fills the offload batch's waits with normal layers
+    already enqueued. `copier_idle_us`: the offload runtime's resident copier (`pulseio.DmaConfig.zero_copy_ctas` and
     `resident_idle_us`; None: the engine's defaults). `overlap_rounds`: launch each round before the previous
     one's tokens reach the host (its input ids fed on the device), so the host's work between rounds runs while
     the GPU decodes; finishing is by output length (requests ignore EOS), and moves wait for the tokens. Off here,
@@ -52,6 +54,7 @@ class ServingConfig:
     copier_ctas: int | None = None
     copier_idle_us: int | None = None
     overlap_rounds: bool = False
+    two_streams: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -77,6 +80,9 @@ class ServingConfig:
         if self.irq and self.mode is not ServeMode.PULSEINFER:
             raise ValueError(f"IRQ interleaves pulseinfer's normal and offload batches; {self.mode.value} runs "
                              "coupled batches (leave irq unset)")
+        if self.two_streams and not self.interleaves:
+            raise ValueError(f"two_streams puts IRQ's two batches on two streams; {self.describe()} does not "
+                             "interleave")
         if self.normal_steps > 1 and not self.interleaves:
             raise ValueError(f"normal_steps={self.normal_steps} runs the normal batch's steps between the offload "
                              f"batch's layers, which pulseinfer's IRQ does; {self.describe()} does not interleave")
@@ -87,7 +93,11 @@ class ServingConfig:
 
     def check_device(self, device: str, use_cuda_graphs: bool) -> None:
         """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the
-        offload batch's step, where an eager kernel launched for the first time waits for the copier."""
+        offload batch's step, where an eager kernel launched for the first time waits for the copier. Two streams
+        need a GPU."""
+        if self.two_streams and device.split(":")[0] != "cuda":
+            raise ValueError(f"two_streams runs IRQ's batches on two CUDA streams; {device} has none (leave it off "
+                             "on a CPU)")
         if self.normal_steps > 1 and not use_cuda_graphs and device.split(":")[0] == "cuda":
             raise ValueError(f"normal_steps={self.normal_steps} advances the normal batch between its steps inside "
                              "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "

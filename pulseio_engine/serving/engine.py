@@ -41,7 +41,7 @@ from .batches import DecodeBatch, HostTokens, TokenFeed, pinned_tokens
 from .budget import KVClass
 from .config import ServingConfig
 from .host_time import HostTimes
-from .irq import InnerScheduler, InterleaveStatistics, NoPacer, Pacer
+from .irq import InnerScheduler, InterleaveStatistics, NoPacer, Pacer, StreamPair
 from .pools import plan_pools
 from .resident_kv import ResidentKV
 from .roofline import RoundBytes
@@ -112,7 +112,8 @@ class ServingEngine:
         self._shapes = {c: StepShape.of(e) for c, e in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload))
                         if e is not None}                   # what each engine's steps read (`RoundBytes`)
         dev = torch.device(device)
-        self.inner = InnerScheduler(Pacer(config.pieces_ahead) if dev.type == "cuda" else NoPacer())
+        self.inner = InnerScheduler(Pacer(config.pieces_ahead) if dev.type == "cuda" else NoPacer(),
+                                    StreamPair(dev) if config.two_streams else None)
         self._pinned = {c: (pinned_tokens(config.max_batch * config.normal_steps, dev),
                             pinned_tokens(config.max_batch * config.normal_steps, dev)) for c in KVClass}
         self._launches = 0

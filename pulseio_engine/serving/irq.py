@@ -17,15 +17,22 @@ Without a sync nothing tells the host where the GPU is, so on a GPU a `Pacer` ke
 GPU is still busy, not long before, when the recall could not have landed yet. `m` counts the normal
 pieces run per offload recall; its distribution is the run's record of how much recall time was hidden.
 
+With `StreamPair` (`ServingConfig.two_streams`) the two batches' pieces go to two CUDA streams, the offload
+batch's at high priority and the normal batch's at low, both forked from the current stream at the round's
+start and joined back at its end. The host still decides as above; the device then runs a normal piece already
+enqueued wherever the offload stream stands still (a device wait for a recall, the switch between two pieces'
+graphs, a kernel's tail), instead of only at the place the host put it in one stream's order.
+
 `coupled` runs the same batches without interleaving: each whole step, recalls waited for as they come
 (the --no-irq and offload-sync baselines).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +81,27 @@ class NoPacer:
         pass
 
 
+class StreamPair:
+    """The offload batch's stream (high priority) and the normal batch's (low) of IRQ rounds on a GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.offload = torch.cuda.Stream(device, priority=-1)
+        self.normal = torch.cuda.Stream(device, priority=0)
+
+    @contextlib.contextmanager
+    def forked(self) -> Iterator[None]:
+        """Both streams start after the work enqueued so far on the current one (the round's inputs), and the
+        current one continues after both (the round's tokens): events only, no host sync."""
+        main = torch.cuda.current_stream(self.offload.device)
+        self.offload.wait_stream(main)
+        self.normal.wait_stream(main)
+        try:
+            yield
+        finally:
+            main.wait_stream(self.offload)
+            main.wait_stream(self.normal)
+
+
 @dataclass
 class InterleaveStatistics:
     """What IRQ did: per offload recall, the normal pieces run while it was in flight (`m`), and how it ended."""
@@ -90,18 +118,33 @@ class InterleaveStatistics:
 class InnerScheduler:
     """Runs one round: a decode step of each batch present, interleaved (`interleave`) or not (`coupled`)."""
 
-    def __init__(self, pacer: Pacer | NoPacer) -> None:
-        self.pacer = pacer
+    def __init__(self, pacer: Pacer | NoPacer, streams: StreamPair | None = None) -> None:
+        self.pacer, self.streams = pacer, streams
         self.stats = InterleaveStatistics()
 
     def interleave(self, normal: DecodeBatch | None, offload: DecodeBatch | None) -> None:
         """Both batches split in pieces (see the module doc)."""
+        with self.streams.forked() if self.streams is not None else contextlib.nullcontext():
+            self._interleave(normal, offload)
+
+    def _on(self, batch: str) -> contextlib.AbstractContextManager:
+        """The context that enqueues on `batch`'s ("offload", "normal") stream, or on the current one."""
+        return contextlib.nullcontext() if self.streams is None else torch.cuda.stream(getattr(self.streams, batch))
+
+    def _interleave(self, normal: DecodeBatch | None, offload: DecodeBatch | None) -> None:
         pacer, nxt = self.pacer, 0
         last = 0 if normal is None else normal.num_pieces
         pieces = 0 if offload is None else offload.num_pieces
+
+        def run_normal(piece: int) -> None:
+            with self._on("normal"):
+                normal.run_piece(piece)                         # type: ignore[union-attr]
+                pacer.launched()
+
         for piece in range(pieces):
-            pending = offload.run_piece(piece)                  # type: ignore[union-attr]
-            pacer.launched()
+            with self._on("offload"):
+                pending = offload.run_piece(piece)              # type: ignore[union-attr]
+                pacer.launched()
             if pending is None:
                 continue
             share = -(-(last - nxt) // (pieces - piece))        # this recall's even share of the normal pieces left
@@ -110,18 +153,17 @@ class InnerScheduler:
                 if not pacer.has_room():
                     pacer.wait_room(until=pending.landed_nowait)
                     continue
-                normal.run_piece(nxt)                           # type: ignore[union-attr]
-                pacer.launched()
+                run_normal(nxt)
                 nxt, m = nxt + 1, m + 1
             if pending.landed_nowait():
                 self.stats.seen_landed += 1
             else:
-                pending.wait_device()
+                with self._on("offload"):
+                    pending.wait_device()
                 self.stats.device_waits += 1
             self.stats.m[m] += 1
         while nxt < last:
-            normal.run_piece(nxt)                               # type: ignore[union-attr]
-            pacer.launched()
+            run_normal(nxt)
             nxt += 1
 
     def coupled(self, *batches: DecodeBatch | None) -> None:

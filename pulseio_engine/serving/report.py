@@ -23,7 +23,7 @@ _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "
 _SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
 _SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
 _SINCE_7 = ("host_ms_per_round.pace",)
-_SINCE_8 = ("roofline",)
+_SINCE_8 = ("roofline", "config.two_streams")
 OLDER_VERSIONS = {"pulseio-replay/7": _SINCE_8,                                           # the keys each one lacks
                   "pulseio-replay/6": (*_SINCE_8, *_SINCE_7),
                   "pulseio-replay/5": (*_SINCE_8, *_SINCE_7, *_SINCE_6),
@@ -44,7 +44,7 @@ SCHEMA: dict[str, Any] = {
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
-               "overlap_rounds": bool},
+               "overlap_rounds": bool, "two_streams": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -138,7 +138,7 @@ def load_report(path: Path) -> dict:
 # The config keys that tell runs of one mode apart, as `labels` says them.
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
-          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"))
+          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"))
 
 
 def labels(reports: list[dict]) -> list[str]:

@@ -214,14 +214,15 @@ def _step_back(report: dict, version: int, *paths: str) -> None:
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report, other = json.loads(json.dumps(reports["mooncake"])), reports["servegen"]
     assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
-    _step_back(report, 7, "roofline")
+    _step_back(report, 7, "config.two_streams", "roofline")
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
     assert re.search(r"^host ms/round launch/pace/rest/tokens\s+[\d.]+/-/[\d.]+/[\d.]+\s+[\d.]+/0\.00/",
                      table([report, other]), flags=re.M)
     _step_back(report, 5, "config.skinny_gemm")
     first, second = labels([report, other])
-    assert first.endswith(" skinny=- overlap=False") and second.endswith(" skinny=False overlap=True"), (first, second)
+    assert first.endswith(" skinny=- overlap=False streams2=-"), (first, second)
+    assert second.endswith(" skinny=False overlap=True streams2=False"), (first, second)
     _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
     assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
     _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
@@ -393,6 +394,10 @@ def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytes
     (["--mode", "pulseinfer", "--copier-idle-us", "0"], "argument --copier-idle-us: must be >= 1, got 0"),
     (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),
     (["--mode", "warp"], "'warp'"),
+    (["--mode", "pulseinfer", "--no-irq", "--two-streams"], "two_streams puts IRQ's two batches on two streams; "
+                                                             "pulseinfer --no-irq does not interleave"),
+    (["--mode", "pulseinfer", "--two-streams", "--device", "cpu", "--requests", "2"],
+     "two_streams runs IRQ's batches on two CUDA streams; cpu has none"),
 ])
 def test_option_mistakes_are_one_line(argv: list[str], says: str, capsys: pytest.CaptureFixture) -> None:
     assert main(["replay", "--trace", "servegen-sample", "--model", "tiny", "--gpu-kv-gib", "1", *argv]) == 2

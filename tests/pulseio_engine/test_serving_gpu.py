@@ -1,8 +1,9 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
 (serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens,
-also with recalls landing late; vanilla's rounds overlapped keep their tokens with the GPU behind the host;
-steady-state rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and
-what its per-layer pieces cost is reported); a replay of the Mooncake sample loses nothing."""
+also with recalls landing late and with the two batches on two streams; vanilla's rounds overlapped keep their
+tokens with the GPU behind the host; steady-state rounds never sync the host; a normal batch alone under IRQ costs
+at most 5% more than without it (and what its per-layer pieces cost is reported); a replay of the Mooncake sample
+loses nothing."""
 
 from __future__ import annotations
 
@@ -46,9 +47,9 @@ def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> No
     _case("vanilla")
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_steady_state_rounds_never_sync_the_host(overlap: bool) -> None:
-    _case("nosync", "16", *(["overlap"] if overlap else []))
+@pytest.mark.parametrize("overlap,two_streams", [(False, False), (True, False), (True, True)])
+def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: bool) -> None:
+    _case("nosync", "16", *(["overlap"] if overlap else []), *(["two-streams"] if two_streams else []))
 
 
 @pytest.mark.parametrize("model,batch,context", [("qwen3-8b", 32, 4096)])
