@@ -88,6 +88,10 @@ class StreamPair:
         self.offload = torch.cuda.Stream(device, priority=-1)
         self.normal = torch.cuda.Stream(device, priority=0)
 
+    def on(self, batch: str) -> contextlib.AbstractContextManager:
+        """Enqueue on `batch`'s ("offload" or "normal") stream."""
+        return torch.cuda.stream(getattr(self, batch))
+
     @contextlib.contextmanager
     def forked(self) -> Iterator[None]:
         """Both streams start after the work enqueued so far on the current one (the round's inputs), and the
@@ -128,8 +132,8 @@ class InnerScheduler:
             self._interleave(normal, offload)
 
     def _on(self, batch: str) -> contextlib.AbstractContextManager:
-        """The context that enqueues on `batch`'s ("offload", "normal") stream, or on the current one."""
-        return contextlib.nullcontext() if self.streams is None else torch.cuda.stream(getattr(self.streams, batch))
+        """Enqueue on `batch`'s stream of the pair, or on the current stream without one."""
+        return contextlib.nullcontext() if self.streams is None else self.streams.on(batch)
 
     def _interleave(self, normal: DecodeBatch | None, offload: DecodeBatch | None) -> None:
         pacer, nxt = self.pacer, 0

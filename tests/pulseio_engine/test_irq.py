@@ -3,8 +3,10 @@ then on the engine: interleaved tokens equal each batch's tokens alone, for rand
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -72,6 +74,50 @@ def test_without_a_normal_batch_every_recall_is_waited_for_and_without_an_offloa
     log.clear()
     inner.interleave(_Batch(log, "n", 3), None)
     assert log == ["n0", "n1", "n2"]
+
+
+class _Streams:
+    """A `StreamPair` that logs: each entry made under a stream is tagged with it, the fork and join logged."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log, self.current = log, "main"
+
+    @contextlib.contextmanager
+    def on(self, batch: str) -> Iterator[None]:
+        before, self.current = self.current, batch
+        try:
+            yield
+        finally:
+            self.current = before
+
+    @contextlib.contextmanager
+    def forked(self) -> Iterator[None]:
+        self.log.append("fork")
+        yield
+        self.log.append("join")
+
+
+class _TaggedLog(list):
+    """Entries as "<entry>@<stream it was enqueued on>" (fork and join as they are)."""
+
+    streams: _Streams
+
+    def append(self, entry: str) -> None:
+        super().append(entry if entry in ("fork", "join") else f"{entry}@{self.streams.current}")
+
+
+def test_two_streams_keep_the_order_and_put_each_batch_and_its_waits_on_its_own_stream() -> None:
+    """The same decisions as on one stream (the first test's script), each offload piece and device wait on the
+    offload stream, each normal piece on the normal one, all of them between the fork and the join."""
+    log = _TaggedLog()
+    log.streams = _Streams(log)
+    inner = InnerScheduler(NoPacer(), log.streams)                       # type: ignore[arg-type]
+    inner.interleave(_Batch(log, "n", 4), _Batch(log, "o", 4, [2, 0, 5]))
+    on = {"o": "offload", "n": "normal", "w": "offload"}
+    assert [e.split("@")[0] for e in log[1:-1]] == ["o0", "n0", "wait o0", "o1", "o2", "n1", "n2", "wait o2", "o3",
+                                                     "n3"]
+    assert log[0] == "fork" and log[-1] == "join"
+    assert all(e.split("@")[1] == on[e[0]] for e in log[1:-1]), list(log)
 
 
 def test_coupled_runs_each_batch_whole_waiting_every_recall() -> None:
