@@ -330,16 +330,23 @@ class _SparseBatch:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [B, Hq, D], k, v: [B, Hkv, D] of the tokens being decoded -> attention output [B, Hq, D]."""
-        recall = self.prepare(layer, q, k, v)
+        self.recall_around_resident(layer, q, self.prepare(layer, q, k, v))
+        return self.finish(layer, q, k, v)
+
+    def recall_around_resident(self, layer: int, q: torch.Tensor,
+                               recall: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, *,
+                               resident: bool = True) -> None:
+        """Post `layer`'s recall (None: nothing to bring), then (`resident`) its attention to the blocks already
+        on the GPU while the recall flies, then the device wait for it."""
         pending = None
         if recall is not None:
             with record_function("offload.recall"):
                 pending = self.owner.recaller.post(*recall, tag=layer)      # type: ignore[union-attr]
-        self.attend_resident(layer, q)
+        if resident:
+            self.attend_resident(layer, q)
         if pending is not None:
             with record_function("offload.recall"):
                 pending.wait_device()
-        return self.finish(layer, q, k, v)
 
     def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:

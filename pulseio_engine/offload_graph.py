@@ -246,17 +246,10 @@ class OffloadStepGraph:
         self._graphs = graphs
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
-        """Piece `piece`'s recall from the host: posted, then (`resident`) the layer's attention to the blocks it
-        does not bring, then its device wait."""
-        pending = None
+        """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`)."""
         if piece < len(self._recalls):
             layer, args = self._recalls[piece]
-            if args is not None:
-                pending = self.offloader.recaller.post(*args, tag=layer)
-        if resident:
-            self._resident(piece)
-        if pending is not None:
-            pending.wait_device()
+            self._shared["batch"].recall_around_resident(layer, self._shared["qkv"][0], args, resident=resident)
 
     def _resident(self, piece: int) -> None:
         """The attention of the layer whose recall piece `piece` posted, over its blocks already on the GPU:
