@@ -206,11 +206,13 @@ def _host(report: dict) -> str:
 
 
 def _roofline(report: dict) -> str:
-    """The decode rounds' bound as a throughput, and their time over it ('-' on a CPU or before schema 8)."""
+    """The decode rounds' bound as a throughput, their time over it, and ', link' where the recalls bound it
+    rather than the device's memory ('-' on a CPU or before schema 8)."""
     roof = report.get("roofline")
     if roof is None or roof["bound_tok_s"] is None:
         return "-"
-    return f"{roof['bound_tok_s']:,.1f} ({roof['ratio']:.2f}x)"
+    link = ", link" if roof["link_s"] is not None and roof["link_s"] > roof["hbm_s"] else ""
+    return f"{roof['bound_tok_s']:,.1f} ({roof['ratio']:.2f}x{link})"
 
 
 def _recall_counts(report: dict) -> str:

@@ -129,6 +129,9 @@ def test_the_table_shows_the_bound_as_a_throughput_and_the_rounds_over_it(report
     report["roofline"] = roofline(read, 0, 0.004, 10, copy_gbps=2000.0, link_gbps=None)
     check_report(report)
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+5,000\.0 \(2\.00x\)$", table([report]), flags=re.M)
+    report["roofline"] = roofline(read, 10**8, 0.004, 10, copy_gbps=2000.0, link_gbps=25.0)     # 4 ms over the link
+    assert re.search(r"^roofline tok/s \(rounds / bound\)\s+2,500\.0 \(1\.00x, link\)$", table([report]),
+                     flags=re.M)
 
 
 def test_the_main_threads_time_is_reported_by_phase(reports: dict[str, dict]) -> None:
