@@ -424,7 +424,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         moved = after.bytes_recalled - before.bytes_recalled
         counted = steps + PROFILED_STEPS             # the profiled steps recalled too
         peak = (measure_upload_bandwidth(off.runtime.host_pool.blocks, dev) / 1e9
-                if timed is not None and dev.type == "cuda" else None)
+                if timed is not None and off.runtime is not None and dev.type == "cuda" else None)
         pub_s, pickup_s, pub_n = published.publish_to_landed_s, sum(published.pickups_ns) / 1e9, published.requests
         pub_rate = published.nbytes / pub_s / 1e9 if pub_s > 0 else None
         copy_rate = published.nbytes / (pub_s - pickup_s) / 1e9 if pub_s - pickup_s > 0 else None
