@@ -214,7 +214,7 @@ class SparseBenchResult:
     step_ms: float                 # sustained: first timed step's start to the last one's end, over steps
     step_ms_median: float          # median of per-step times
     tokens_per_s: float
-    step_bytes: StepBytes    # what a step must read
+    step_bytes: StepBytes          # what a step must read
     bytes_per_step: int
     copy_bandwidth_gbps: float | None   # device-to-device copy, read + written, this process (None on a CPU)
     roofline_ms: float | None

@@ -155,7 +155,8 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
     mask.copy_(marks.scatter_(2, torch.where(selected >= 0, selected, mask.shape[2]), 1)[..., :-1])
     n_sel = (selected >= 0).sum(2)                                                   # [B, S]
     offset = (num_tokens.long() - 1) % config.block_size                             # [B]
-    context_lens.copy_((n_sel - 1) * config.block_size + offset[:, None] + 1)
+    if hot is None or hot.arrivals is None:                                          # (split: per part, below)
+        context_lens.copy_((n_sel - 1) * config.block_size + offset[:, None] + 1)
     if hot is None:
         rows = block_tables.long().gather(1, selected.clamp(min=0).view(b, s * k))  # type: ignore[union-attr]
         table.copy_(rows.view(b, s, k))
