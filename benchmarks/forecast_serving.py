@@ -1,0 +1,330 @@
+"""Forecast a replay's decode throughput and TPOT from bytes alone: which serving configurations could meet a target.
+
+The forecast runs the replay's own outer scheduler (`OuterScheduler` over the `KVBudget` of `plan_pools`: the same
+admissions, classes, moves and batch caps) on a trace, without an engine. Each round's duration comes from what its
+decode steps must read (`step_bytes`, as the replay's roofline counts it) and what its recalls move:
+
+- one batch (vanilla, quest, or one class alone): `e * bytes / copy`, plus the recall over the link when it is the
+  offload batch (alone it has nothing to hide it behind);
+- pulseinfer under IRQ: `e * (normal + offload bytes) / copy + max(0, recall / link - e * normal bytes / copy)`,
+  the recall hidden behind the normal batch's steps and exposed where they run out;
+- coupled (`--no-irq`, offload-sync): `e * (normal + offload bytes) / copy + recall / link`.
+
+`e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
+forecast gives the report's throughput; on the H200 in session 27, vanilla 1.21 on both windows, pulseinfer 1.61 on
+Mooncake and 1.51 on ServeGen, --no-irq 1.39), `copy` and `link` the rates the device measured (the recall at 0.8 of
+the link's peak, as the copier lands it). An offload request's recall is its hot sets filled once, then per offloaded
+layer and step the selected blocks its hot set missed, at the locality the presets are steered to
+(`sparse_bench.default_profile`). Prefill, the cost of moving a request between classes and the overlap of rounds
+are not modelled (the replay hands every prompt's KV in; `e` holds the rest).
+
+    python benchmarks/forecast_serving.py --duration 20 --time-scale 0.3          # session 27's Mooncake window
+    python benchmarks/forecast_serving.py --duration 20 --time-scale 0.3 --budget 1024 2048 --threshold 2048 8192
+
+Each mode prints one line: decode tok/s and its ratio to vanilla's, TPOT p50 / p99 of the < 8K requests and the p99's
+ratio to vanilla's, the mean batch sizes (normal + offload) and the time the rounds spend reading weights, the rest of
+their bytes and waiting for recalls (before `e`). Options given several values are swept (every combination), each
+pulseinfer line against vanilla at its GPU KV cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run without PYTHONPATH too
+
+from pulseio_engine.config import DType, ModelConfig  # noqa: E402
+from pulseio_engine.model.checkpoint import open_model  # noqa: E402
+from pulseio_engine.serving.budget import KVBudget, KVClass  # noqa: E402
+from pulseio_engine.serving.config import ServeMode, ServingConfig  # noqa: E402
+from pulseio_engine.serving.metrics import Recorder  # noqa: E402
+from pulseio_engine.serving.outer import OuterScheduler  # noqa: E402
+from pulseio_engine.serving.pools import plan_pools  # noqa: E402
+from pulseio_engine.sparse_bench import default_profile  # noqa: E402
+from pulseio_engine.step_bytes import StepShape, step_bytes  # noqa: E402
+from pulseio_engine.trace import Trace  # noqa: E402
+from pulseio_engine.trace.load import TraceOptions, open_trace  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The device's copy and the link's rates (GB/s), and a mode's rounds over their roofline (`efficiency`)."""
+
+    copy_gbps: float
+    link_gbps: float
+    efficiency: float
+
+
+@dataclass
+class _Running:
+    kv_class: KVClass
+    context: int          # tokens in its KV now
+    left: int             # tokens still to decode
+    cold: bool = True     # an offload request whose hot sets are still empty
+
+
+@dataclass
+class Forecast:
+    """What the forecast replay measured; `recorder` as a replay fills it."""
+
+    recorder: Recorder
+    rounds: int
+    weights_s: float       # the rounds' time reading weights, at the roofline (before `e`)
+    kv_s: float            # the rest of their bytes
+    exposed_recall_s: float
+    normal_mean: float     # batch sizes, by round
+    offload_mean: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.recorder.requests.values())
+
+    @property
+    def throughput(self) -> float:
+        span = self.recorder.span_s()
+        return self.tokens / span if span > 0 else 0.0
+
+    def short_tpot_ms(self) -> tuple[float | None, float | None]:
+        short = self.recorder.tpot_by_bucket()["<8K"]
+        return short.get("p50_ms"), short.get("p99_ms")
+
+
+def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: StepShape) -> tuple[float, float]:
+    """(bytes an offload request recalls a decode step once warm, bytes to fill its hot sets once) at the steered
+    locality: per offloaded layer, the budget's blocks its hot set missed."""
+    s = shape.sparse
+    assert s is not None and config.sparse is not None
+    profile = default_profile(config.sparse, config.token_budget)
+    overlap = profile.overlap_for(model_config.num_layers, config.dense_layers)[config.dense_layers:]
+    block = s.block_size * shape.token_layer                     # every KV head's K and V of one block, one layer
+    warm = sum(1.0 - o for o in overlap) * s.budget_blocks * block
+    return warm, len(overlap) * s.budget_blocks * block
+
+
+def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16
+             ) -> Forecast:
+    """Replay `trace` as `config` would, each round timed by its bytes (see the module doc)."""
+    model_config = open_model(model).config
+    footprint, sizes = plan_pools(config, model_config, dtype)
+    budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
+    outer = OuterScheduler(budget, threshold=config.offload_threshold if config.has_offload else None,
+                           max_batch=config.max_batch, max_offload=max(1, sizes.max_offload))
+    elem = 2 if dtype is not DType.FLOAT32 else 4
+    sparse = None if config.sparse is None else config.sparse_config()
+    shapes = {KVClass.NORMAL: StepShape.for_model(model_config, dtype_bytes=elem, sparse=sparse,
+                                                  dense_layers=config.dense_layers)}
+    warm_recall = fill = 0.0
+    if config.has_offload:
+        shapes[KVClass.OFFLOAD] = shapes[KVClass.NORMAL]
+        warm_recall, fill = recall_per_token(config, model_config, shapes[KVClass.OFFLOAD])
+    copy, link, e = rates.copy_gbps * 1e9, rates.link_gbps * 1e9, rates.efficiency
+
+    rec = Recorder()
+    arrivals = deque(enumerate(trace.requests))
+    running: dict[int, _Running] = {}
+    t = weights_s = kv_s = exposed_s = 0.0
+    rounds = 0
+    normal_sizes: list[int] = []
+    offload_sizes: list[int] = []
+    while arrivals or outer.waiting or running:
+        while arrivals and arrivals[0][1].arrival_s <= t:
+            rid, r = arrivals.popleft()
+            outer.arrive(rid, r.input_len, r.output_len)
+            rec.arrived(rid, r.arrival_s, r.input_len, r.output_len, r.origin)
+        decisions = outer.decide({rid: q.context for rid, q in running.items()})
+        for rid, to in decisions.moves:
+            running[rid].kv_class, running[rid].cold = to, True
+            rec.moved(rid)
+        for rid, kv_class in decisions.admits:
+            r = trace.requests[rid]
+            running[rid] = _Running(kv_class, r.input_len, r.output_len)
+            rec.admitted(rid, t, kv_class.value)
+        if not running:
+            t = max(t, arrivals[0][1].arrival_s)
+            continue
+        batches = {c: [rid for rid, q in running.items() if q.kv_class is c] for c in KVClass}
+        normal, offload = batches[KVClass.NORMAL], batches[KVClass.OFFLOAD]
+        both = bool(normal) and bool(offload)
+        steps = min(config.normal_steps, *(running[rid].left for rid in normal)) if both and config.interleaves \
+            else 1
+        normal_bytes = weight_bytes = 0
+        for step in range(steps if normal else 0):
+            b = step_bytes(shapes[KVClass.NORMAL], [running[rid].context + step for rid in normal])
+            normal_bytes, weight_bytes = normal_bytes + b.total, weight_bytes + b.weights
+        offload_bytes = recall = 0.0
+        if offload:
+            b = step_bytes(shapes[KVClass.OFFLOAD], [running[rid].context for rid in offload], offload=True)
+            offload_bytes, weight_bytes = b.total, weight_bytes + b.weights
+            for rid in offload:
+                recall += fill if running[rid].cold else warm_recall
+                running[rid].cold = False
+        compute = e * (normal_bytes + offload_bytes) / copy
+        if both and config.interleaves:
+            exposed = max(0.0, recall / link - e * normal_bytes / copy)
+        else:
+            exposed = recall / link
+        dt = compute + exposed
+        t += dt
+        rounds += 1
+        weights_s += weight_bytes / copy
+        kv_s += (normal_bytes + offload_bytes - weight_bytes) / copy
+        exposed_s += exposed
+        normal_sizes.append(len(normal))
+        offload_sizes.append(len(offload))
+        produced = {rid: steps for rid in normal} | {rid: 1 for rid in offload}
+        finished: dict[int, tuple[int, ...]] = {}
+        for rid, n in produced.items():
+            q = running[rid]
+            q.context, q.left = q.context + n, q.left - n
+            if q.left == 0:
+                finished[rid] = ()
+        rec.round(t, dt, len(normal), len(offload), produced, finished)
+        for rid in finished:
+            del running[rid]
+            outer.finish(rid)
+    return Forecast(rec, rounds, weights_s, kv_s, exposed_s, statistics.fmean(normal_sizes),
+                    statistics.fmean(offload_sizes))
+
+
+def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
+                   throughput: float) -> float:
+    """The `e` at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows)."""
+    lo, hi = 0.5, 5.0
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        got = forecast(trace, model, config, Rates(copy_gbps, link_gbps, mid)).throughput
+        lo, hi = (mid, hi) if got > throughput else (lo, mid)
+    return (lo + hi) / 2
+
+
+MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
+         "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
+         "pulseinfer --no-irq": (ServeMode.PULSEINFER, False)}
+EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.61, "pulseinfer --no-irq": 1.39}   # fitted to session 27's replays
+SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
+         "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
+
+
+def serving_config(mode: str, *, gpu_kv_gib: float, host_kv_gib: float, offload_threshold: int, token_budget: int,
+                   normal_steps: int) -> ServingConfig:
+    """`mode` as `pulseio-engine replay --mode` names it, with these options (normal steps: pulseinfer's IRQ only)."""
+    serve_mode, irq = MODES[mode]
+    interleaves = serve_mode is ServeMode.PULSEINFER and irq is not False
+    return ServingConfig(mode=serve_mode, irq=irq, gpu_kv_bytes=int(gpu_kv_gib * 2**30),
+                         host_kv_bytes=int(host_kv_gib * 2**30), offload_threshold=offload_threshold,
+                         token_budget=token_budget, normal_steps=normal_steps if interleaves else 1)
+
+
+def line(name: str, f: Forecast, vanilla: Forecast | None, need: float | None = None) -> str:
+    p50, p99 = f.short_tpot_ms()
+    ratio = "" if vanilla is None else f"({f.throughput / vanilla.throughput:.2f}x)"
+    tpot = "-" if p50 is None else f"{p50:.1f} / {p99:.1f}"
+    base = None if vanilla is None else vanilla.short_tpot_ms()[1]
+    short = "" if base is None or p99 is None else f"({p99 / base:.2f}x)"
+    return (f"{name:<64} {f.throughput:7.1f} {ratio:>8}  {tpot:>13} {short:>8}  {f.normal_mean:5.2f} + "
+            f"{f.offload_mean:5.2f}  {f.weights_s:5.1f} / {f.kv_s:4.1f} / {f.exposed_recall_s:4.1f} s"
+            + ("" if need is None else f"  {need:6.2f}"))
+
+
+def mode_efficiency(text: str) -> tuple[str, float]:
+    """`--efficiency` items: MODE=E, E > 0."""
+    mode, _, value = text.partition("=")
+    try:
+        e = float(value)
+    except ValueError:
+        e = 0.0
+    if mode not in MODES or not e > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MODE=E with E > 0, MODE one of {', '.join(MODES)}")
+    return mode, e
+
+
+HEADER = (f"{'mode, options':<64} {'tok/s':>7} {'x van.':>8}  {'TPOT <8K ms':>13} {'x van.':>8}  "
+          f"{'batches':>13}  weights / KV / exposed recall")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trace", default="mooncake-sample")
+    parser.add_argument("--start", type=float, default=None)
+    parser.add_argument("--duration", type=float, default=None)
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--max-input", type=int, default=32000, help="as benchmarks/run_serving_gpu.sh clips")
+    parser.add_argument("--max-output", type=int, default=1024)
+    parser.add_argument("--model", default="qwen3-14b")
+    parser.add_argument("--gpu-kv-gib", type=float, nargs="+", default=[6.0])
+    parser.add_argument("--host-kv-gib", type=float, nargs="+", default=[32.0])
+    parser.add_argument("--threshold", dest="offload_threshold", type=int, nargs="+", default=[4096])
+    parser.add_argument("--budget", dest="token_budget", type=int, nargs="+", default=[2048])
+    parser.add_argument("--normal-steps", type=int, nargs="+", default=[1])
+    parser.add_argument("--modes", nargs="+", default=["vanilla", "pulseinfer", "pulseinfer --no-irq"],
+                        choices=list(MODES))
+    parser.add_argument("--copy-gbps", type=float, default=4290.0, help="device-to-device copy, GB/s")
+    parser.add_argument("--link-gbps", type=float, default=55.2 * 0.8,
+                        help="the recall's rate over the link, GB/s (default: 0.8 of the H200's 55.2)")
+    parser.add_argument("--efficiency", nargs="+", type=mode_efficiency, default=[],
+                        help="MODE=E: a mode's rounds over this model's time (default: `EFFICIENCY`, session 27's fits "
+                             "on the H200); a mode not named takes its first word's, else pulseinfer's")
+    parser.add_argument("--need", type=float, default=None, metavar="X",
+                        help="also print the efficiency at which each offload mode would decode X times vanilla's "
+                             "tokens a second")
+    parser.add_argument("--fit", nargs="+", type=Path, default=[],
+                        help="replay reports of this trace window: the efficiency at which the forecast gives each "
+                             "one's throughput")
+    args = parser.parse_args(argv)
+    trace = open_trace(TraceOptions(args.trace, start_s=args.start, duration_s=args.duration,
+                                    time_scale=args.time_scale, max_input=args.max_input,
+                                    max_output=args.max_output))
+    print(f"# {trace.describe()}; copy {args.copy_gbps:g} GB/s, recall {args.link_gbps:g} GB/s")
+    eff: dict[str, float] = {**EFFICIENCY, **dict(args.efficiency)}
+
+    def rates(mode: str) -> Rates:
+        e = eff.get(mode) or eff.get(mode.split()[0]) or eff.get("pulseinfer", 1.0)
+        return Rates(args.copy_gbps, args.link_gbps, e)
+
+    for path in args.fit:
+        report = json.loads(path.read_text())
+        cfg = report["config"]
+        config = serving_config(report["mode"], gpu_kv_gib=cfg["gpu_kv_gib"], host_kv_gib=cfg["host_kv_gib"] or 1.0,
+                                offload_threshold=cfg["offload_threshold"] or 4096, token_budget=cfg["token_budget"],
+                                normal_steps=cfg["normal_steps"])
+        measured = report["summary"]["decode_throughput_tok_s"]
+        e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured)
+        print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency {e:.3f}")
+    if args.fit:
+        return 0
+
+    print(HEADER + ("" if args.need is None else f"  e for {args.need:g}x"))
+    vanillas: dict[tuple, Forecast] = {}
+    for values in itertools.product(*(getattr(args, name) for name in SWEPT)):
+        options = dict(zip(SWEPT, values))
+        for mode in args.modes:
+            named = ("gpu_kv_gib",) if mode == "vanilla" else SWEPT        # vanilla depends on the GPU cap only
+            swept = ", ".join(f"{SWEPT[name]} {value:g}" for name, value in options.items()
+                              if name in named and len(getattr(args, name)) > 1)
+            config = serving_config(mode, **options)
+            key = (mode, config)
+            if mode == "vanilla":        # only the GPU cap changes vanilla
+                key = (mode, options["gpu_kv_gib"])
+                if key in vanillas:
+                    continue
+            f = forecast(trace, args.model, config, rates(mode))
+            if mode == "vanilla":
+                vanillas[key] = f
+            base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
+            need = None
+            if args.need is not None and base is not None and config.has_offload:
+                need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
+                                      args.need * base.throughput)
+            print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

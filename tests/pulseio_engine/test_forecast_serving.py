@@ -1,0 +1,81 @@
+"""benchmarks/forecast_serving.py: the replay's own scheduling without an engine, each round timed by its bytes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from pulseio_engine.cli import main
+from pulseio_engine.config import DType
+from pulseio_engine.model.checkpoint import open_model
+from pulseio_engine.serving.report import load_report
+from pulseio_engine.step_bytes import StepShape, step_bytes
+from pulseio_engine.trace import Trace, TraceOptions, TraceRequest, open_trace
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "forecast_serving.py"
+SPEC = importlib.util.spec_from_file_location("forecast_serving", PATH)
+forecast_serving = importlib.util.module_from_spec(SPEC)            # type: ignore[arg-type]
+sys.modules["forecast_serving"] = forecast_serving                  # its dataclasses look their module up
+SPEC.loader.exec_module(forecast_serving)                           # type: ignore[union-attr]
+
+OPTIONS = dict(gpu_kv_gib=0.004, host_kv_gib=0.25, offload_threshold=1024, token_budget=128, normal_steps=1)
+
+
+def test_the_forecast_admits_and_batches_as_the_replay_does(tmp_path: Path) -> None:
+    """Every request arrives at once (arrivals x1e-9), so nothing depends on how long a round takes: the forecast's
+    rounds must hold the requests the tiny preset's replay on the CPU held, round for round, in the same classes."""
+    out = tmp_path / "r.json"
+    window = ["--trace", "mooncake-sample", "--requests", "40", "--max-input", "1536", "--max-output", "12",
+              "--time-scale", "1e-9"]
+    assert main(["replay", *window, "--model", "tiny", "--device", "cpu", "--mode", "pulseinfer", "--gpu-kv-gib",
+                 "0.004", "--host-kv-gib", "0.25", "--offload-threshold", "1024", "--token-budget", "128",
+                 "--no-overlap-rounds", "--no-warmup", "--no-progress", "--json", str(out)]) == 0
+    report = load_report(out)
+    trace = open_trace(TraceOptions("mooncake-sample", max_requests=40, max_input=1536, max_output=12,
+                                    time_scale=1e-9))
+    config = forecast_serving.serving_config("pulseinfer", **OPTIONS)
+    f = forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(100.0, 10.0, 1.0),
+                                  dtype=DType.FLOAT32)
+    assert report["summary"]["complete"] and report["summary"]["rounds"] == f.rounds
+    assert f.recorder.batch_histogram() == report["batches"]
+    assert {r.rid: (r.kv_class, r.tokens) for r in f.recorder.requests.values()} == {
+        r["id"]: (r["class"], r["tokens"]) for r in report["requests"]}
+    assert {"normal", "offload"} == {r["class"] for r in report["requests"]}      # both batches were exercised
+
+
+def _two(short: int, long: int, output: int) -> Trace:
+    return Trace((TraceRequest(0.0, short, output, "a"), TraceRequest(0.0, long, output, "b")), "two", "mooncake")
+
+
+def test_a_round_of_both_batches_is_their_bytes_and_the_recall_the_normal_batch_did_not_hide() -> None:
+    """Two requests, one a class, decoding together: the first round is the offload request's hot sets filled (an
+    exposed recall, under IRQ or coupled), the second its warm recall, hidden behind the normal step where it can be."""
+    trace = _two(300, 4000, 3)
+    model = open_model("tiny").config
+    rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5)
+    for irq in ("pulseinfer", "pulseinfer --no-irq"):
+        config = forecast_serving.serving_config(irq, gpu_kv_gib=1.0, host_kv_gib=1.0, offload_threshold=1024,
+                                                 token_budget=256, normal_steps=1)
+        shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
+        warm, fill = forecast_serving.recall_per_token(config, model, shape)
+        assert 0 < warm < fill
+        f = forecast_serving.forecast(trace, "tiny", config, rates)
+        durations = [r.dt_s for r in f.recorder.rounds]
+        assert len(durations) == 3 and all(r.normal == 1 and r.offload == 1 for r in f.recorder.rounds)
+        for i, dt in enumerate(durations):
+            normal = step_bytes(shape, [300 + i]).total / 50e9
+            offload = step_bytes(shape, [4000 + i], offload=True).total / 50e9
+            recall = (fill if i == 0 else warm) / 2e9
+            hidden = min(recall, 1.5 * normal) if irq == "pulseinfer" else 0.0
+            assert dt == pytest.approx(1.5 * (normal + offload) + recall - hidden, rel=1e-9), (irq, i)
+
+
+def test_the_fitted_efficiency_gives_back_the_throughput_it_was_fitted_to() -> None:
+    trace = _two(300, 4000, 20)
+    config = forecast_serving.serving_config("pulseinfer", gpu_kv_gib=1.0, host_kv_gib=1.0, offload_threshold=1024,
+                                             token_budget=256, normal_steps=1)
+    made = forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(50.0, 2.0, 1.37)).throughput
+    assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, made) == pytest.approx(1.37, rel=1e-6)
