@@ -212,7 +212,12 @@ class OffloadConfig:
     `offload_only`: every request of the engine is an offload request, so the paged cache keeps only
     the dense layers and an offload request's device memory is those, its hot slots and its digests.
     Otherwise the paged cache keeps every layer for normal requests, and offload requests hold
-    (unused) blocks of the offloaded layers there too."""
+    (unused) blocks of the offloaded layers there too.
+
+    `kept_step_graphs`: the step graphs the engine keeps, one per batch size and split (a whole step, or one
+    split in per-layer pieces), the least recently used dropped. Each holds one decode step's activations (tens
+    of MB at a dozen rows); a batch size whose graph was dropped is captured anew when it comes back, a round
+    many times slower than the rest, so a server keeps one pair for every size its caps admit."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL
@@ -223,6 +228,7 @@ class OffloadConfig:
     poll_sleep_s: tuple[float, float] = (1e-5, 1e-4)
     offload_only: bool = False
     dma: DmaConfig | None = None
+    kept_step_graphs: int = 32
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -230,7 +236,7 @@ class OffloadConfig:
         if not isinstance(self.recall, RecallMode):
             raise TypeError(f"OffloadConfig.recall must be a RecallMode, got {self.recall!r}")
         _positive("OffloadConfig", host_blocks=self.host_blocks, max_seqs=self.max_seqs,
-                  poll_spin_iterations=self.poll_spin_iterations)
+                  poll_spin_iterations=self.poll_spin_iterations, kept_step_graphs=self.kept_step_graphs)
         if isinstance(self.dense_layers, bool) or not isinstance(self.dense_layers, int) or self.dense_layers < 0:
             raise ValueError(f"OffloadConfig.dense_layers must be an int >= 0, got {self.dense_layers!r}")
         if not isinstance(self.offload_only, bool):

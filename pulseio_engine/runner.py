@@ -29,13 +29,6 @@ from .scheduler import PrefillChunk
 if TYPE_CHECKING:
     from .offload import Offloader
 
-# Offload step graphs kept, one per batch size and split, least recently used dropped. A serving round's batch
-# sizes wander over every size up to the offload rows (12-14 on the H200 at a 6 GiB cap), split beside a normal
-# batch or whole alone, so fewer keys than that recapture on the clock; each keeps one decode step's
-# activations, tens of MB at those sizes.
-KEPT_STEP_GRAPHS = 32
-
-
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, *, max_batch: int, max_model_len: int,
                  use_cuda_graphs: bool, seed: int = 0) -> None:
@@ -145,7 +138,8 @@ class ModelRunner:
     def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False) -> OffloadStepGraph:
         """The batch's step graph with this step's inputs uploaded. A graph serves any batch of its size: the
         requests' state is moved into its rows (`Offloader.rebind`). One is kept per (size, split), up to
-        KEPT_STEP_GRAPHS; a size not kept is captured anew, and all are once the offloader's seats have grown.
+        `OffloadConfig.kept_step_graphs`; a size not kept is captured anew, and all are once the offloader's seats
+        have grown.
         `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece."""
         rids = tuple(s.request_id for s in seqs)
         key = (len(rids), split)
@@ -156,7 +150,7 @@ class ModelRunner:
             self._step_graphs.move_to_end(key)
             offloader.rebind(graph.batch, rids)
         else:
-            while len(self._step_graphs) >= KEPT_STEP_GRAPHS:
+            while len(self._step_graphs) >= offloader.offload.kept_step_graphs:
                 self._step_graphs.popitem(last=False)             # its pieces' pool goes before the next capture
             graph = OffloadStepGraph(self.model, self.kv, offloader, rids, self.max_blocks_per_seq,
                                      capture=self.graphs.use_graphs, split=split)

@@ -133,8 +133,10 @@ class ServingEngine:
         c = self.config
         recall = RecallMode.ALL_ON_GPU if on_gpu else c.recall
         dma = None if on_gpu else copier_dma(c.copier_ctas, c.copier_idle_us)
-        return OffloadConfig(sparse=c.sparse_config(), recall=recall, host_blocks=host_units, max_seqs=max_seqs,
-                             dense_layers=c.dense_layers, offload_only=not on_gpu, dma=dma)   # type: ignore[arg-type]
+        kept = max(OffloadConfig.kept_step_graphs, 2 * max_seqs)   # a whole and a split graph of every size it admits
+        return OffloadConfig(sparse=c.sparse_config(), recall=recall, host_blocks=host_units,  # type: ignore[arg-type]
+                             max_seqs=max_seqs, dense_layers=c.dense_layers, offload_only=not on_gpu, dma=dma,
+                             kept_step_graphs=kept)
 
     def copier(self) -> tuple[int, int] | None:
         """The offload runtime's resident copier as it runs: (copy CTAs, idle microseconds); None without one."""

@@ -25,7 +25,7 @@ import torch
 from pulseio.machine import gib, memory_budget
 
 from ..bench import measure_copy_bandwidth_sync, measure_upload_bandwidth
-from ..config import DType, SparseMode
+from ..config import DType, OffloadConfig, SparseMode
 from ..engine import TORCH_DTYPES
 from ..errors import EngineError, PromptTooLongError
 from ..kv.handoff import RandomKV
@@ -33,7 +33,6 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import ModelSource, load_checkpoint
 from ..offload import SteeringProfile
 from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
-from ..runner import KEPT_STEP_GRAPHS
 from ..trace import Trace
 from .budget import KVBudget, KVClass, size
 from .clock import Clock, ClockKind
@@ -179,9 +178,10 @@ def _serve_batch(serving: ServingEngine, source: ModelSource, seed: int, rid: in
 
 
 def sweep_sizes(serving: ServingEngine, tokens: int) -> dict[KVClass, int]:
-    """The largest batch of each class `warm_batch_sizes` warms: at most the batch cap, half the step graphs an
-    engine keeps (a size has two: split and whole) and, offloaded, the offload cap, with every batch of it and one
-    request of the other class (if any) of `tokens` tokens within the KV caps."""
+    """The largest batch of each class `warm_batch_sizes` warms: at most the batch cap, half the step graphs its
+    engine keeps (a size has two: split and whole; `OffloadConfig.kept_step_graphs`'s default for an engine without
+    step graphs) and, offloaded, the offload cap, with every batch of it and one request of the other class (if any)
+    of `tokens` tokens within the KV caps."""
     config, fp = serving.config, serving.footprint
     classes = [KVClass.NORMAL] + ([KVClass.OFFLOAD] if config.has_offload else [])
     gpu = {c: fp.device_bytes(c, tokens) for c in classes}
@@ -189,7 +189,9 @@ def sweep_sizes(serving: ServingEngine, tokens: int) -> dict[KVClass, int]:
     tops = {}
     for c in classes:
         other = [o for o in classes if o is not c]
-        top = min(config.max_batch, KEPT_STEP_GRAPHS // 2)
+        off = (serving.normal if c is KVClass.NORMAL else serving.offload).offloader     # type: ignore[union-attr]
+        kept = OffloadConfig.kept_step_graphs if off is None else off.offload.kept_step_graphs
+        top = min(config.max_batch, kept // 2)
         if c is KVClass.OFFLOAD:
             top = min(top, serving.sizes.max_offload)
         while top > 0 and (top * gpu[c] + sum(gpu[o] for o in other) > config.gpu_kv_bytes

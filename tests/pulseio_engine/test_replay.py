@@ -285,6 +285,21 @@ def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_
         assert rounds == []
 
 
+def test_an_offload_engine_keeps_and_the_warm_up_meets_every_batch_size_its_cap_admits() -> None:
+    """An offload cap past 16 requests (budget 1024 holds ~20 on the H200 at 6 GiB): the offload engine keeps a whole
+    and a split step graph for each size up to it, and the sweep warms each, where both stopped at 16 before."""
+    source = open_model("tiny")
+    m = source.config
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
+                           max_batch=24, max_offload_seqs=20)
+    heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
+    with ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
+                       dtype=DType.FLOAT32, max_model_len=64, heads=heads) as serving:
+        assert serving.offload.offloader.offload.kept_step_graphs == 40              # type: ignore[union-attr]
+        assert serving.normal.offloader.offload.kept_step_graphs == 32               # type: ignore[union-attr]
+        assert sweep_sizes(serving, 34) == {KVClass.NORMAL: 16, KVClass.OFFLOAD: 20}
+
+
 def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]]
                           ) -> tuple[list[tuple[int, int]], dict[KVClass, int], int]:
     """-> the warm-up's rounds (normal, offload batch sizes), the sweep's largest size of each class, and the step
