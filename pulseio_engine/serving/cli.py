@@ -79,6 +79,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--heads", type=Path, default=None, help="SoloHead's calibration (pulseio-engine calibrate); "
                                                            "presets take any head")
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
+    r.add_argument("--max-offload", type=int_at_least(1), default=None,
+                   help="offload modes: offload requests at most (each holds hot sets on the GPU; the warm-up meets "
+                        "every offload batch size up to it; default: as many as the GPU KV cap holds at the threshold)")
     r.add_argument("--gpu-ahead", type=int_at_least(1), default=None,
                    help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU (default: 8 with "
                         "overlapped rounds, whose next launch must run while the GPU still has work; 1 without)")
@@ -240,7 +243,8 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              offload_threshold=args.offload_threshold, irq=False if args.no_irq else None,
                              token_budget=args.token_budget,
                              selection=None if args.selection is None else SparseMode(args.selection),
-                             max_batch=args.max_batch, gpu_ahead=args.gpu_ahead, normal_steps=args.normal_steps,
+                             max_batch=args.max_batch, max_offload_seqs=args.max_offload, gpu_ahead=args.gpu_ahead,
+                             normal_steps=args.normal_steps,
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
                              two_streams=args.two_streams)

@@ -69,14 +69,15 @@ class ServingConfig:
         if self.has_offload and self.host_kv_bytes < 1:
             raise ValueError(f"ServingConfig.host_kv_bytes must be >= 1 for {self.mode.value} (its host pool), "
                              f"got {self.host_kv_bytes!r}")
-        for name in ("copier_ctas", "copier_idle_us"):
+        for name in ("max_offload_seqs", "copier_ctas", "copier_idle_us"):
             value = getattr(self, name)
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ServingConfig.{name} must be an int >= 1 or None, got {value!r}")
             if not self.has_offload:
-                raise ValueError(f"{self.mode.value} has no offload runtime, so no copier to set {name} of")
+                raise ValueError(f"{self.mode.value} offloads no request, so it has no "
+                                 f"{'offload batch' if name == 'max_offload_seqs' else 'copier'} to set {name} of")
         if self.irq and self.mode is not ServeMode.PULSEINFER:
             raise ValueError(f"IRQ interleaves pulseinfer's normal and offload batches; {self.mode.value} runs "
                              "coupled batches (leave irq unset)")

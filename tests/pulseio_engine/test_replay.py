@@ -300,6 +300,15 @@ def test_an_offload_engine_keeps_and_the_warm_up_meets_every_batch_size_its_cap_
         assert sweep_sizes(serving, 34) == {KVClass.NORMAL: 16, KVClass.OFFLOAD: 20}
 
 
+def test_max_offload_caps_the_offload_batch(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                 "--requests", "20", "--max-offload", "1", "--no-warmup", "--json", str(out)]) == 0
+    report = load_report(out)                                   # without it: 3 offload requests, batches of 2
+    assert report["summary"]["complete"] and report["memory"]["max_offload"] == 1
+    assert max(int(size) for size in report["batches"]["offload"]) == 1
+
+
 def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]]
                           ) -> tuple[list[tuple[int, int]], dict[KVClass, int], int]:
     """-> the warm-up's rounds (normal, offload batch sizes), the sweep's largest size of each class, and the step

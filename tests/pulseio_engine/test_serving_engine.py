@@ -91,9 +91,13 @@ def test_overlapped_rounds_let_the_host_further_ahead_unless_told() -> None:
         ahead(normal_steps=0)
 
 
-def test_the_copier_belongs_to_the_offload_modes() -> None:
-    with pytest.raises(ValueError, match="vanilla has no offload runtime, so no copier to set copier_ctas of"):
+def test_the_copier_and_the_offload_cap_belong_to_the_offload_modes() -> None:
+    with pytest.raises(ValueError, match="vanilla offloads no request, so it has no copier to set copier_ctas of"):
         ServingConfig(ServeMode.VANILLA, gpu_kv_bytes=1, copier_ctas=8)
+    with pytest.raises(ValueError, match="quest offloads no request, so it has no offload batch to set max_offload"):
+        ServingConfig(ServeMode.QUEST, gpu_kv_bytes=1, max_offload_seqs=8)
+    with pytest.raises(ValueError, match=r"max_offload_seqs must be an int >= 1 or None, got 0"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, max_offload_seqs=0)
     with pytest.raises(ValueError, match=r"copier_idle_us must be an int >= 1 or None, got 0"):
         ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, copier_idle_us=0)
     assert ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1, host_kv_bytes=1, copier_ctas=8).copier_ctas == 8
