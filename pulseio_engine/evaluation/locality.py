@@ -186,8 +186,8 @@ def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _
         engine.step()
         if engine.statistics().decode_tokens == decoded:      # the prefill step
             continue
-        current = [offloader.last_selection[layer][0]                          # [S, K] per offloaded layer
-                   for layer in range(offloader.dense, engine.config.model.num_layers)]
+        current = [offloader.last_selection[layer][0].clone()      # [S, K] per offloaded layer; the batch's
+                   for layer in range(offloader.dense, engine.config.model.num_layers)]  # buffer, rewritten each step
         if previous is not None and resident is not None:
             for li, (prev, cur) in enumerate(zip(previous, current)):
                 tally.add(li, prev, cur, resident[li], config.sparse)

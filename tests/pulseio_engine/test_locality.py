@@ -55,6 +55,11 @@ def test_tiny_quest_run_reports_every_offloaded_layer(text_cache: Path) -> None:
     for key in ("overlap", "recall_fraction"):
         assert len(record[key]) == 2 and all(0.0 <= x <= 1.0 for x in record[key]), record[key]
     assert 0.0 <= record["mean_overlap"] <= 1.0 and 0.0 < record["mean_recall_fraction"] <= 1.0
+    # the hot set holds the previous selection, so a middle block the step did not keep was recalled: a step that
+    # recalls more than its one new block cannot have kept every middle block (each step compared with itself did)
+    k = record["budget_blocks"]
+    for overlap, recall in zip(record["overlap"], record["recall_fraction"]):
+        assert recall * k <= 1.0 + 1e-9 or overlap < 1.0, (overlap, recall)
     assert json.loads(json.dumps(record)) == record
 
 
