@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import statistics
 import sys
 from collections import deque
@@ -47,6 +48,7 @@ from pulseio_engine.serving.config import ServeMode, ServingConfig  # noqa: E402
 from pulseio_engine.serving.metrics import Recorder  # noqa: E402
 from pulseio_engine.serving.outer import OuterScheduler  # noqa: E402
 from pulseio_engine.serving.pools import plan_pools  # noqa: E402
+from pulseio_engine.serving.replay import steering_context  # noqa: E402
 from pulseio_engine.sparse_bench import default_profile  # noqa: E402
 from pulseio_engine.step_bytes import StepShape, step_bytes  # noqa: E402
 from pulseio_engine.trace import Trace  # noqa: E402
@@ -96,21 +98,23 @@ class Forecast:
         return short.get("p50_ms"), short.get("p99_ms")
 
 
-def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: StepShape) -> tuple[float, float]:
-    """(bytes an offload request recalls a decode step once warm, bytes to fill its hot sets once) at the steered
-    locality: per offloaded layer, the budget's blocks its hot set missed."""
+def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: StepShape, context: int
+                     ) -> tuple[float, float]:
+    """(bytes an offload request recalls a decode step once warm, bytes to fill its hot sets once) at the locality
+    a replay steers to (measured nearest `context`): per offloaded layer, the budget's blocks its hot set missed."""
     s = shape.sparse
     assert s is not None and config.sparse is not None
-    profile = default_profile(config.sparse, config.token_budget)
+    profile = default_profile(config.sparse, config.token_budget, context)
     overlap = profile.overlap_for(model_config.num_layers, config.dense_layers)[config.dense_layers:]
     block = s.block_size * shape.token_layer                     # every KV head's K and V of one block, one layer
     warm = sum(1.0 - o for o in overlap) * s.budget_blocks * block
     return warm, len(overlap) * s.budget_blocks * block
 
 
-def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16
-             ) -> Forecast:
-    """Replay `trace` as `config` would, each round timed by its bytes (see the module doc)."""
+def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16,
+             locality_context: int | None = None) -> Forecast:
+    """Replay `trace` as `config` would, each round timed by its bytes (see the module doc); the recall at the
+    locality `replay` steers to (`locality_context` as its option)."""
     model_config = open_model(model).config
     footprint, sizes = plan_pools(config, model_config, dtype)
     budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
@@ -123,7 +127,8 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
     warm_recall = fill = 0.0
     if config.has_offload:
         shapes[KVClass.OFFLOAD] = shapes[KVClass.NORMAL]
-        warm_recall, fill = recall_per_token(config, model_config, shapes[KVClass.OFFLOAD])
+        warm_recall, fill = recall_per_token(config, model_config, shapes[KVClass.OFFLOAD],
+                                             locality_context or steering_context(trace))
     copy, link, e = rates.copy_gbps * 1e9, rates.link_gbps * 1e9, rates.efficiency
 
     rec = Recorder()
@@ -194,12 +199,13 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
-                   throughput: float) -> float:
+                   throughput: float, locality_context: int | None = None) -> float:
     """The `e` at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows)."""
     lo, hi = 0.5, 5.0
     for _ in range(24):
         mid = (lo + hi) / 2
-        got = forecast(trace, model, config, Rates(copy_gbps, link_gbps, mid)).throughput
+        got = forecast(trace, model, config, Rates(copy_gbps, link_gbps, mid),
+                       locality_context=locality_context).throughput
         lo, hi = (mid, hi) if got > throughput else (lo, mid)
     return (lo + hi) / 2
 
@@ -263,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", dest="offload_threshold", type=int, nargs="+", default=[4096])
     parser.add_argument("--budget", dest="token_budget", type=int, nargs="+", default=[2048])
     parser.add_argument("--normal-steps", type=int, nargs="+", default=[1])
+    parser.add_argument("--locality-context", type=int, default=None, metavar="TOKENS",
+                        help="the recall at the shipped locality measured nearest this context, as `replay "
+                             "--locality-context` steers (default: nearest the trace's median prompt, as replay)")
     parser.add_argument("--modes", nargs="+", default=["vanilla", "pulseinfer", "pulseinfer --no-irq"],
                         choices=list(MODES))
     parser.add_argument("--copy-gbps", type=float, default=4290.0, help="device-to-device copy, GB/s")
@@ -295,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
                                 offload_threshold=cfg["offload_threshold"] or 4096, token_budget=cfg["token_budget"],
                                 normal_steps=cfg["normal_steps"])
         measured = report["summary"]["decode_throughput_tok_s"]
-        e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured)
+        steered = re.search(r"context (\d+)", cfg.get("steering") or "")     # the locality the run was steered to
+        e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
+                           int(steered.group(1)) if steered else None)
         print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency {e:.3f}")
     if args.fit:
         return 0
@@ -314,14 +325,14 @@ def main(argv: list[str] | None = None) -> int:
                 key = (mode, options["gpu_kv_gib"])
                 if key in vanillas:
                     continue
-            f = forecast(trace, args.model, config, rates(mode))
+            f = forecast(trace, args.model, config, rates(mode), locality_context=args.locality_context)
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
             need = None
             if args.need is not None and base is not None and config.has_offload:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
-                                      args.need * base.throughput)
+                                      args.need * base.throughput, args.locality_context)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 

@@ -56,7 +56,7 @@ from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
 from .serving.cli import add_parsers as add_serving_parsers
-from .sparse_bench import SparseBenchMode, SparseBenchResult, run_sparse_bench
+from .sparse_bench import SparseBenchMode, SparseBenchResult, default_profile, run_sparse_bench
 
 PROG = "pulseio-engine"
 
@@ -151,6 +151,8 @@ def _bench(args: argparse.Namespace) -> int:
             source, mode=SparseBenchMode(args.mode), batch_size=args.batch_size, context_len=args.context_len,
             steps=args.steps, warmup=args.warmup, token_budget=args.token_budget,
             selection=SparseMode(args.selection), device=device, progress=progress_enabled(args.progress),
+            locality=None if args.locality_context is None else default_profile(
+                SparseMode(args.selection), args.token_budget, args.locality_context),
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
             dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
             compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm)
@@ -268,6 +270,9 @@ def _parser() -> argparse.ArgumentParser:
                    default=SparseMode.SOLOHEAD.value,
                    help="sparse modes: one SoloHead head selects for all KV heads (one unit per block: all KV heads) "
                         "or each KV head selects its own blocks (Quest)")
+    b.add_argument("--locality-context", type=int_at_least(1), default=None, metavar="TOKENS",
+                   help="sparse modes: steer the selection to the shipped locality measured nearest this context "
+                        "(default: nearest --context-len; `pulseio-engine locality` measures them)")
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")

@@ -85,11 +85,16 @@ class SparseBenchMode(Enum):
                 SparseBenchMode.OFFLOAD_DOORBELL: RecallMode.DOORBELL}[self]
 
 
-def default_profile(selection: SparseMode, token_budget: int) -> LocalityProfile:
+def default_profile(selection: SparseMode, token_budget: int, context_len: int | None = None) -> LocalityProfile:
     """The shipped locality measurement a preset runs with: of the same selection, Qwen2.5 before
-    SmolLM2 (the closer architecture to the Qwen3 presets), the nearest budget, the longest context."""
+    SmolLM2 (the closer architecture to the Qwen3 presets), the nearest budget, then the context nearest
+    `context_len` (the longer of two as near; None: the longest measured). A longer context keeps less of
+    its selection from step to step, so the choice sets how much a step recalls."""
+    def distance(p: LocalityProfile) -> int:
+        return 0 if context_len is None else abs(p.context_len - context_len)
+
     return min(packaged_profiles(), key=lambda p: (p.mode is not selection, not p.model.startswith("qwen"),
-                                                   abs(p.token_budget - token_budget), -p.context_len))
+                                                   abs(p.token_budget - token_budget), distance(p), -p.context_len))
 
 
 def describe(profile: LocalityProfile) -> str:
@@ -366,7 +371,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu, dma=dma)
-    locality = locality or default_profile(selection, token_budget)
+    locality = locality or default_profile(selection, token_budget, context_len)
     bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
                            f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,

@@ -76,6 +76,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--selection", choices=_SELECTIONS, default=None,
                    help="sparse modes: which heads select (default: quest for quest / offload-sync, solohead for "
                         "pulseinfer)")
+    r.add_argument("--locality-context", type=int_at_least(1), default=None, metavar="TOKENS",
+                   help="random-weight presets: steer the selection to the shipped locality measured nearest this "
+                        "context (default: nearest the trace's median prompt)")
     r.add_argument("--heads", type=Path, default=None, help="SoloHead's calibration (pulseio-engine calibrate); "
                                                            "presets take any head")
     r.add_argument("--max-batch", type=int_at_least(1), default=256, help="requests in each batch at most")
@@ -169,7 +172,8 @@ def _replay(args: argparse.Namespace) -> int:
     options = ReplayOptions(device=device, clock=None if args.clock == "auto" else ClockKind(args.clock),
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
                             use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup,
-                            timeline_dir=args.timeline_dir, skinny_gemm=not args.no_skinny_gemm)
+                            timeline_dir=args.timeline_dir, skinny_gemm=not args.no_skinny_gemm,
+                            locality_context=args.locality_context)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
     status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows

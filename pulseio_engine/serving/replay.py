@@ -52,7 +52,9 @@ class ReplayOptions:
     `heads`: the SoloHead calibration (needed for real models; presets take any head); `busy_every`: profile
     the GPU's timeline 5 rounds out of every this many (0: never); `warmup`: run `warm_up` before the clock
     starts, as a server warms up before it takes traffic; `timeline_dir`: write those windows' timelines there
-    (`BusyMeter`); `skinny_gemm`: `EngineConfig.skinny_gemm` (False: every projection through cuBLAS)."""
+    (`BusyMeter`); `skinny_gemm`: `EngineConfig.skinny_gemm` (False: every projection through cuBLAS);
+    `locality_context`: a random-weight preset's selection is steered to the shipped locality measured nearest
+    this context (None: nearest the trace's median prompt; `steering_context`)."""
 
     device: str = "cpu"
     clock: ClockKind | None = None
@@ -63,6 +65,7 @@ class ReplayOptions:
     warmup: bool = True
     timeline_dir: Path | None = None
     skinny_gemm: bool = True
+    locality_context: int | None = None
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -87,7 +90,8 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
                        heads=heads, use_cuda_graphs=options.use_cuda_graphs,
                        skinny_gemm=options.skinny_gemm) as serving:
-        steering = _steer(serving, source, config, options.seed)
+        steering = _steer(serving, source, config, options.seed,
+                          options.locality_context or steering_context(trace))
         warmup_s = 0.0
         if options.warmup:
             say("warming up: compiling the kernels and capturing the steps the first rounds need, before the clock")
@@ -334,12 +338,18 @@ def _heads(source: ModelSource, config: ServingConfig, path: Path | None) -> Ret
     return RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(m.num_kv_heads - 1,) * m.num_layers)
 
 
-def _steer(serving: ServingEngine, source: ModelSource, config: ServingConfig, seed: int) -> str | None:
+def steering_context(trace: Trace) -> int:
+    """The context a replay's steering is measured nearest by default: the trace's median prompt."""
+    return int(np.median([r.input_len for r in trace.requests]))
+
+
+def _steer(serving: ServingEngine, source: ModelSource, config: ServingConfig, seed: int, context: int
+           ) -> str | None:
     if not source.random or config.sparse is None:
         return None
     from ..sparse_bench import default_profile, describe
 
-    profile = default_profile(config.sparse, config.token_budget)
+    profile = default_profile(config.sparse, config.token_budget, context)
     serving.set_steering(SteeringProfile(profile.overlap_for(source.config.num_layers, config.dense_layers), seed))
     return describe(profile)
 

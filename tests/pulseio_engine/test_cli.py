@@ -46,6 +46,9 @@ def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytes
     result = json.loads(path.read_text())
     assert (result["copier_ctas"], result["copier_idle_us"]) == (RECALL_COPY_CTAS, 70), \
         "the flag set, the other the engine's default"
+    assert "budget 512 context 2048:" in result["locality"], "steered nearest its 320-token context"
+    assert main([*common, "--mode", "offload-doorbell", "--locality-context", "4000", "--json", str(path)]) == 0
+    assert "budget 512 context 4096:" in json.loads(path.read_text())["locality"]
     capsys.readouterr()
     assert main([*common, "--mode", "all-on-gpu", "--copier-ctas", "32"]) == 2
     assert ("--copier-ctas set the offload runtime's copier, and --mode all-on-gpu runs none"

@@ -60,7 +60,7 @@ def test_a_round_of_both_batches_is_their_bytes_and_the_recall_the_normal_batch_
         config = forecast_serving.serving_config(irq, gpu_kv_gib=1.0, host_kv_gib=1.0, offload_threshold=1024,
                                                  token_budget=256, normal_steps=1)
         shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
-        warm, fill = forecast_serving.recall_per_token(config, model, shape)
+        warm, fill = forecast_serving.recall_per_token(config, model, shape, forecast_serving.steering_context(trace))
         assert 0 < warm < fill
         f = forecast_serving.forecast(trace, "tiny", config, rates)
         durations = [r.dt_s for r in f.recorder.rounds]

@@ -309,6 +309,16 @@ def test_max_offload_caps_the_offload_batch(tmp_path: Path) -> None:
     assert max(int(size) for size in report["batches"]["offload"]) == 1
 
 
+def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str, dict], tmp_path: Path) -> None:
+    """A random-weight preset's selection is steered to the locality measured nearest the trace's median prompt
+    (the slice's are clipped to 1,536 tokens: the 2K record), or nearest --locality-context."""
+    assert re.search(r"budget 512 context 2048:", reports["mooncake"]["config"]["steering"])
+    out = tmp_path / "r.json"
+    assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                 "--requests", "8", "--locality-context", "4000", "--no-warmup", "--json", str(out)]) == 0
+    assert re.search(r"budget 512 context 4096:", load_report(out)["config"]["steering"])
+
+
 def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]]
                           ) -> tuple[list[tuple[int, int]], dict[KVClass, int], int]:
     """-> the warm-up's rounds (normal, offload batch sizes), the sweep's largest size of each class, and the step

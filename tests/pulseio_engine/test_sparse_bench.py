@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pulseio_engine.config import SparseMode
-from pulseio_engine.evaluation.locality import LocalityProfile
+from pulseio_engine.evaluation.locality import LocalityProfile, packaged_profiles
 from pulseio_engine.sparse_bench import (
     SparseBenchMode,
     StampTotals,
@@ -79,6 +79,14 @@ def test_presets_select_with_the_closest_shipped_locality() -> None:
     assert (profile.model, profile.mode, profile.token_budget) == ("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 2048)
     overlap = profile.overlap_for(40, 2)
     assert len(overlap) == 40 and overlap[:2] == (1.0, 1.0) and all(0.3 < o < 1 for o in overlap[2:])
+    measured = sorted({p.context_len for p in packaged_profiles() if (p.model, p.mode, p.token_budget) ==
+                       ("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 1024)})
+    assert len(measured) >= 2 and default_profile(SparseMode.SOLOHEAD, 1024).context_len == measured[-1]
+    for context in measured:                                    # the nearest context; of two as near, the longer
+        assert default_profile(SparseMode.SOLOHEAD, 1024, context).context_len == context
+        assert default_profile(SparseMode.SOLOHEAD, 1024, context + 1).context_len == context
+    between = (measured[0] + measured[1]) // 2
+    assert default_profile(SparseMode.SOLOHEAD, 1024, between).context_len == measured[1]
 
 
 def test_stamp_totals_add_up_and_give_percentiles_per_request() -> None:
