@@ -276,5 +276,7 @@ def _locality(args: argparse.Namespace) -> int:
         print(f"{layer:>5} {overlap:>8.3f} {recall:>7.3f}")
     print(f"{result['model']} {result['mode']} budget {result['token_budget']} context {result['context_len']}: "
           f"mean overlap {result['mean_overlap']:.3f}, mean recall {result['mean_recall_fraction']:.3f} of the budget "
-          f"per step ({result['seconds']:.1f} s)")
+          f"per step ({result['seconds']:.1f} s); with a hot cache of "
+          + " / ".join(f"{f:g}" for f in result["hot_cache_factors"]) + " budgets: "
+          + " / ".join(f"{r:.3f}" for r in result["mean_hot_cache_recall_fraction"]))
     return 0

@@ -16,12 +16,16 @@ consecutive steps t-1, t (`steps - 1` transitions per window):
     recall    = sum |sel_t - resident_{t-1}| / (K * rows * transitions)
 
 `recall` is the fraction of the K-block budget that step t had to fetch from the host (the count of
-`RecallPlan.blocks >= 0` over K): the new block being written included. The JSON record:
+`RecallPlan.blocks >= 0` over K): the new block being written included. The engine's hot set holds the K
+blocks of the previous selection; `hot_cache_recall_fraction` is the same fraction for a hot cache of f * K
+blocks per layer and row, least recently selected out first (simulated on the same selections, one list per
+factor of `hot_cache_factors`): what a larger hot set would save. The JSON record:
 
     {"model", "mode", "context_len", "steps", "samples", "token_budget", "block_size", "sink_blocks",
      "local_blocks", "group_score", "budget_blocks", "dense_layers", "rows", "text", "seconds",
      "layers": [offloaded layer ids], "overlap": [per layer], "recall_fraction": [per layer],
-     "mean_overlap", "mean_recall_fraction"}
+     "mean_overlap", "mean_recall_fraction", "hot_cache_factors": [f...],
+     "hot_cache_recall_fraction": [[per layer] per factor], "mean_hot_cache_recall_fraction": [per factor]}
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ from ..request import SamplingParams
 
 RECORD_KEYS = ("model", "mode", "context_len", "steps", "samples", "token_budget", "block_size", "sink_blocks",
                "local_blocks", "group_score", "budget_blocks", "dense_layers", "rows", "text", "seconds", "layers",
-               "overlap", "recall_fraction", "mean_overlap", "mean_recall_fraction")
+               "overlap", "recall_fraction", "mean_overlap", "mean_recall_fraction", "hot_cache_factors",
+               "hot_cache_recall_fraction", "mean_hot_cache_recall_fraction")
+HOT_CACHE_FACTORS = (1.5, 2.0, 4.0)      # hot caches simulated, in budgets
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,41 @@ class _Tally:
         return (kept / middle.clamp(min=1)).tolist(), (fetched / slots.clamp(min=1)).tolist()
 
 
+class HotCaches:
+    """Hot caches of `capacity` blocks for each (layer, row), the least recently selected block out first: per
+    layer, the selected blocks each step finds missing (it fetches them). Steps before any is tallied (`start`)
+    fill the caches without counting."""
+
+    def __init__(self, num_layers: int, capacity: int) -> None:
+        self.capacity = capacity
+        self.caches: list[dict[tuple[int, int], int]] = [{} for _ in range(num_layers)]   # (row, block) -> step
+        self.missing = [0] * num_layers
+        self.slots = [0] * num_layers
+        self._step = 0
+
+    def select(self, li: int, selection: torch.Tensor, *, tally: bool) -> None:
+        """One step's selection of layer `li`, [S, K] block ids (-1: padding)."""
+        cache, step = self.caches[li], self._step
+        rows = selection.tolist()
+        for row, blocks in enumerate(rows):
+            chosen = [(row, b) for b in blocks if b >= 0]
+            if tally:
+                self.missing[li] += sum(key not in cache for key in chosen)
+                self.slots[li] += len(blocks)
+            for key in chosen:
+                cache[key] = step
+            held = [key for key in cache if key[0] == row]
+            if len(held) > self.capacity:                   # the oldest first; this step's blocks are the newest
+                for key in sorted(held, key=cache.__getitem__)[:len(held) - self.capacity]:
+                    del cache[key]
+
+    def next_step(self) -> None:
+        self._step += 1
+
+    def fractions(self) -> list[float]:
+        return [m / max(s, 1) for m, s in zip(self.missing, self.slots)]
+
+
 def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | None = None,
                  device: str = "cpu") -> dict[str, Any]:
     """Measure `config.mode`'s locality on `model` (a fetchable name, preset, .gguf or checkpoint) -> the
@@ -144,11 +185,15 @@ def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | 
     with _engine(ckpt, config.sparse, tokens + 1, heads, device, dtype) as engine:   # + the token sampled last
         offloader = engine.offloader
         assert offloader is not None
-        tally = _Tally(ckpt.config.num_layers - offloader.dense)
+        layers = ckpt.config.num_layers - offloader.dense
+        tally = _Tally(layers)
+        k = config.sparse.budget_blocks
+        caches = [HotCaches(layers, round(f * k)) for f in HOT_CACHE_FACTORS]
         for window in windows:
-            _measure(engine, window, config, tally)
+            _measure(engine, window, config, tally, [HotCaches(layers, c.capacity) for c in caches], caches)
         rows = offloader.digests.width
     overlap, recall = tally.figures()
+    hot = [c.fractions() for c in caches]
     dense, sparse = offloader.dense, config.sparse
     return {"model": model, "mode": config.mode.value, "context_len": config.context_len, "steps": config.steps,
             "samples": config.samples, "token_budget": config.token_budget, "block_size": sparse.block_size,
@@ -159,7 +204,10 @@ def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | 
             "layers": list(range(dense, dense + len(overlap))),
             "overlap": [round(o, 4) for o in overlap], "recall_fraction": [round(r, 4) for r in recall],
             "mean_overlap": round(sum(overlap) / len(overlap), 4),
-            "mean_recall_fraction": round(sum(recall) / len(recall), 4)}
+            "mean_recall_fraction": round(sum(recall) / len(recall), 4),
+            "hot_cache_factors": list(HOT_CACHE_FACTORS),
+            "hot_cache_recall_fraction": [[round(r, 4) for r in fractions] for fractions in hot],
+            "mean_hot_cache_recall_fraction": [round(sum(f) / len(f), 4) for f in hot]}
 
 
 def _engine(ckpt: Any, sparse: SparseConfig, tokens: int, heads: RetrievalHeads | None, device: str,
@@ -174,8 +222,11 @@ def _engine(ckpt: Any, sparse: SparseConfig, tokens: int, heads: RetrievalHeads 
     return Engine(config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
 
 
-def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _Tally) -> None:
-    """Decode one window's last `steps` tokens, tallying each transition of every offloaded layer."""
+def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _Tally, fresh: list[HotCaches],
+             totals: list[HotCaches]) -> None:
+    """Decode one window's last `steps` tokens, tallying each transition of every offloaded layer, and each step
+    after the first through the window's own hot caches (`fresh`: empty, one per simulated size), whose counts
+    are added to `totals`."""
     offloader = engine.offloader
     assert offloader is not None
     rid = engine.add_request(window, SamplingParams(max_new_tokens=1), offload=True, decode_tail=config.steps)
@@ -191,7 +242,14 @@ def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _
         if previous is not None and resident is not None:
             for li, (prev, cur) in enumerate(zip(previous, current)):
                 tally.add(li, prev, cur, resident[li], config.sparse)
+        for caches in fresh:
+            for li, cur in enumerate(current):
+                caches.select(li, cur, tally=previous is not None)
+            caches.next_step()
         previous = current
+    for caches, total in zip(fresh, totals):
+        total.missing = [a + b for a, b in zip(total.missing, caches.missing)]
+        total.slots = [a + b for a, b in zip(total.slots, caches.slots)]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pulseio_engine.cli import main
 from pulseio_engine.config import SparseConfig, SparseMode
 from pulseio_engine.evaluation.locality import (
     RECORD_KEYS,
+    HotCaches,
     LocalityConfig,
     LocalityProfile,
     middle_overlap,
@@ -48,6 +49,24 @@ def test_overlap_counts_middle_blocks_that_existed_and_were_selected() -> None:
     assert recalled(cur, resident).tolist() == [2]               # 4 and 10
 
 
+def test_a_hot_cache_of_the_budget_holds_the_last_selection_and_a_larger_one_the_least_recently_selected_out() -> None:
+    steps = [[[0, 1, 2, 3]], [[0, 1, 4, 5]], [[2, 3, 6, 7]], [[0, 1, 4, 6]]]      # [S=1, K=4] per step
+    small, large = HotCaches(1, 4), HotCaches(1, 6)
+    for t, ids in enumerate(steps):
+        for caches in (small, large):
+            caches.select(0, torch.tensor(ids), tally=t > 0)
+            caches.next_step()
+    assert small.missing == [2 + 4 + 3] and small.slots == [12], "what the last selection lacked, as the engine"
+    # capacity 6: step 1 keeps 2, 3 beside 0, 1, 4, 5; step 2 misses 6, 7 and drops 0, 1 (selected least recently,
+    # with 4, 5: the first of them go), which step 3 misses
+    assert large.missing == [2 + 2 + 2], large.missing
+    padded = HotCaches(1, 4)
+    padded.select(0, torch.tensor([[0, 1, -1, -1]]), tally=False)
+    padded.next_step()
+    padded.select(0, torch.tensor([[0, 2, -1, -1]]), tally=True)
+    assert padded.missing == [1] and padded.slots == [4], "padding is neither fetched nor held"
+
+
 def test_tiny_quest_run_reports_every_offloaded_layer(text_cache: Path) -> None:
     record = run_locality("tiny", LocalityConfig(context_len=256, steps=8, token_budget=96, mode=SparseMode.QUEST))
     assert tuple(record) == RECORD_KEYS
@@ -60,6 +79,12 @@ def test_tiny_quest_run_reports_every_offloaded_layer(text_cache: Path) -> None:
     k = record["budget_blocks"]
     for overlap, recall in zip(record["overlap"], record["recall_fraction"]):
         assert recall * k <= 1.0 + 1e-9 or overlap < 1.0, (overlap, recall)
+    # a larger least-recently-selected cache holds what a smaller one holds (LRU is a stack algorithm), and the
+    # smallest simulated is larger than the engine's hot set of the last selection
+    assert record["hot_cache_factors"] == sorted(record["hot_cache_factors"]) and record["hot_cache_factors"][0] > 1
+    for li, recall in enumerate(record["recall_fraction"]):
+        fractions = [per_layer[li] for per_layer in record["hot_cache_recall_fraction"]]
+        assert all(a >= b for a, b in zip([recall, *fractions], fractions)), (recall, fractions)
     assert json.loads(json.dumps(record)) == record
 
 
