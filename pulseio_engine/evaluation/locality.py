@@ -130,8 +130,8 @@ class _Tally:
 
 class HotCaches:
     """Hot caches of `capacity` blocks for each (layer, row), the least recently selected block out first: per
-    layer, the selected blocks each step finds missing (it fetches them). Steps before any is tallied (`start`)
-    fill the caches without counting."""
+    layer, the selected blocks each step finds missing (it fetches them). A step selected with `tally=False` (a
+    window's first) fills the caches without counting."""
 
     def __init__(self, num_layers: int, capacity: int) -> None:
         self.capacity = capacity
