@@ -36,7 +36,7 @@ import re
 import statistics
 import sys
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run without PYTHONPATH too
@@ -47,7 +47,7 @@ from pulseio_engine.serving.budget import KVBudget, KVClass  # noqa: E402
 from pulseio_engine.serving.config import ServeMode, ServingConfig  # noqa: E402
 from pulseio_engine.serving.metrics import Recorder  # noqa: E402
 from pulseio_engine.serving.outer import OuterScheduler  # noqa: E402
-from pulseio_engine.serving.pools import plan_pools  # noqa: E402
+from pulseio_engine.serving.pools import plan_pools, pool_sizes  # noqa: E402
 from pulseio_engine.serving.replay import steering_context  # noqa: E402
 from pulseio_engine.sparse_bench import default_profile  # noqa: E402
 from pulseio_engine.step_bytes import StepShape, step_bytes  # noqa: E402
@@ -98,25 +98,42 @@ class Forecast:
         return short.get("p50_ms"), short.get("p99_ms")
 
 
-def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: StepShape, context: int
-                     ) -> tuple[float, float]:
+def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: StepShape, context: int,
+                     hot_cache: float = 1.0) -> tuple[float, float]:
     """(bytes an offload request recalls a decode step once warm, bytes to fill its hot sets once) at the locality
-    a replay steers to (measured nearest `context`): per offloaded layer, the budget's blocks its hot set missed."""
+    a replay steers to (measured nearest `context`): per offloaded layer, the budget's blocks its hot set missed.
+    `hot_cache` > 1: a hot set of that many budgets (not built: a what-if), each layer's recall scaled by what the
+    measured record's simulated cache of that size fetches against the budget-sized one."""
     s = shape.sparse
     assert s is not None and config.sparse is not None
     profile = default_profile(config.sparse, config.token_budget, context)
-    overlap = profile.overlap_for(model_config.num_layers, config.dense_layers)[config.dense_layers:]
+    scale = [1.0] * len(profile.overlap)
+    if hot_cache != 1.0:
+        if hot_cache not in profile.hot_cache:
+            raise ValueError(f"the locality record {profile.model} {profile.mode.value} budget {profile.token_budget} "
+                             f"context {profile.context_len} simulated no hot cache of {hot_cache:g} budgets "
+                             f"(it has: {', '.join(f'{f:g}' for f in profile.hot_cache) or 'none'})")
+        scale = [h / r if r > 0 else 0.0 for h, r in zip(profile.hot_cache[hot_cache], profile.recall_fraction)]
+
+    def per_layer(values: list[float]) -> tuple[float, ...]:    # stretched over the model's layers as steering is
+        return replace(profile, overlap=tuple(values)).overlap_for(model_config.num_layers,
+                                                                   config.dense_layers)[config.dense_layers:]
+
+    missed = per_layer([(1.0 - o) * k for o, k in zip(profile.overlap, scale)])
     block = s.block_size * shape.token_layer                     # every KV head's K and V of one block, one layer
-    warm = sum(1.0 - o for o in overlap) * s.budget_blocks * block
-    return warm, len(overlap) * s.budget_blocks * block
+    return sum(missed) * s.budget_blocks * block, len(missed) * s.budget_blocks * block
 
 
 def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16,
-             locality_context: int | None = None) -> Forecast:
+             locality_context: int | None = None, hot_cache: float = 1.0) -> Forecast:
     """Replay `trace` as `config` would, each round timed by its bytes (see the module doc); the recall at the
-    locality `replay` steers to (`locality_context` as its option)."""
+    locality `replay` steers to (`locality_context` as its option); `hot_cache`: offload requests hold that many
+    budgets of hot slots (`recall_per_token`), the GPU bytes they are charged with them."""
     model_config = open_model(model).config
     footprint, sizes = plan_pools(config, model_config, dtype)
+    if hot_cache != 1.0:
+        footprint = replace(footprint, offload_fixed=round(footprint.offload_fixed * hot_cache))
+        sizes = pool_sizes(config, footprint, 1)          # the offload cap at the larger hot sets
     budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
     outer = OuterScheduler(budget, threshold=config.offload_threshold if config.has_offload else None,
                            max_batch=config.max_batch, max_offload=max(1, sizes.max_offload))
@@ -128,7 +145,7 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
     if config.has_offload:
         shapes[KVClass.OFFLOAD] = shapes[KVClass.NORMAL]
         warm_recall, fill = recall_per_token(config, model_config, shapes[KVClass.OFFLOAD],
-                                             locality_context or steering_context(trace))
+                                             locality_context or steering_context(trace), hot_cache)
     copy, link, e = rates.copy_gbps * 1e9, rates.link_gbps * 1e9, rates.efficiency
 
     rec = Recorder()
@@ -199,13 +216,13 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
-                   throughput: float, locality_context: int | None = None) -> float:
+                   throughput: float, locality_context: int | None = None, hot_cache: float = 1.0) -> float:
     """The `e` at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows)."""
     lo, hi = 0.5, 5.0
     for _ in range(24):
         mid = (lo + hi) / 2
-        got = forecast(trace, model, config, Rates(copy_gbps, link_gbps, mid),
-                       locality_context=locality_context).throughput
+        got = forecast(trace, model, config, Rates(copy_gbps, link_gbps, mid), locality_context=locality_context,
+                       hot_cache=hot_cache).throughput
         lo, hi = (mid, hi) if got > throughput else (lo, mid)
     return (lo + hi) / 2
 
@@ -272,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locality-context", type=int, default=None, metavar="TOKENS",
                         help="the recall at the shipped locality measured nearest this context, as `replay "
                              "--locality-context` steers (default: nearest the trace's median prompt, as replay)")
+    parser.add_argument("--hot-cache", type=float, default=1.0, metavar="F",
+                        help="what-if: offload requests hold F budgets of hot slots (1.5, 2 or 4, as the locality "
+                             "records simulate them), their recall and GPU bytes scaled to match (default: 1: built)")
     parser.add_argument("--modes", nargs="+", default=["vanilla", "pulseinfer", "pulseinfer --no-irq"],
                         choices=list(MODES))
     parser.add_argument("--copy-gbps", type=float, default=4290.0, help="device-to-device copy, GB/s")
@@ -325,14 +345,15 @@ def main(argv: list[str] | None = None) -> int:
                 key = (mode, options["gpu_kv_gib"])
                 if key in vanillas:
                     continue
-            f = forecast(trace, args.model, config, rates(mode), locality_context=args.locality_context)
+            f = forecast(trace, args.model, config, rates(mode), locality_context=args.locality_context,
+                         hot_cache=args.hot_cache)
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
             need = None
             if args.need is not None and base is not None and config.has_offload:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
-                                      args.need * base.throughput, args.locality_context)
+                                      args.need * base.throughput, args.locality_context, args.hot_cache)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -263,11 +263,13 @@ class LocalityProfile:
     layers: tuple[int, ...]
     overlap: tuple[float, ...]
     recall_fraction: tuple[float, ...]
+    hot_cache: dict[float, tuple[float, ...]] = field(default_factory=dict)  # factor -> recall fraction per layer
 
     @classmethod
     def from_record(cls, d: dict[str, Any]) -> LocalityProfile:
+        hot = {f: tuple(r) for f, r in zip(d.get("hot_cache_factors", ()), d.get("hot_cache_recall_fraction", ()))}
         return cls(d["model"], SparseMode(d["mode"]), d["context_len"], d["token_budget"], tuple(d["layers"]),
-                   tuple(d["overlap"]), tuple(d["recall_fraction"]))
+                   tuple(d["overlap"]), tuple(d["recall_fraction"]), hot)
 
     def overlap_for(self, num_layers: int, dense_layers: int) -> tuple[float, ...]:
         """One overlap per layer of a model of `num_layers` layers (for steering): the measured
