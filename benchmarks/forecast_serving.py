@@ -216,14 +216,19 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
-                   throughput: float, locality_context: int | None = None, hot_cache: float = 1.0) -> float:
-    """The `e` at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows)."""
+                   throughput: float, locality_context: int | None = None, hot_cache: float = 1.0) -> float | None:
+    """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
+    None where even e = 0.5 falls short (the recall alone bounds the rounds)."""
+    def at(e: float) -> float:
+        return forecast(trace, model, config, Rates(copy_gbps, link_gbps, e), locality_context=locality_context,
+                        hot_cache=hot_cache).throughput
+
     lo, hi = 0.5, 5.0
+    if at(lo) < throughput:
+        return None
     for _ in range(24):
         mid = (lo + hi) / 2
-        got = forecast(trace, model, config, Rates(copy_gbps, link_gbps, mid), locality_context=locality_context,
-                       hot_cache=hot_cache).throughput
-        lo, hi = (mid, hi) if got > throughput else (lo, mid)
+        lo, hi = (mid, hi) if at(mid) > throughput else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -245,7 +250,8 @@ def serving_config(mode: str, *, gpu_kv_gib: float, host_kv_gib: float, offload_
                          token_budget=token_budget, normal_steps=normal_steps if interleaves else 1)
 
 
-def line(name: str, f: Forecast, vanilla: Forecast | None, need: float | None = None) -> str:
+def line(name: str, f: Forecast, vanilla: Forecast | None, need: float | None | bool = False) -> str:
+    """One mode's forecast; `need`: the efficiency its target needs (None: unreachable; False: not asked)."""
     p50, p99 = f.short_tpot_ms()
     ratio = "" if vanilla is None else f"({f.throughput / vanilla.throughput:.2f}x)"
     tpot = "-" if p50 is None else f"{p50:.1f} / {p99:.1f}"
@@ -253,7 +259,7 @@ def line(name: str, f: Forecast, vanilla: Forecast | None, need: float | None = 
     short = "" if base is None or p99 is None else f"({p99 / base:.2f}x)"
     return (f"{name:<64} {f.throughput:7.1f} {ratio:>8}  {tpot:>13} {short:>8}  {f.normal_mean:5.2f} + "
             f"{f.offload_mean:5.2f}  {f.weights_s:5.1f} / {f.kv_s:4.1f} / {f.exposed_recall_s:4.1f} s"
-            + ("" if need is None else f"  {need:6.2f}"))
+            + ("" if need is False else f"  {'< 0.5' if need is None else f'{need:.2f}':>6}"))
 
 
 def mode_efficiency(text: str) -> tuple[str, float]:
@@ -327,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         steered = re.search(r"context (\d+)", cfg.get("steering") or "")     # the locality the run was steered to
         e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
                            int(steered.group(1)) if steered else None)
-        print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency {e:.3f}")
+        print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency "
+              + ("below 0.5" if e is None else f"{e:.3f}"))
     if args.fit:
         return 0
 
@@ -350,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
-            need = None
+            need: float | None | bool = False
             if args.need is not None and base is not None and config.has_offload:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
                                       args.need * base.throughput, args.locality_context, args.hot_cache)

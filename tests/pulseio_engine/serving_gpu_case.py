@@ -52,7 +52,8 @@ def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 25
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
     host = 0 if mode is ServeMode.VANILLA else 4 << 30
     config = ServingConfig(mode, gpu_kv_bytes=gpu_bytes, host_kv_bytes=host, irq=irq,
-                           token_budget=budget, max_batch=64, max_offload_seqs=32, normal_steps=normal_steps,
+                           token_budget=budget, max_batch=64, normal_steps=normal_steps,
+                           max_offload_seqs=None if mode is ServeMode.VANILLA else 32,
                            overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda")
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)

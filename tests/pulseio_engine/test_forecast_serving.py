@@ -79,3 +79,25 @@ def test_the_fitted_efficiency_gives_back_the_throughput_it_was_fitted_to() -> N
                                              token_budget=256, normal_steps=1)
     made = forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(50.0, 2.0, 1.37)).throughput
     assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, made) == pytest.approx(1.37, rel=1e-6)
+    best = forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(50.0, 2.0, 0.5)).throughput
+    assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, 1.01 * best) is None, "out of reach"
+
+
+def test_a_larger_hot_cache_recalls_less_and_fits_fewer_offload_requests() -> None:
+    """The what-if of hot sets two budgets large, on the shipped 16K record (it simulates 1.5, 2 and 4 budgets)."""
+    model = open_model("qwen3-14b").config
+    config = forecast_serving.serving_config("pulseinfer", gpu_kv_gib=6.0, host_kv_gib=32.0, offload_threshold=4096,
+                                             token_budget=2048, normal_steps=1)
+    shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
+    one, fill = forecast_serving.recall_per_token(config, model, shape, 16384)
+    two, fill_two = forecast_serving.recall_per_token(config, model, shape, 16384, 2.0)
+    assert two < one / 2 and fill_two == fill, "a fifth to a quarter at 16K: the hot set fills as before"
+    with pytest.raises(ValueError, match="simulated no hot cache of 3 budgets .it has: 1.5, 2, 4."):
+        forecast_serving.recall_per_token(config, model, shape, 16384, 3.0)
+    trace = open_trace(TraceOptions("mooncake-sample", duration_s=20, time_scale=0.3, max_input=32000,
+                                    max_output=1024))
+    rates = forecast_serving.Rates(4290.0, 44.0, 1.6)
+    built, larger = (forecast_serving.forecast(trace, "qwen3-14b", config, rates, locality_context=16384,
+                                               hot_cache=f) for f in (1.0, 2.0))
+    assert larger.offload_mean < built.offload_mean, "each offload request holds twice the hot slots"
+    assert larger.exposed_recall_s < built.exposed_recall_s

@@ -59,7 +59,8 @@ def test_the_footprint_is_what_the_engines_allocate(tiny_qwen3) -> None:
 def test_every_mode_serves_every_request_its_output_length(tiny_qwen3, mode: ServeMode) -> None:
     ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
     config = ServingConfig(mode, gpu_kv_bytes=8 << 20, host_kv_bytes=8 << 20 if mode is ServeMode.OFFLOAD_SYNC else 0,
-                           token_budget=64, block_size=16, dense_layers=1, max_offload_seqs=4)
+                           token_budget=64, block_size=16, dense_layers=1,
+                           max_offload_seqs=4 if mode is ServeMode.OFFLOAD_SYNC else None)
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as s:
         classes = [KVClass.NORMAL, KVClass.OFFLOAD if config.has_offload else KVClass.NORMAL]
         for rid in range(4):
@@ -169,7 +170,8 @@ def test_overlapped_rounds_give_every_request_the_tokens_of_rounds_run_one_at_a_
     finishing by length and leaving when collected), with arrivals while a round is in flight."""
     ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
     config = ServingConfig(mode, gpu_kv_bytes=8 << 20, host_kv_bytes=0 if mode is ServeMode.VANILLA else 8 << 20,
-                           token_budget=64, block_size=16, dense_layers=1, max_offload_seqs=4,
+                           token_budget=64, block_size=16, dense_layers=1,
+                           max_offload_seqs=None if mode is ServeMode.VANILLA else 4,
                            normal_steps=normal_steps, overlap_rounds=True)
     offload = KVClass.OFFLOAD if config.has_offload else KVClass.NORMAL
     adds: dict[int, list[tuple]] = {0: [], 3: [], 7: []}
