@@ -115,11 +115,8 @@ def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: St
                              f"(it has: {', '.join(f'{f:g}' for f in profile.hot_cache) or 'none'})")
         scale = [h / r if r > 0 else 0.0 for h, r in zip(profile.hot_cache[hot_cache], profile.recall_fraction)]
 
-    def per_layer(values: list[float]) -> tuple[float, ...]:    # stretched over the model's layers as steering is
-        return replace(profile, overlap=tuple(values)).overlap_for(model_config.num_layers,
-                                                                   config.dense_layers)[config.dense_layers:]
-
-    missed = per_layer([(1.0 - o) * k for o, k in zip(profile.overlap, scale)])
+    missed = profile.stretched([(1.0 - o) * k for o, k in zip(profile.overlap, scale)],   # as steering maps them
+                               model_config.num_layers - config.dense_layers)
     block = s.block_size * shape.token_layer                     # every KV head's K and V of one block, one layer
     return sum(missed) * s.budget_blocks * block, len(missed) * s.budget_blocks * block
 

@@ -159,6 +159,11 @@ class HotCaches:
     def next_step(self) -> None:
         self._step += 1
 
+    def next_window(self) -> None:
+        """A new request: its blocks are other blocks, so the caches start empty (the counts go on)."""
+        for cache in self.caches:
+            cache.clear()
+
     def fractions(self) -> list[float]:
         return [m / max(s, 1) for m, s in zip(self.missing, self.slots)]
 
@@ -190,7 +195,7 @@ def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | 
         k = config.sparse.budget_blocks
         caches = [HotCaches(layers, round(f * k)) for f in HOT_CACHE_FACTORS]
         for window in windows:
-            _measure(engine, window, config, tally, [HotCaches(layers, c.capacity) for c in caches], caches)
+            _measure(engine, window, config, tally, caches)
         rows = offloader.digests.width
     overlap, recall = tally.figures()
     hot = [c.fractions() for c in caches]
@@ -222,15 +227,16 @@ def _engine(ckpt: Any, sparse: SparseConfig, tokens: int, heads: RetrievalHeads 
     return Engine(config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
 
 
-def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _Tally, fresh: list[HotCaches],
-             totals: list[HotCaches]) -> None:
+def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _Tally,
+             caches: list[HotCaches]) -> None:
     """Decode one window's last `steps` tokens, tallying each transition of every offloaded layer, and each step
-    after the first through the window's own hot caches (`fresh`: empty, one per simulated size), whose counts
-    are added to `totals`."""
+    after the first through the simulated hot caches (emptied for the window)."""
     offloader = engine.offloader
     assert offloader is not None
     rid = engine.add_request(window, SamplingParams(max_new_tokens=1), offload=True, decode_tail=config.steps)
     previous: list[torch.Tensor] | None = None
+    for sized in caches:
+        sized.next_window()
     while engine.has_unfinished():
         decoded = engine.statistics().decode_tokens
         resident = offloader.seqs[rid].resident.clone() if rid in offloader.seqs else None   # [L, S, NB]
@@ -242,14 +248,11 @@ def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _
         if previous is not None and resident is not None:
             for li, (prev, cur) in enumerate(zip(previous, current)):
                 tally.add(li, prev, cur, resident[li], config.sparse)
-        for caches in fresh:
+        for sized in caches:
             for li, cur in enumerate(current):
-                caches.select(li, cur, tally=previous is not None)
-            caches.next_step()
+                sized.select(li, cur, tally=previous is not None)
+            sized.next_step()
         previous = current
-    for caches, total in zip(fresh, totals):
-        total.missing = [a + b for a, b in zip(total.missing, caches.missing)]
-        total.slots = [a + b for a, b in zip(total.slots, caches.slots)]
 
 
 @dataclass(frozen=True)
@@ -275,12 +278,15 @@ class LocalityProfile:
         """One overlap per layer of a model of `num_layers` layers (for steering): the measured
         offloaded layers stretched by relative depth (nearest) over layers [dense_layers, num_layers);
         dense layers, which never select, get 1.0."""
-        count = num_layers - dense_layers
+        return (1.0,) * dense_layers + self.stretched(self.overlap, num_layers - dense_layers)
+
+    def stretched(self, values: tuple[float, ...] | list[float], count: int) -> tuple[float, ...]:
+        """Per measured layer `values` (one for each of `layers`) over `count` offloaded layers of another
+        model, by relative depth (nearest): as `overlap_for` maps the overlap."""
         if count < 1:
-            raise ValueError(f"a model of {num_layers} layers with {dense_layers} dense layers offloads none")
-        m = len(self.overlap)
-        stretched = [self.overlap[round(i * (m - 1) / max(count - 1, 1))] for i in range(count)]
-        return (1.0,) * dense_layers + tuple(stretched)
+            raise ValueError(f"a model with {count} offloaded layers offloads none")
+        m = len(values)
+        return tuple(values[round(i * (m - 1) / max(count - 1, 1))] for i in range(count))
 
 
 def packaged_profiles(path: Path | None = None) -> list[LocalityProfile]:
