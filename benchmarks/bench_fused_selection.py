@@ -64,11 +64,13 @@ class Layer:
         hg = HKV // s
         pool = torch.zeros((1 + b * s * k, 2, BS, hg, D), dtype=torch.bfloat16, device=dev)
         kv = torch.randn((2, b, HKV, D), dtype=torch.bfloat16, device=dev)
-        hot = HotRecall(torch.full((b, s, nb), -1, **long), torch.full((b, s, k), -1, **long),
-                        1 + torch.arange(b * s * k, device=dev).view(b, s, k),
-                        torch.arange(b * s * nb, **long).view(b, s, nb),
-                        torch.zeros(b * s * k * calls, **long), torch.zeros(b * s * k * calls, **long),
-                        torch.zeros(1, **long), torch.zeros((b, s), **long), NewToken(kv[0], kv[1], pool))
+        hot = HotRecall(resident=torch.full((b, s, nb), -1, **long), owner=torch.full((b, s, k), -1, **long),
+                        hot=1 + torch.arange(b * s * k, device=dev).view(b, s, k),
+                        age=torch.zeros((b, s, k), dtype=torch.int32, device=dev),
+                        host_map=torch.arange(b * s * nb, **long).view(b, s, nb),
+                        recall_ids=torch.zeros(b * s * k * calls, **long),
+                        recall_dst=torch.zeros(b * s * k * calls, **long), count=torch.zeros(1, **long),
+                        write_slot=torch.zeros((b, s), **long), new_token=NewToken(kv[0], kv[1], pool))
         outs = {"mask": torch.zeros((b, s, nb), dtype=torch.uint8, device=dev),
                 "table": torch.empty((b, s, k), dtype=torch.int32, device=dev),
                 "context_lens": torch.empty((b, s), dtype=torch.int32, device=dev),

@@ -16,7 +16,8 @@ The contract is the torch reference below, built from `head_bounds`/`block_score
 CUDA tensors the Triton kernels (`use_triton=True` forces them, for the interpreter tests). Shapes
 depend on the config and the batch only and nothing syncs with the host, so both calls can be captured
 in a CUDA graph. Shapes: B requests, Hq/Hkv query/KV heads, G = Hq / Hkv, D head_dim, S selecting rows
-(Hkv for Quest, 1 for SoloHead), NB block-table columns, K = budget_blocks, N physical blocks.
+(Hkv for Quest, 1 for SoloHead), NB block-table columns, K = budget_blocks, H >= K hot entries a row,
+N physical blocks.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import torch
 
 from ..config import GroupScore, SparseConfig
 from .recall import compact
-from .residency import apply_recall, plan_recall
+from .residency import apply_recall, plan_recall, touch
 from .selection import PAD, block_scores, head_bounds, max_norm, select_blocks
-from .steering import keep_threshold, steer_block_hash, steer_kept, steer_key, steered_scores
+from .steering import keep_threshold, steer_block_hash, steer_kept, steer_key, steer_rewarmed, steered_scores
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,14 @@ class Arrivals:
 @dataclass(frozen=True)
 class HotRecall:
     """HOT mode: one layer's offload state (owned and kept by the caller) and the recall it produces.
-    Initially resident and owner are all -1; each call keeps owner the exact inverse of resident."""
+    Initially resident and owner are all -1 (age any); each call keeps owner the exact inverse of resident.
+    The hot set has H >= K entries a row; a block to recall takes an empty entry, else the entry whose block
+    was selected least recently (`residency.plan_recall` with ages)."""
 
-    resident: torch.Tensor     # [B, S, NB] int64 in/out: block -> hot index in [0, K), or -1
-    owner: torch.Tensor        # [B, S, K] int64 in/out: hot index -> block, or -1
-    hot: torch.Tensor          # [B, S, K] int64: hot index -> device slot of the pool
+    resident: torch.Tensor     # [B, S, NB] int64 in/out: block -> hot index in [0, H), or -1
+    owner: torch.Tensor        # [B, S, H] int64 in/out: hot index -> block, or -1
+    hot: torch.Tensor          # [B, S, H] int64: hot index -> device slot of the pool
+    age: torch.Tensor          # [B, S, H] int32 in/out: calls since each entry's block was last selected
     host_map: torch.Tensor     # [B, S, NB] int64: block -> host unit
     recall_ids: torch.Tensor   # [>= B * S * K] int64 out: host units to recall, entries [0, count)
     recall_dst: torch.Tensor   # [>= B * S * K] int64 out: their device slots
@@ -76,6 +80,8 @@ class Steering:
     calls: torch.Tensor        # [B, S] int64 in/out: each row's call counter, bumped by every call
     seed: int = 0
     layer: int = 0
+    rewarm: float = 0.0        # in [0, 1], HOT only: the fraction of the other middle slots refilled from
+                               # blocks still in the hot set (a larger hot set's hits, see kv/steering.py)
 
 
 def score_blocks(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor, *,
@@ -148,7 +154,11 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
         u = steer_block_hash(steer_key(steer.seed, steer.layer), steer.calls, nb)
         prev = mask[..., :nb] != 0
         kept = steer_kept(prev, num_tokens, u, keep_threshold(steer.overlap, config), config)
-        scores = steered_scores(scores, num_tokens, prev, kept, config)
+        rewarmed = None
+        if steer.rewarm > 0:
+            assert hot is not None                                     # (checked: rewarm needs a hot set)
+            rewarmed = steer_rewarmed(prev, hot.resident, num_tokens, u, kept, steer.rewarm, config)
+        scores = steered_scores(scores, num_tokens, prev, kept, config, rewarmed)
         steer.calls.add_(1)
     selected = out.copy_(select_blocks(scores, num_tokens.long(), config))
     marks = torch.zeros((b, s, mask.shape[2] + 1), dtype=mask.dtype, device=mask.device)
@@ -170,17 +180,18 @@ def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall,
     """HOT mode on torch: `plan_recall` + `apply_recall`, the owner map as resident's inverse, the
     recall pairs appended at `count`, the new token into its hot slot."""
     b, s, nb = hot.resident.shape
-    r = b * s
+    r, h = b * s, hot.hot.shape[2]
     rows = selected.reshape(r, k)
     resident = hot.resident.reshape(r, nb)
-    plan = plan_recall(rows, resident, k)
+    plan = plan_recall(rows, resident, h, age=hot.age.reshape(r, h))
     arriving = (rows >= 0) & (resident.gather(1, rows.clamp(min=0)) < 0)             # before the plan is applied
     after = apply_recall(resident, plan)
     hot.resident.copy_(after.view(b, s, nb))
-    owner = torch.full((r, k + 1), PAD, dtype=torch.int64, device=rows.device)
+    hot.age.copy_(touch(hot.age.reshape(r, h), plan).view(b, s, h))
+    owner = torch.full((r, h + 1), PAD, dtype=torch.int64, device=rows.device)
     blocks = torch.arange(nb, device=rows.device).expand(r, nb)
-    hot.owner.copy_(owner.scatter_(1, torch.where(after >= 0, after, k), blocks)[:, :k].view(b, s, k))
-    slots = hot.hot.reshape(r, k)
+    hot.owner.copy_(owner.scatter_(1, torch.where(after >= 0, after, h), blocks)[:, :h].view(b, s, h))
+    slots = hot.hot.reshape(r, h)
     dev = slots.gather(1, plan.selected_slots.clamp(min=0))                          # each entry's device slot
     if hot.arrivals is None:
         table.copy_(dev.view(b, s, k))
@@ -268,11 +279,15 @@ def _check_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     if context_lens.shape != (b, s) or context_lens.dtype != torch.int32:
         raise ValueError(f"context_lens must be [B, S] = {[b, s]} int32, got {list(context_lens.shape)} "
                          f"{context_lens.dtype}")
-    if hot is not None and (hot.resident.shape != (b, s, nb) or hot.owner.shape != (b, s, k)
-                            or hot.hot.shape != (b, s, k) or hot.host_map.shape != (b, s, nb)
+    h = hot.hot.shape[-1] if hot is not None else k
+    if hot is not None and (hot.resident.shape != (b, s, nb) or hot.hot.shape != (b, s, h) or h < k
+                            or hot.owner.shape != (b, s, h) or hot.age.shape != (b, s, h)
+                            or hot.age.dtype != torch.int32 or hot.host_map.shape != (b, s, nb)
                             or hot.recall_ids.numel() < b * s * k or hot.recall_dst.numel() < b * s * k):
-        raise ValueError(f"HotRecall wants resident, host_map [B, S, NB] = {[b, s, nb]}, owner, hot "
-                         f"[B, S, K] = {[b, s, k]} and recall buffers of B * S * K = {b * s * k} entries")
+        raise ValueError(f"HotRecall wants resident, host_map [B, S, NB] = {[b, s, nb]}, hot, owner and age (int32) "
+                         f"[B, S, H] with H >= K = {k} (got hot {list(hot.hot.shape)}, owner "
+                         f"{list(hot.owner.shape)}, age {list(hot.age.shape)} {hot.age.dtype}) and recall buffers "
+                         f"of B * S * K = {b * s * k} entries")
     arrivals = None if hot is None else hot.arrivals
     if arrivals is not None and (arrivals.table.shape != (b, s, k) or arrivals.table.dtype != torch.int32
                                  or arrivals.context_lens.shape != (b, s)
@@ -280,6 +295,10 @@ def _check_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         raise ValueError(f"Arrivals wants table [B, S, K] = {[b, s, k]} int32 and context_lens [B, S] int32, got "
                          f"{list(arrivals.table.shape)} {arrivals.table.dtype} and "
                          f"{list(arrivals.context_lens.shape)} {arrivals.context_lens.dtype}")
-    if steer is not None and (steer.calls.shape != (b, s) or not 0.0 <= steer.overlap <= 1.0):
-        raise ValueError(f"Steering wants calls [B, S] = {[b, s]} and an overlap in [0, 1], got "
-                         f"{list(steer.calls.shape)} and {steer.overlap}")
+    if steer is not None and (steer.calls.shape != (b, s) or not 0.0 <= steer.overlap <= 1.0
+                              or not 0.0 <= steer.rewarm <= 1.0):
+        raise ValueError(f"Steering wants calls [B, S] = {[b, s]}, an overlap and a rewarm in [0, 1], got "
+                         f"{list(steer.calls.shape)}, {steer.overlap} and {steer.rewarm}")
+    if steer is not None and steer.rewarm > 0 and hot is None:
+        raise ValueError(f"Steering.rewarm ({steer.rewarm}) brings blocks back from a hot set: HOT mode only "
+                         "(PAGED rows have every block on the GPU)")

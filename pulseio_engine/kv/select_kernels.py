@@ -19,7 +19,10 @@ Why they look the way they do:
   stale blocks stay, then runs the same one search, on the set its counts pick.
 - HOT plan: the program writes its mask to global memory and, after `tl.debug_barrier()` (a CTA barrier
   makes the program's own global writes visible to its threads), gathers through it: whether each hot
-  index's owner is still selected, then the rank -> free hot index match through a small scratch row.
+  index's owner is still selected, then the rank -> free hot index match through a small scratch row. With
+  more hot entries than the recall needs freed (a hot set larger than the budget), the victims are the
+  oldest by age, found by the same threshold search the selection uses (skipped when every evictable entry
+  goes); every entry's age is rewritten (0 where a chosen block sits, one more elsewhere).
   The recall pairs are appended at an offset reserved by one `tl.atomic_add` per program on `count`,
   which the score kernel's first program zeroed earlier in stream order. With arrivals (SPLIT), a chosen
   block's place in its own table is its rank among the resident or among the recalled blocks, which the
@@ -140,23 +143,24 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
     return top
 
 
-@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key"])
+@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm"])
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
-    res_ptr, owner_ptr, hot_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
+    res_ptr, owner_ptr, hot_ptr, age_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
     k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr,
-    nb, nbw, capacity, keep_threshold, steer_key,
+    nb, nbw, capacity, keep_threshold, steer_key, rewarm,
     stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
     stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
-    stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_mapb, stride_maps,
+    stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_ab, stride_as,
+    stride_mapb, stride_maps,
     stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
     stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
     stride_atb, stride_ats, stride_acb, stride_acs,
     K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK: tl.constexpr, KB: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
-    HOT: tl.constexpr, STEER: tl.constexpr, WRITE_KV: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, WRITE_KV: tl.constexpr, SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
-    PER_THREAD: tl.constexpr,
+    PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -180,9 +184,11 @@ def _select_kernel(
         r_row = res_ptr + b * stride_rb + s * stride_rs
         o_row = owner_ptr + b * stride_ob + s * stride_os
         hot_row = hot_ptr + b * stride_hb + s * stride_hs
+        a_row = age_ptr + b * stride_ab + s * stride_as
         res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
-        j = tl.arange(0, KB)
-        own = tl.load(o_row + j, mask=j < K, other=-1).to(tl.int32)
+        j = tl.arange(0, HB)
+        own = tl.load(o_row + j, mask=j < H, other=-1).to(tl.int32)
+        age = tl.load(a_row + j, mask=j < H, other=0)
         units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=real, other=0)
     else:
         bt_row = bt_ptr + b * stride_btb
@@ -205,12 +211,26 @@ def _select_kernel(
         n_fresh = (counts >> 16).to(tl.int32)                # unsigned, so 32,768 fresh blocks do not turn negative
         kept = stale & (u * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
         n_kept = tl.sum(kept.to(tl.int32), axis=0)
-        all_kept = n_kept >= m
-        kept_and_fresh = n_kept + n_fresh >= m
-        whole = tl.where(all_kept, ids < 0, tl.where(kept_and_fresh, kept, kept | fresh))
-        searched = tl.where(all_kept, kept, tl.where(kept_and_fresh, fresh, stale & ~kept))
+        warm = ids < 0
+        back = ids < 0
+        n_warm = tl.zeros([], tl.int32)
+        if REWARM:  # fresh blocks still hot come back, each with the probability the count left asks
+            warm = fresh & (res >= 0)
+            n_warm = tl.sum(warm.to(tl.int32), axis=0)
+            limit = (rewarm * (m - n_kept).to(tl.float32) * 16777216.0).to(tl.int64)
+            back = warm & (u * n_warm.to(tl.int64) < limit)
+        n_back = tl.sum(back.to(tl.int32), axis=0)
+        cold = fresh & ~warm
+        c1 = n_kept
+        c2 = c1 + n_back
+        c3 = c2 + n_fresh - n_warm
+        # the classes kept, back, cold, the rest: whole before the class where the count reaches m
+        whole = tl.where(c1 >= m, ids < 0, tl.where(c2 >= m, kept, tl.where(c3 >= m, kept | back,
+                                                                              kept | back | cold)))
+        searched = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c3 >= m, cold,
+                                                                             (stale & ~kept) | (warm & ~back))))
         member = searched
-        need = tl.where(all_kept, m, tl.where(kept_and_fresh, m - n_kept, m - n_kept - n_fresh))
+        need = tl.where(c1 >= m, m, tl.where(c2 >= m, m - c1, tl.where(c3 >= m, m - c2, m - c3)))
     else:
         whole = ids < 0
         member = middle
@@ -245,18 +265,24 @@ def _select_kernel(
     if HOT:
         tl.debug_barrier()                                      # the mask is visible to every thread
         held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
-        empty = (j < K) & (own < 0)
-        evictable = (own >= 0) & ~held
-        free = empty.to(tl.uint32) + (evictable.to(tl.uint32) << 16)        # both counted in one scan
+        empty = (j < H) & (own < 0)
+        victim = (own >= 0) & ~held                             # evictable
+        n_free = tl.sum(empty.to(tl.uint32) + (victim.to(tl.uint32) << 16), axis=0)   # unsigned, as above
+        n_empty = (n_free & 0xFFFF).to(tl.int32)
+        n_victims = n_need - n_empty
+        if (n_victims > 0) & (n_victims < (n_free >> 16).to(tl.int32)):      # only the oldest go
+            victim = _top(age, victim, n_victims, PER_THREAD_H)
+        free = empty.to(tl.uint32) + (victim.to(tl.uint32) << 16)          # both counted in one scan
         free_ranks = tl.cumsum(free, axis=0)
-        n_empty = (tl.sum(free, axis=0) & 0xFFFF).to(tl.int32)
         free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
                              n_empty + (free_ranks >> 16).to(tl.int32) - 1)
-        scratch = scratch_ptr + (b * tl.num_programs(0) + s) * KB
-        tl.store(scratch + free_rank, j, mask=empty | evictable)   # free rank -> hot index
+        taken = (empty | victim) & (free_rank < n_need)
+        scratch = scratch_ptr + (b * tl.num_programs(0) + s) * HB
+        tl.store(scratch + free_rank, j, mask=empty | victim)  # free rank -> hot index
+        tl.store(a_row + j, tl.where(held | taken, 0, age + 1), mask=j < H)
         tl.debug_barrier()
         index = tl.where(need_it, tl.load(scratch + rank, mask=need_it, other=0), res)   # hot index, chosen ids
-        tl.store(r_row + own, tl.full([KB], -1, tl.int64), mask=evictable & (free_rank < n_need))
+        tl.store(r_row + own, tl.full([HB], -1, tl.int64), mask=victim & taken)
         tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
         tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
         dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
@@ -338,15 +364,18 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     new = hot.new_token if hot is not None else None
     dummy = out
     bt = block_tables if block_tables is not None else dummy
-    res, own, slots, hmap, ids, dst, count, wslot = (
-        (hot.resident, hot.owner, hot.hot, hot.host_map, hot.recall_ids, hot.recall_dst, hot.count,
-         hot.write_slot) if hot is not None else (dummy,) * 8)
-    if any(t.stride(-1) != 1 for t in (bounds, out, mask, table, res, own, slots, hmap)):
+    res, own, slots, age, hmap, ids, dst, count, wslot = (
+        (hot.resident, hot.owner, hot.hot, hot.age, hot.host_map, hot.recall_ids, hot.recall_dst, hot.count,
+         hot.write_slot) if hot is not None else (dummy,) * 9)
+    if any(t.stride(-1) != 1 for t in (bounds, out, mask, table, res, own, slots, age, hmap)):
         raise ValueError("select_blocks_fused wants bounds, out, mask, table and the HotRecall maps contiguous "
                          "along their last dimension")
-    kb = triton.next_power_of_2(k)
+    h = hot.hot.shape[-1] if hot is not None else k
+    hb = triton.next_power_of_2(h)
+    if hb > _MAX_BLOCK:
+        raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} hot entries a row, got {h}")
     warps = num_warps or (8 if block <= 4096 else 16)
-    scratch = torch.empty(b * s * kb if hot is not None else 1, dtype=torch.int32, device=bounds.device)
+    scratch = torch.empty(b * s * hb if hot is not None else 1, dtype=torch.int32, device=bounds.device)
     kk, vv, pool = (new.k, new.v, new.pool) if new is not None else (dummy, dummy, dummy)
     hg = pool.shape[3] if new is not None else 1
     d = pool.shape[4] if new is not None else 1
@@ -357,20 +386,22 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     calls = steer.calls if steer is not None else dummy
     threshold = keep_threshold(steer.overlap, config) if steer is not None else 0
     key = steer_key(steer.seed, steer.layer) if steer is not None else 0
+    rewarm = steer.rewarm if steer is not None else 0.0
     _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
-        res, own, slots, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
-        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key,
+        res, own, slots, age, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
+        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key, rewarm,
         bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
-        context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(hmap), *_s2(wslot),
+        context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(age), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
         *_s2(atab), *_s2(actx),
         K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
-        KB=kb, GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
-        STEER=steer is not None, WRITE_KV=new is not None, SPLIT=arrivals is not None,
-        HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d, MASK_TILES=triton.cdiv(mask.shape[2], block),
-        PER_THREAD=max(1, block // (32 * warps)), num_warps=warps,
+        GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
+        STEER=steer is not None, REWARM=steer is not None and steer.rewarm > 0, WRITE_KV=new is not None,
+        SPLIT=arrivals is not None, HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d,
+        MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
+        PER_THREAD_H=max(1, hb // (32 * warps)), num_warps=warps,
     )  # fmt: skip
 
 

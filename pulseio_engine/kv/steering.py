@@ -10,13 +10,20 @@ Per selecting row with n > K blocks and m = K - sink - local middle slots:
     prev  = the row's selection at the previous call (its `mask`); stale = middle blocks in prev, fresh the rest
     u_b   = a 24-bit hash of (seed, layer, row, call, block b);  T = floor(float32(overlap * m) * 2^24)
     kept  = the stale blocks with u_b * #stale < T          (each kept with probability min(1, overlap * m / #stale))
-    then: #kept >= m            -> the top m kept blocks by score
-          #kept + #fresh >= m   -> every kept block, and the top m - #kept fresh ones
-          otherwise             -> every kept and fresh block, and the top rest of the unkept stale ones
+    warm  = (hot mode, `rewarm` > 0) the fresh blocks still in the row's hot set; rewarmed = the warm blocks with
+            u_b * #warm < R, R = floor(float32(rewarm) * float32(m - #kept) * 2^24)  (a block is stale or fresh,
+            never both, so one draw serves both rules)
+    then, the classes in the order kept, rewarmed, the fresh blocks not warm, the rest (the unkept stale blocks
+    and the warm ones not rewarmed): every block of the classes before the one where the running count reaches
+    m, and the top of that class for the rest (without rewarm no block is warm)
 
 with "top" by (score descending, block id ascending); with n <= K every block, as without steering. So on
-average min(#stale, overlap * m) middle blocks stay, and the kernel runs one top-k search over one set, as an
-unsteered row does: steering costs a hash and a few counts per block. Randomness is a counter-based hash
+average min(#stale, overlap * m) middle blocks stay and about rewarm of the rest come back from the hot set
+(the others from outside it, so that exactly those are recalled), and the kernel runs one top-k search over
+one set, as an unsteered row does: steering costs a hash and a few counts per block. Rewarm reproduces what
+a hot set larger than the budget saves on a real model, which re-selects blocks it dropped a few steps
+before: `LocalityProfile.rewarm_for` derives it from the measured recall of such hot sets, as the overlap is
+measured. Randomness is a counter-based hash
 (murmur3's 32-bit finalizer) of the seed, the layer, the row b * S + s, the row's call counter and the block,
 so runs are reproducible and a CUDA graph replay draws afresh: the kernel and this reference compute the same
 bits, and the comparison is in integers.
@@ -91,23 +98,40 @@ def steer_kept(prev: torch.Tensor, num_tokens: torch.Tensor, u: torch.Tensor, th
     return stale & (u * stale.sum(2, keepdim=True) < threshold)
 
 
+def steer_rewarmed(prev: torch.Tensor, resident: torch.Tensor, num_tokens: torch.Tensor, u: torch.Tensor,
+                   kept: torch.Tensor, rewarm: float, config: SparseConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """prev, kept: [B, S, NB] bool; resident: [B, S, NB] int, each block's hot entry or -1 (before this call);
+    u: [B, S, NB] int64 draws -> (warm, rewarmed), [B, S, NB] bool each (see the module doc)."""
+    warm = ~prev & (resident >= 0) & _middle(num_tokens, prev.shape[2], config, prev.device)
+    m = config.budget_blocks - config.sink_blocks - config.local_blocks
+    short = (m - kept.sum(2, keepdim=True)).float()
+    limit = (torch.tensor(rewarm, dtype=torch.float32) * short * float(1 << 24)).long()
+    return warm, warm & (u * warm.sum(2, keepdim=True) < limit)
+
+
 def steered_scores(scores: torch.Tensor, num_tokens: torch.Tensor, prev: torch.Tensor, kept: torch.Tensor,
-                   config: SparseConfig) -> torch.Tensor:
+                   config: SparseConfig, rewarmed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """scores: [B, S, NB] fp32; num_tokens: [B]; prev: [B, S, NB] bool, the previous selection; kept: [B, S, NB]
-    bool (`steer_kept`) -> [B, S, NB] fp32 whose `select_blocks` is the steered selection: each middle block's
-    rank in the (class, score desc, id asc) order as an exact integer score, class 2 for the blocks taken
-    whole, 1 for the set searched, 0 for the rest."""
+    bool (`steer_kept`); rewarmed: (warm, rewarmed) [B, S, NB] bool (`steer_rewarmed`; None: no rewarm) ->
+    [B, S, NB] fp32 whose `select_blocks` is the steered selection: each middle block's rank in the (class, score
+    desc, id asc) order as an exact integer score, class 2 for the blocks taken whole, 1 for the set searched,
+    0 for the rest."""
     b, s, nb = scores.shape
     ids = torch.arange(nb, device=scores.device)
     middle = _middle(num_tokens, nb, config, scores.device)
     stale, fresh = middle & prev, middle & ~prev
     kept = kept & stale                                       # only stale middle blocks can be kept
+    warm, back = (fresh & rewarmed[0], fresh & rewarmed[1]) if rewarmed is not None else (fresh & False,) * 2
     m = config.budget_blocks - config.sink_blocks - config.local_blocks
-    n_kept, n_fresh = kept.sum(2, keepdim=True), fresh.sum(2, keepdim=True)
-    all_kept = n_kept >= m
-    kept_and_fresh = n_kept + n_fresh >= m
-    whole = ~all_kept & torch.where(kept_and_fresh, kept, kept | fresh)
-    searched = torch.where(all_kept, kept, torch.where(kept_and_fresh, fresh, stale & ~kept))
+    classes = (kept, back, fresh & ~warm, (stale & ~kept) | (warm & ~back))
+    whole, searched = torch.zeros_like(stale), torch.zeros_like(stale)
+    before = torch.zeros_like(stale[..., :1], dtype=torch.int64)        # blocks in the classes before
+    for members in classes:                                             # the class where the count reaches m
+        count = members.sum(2, keepdim=True)
+        here = (before < m) & (before + count >= m)
+        whole |= (before + count < m) & members
+        searched |= here & members
+        before = before + count
     order = torch.sort(torch.where(middle, scores, -torch.inf), dim=2, descending=True, stable=True).indices
     pos = torch.empty_like(order).scatter_(2, order, ids.expand_as(order).contiguous())    # rank by score
     cls = torch.where(whole, 2, torch.where(searched, 1, 0))

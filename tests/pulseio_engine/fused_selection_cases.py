@@ -54,6 +54,8 @@ class Spec:
     random_mask: bool = False        # start from a random mask (a previous selection, and ones past NB)
     zero_count: bool = True          # HOT: score_blocks zeroes count (False: it starts at 99, past the buffers)
     arrivals: bool = False           # HOT: the table split into resident blocks and arrivals
+    hot: int | None = None           # HOT: hot entries a row, H >= K (None: K)
+    rewarm: float = 0.0              # HOT with steer: the steered refill from the hot set
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -90,14 +92,16 @@ class _Side:
         hot = None
         if spec.mode == "hot":
             new = NewToken(kv[0].to(dev), kv[1].to(dev), t["pool"]) if spec.new_token else None
-            cap = t["owner"].numel()           # B * S * K; the buffers run on: a guard that must stay untouched
+            cap = _capacity(self)              # B * S * K; the buffers run on: a guard that must stay untouched
             arrivals = Arrivals(self.out["arrival_table"], self.out["arrival_lens"]) if spec.arrivals else None
-            hot = HotRecall(t["resident"], t["owner"], t["hot"], t["host_map"], t["recall_ids"][:cap],
-                            t["recall_dst"][:cap], t["count"], t["write_slot"], new, arrivals)
+            hot = HotRecall(resident=t["resident"], owner=t["owner"], hot=t["hot"], age=t["age"],
+                            host_map=t["host_map"], recall_ids=t["recall_ids"][:cap], recall_dst=t["recall_dst"][:cap],
+                            count=t["count"], write_slot=t["write_slot"], new_token=new, arrivals=arrivals)
         own = score_blocks(*args, num_kv_heads=spec.hkv, head=spec.head, rule=spec.rule,
                            count=t["count"] if hot is not None and spec.zero_count else None,
                            use_triton=self.triton)
-        steer = Steering(spec.steer, t["calls"], seed=5, layer=3) if spec.steer is not None else None
+        steer = (Steering(spec.steer, t["calls"], seed=5, layer=3, rewarm=spec.rewarm) if spec.steer is not None
+                 else None)
         select_blocks_fused(own if bounds is None else bounds.to(dev), num_tokens.to(dev), _config(spec),
                             mask=t["mask"], table=self.out["table"], context_lens=self.out["context_lens"],
                             block_tables=args[3] if hot is None else None, hot=hot, steer=steer,
@@ -120,10 +124,12 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
     state = {"mask": mask.to(torch.uint8), "calls": torch.randint(0, 2**40, (b, s), generator=gen),
              "count": torch.full((1,), 99, dtype=torch.int64)}
     if spec.mode == "hot":
-        n_slots = 2 + b * s * k
+        h = spec.hot or k
+        n_slots = 2 + b * s * h
         hg, d = spec.hkv // s, spec.d
-        state.update(**_warm_residency(b, s, spec.nb, k, gen),
-                     hot=(2 + torch.randperm(b * s * k, generator=gen)).view(b, s, k),
+        state.update(**_warm_residency(b, s, spec.nb, h, gen),
+                     hot=(2 + torch.randperm(b * s * h, generator=gen)).view(b, s, h),
+                     age=torch.randint(0, 4, (b, s, h), generator=gen, dtype=torch.int32),   # ties: to the lower index
                      host_map=torch.randint(1, 10_000, (b, s, spec.nb), generator=gen),
                      recall_ids=torch.full((3 * b * s * k,), -5, dtype=torch.int64),
                      recall_dst=torch.full((3 * b * s * k,), -5, dtype=torch.int64),
@@ -132,7 +138,7 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
     kernel, ref = _Side(spec, state, device, True), _Side(spec, state, "cpu", False)
     lens = torch.tensor(spec.lens)
     failures: dict[str, str | None] = {}
-    stats = {"evicted": 0, "recalled": 0, "reselected": 0}
+    stats = {"evicted": 0, "recalled": 0, "reselected": 0, "kept_unselected": 0}
     for step in range(spec.steps):
         before = {name: ref.t[name].clone() for name in ("mask", "resident") if name in ref.t}
         q = _values((b, hq, spec.d), spec, gen, low=-3).to(dtype)
@@ -150,9 +156,18 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
             if spec.mode == "hot":
                 stats["recalled"] += int(ref.t["count"])
                 stats["evicted"] += int(((before["resident"] >= 0) & (ref.t["resident"] < 0)).sum())
+                # blocks that stay hot without being selected: a hot set larger than the selection
+                stats["kept_unselected"] += int(((ref.t["resident"] >= 0) & ~ref.t["mask"][..., :spec.nb].bool())
+                                                .sum())
         lens = lens + torch.randint(1, BS, (b,), generator=gen)      # next step: blocks fill and new ones open
         lens = torch.minimum(lens, torch.tensor(spec.nb * BS))
     return {"checks": failures, "stats": stats}
+
+
+def _capacity(side: _Side) -> int:
+    """B * S * K: the recall buffers' entries the kernel may write."""
+    b, s, _ = side.t["hot"].shape
+    return b * s * side.spec.budget
 
 
 def _warm_residency(b: int, s: int, nb: int, k: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -181,16 +196,16 @@ def _compare(failures: dict, step: int, kernel: _Side, ref: _Side, spec: Spec) -
         _note(failures, name, step, None if torch.equal(got, want) else _first_diff(got, want))
     state = ["mask"] + (["calls"] if spec.steer is not None else [])
     if spec.mode == "hot":
-        state += ["resident", "owner", "write_slot", "count"] + (["pool"] if spec.new_token else [])
+        state += ["resident", "owner", "age", "write_slot", "count"] + (["pool"] if spec.new_token else [])
     for name in state:
         got, want = kernel.t[name].cpu(), ref.t[name]
         _note(failures, name, step, None if torch.equal(got, want) else _first_diff(got, want))
     if spec.mode == "hot":
-        n = min(int(ref.t["count"]), kernel.t["owner"].numel())
+        n = min(int(ref.t["count"]), _capacity(kernel))
         pairs = [sorted(zip(side.t["recall_ids"].cpu()[:n].tolist(), side.t["recall_dst"].cpu()[:n].tolist()))
                  for side in (kernel, ref)]
         _note(failures, "recall_pairs", step, None if pairs[0] == pairs[1] else f"{pairs[0][:6]} vs {pairs[1][:6]}")
-        cap = kernel.t["owner"].numel()
+        cap = _capacity(kernel)
         guard = all(bool((side.t[name][cap:] == -5).all()) for side in (kernel, ref)
                     for name in ("recall_ids", "recall_dst"))
         _note(failures, "recall_guard", step, None if guard else "a recall pair was written past the buffers")
@@ -237,6 +252,13 @@ CASES: dict[str, Spec] = {
                                         integer=True, arrivals=True, sink=2, local=1),
     "hot-count-not-zeroed": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=2, zero_count=False),
     "mask-wider-than-block": Spec((3, 20 * BS, 32 * BS), 32, 8, steps=3, steer=0.5, mask_extra=70, random_mask=True),
+    "hot-lru-integer-steps": Spec((5 * BS, 9 * BS + 3, 30 * BS), 48, 8, mode="hot", steps=8, hot=13, integer=True,
+                                  new_token=True),
+    "hot-lru-steer-rewarm-arrivals": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=10, hot=16, steer=0.6,
+                                          rewarm=0.7, integer=True, arrivals=True),
+    "hot-lru-solohead-rewarm-maxnorm": Spec((2, 20 * BS, 44 * BS), 48, 8, head=1, mode="hot", steps=8, hot=20,
+                                            steer=0.5, rewarm=0.9, rule=GroupScore.MAX_NORM, new_token=True),
+    "hot-set-wider-than-table": Spec((9 * BS, 30 * BS), 32, 8, mode="hot", steps=6, hot=40, steer=0.3, rewarm=1.0),
 }
 
 
@@ -249,6 +271,9 @@ def gpu_specs() -> dict[str, Spec]:
     specs["qwen3-14b-solohead-maxnorm-hot"] = replace(big, head=3, rule=GroupScore.MAX_NORM, mode="hot", steps=3)
     specs["qwen3-14b-solohead-hot-steer-arrivals"] = replace(big, head=3, mode="hot", steps=3, steer=0.9,
                                                              new_token=True, arrivals=True)
+    specs["qwen3-14b-solohead-lru-rewarm-arrivals"] = replace(big, head=3, mode="hot", steps=4, steer=0.8, hot=256,
+                                                              rewarm=0.7, new_token=True, arrivals=True)
+    specs["qwen3-14b-quest-lru-rewarm"] = replace(big, mode="hot", steps=4, steer=0.8, hot=192, rewarm=0.6)
     return specs
 
 

@@ -65,14 +65,18 @@ def ref_select(scores: list[float], num_tokens: int, config: SparseConfig) -> li
     return chosen + [-1] * (k - len(chosen))
 
 
-def ref_recall(selected: list[int], resident: list[int], num_slots: int
+def ref_recall(selected: list[int], resident: list[int], num_slots: int, age: list[int] | None = None
                ) -> tuple[list[int], list[int], list[int], list[int]]:
-    """One row's recall plan: (blocks, slots, evicted, selected_slots), as `plan_recall` defines them."""
+    """One row's recall plan: (blocks, slots, evicted, selected_slots), as `plan_recall` defines them; with
+    `age`, the evicted slots are the oldest (ties: the lower slot), taken in slot order."""
     owner = {slot: block for block, slot in enumerate(resident) if slot >= 0}
     chosen = [b for b in selected if b >= 0]
     kept = {resident[b] for b in chosen if resident[b] >= 0}
     empty = [s for s in range(num_slots) if s not in owner]
     evictable = [s for s in range(num_slots) if s in owner and s not in kept]
+    if age is not None:
+        lack = max(0, sum(1 for b in chosen if resident[b] < 0) - len(empty))
+        evictable = sorted(sorted(evictable, key=lambda s: (-age[s], s))[:lack])
     free = iter(empty + evictable)
     blocks, slots, evicted, selected_slots = [], [], [], []
     for b in selected:

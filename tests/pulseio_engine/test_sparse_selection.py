@@ -10,7 +10,7 @@ from sparse_reference import ref_digest, ref_recall, ref_scores, ref_select
 from pulseio_engine.attention import paged_decode_attention, paged_decode_attention_reference
 from pulseio_engine.config import GroupScore, SparseConfig, SparseMode
 from pulseio_engine.kv.digests import BlockDigests
-from pulseio_engine.kv.residency import apply_recall, plan_recall
+from pulseio_engine.kv.residency import apply_recall, plan_recall, touch
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.kv.selection import block_scores, select_blocks, select_for_layer
 
@@ -183,10 +183,12 @@ def test_each_query_head_selects_and_reads_through_its_own_kv_head_as_dense_atte
     torch.testing.assert_close(got, dense, rtol=0, atol=1e-5)
 
 
-def test_recall_plan_matches_the_reference() -> None:
+@pytest.mark.parametrize("with_age", [False, True])
+def test_recall_plan_matches_the_reference(with_age: bool) -> None:
     gen = torch.Generator().manual_seed(4)
     rows, nb, k, num_slots = 6, 20, 5, 7
     for trial in range(20):
+        age = torch.randint(0, 4, (rows, num_slots), generator=gen) if with_age else None
         resident = torch.full((rows, nb), -1, dtype=torch.long)
         selected = torch.full((rows, k), -1, dtype=torch.long)
         for r in range(rows):
@@ -194,9 +196,10 @@ def test_recall_plan_matches_the_reference() -> None:
             resident[r, held] = torch.randperm(num_slots, generator=gen)[: len(held)]
             n_sel = int(torch.randint(0, k + 1, (1,), generator=gen))
             selected[r, :n_sel] = torch.randperm(nb, generator=gen)[:n_sel].sort().values
-        plan = plan_recall(selected, resident, num_slots)
+        plan = plan_recall(selected, resident, num_slots, age=age)
         for r in range(rows):
-            want = ref_recall(selected[r].tolist(), resident[r].tolist(), num_slots)
+            want = ref_recall(selected[r].tolist(), resident[r].tolist(), num_slots,
+                              None if age is None else age[r].tolist())
             got = (plan.blocks[r].tolist(), plan.slots[r].tolist(), plan.evicted[r].tolist(),
                    plan.selected_slots[r].tolist())
             assert got == want, (trial, r)
@@ -206,6 +209,12 @@ def test_recall_plan_matches_the_reference() -> None:
         for r in range(rows):
             slots = [s for s in after[r].tolist() if s >= 0]
             assert len(slots) == len(set(slots)), "no slot is held twice"
+        if age is not None:                    # the selected blocks' slots are the young ones now
+            aged = touch(age, plan)
+            assert not aged.gather(1, plan.selected_slots.clamp(min=0))[valid].any()
+            used = torch.zeros((rows, num_slots + 1), dtype=torch.bool).scatter_(
+                1, torch.where(valid, plan.selected_slots, num_slots), True)[:, :num_slots]
+            assert torch.equal(aged[~used], age[~used] + 1)
 
 
 def test_recall_needs_a_slot_per_selected_block() -> None:
