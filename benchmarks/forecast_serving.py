@@ -41,13 +41,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run without PYTHONPATH too
 
-from pulseio_engine.config import DType, ModelConfig  # noqa: E402
+from pulseio_engine.config import DType, ModelConfig, OffloadConfig  # noqa: E402
 from pulseio_engine.model.checkpoint import open_model  # noqa: E402
 from pulseio_engine.serving.budget import KVBudget, KVClass  # noqa: E402
 from pulseio_engine.serving.config import ServeMode, ServingConfig  # noqa: E402
 from pulseio_engine.serving.metrics import Recorder  # noqa: E402
 from pulseio_engine.serving.outer import OuterScheduler  # noqa: E402
-from pulseio_engine.serving.pools import plan_pools, pool_sizes  # noqa: E402
+from pulseio_engine.serving.pools import plan_pools  # noqa: E402
 from pulseio_engine.serving.replay import steering_context  # noqa: E402
 from pulseio_engine.sparse_bench import default_profile  # noqa: E402
 from pulseio_engine.step_bytes import StepShape, step_bytes  # noqa: E402
@@ -102,21 +102,14 @@ def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: St
                      hot_cache: float = 1.0) -> tuple[float, float]:
     """(bytes an offload request recalls a decode step once warm, bytes to fill its hot sets once) at the locality
     a replay steers to (measured nearest `context`): per offloaded layer, the budget's blocks its hot set missed.
-    `hot_cache` > 1: a hot set of that many budgets (not built: a what-if), each layer's recall scaled by what the
-    measured record's simulated cache of that size fetches against the budget-sized one."""
+    `hot_cache` > 1: hot sets of that many budgets (`replay --hot-cache`), each layer's refills less those its hot
+    set still holds, as the replay steers them (`LocalityProfile.rewarm_for`)."""
     s = shape.sparse
     assert s is not None and config.sparse is not None
     profile = default_profile(config.sparse, config.token_budget, context)
-    scale = [1.0] * len(profile.overlap)
-    if hot_cache != 1.0:
-        if hot_cache not in profile.hot_cache:
-            raise ValueError(f"the locality record {profile.model} {profile.mode.value} budget {profile.token_budget} "
-                             f"context {profile.context_len} simulated no hot cache of {hot_cache:g} budgets "
-                             f"(it has: {', '.join(f'{f:g}' for f in profile.hot_cache) or 'none'})")
-        scale = [h / r if r > 0 else 0.0 for h, r in zip(profile.hot_cache[hot_cache], profile.recall_fraction)]
-
-    missed = profile.stretched([(1.0 - o) * k for o, k in zip(profile.overlap, scale)],   # as steering maps them
-                               model_config.num_layers - config.dense_layers)
+    layers, dense = model_config.num_layers, config.dense_layers
+    overlap, rewarm = profile.overlap_for(layers, dense)[dense:], profile.rewarm_for(layers, dense, hot_cache)[dense:]
+    missed = [(1.0 - o) * (1.0 - w) for o, w in zip(overlap, rewarm)]      # as the replay steers each layer
     block = s.block_size * shape.token_layer                     # every KV head's K and V of one block, one layer
     return sum(missed) * s.budget_blocks * block, len(missed) * s.budget_blocks * block
 
@@ -125,12 +118,12 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
              locality_context: int | None = None, hot_cache: float = 1.0) -> Forecast:
     """Replay `trace` as `config` would, each round timed by its bytes (see the module doc); the recall at the
     locality `replay` steers to (`locality_context` as its option); `hot_cache`: offload requests hold that many
-    budgets of hot slots (`recall_per_token`), the GPU bytes they are charged with them."""
+    budgets of hot slots (`recall_per_token`), the GPU bytes they are charged with them as the replay's engine
+    allocates them (`ServingConfig.hot_cache`; modes without offload requests hold none)."""
     model_config = open_model(model).config
+    if config.has_offload:
+        config = replace(config, hot_cache=hot_cache)
     footprint, sizes = plan_pools(config, model_config, dtype)
-    if hot_cache != 1.0:
-        footprint = replace(footprint, offload_fixed=round(footprint.offload_fixed * hot_cache))
-        sizes = pool_sizes(config, footprint, 1)          # the offload cap at the larger hot sets
     budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
     outer = OuterScheduler(budget, threshold=config.offload_threshold if config.has_offload else None,
                            max_batch=config.max_batch, max_offload=max(1, sizes.max_offload))
@@ -140,7 +133,9 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
                                                   dense_layers=config.dense_layers)}
     warm_recall = fill = 0.0
     if config.has_offload:
-        shapes[KVClass.OFFLOAD] = shapes[KVClass.NORMAL]
+        hot_blocks = OffloadConfig(sparse=config.sparse_config(), hot_cache=config.hot_cache).hot_blocks
+        shapes[KVClass.OFFLOAD] = StepShape.for_model(model_config, dtype_bytes=elem, sparse=sparse,
+                                                      dense_layers=config.dense_layers, hot_blocks=hot_blocks)
         warm_recall, fill = recall_per_token(config, model_config, shapes[KVClass.OFFLOAD],
                                              locality_context or steering_context(trace), hot_cache)
     copy, link, e = rates.copy_gbps * 1e9, rates.link_gbps * 1e9, rates.efficiency
@@ -293,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the recall at the shipped locality measured nearest this context, as `replay "
                              "--locality-context` steers (default: nearest the trace's median prompt, as replay)")
     parser.add_argument("--hot-cache", type=float, default=1.0, metavar="F",
-                        help="what-if: offload requests hold F budgets of hot slots (1.5, 2 or 4, as the locality "
-                             "records simulate them), their recall and GPU bytes scaled to match (default: 1: built)")
+                        help="offload requests hold F budgets of hot slots, as `replay --hot-cache F` builds them: "
+                             "their GPU bytes, and their recall at the locality records' simulated hot caches "
+                             "(1.5, 2, 4 budgets; interpolated between) (default: 1)")
     parser.add_argument("--modes", nargs="+", default=["vanilla", "pulseinfer", "pulseinfer --no-irq"],
                         choices=list(MODES))
     parser.add_argument("--copy-gbps", type=float, default=4290.0, help="device-to-device copy, GB/s")
@@ -329,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = report["summary"]["decode_throughput_tok_s"]
         steered = re.search(r"context (\d+)", cfg.get("steering") or "")     # the locality the run was steered to
         e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
-                           int(steered.group(1)) if steered else None)
+                           int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0))
         print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency "
               + ("below 0.5" if e is None else f"{e:.3f}"))
     if args.fit:

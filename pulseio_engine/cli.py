@@ -46,7 +46,7 @@ from pulseio.machine import MEMORY_LIMIT_ENV
 
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, PromptKind, calibrate_checkpoint
-from .config import CacheConfig, DType, SparseConfig, SparseMode
+from .config import CacheConfig, DType, OffloadConfig, SparseConfig, SparseMode
 from .copier_options import add_copier_options, copier_dma
 from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
@@ -121,20 +121,23 @@ def _bench(args: argparse.Namespace) -> int:
         check_writable(prog, "--profile", args.profile)
     copier = [f for f, v in (("--copier-ctas", args.copier_ctas), ("--copier-idle-us", args.copier_idle_us))
               if v is not None]
-    if copier and args.mode not in (SparseBenchMode.OFFLOAD_SYNC.value, SparseBenchMode.OFFLOAD_DOORBELL.value):
+    offload = args.mode in (SparseBenchMode.OFFLOAD_SYNC.value, SparseBenchMode.OFFLOAD_DOORBELL.value)
+    if copier and not offload:
         raise UsageError(prog, f"{' and '.join(copier)} set the offload runtime's copier, and --mode {args.mode} "
                                "runs none; use --mode offload-doorbell or offload-sync")
+    if args.hot_cache != 1.0 and not offload:
+        raise UsageError(prog, f"--hot-cache sizes offload requests' hot sets, and --mode {args.mode} holds none; "
+                               "use --mode offload-doorbell or offload-sync")
     if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
         raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
                                "(all-on-gpu, offload-sync, offload-doorbell)")
-    if args.compare_all_on_gpu and args.mode not in (SparseBenchMode.OFFLOAD_SYNC.value,
-                                                     SparseBenchMode.OFFLOAD_DOORBELL.value):
+    if args.compare_all_on_gpu and not offload:
         raise UsageError(prog, f"--compare-all-on-gpu gives an offload step its bound, and --mode {args.mode} "
                                "offloads nothing; use --mode offload-doorbell or offload-sync")
     if args.mode != BenchMode.VANILLA.value:
         try:
-            SparseConfig(token_budget=args.token_budget)
-        except ValueError as exc:       # the budget rules, stated by the config's message
+            OffloadConfig(sparse=SparseConfig(token_budget=args.token_budget), hot_cache=args.hot_cache)
+        except ValueError as exc:       # the budget's and the hot cache's rules, stated by the configs' messages
             raise EngineError(str(exc)) from exc
     source = _open(args.model, args.progress)
     if args.mode == BenchMode.VANILLA.value:
@@ -155,14 +158,14 @@ def _bench(args: argparse.Namespace) -> int:
                 SparseMode(args.selection), args.token_budget, args.locality_context),
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
             dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
-            compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm)
+            compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm, hot_cache=args.hot_cache)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
                 "unit_bytes", "link_peak_gbps", "recall_floor_ms", "publish_gbps", "publish_fraction_of_peak",
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
-                "copier_ctas", "copier_idle_us", "skinny_gemm", "vanilla_ratio", "all_on_gpu_step_ms",
+                "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "vanilla_ratio", "all_on_gpu_step_ms",
                 "recall_bound_ms", "recall_bound_ratio")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -273,6 +276,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--locality-context", type=int_at_least(1), default=None, metavar="TOKENS",
                    help="sparse modes: steer the selection to the shipped locality measured nearest this context "
                         "(default: nearest --context-len; `pulseio-engine locality` measures them)")
+    b.add_argument("--hot-cache", type=float_at_least(1.0), default=1.0, metavar="F",
+                   help="offload modes: each request's hot set per layer and selecting row holds F token budgets of "
+                        "blocks, the least recently selected evicted (more GPU memory, fewer recalls; the steering "
+                        "refills from it as the locality record's simulated hot caches found; default 1: the last "
+                        "selection only)")
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")

@@ -16,7 +16,7 @@ of one decode step is a few launches, all fixed-shape, no host sync:
                               while the recall is in flight, then its device wait, the recalled blocks, and the
                               merge of the two parts (`attention.decode_partials`)
 
-Every request's selection state (residency, hot-slot owners, the previous selection's mask, steering
+Every request's selection state (residency, hot-slot owners and ages, the previous selection's mask, steering
 counters) lives in a row of persistent [L, R, S, ...] tensors (`kv/seats.py`); a batch of B requests is rows
 [0, B), moved there by `begin`, so each layer's slice is contiguous, nothing is copied back after a step, and
 a step captured for B rows serves any B requests. Benchmarks on random weights set `Offloader.steering`
@@ -61,10 +61,26 @@ from .model.batch_state import BatchState, DecodeAttention, PrefillAttention
 @dataclass(frozen=True)
 class SteeringProfile:
     """A step-to-step locality imposed on the selection (`kv/steering.py`), for benchmarks on random weights:
-    `overlap[layer]` of each row's middle blocks stay from the previous step; `seed` seeds its randomness."""
+    `overlap[layer]` of each row's middle blocks stay from the previous step; `seed` seeds its randomness.
+    `rewarm[layer]`: of the middle slots not kept, the fraction refilled from blocks the hot set still holds
+    (offload batches only: a hot set larger than the budget finds blocks selected earlier, as on real models;
+    `LocalityProfile.rewarm_for`); empty: none anywhere (a hot set of one budget holds the last selection only)."""
 
     overlap: tuple[float, ...]     # one fraction in [0, 1] per model layer
     seed: int = 0
+    rewarm: tuple[float, ...] = ()  # one fraction in [0, 1] per model layer, or none
+
+    def __post_init__(self) -> None:
+        if self.rewarm and len(self.rewarm) != len(self.overlap):
+            raise ValueError(f"SteeringProfile.rewarm must have one fraction per layer as overlap does "
+                             f"({len(self.overlap)}) or none, got {len(self.rewarm)}")
+        bad = [r for r in self.rewarm if not 0.0 <= r <= 1.0]
+        if bad:
+            raise ValueError(f"SteeringProfile.rewarm must hold fractions in [0, 1], got {bad[0]!r}")
+
+    def rewarm_at(self, layer: int) -> float:
+        """`rewarm[layer]`, 0 when there is none."""
+        return self.rewarm[layer] if self.rewarm else 0.0
 
 
 @dataclass
@@ -112,7 +128,7 @@ class Offloader:
             self.runtime = pulseio.open_runtime(_runtime_config(offload, self.layout, num_layers, config.device))
             self.store = HostStore(self.runtime.host_pool, self.runtime.device_pool, self.layout,
                                    num_layers=num_layers, max_blocks_per_seq=max_blocks_per_seq,
-                                   budget_blocks=sparse.budget_blocks, dtype=dtype, device=device)
+                                   hot_blocks=offload.hot_blocks, dtype=dtype, device=device)
             self.recaller = Recaller(self.runtime, offload.recall)
         self.digests = BlockDigests(num_layers=model.num_layers, num_blocks=num_blocks,
                                     num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
@@ -155,7 +171,7 @@ class Offloader:
         parts = {"mask": state.mask, "calls": state.calls, "selected": state.selected}
         seq = self.seqs[request_id]
         if seq is not None:
-            parts.update(host_map=seq.host_map, hot=seq.hot, resident=seq.resident, owner=seq.owner)
+            parts.update(host_map=seq.host_map, hot=seq.hot, resident=seq.resident, owner=seq.owner, age=seq.age)
         self.seats.seat(request_id, parts)
 
     def close_request(self, request_id: int) -> None:
@@ -239,7 +255,8 @@ class Offloader:
 def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int, device: str
                     ) -> pulseio.RuntimeConfig:
     """Pools of transfer units: `host_blocks` on the host; on the device every offload request's hot
-    sets (+1: slot 0 is never handed out). One recall moves at most a batch's rows x budget units.
+    sets, `hot_blocks` per row (+1: slot 0 is never handed out). One recall moves at most a batch's rows x
+    budget units: only selected blocks are recalled, however large the hot set.
 
     Recalls come once per layer, a fraction of a millisecond apart, so on a GPU the poller spins
     (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
@@ -247,13 +264,13 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     serves the next layer's recall and the next generation takes over after that recall, not on its
     path. While up it holds `RECALL_COPY_CTAS` copy CTAs, which the model's kernels share their SMs with.
     On a CPU the poller sleeps at once: spinning would take a core from the decode it serves."""
-    per_seq = num_layers * layout.groups * offload.sparse.budget_blocks
+    rows = offload.max_seqs * layout.groups       # selecting rows of one layer, every offload request's
     on_gpu = device.startswith("cuda")
     dma = offload.dma or (pulseio.DmaConfig(zero_copy_ctas=RECALL_COPY_CTAS, resident_idle_us=RESIDENT_IDLE_US)
                           if on_gpu else pulseio.DmaConfig())
     return pulseio.RuntimeConfig(
-        device=device, host_blocks=offload.host_blocks, device_slots=offload.max_seqs * per_seq + 1,
-        block_bytes=layout.unit_bytes, max_blocks_per_request=offload.max_seqs * per_seq // num_layers,
+        device=device, host_blocks=offload.host_blocks, device_slots=num_layers * rows * offload.hot_blocks + 1,
+        block_bytes=layout.unit_bytes, max_blocks_per_request=rows * offload.sparse.budget_blocks,
         ring_slots=max(64, STEPS_AHEAD * num_layers), max_outstanding=max(1024, 2 * STEPS_AHEAD * num_layers),
         spin_iterations=offload.poll_spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
         dma=dma)
@@ -367,12 +384,14 @@ class _SparseBatch:
             score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
                          num_kv_heads=o.model.num_kv_heads, head=head, rule=o.sparse.group_score, count=count,
                          out=self.bounds)
-            steer = None
-            if o.steering is not None:
-                steer = Steering(o.steering.overlap[layer], self.calls[li], seed=o.steering.seed, layer=layer)
+            steer = None if o.steering is None else self._steering(o.steering, layer)
             select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
                                 context_lens=self.context_lens, steer=steer, out=self.selected[li],
                                 **mode)       # type: ignore[arg-type]
+
+    def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
+        """`layer`'s steering: the profile's overlap (no rewarm: all blocks on the GPU, no hot set)."""
+        return Steering(profile.overlap[layer], self.calls[layer - self.owner.dense], seed=profile.seed, layer=layer)
 
 
 class DeviceSparseBatch(_SparseBatch):
@@ -405,9 +424,10 @@ class OffloadBatch(_SparseBatch):
         seats = owner.seats
         b, s, k = len(request_ids), owner.rows, owner.sparse.budget_blocks
         self.host_map = seats.batch("host_map", b)              # [L, B, S, NB] host unit of each block
-        self.hot = seats.batch("hot", b)                        # [L, B, S, K] device slot of each hot entry
+        self.hot = seats.batch("hot", b)                        # [L, B, S, H] device slot of each hot entry
         self.resident = seats.batch("resident", b)              # [L, B, S, NB] hot entry of each block, or -1
-        self.owners = seats.batch("owner", b)                   # [L, B, S, K] block in each hot entry, or -1
+        self.owners = seats.batch("owner", b)                   # [L, B, S, H] block in each hot entry, or -1
+        self.ages = seats.batch("age", b)                       # [L, B, S, H] int32 calls since each was selected
         dev = owner.device
         self.recall_ids = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] host units
         self.recall_dst = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] device slots
@@ -433,10 +453,16 @@ class OffloadBatch(_SparseBatch):
         with record_function("offload.store"):
             store_tokens(store.host_view, self.write_units[li], self.offsets, k, v, digests=o.digests, layer=layer,
                          digest_blocks=self.blocks)
-        hot = HotRecall(self.resident[li], self.owners[li], self.hot[li], self.host_map[li], self.recall_ids,
-                        self.recall_dst, self.count, self.write_slot, NewToken(k, v, store.hot), self.arrivals)
+        hot = HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
+                        host_map=self.host_map[li], recall_ids=self.recall_ids, recall_dst=self.recall_dst,
+                        count=self.count, write_slot=self.write_slot, new_token=NewToken(k, v, store.hot),
+                        arrivals=self.arrivals)
         self._select(layer, q, count=self.count, hot=hot)
         return self.recall_ids, self.recall_dst, self.count
+
+    def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
+        """`layer`'s steering, with the profile's rewarm: refills from the hot set's blocks not selected last step."""
+        return replace(super()._steering(profile, layer), rewarm=profile.rewarm_at(layer))
 
     def attend_resident(self, layer: int, q: torch.Tensor) -> None:
         """Attention over the selected blocks that were resident already: it reads no slot the recall writes,

@@ -7,8 +7,8 @@ Modes (`pulseio-engine bench --mode`):
   KV head, or SoloHead's shared one, `--selection`) there, in place (`RecallMode.ALL_ON_GPU`). No recall, no
   memory saving.
 - offload-sync / offload-doorbell: an offload-only engine (the paged cache keeps the dense layers; the
-  other layers live in pinned host memory with a hot set per layer on the GPU). The selected blocks
-  not in the hot set are recalled through pulseio: ids to the host and a host wait (sync), or
+  other layers live in pinned host memory with a hot set per layer on the GPU, `--hot-cache` budgets large). The
+  selected blocks not in the hot set are recalled through pulseio: ids to the host and a host wait (sync), or
   published from the device with a device wait, both captured in the step's CUDA graph (doorbell).
 
 Workload: handed-in random KV (`RandomKV`), random prompt tokens, greedy decode. The timed loop is the
@@ -17,7 +17,9 @@ vanilla bench's: each step feeds its greedy tokens back on the device and replay
 host at most 10 steps ahead; the first steps go through `Engine.step` (capture, warm-up). On random weights
 the query . digest top-k jumps at random every step, so the selection is steered (`kv/steering.py`): every
 layer still scores every digest and takes its top-K, but a row keeps the step-to-step overlap of its middle
-blocks measured on real models (`pulseio-engine locality`, `data/locality.json`; the output names the source).
+blocks measured on real models (`pulseio-engine locality`, `data/locality.json`; the output names the source)
+and, with `--hot-cache` above 1, refills the slots it does not keep from blocks its hot set still holds as often
+as the record's simulated hot caches of that size found them there (`LocalityProfile.rewarm_for`).
 
 Measured per mode: step time (sustained, CUDA events) and the sparse roofline: the bytes a step must read
 (weights, the dense layers' KV, the selecting heads' digests, the selected KV, selection and recall
@@ -255,6 +257,7 @@ class SparseBenchResult:
     skinny_gemm: bool = False            # projections of <= 32 rows ran through skinny_linear
     all_on_gpu_step_ms: float | None = None   # the all-on-GPU step of the same batch, this process
     all_on_gpu_error: str | None = None       # why compare_all_on_gpu got no such step
+    hot_cache: float = 1.0                    # offload modes: hot sets of this many budgets (OffloadConfig.hot_cache)
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -297,8 +300,9 @@ class SparseBenchResult:
                    f"of the link) = {self.recall_bound_ms:.2f} ms -> {self.recall_bound_ratio:.2f}x")
         recall = "" if not self.units_per_step else \
             f", {self.recalled_mib_per_step:.1f} MiB/step recalled in {self.unit_bytes >> 10} KiB units{rate}"
+        hot = "" if self.hot_cache == 1.0 else f" hot set={self.hot_cache:g} budgets"
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
-                f"budget={self.token_budget}: {self.step_ms:.2f} ms/step ({self.tokens_per_s:,.0f} tok/s){roof}"
+                f"budget={self.token_budget}{hot}: {self.step_ms:.2f} ms/step ({self.tokens_per_s:,.0f} tok/s){roof}"
                 f"{kernels}{recall}, main thread {self.host_ms_per_step:.2f} ms/step "
                 f"({self.blocked_ms_per_step:.2f} blocked), GPU {self.gpu_bytes_per_request / 2**20:.0f} MiB/request "
                 f"(vanilla {self.vanilla_gpu_bytes_per_request / 2**20:.0f}){vs}")
@@ -310,16 +314,20 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
                      compare_vanilla: bool = False, compare_all_on_gpu: bool = False,
-                     skinny_gemm: bool = True) -> SparseBenchResult:
+                     skinny_gemm: bool = True, hot_cache: float = 1.0) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there, and their timeline beside it as a
     gzipped Chrome trace (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
+    `hot_cache` (offload modes): hot sets of this many budgets (`OffloadConfig.hot_cache`), the steering refilling
+    from them as the locality record's simulated hot caches found (`LocalityProfile.rewarm_for`).
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
     (`result.vanilla`, `result.vanilla_ratio`). `compare_all_on_gpu` (offload modes): then the all-on-GPU mode
     with the same selection, for the offload step's bound (`result.recall_bound_ms`, `recall_bound_ratio`).
     `skinny_gemm`: `EngineConfig.skinny_gemm`, every run."""
     if compare_all_on_gpu and mode is SparseBenchMode.ALL_ON_GPU:
         raise ValueError("compare_all_on_gpu compares an offload mode with the all-on-GPU step; got mode all-on-gpu")
+    if hot_cache != 1.0 and mode is SparseBenchMode.ALL_ON_GPU:
+        raise ValueError(f"hot_cache ({hot_cache:g}) sizes the offload modes' hot sets; mode all-on-gpu has none")
     source = model if isinstance(model, ModelSource) else open_model(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
@@ -328,7 +336,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         bench_status(progress, "measuring the device's copy bandwidth (2 GiB copies)")
         bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
     result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
-                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm)
+                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm, hot_cache)
     if compare_all_on_gpu:
         _release(dev)
         bench_status(progress, f"all-on-gpu at the same batch and context, for the bound ({batch_size} x "
@@ -336,7 +344,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         try:
             on_gpu = _run_sparse(source, SparseBenchMode.ALL_ON_GPU, batch_size, context_len, steps, token_budget,
                                  selection, warmup, device, locality, progress, seed, None, use_cuda_graphs, None,
-                                 bandwidth, skinny_gemm)
+                                 bandwidth, skinny_gemm, 1.0)
             result = replace(result, all_on_gpu_step_ms=on_gpu.step_ms)
         except (torch.OutOfMemoryError, EngineError) as exc:     # the offload result stands; say why there is no bound
             bench_status(progress, f"all-on-gpu did not run: {exc}")
@@ -360,7 +368,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
                 token_budget: int, selection: SparseMode, warmup: int, device: str,
                 locality: LocalityProfile | None, progress: bool, seed: int, profile: Path | None,
                 use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None,
-                skinny_gemm: bool) -> SparseBenchResult:
+                skinny_gemm: bool, hot_cache: float) -> SparseBenchResult:
     dev = torch.device(device)
     m, bs = source.config, CacheConfig().block_size
     max_len = decode_len(context_len, warmup, steps)
@@ -370,8 +378,10 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     groups = m.num_kv_heads if selection is SparseMode.QUEST else 1
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
-                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma)
+                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache)
     locality = locality or default_profile(selection, token_budget, context_len)
+    steering = SteeringProfile(locality.overlap_for(m.num_layers, offload.dense_layers), seed=seed,
+                               rewarm=locality.rewarm_for(m.num_layers, offload.dense_layers, hot_cache))
     bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
                            f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
@@ -382,7 +392,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     with engine:
         off = engine.offloader
         assert off is not None
-        off.steering = SteeringProfile(locality.overlap_for(m.num_layers, offload.dense_layers), seed=seed)
+        off.steering = steering
         timed = None
         if off.recaller is not None:
             timed = off.recaller = TimedRecaller(off.recaller)     # type: ignore[assignment]
@@ -459,7 +469,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
-            skinny_gemm=engine.model.workspace is not None)
+            skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache)
 
 
 def _release(device: torch.device) -> None:

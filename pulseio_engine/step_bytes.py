@@ -34,15 +34,17 @@ class SparseShape:
     rows: int                # selecting rows per request: KV heads for Quest, 1 for SoloHead
     digest_block: int        # bytes of one block's digests (key max and min) of the selecting heads, one layer
     bounds: int              # bounds per row and block (1 summed over the group, G under max-norm)
+    hot_blocks: int          # hot-set entries per request, layer and selecting row (offload requests)
 
     @classmethod
-    def for_config(cls, config: SparseConfig, model: ModelConfig, dense_layers: int, digest_bytes: int
-                   ) -> SparseShape:
+    def for_config(cls, config: SparseConfig, model: ModelConfig, dense_layers: int, digest_bytes: int,
+                   hot_blocks: int | None = None) -> SparseShape:
         """As an engine with this sparse config lays its selection out: Quest selects per KV head, SoloHead with
-        one head per layer."""
+        one head per layer. `hot_blocks` None: a hot set of one budget (`OffloadConfig.hot_blocks`)."""
         width = model.num_kv_heads if config.mode is SparseMode.QUEST else 1
         return cls(dense_layers, config.block_size, config.budget_blocks, width,
-                   width * model.head_dim * 2 * digest_bytes, _bounds(config, model))
+                   width * model.head_dim * 2 * digest_bytes, _bounds(config, model),
+                   config.budget_blocks if hot_blocks is None else hot_blocks)
 
 
 def _bounds(config: SparseConfig, model: ModelConfig) -> int:
@@ -70,19 +72,20 @@ class StepShape:
         if off is not None:
             digest_block = off.digests.width * m.head_dim * 2 * off.digests.max.element_size()
             sparse = SparseShape(off.dense, off.sparse.block_size, off.sparse.budget_blocks, off.rows, digest_block,
-                                 _bounds(off.sparse, m))
+                                 _bounds(off.sparse, m), off.offload.hot_blocks)
         return cls(w.parameter_bytes(), 0 if m.tie_word_embeddings else w.embed.numel() * item, m.hidden_size * item,
                    m.num_layers, 2 * m.num_kv_heads * m.head_dim * engine.kv.dtype.itemsize, sparse)
 
     @classmethod
     def for_model(cls, model: ModelConfig, *, dtype_bytes: int, sparse: SparseConfig | None = None,
-                  dense_layers: int = 2) -> StepShape:
+                  dense_layers: int = 2, hot_blocks: int | None = None) -> StepShape:
         """The shape from the configs alone: weights as `preflight.weight_bytes` counts them (matrices and norms,
-        no biases), KV and digests at `dtype_bytes`."""
+        no biases), KV and digests at `dtype_bytes`; `hot_blocks` as `SparseShape.for_config` takes it."""
         row = model.hidden_size * dtype_bytes
         return cls(weight_bytes(model, dtype_bytes), 0 if model.tie_word_embeddings else model.vocab_size * row, row,
                    model.num_layers, 2 * model.num_kv_heads * model.head_dim * dtype_bytes,
-                   None if sparse is None else SparseShape.for_config(sparse, model, dense_layers, dtype_bytes))
+                   None if sparse is None else SparseShape.for_config(sparse, model, dense_layers, dtype_bytes,
+                                                                      hot_blocks))
 
     def weight_bytes(self, batch_size: int) -> int:
         """The weights one step of `batch_size` requests reads (an untied embedding as its rows gathered)."""
@@ -125,7 +128,10 @@ def step_bytes(shape: StepShape, contexts: Sequence[float], *, offload: bool = F
                    + 2 * blocks                     # the selection mask, read and written
                    + 8 * chosen * 3)                # the selection, its table and (offload) residency lookups
         if offload:
-            per_row += 8 * blocks + 8 * 4 * chosen  # residency row, host map reads, hot-set maps
+            per_row += (8 * blocks                  # the residency row
+                        + 8 * 2 * chosen            # host map reads, the selected entries' device slots
+                        + (8 + 8 + 4 + 4) * s.hot_blocks)   # every hot-set entry's slot and owner, its age read and
+                                                            # written (the least recently selected is evicted)
         digests += layers * blocks * s.digest_block
         selected += layers * chosen * s.block_size * token_kv
         bookkeeping += layers * (s.rows * per_row + 4 * blocks)

@@ -280,6 +280,34 @@ class LocalityProfile:
         dense layers, which never select, get 1.0."""
         return (1.0,) * dense_layers + self.stretched(self.overlap, num_layers - dense_layers)
 
+    def rewarm_for(self, num_layers: int, dense_layers: int, hot_cache: float) -> tuple[float, ...]:
+        """One rewarm per layer of a model of `num_layers` layers (`SteeringProfile.rewarm`), for a hot set of
+        `hot_cache` budgets: of a step's refilled blocks, the fraction its hot set still holds, 1 - fetch / recall
+        per measured layer (`hot_fetch` over `recall_fraction`; 0 where nothing is recalled), clamped to [0, 1]
+        and stretched as `overlap_for` stretches the overlap; dense layers, which never select, get 0.0."""
+        fetched = self.hot_fetch(hot_cache)
+        rewarm = [0.0 if r <= 0 else min(1.0, max(0.0, 1.0 - f / r)) for f, r in zip(fetched, self.recall_fraction)]
+        return (0.0,) * dense_layers + self.stretched(rewarm, num_layers - dense_layers)
+
+    def hot_fetch(self, hot_cache: float) -> tuple[float, ...]:
+        """Per measured layer, the fraction of the budget a hot set of `hot_cache` budgets fetches a step: the
+        simulated `hot_cache[f]`, linear in f between the measured factors and from `recall_fraction` at 1.0 (the
+        engine's hot set of one budget), the largest factor's beyond it. A record without simulated hot caches
+        answers for 1.0 only (ValueError, naming it)."""
+        if not hot_cache >= 1.0:
+            raise ValueError(f"a hot set holds at least one budget; got hot_cache {hot_cache!r}")
+        points = [(1.0, self.recall_fraction), *sorted(self.hot_cache.items())]
+        if hot_cache != 1.0 and len(points) == 1:
+            raise ValueError(f"the locality record {self.model} {self.mode.value} budget {self.token_budget} context "
+                             f"{self.context_len} simulated no hot cache larger than the budget, so it cannot steer "
+                             f"one of {hot_cache:g} budgets; measure the record again (`pulseio-engine locality`), "
+                             "pick one that has them (contexts of 8K and more), or leave the hot cache at 1")
+        if hot_cache >= points[-1][0]:
+            return tuple(points[-1][1])
+        (f0, low), (f1, high) = next((a, b) for a, b in zip(points, points[1:]) if hot_cache <= b[0])
+        t = (hot_cache - f0) / (f1 - f0)
+        return tuple(x + t * (y - x) for x, y in zip(low, high))
+
     def stretched(self, values: tuple[float, ...] | list[float], count: int) -> tuple[float, ...]:
         """Per measured layer `values` (one for each of `layers`) over `count` offloaded layers of another
         model, by relative depth (nearest): as `overlap_for` maps the overlap."""

@@ -2,10 +2,11 @@
 
 Both pools belong to the engine's `pulseio.Runtime` and hold transfer units (`UnitLayout`):
 `[2, block_size, heads_per_unit, head_dim]`, K then V. A request gets, at `open`, one host unit per
-(offloaded layer, selecting row, block) for its whole life and `budget_blocks` hot slots per
-(offloaded layer, selecting row); `OffloadSeq` maps them. The prompt's KV is stored at the end of
-prefill (`store_blocks`), each decoded token's KV as it is computed (`append`), so the host copy is
-always whole and a recall can fetch any block, the one being written included.
+(offloaded layer, selecting row, block) for its whole life and `hot_blocks` hot slots per (offloaded layer,
+selecting row) (`OffloadConfig.hot_blocks`: the budget's K, or more to keep blocks selected earlier, the least
+recently selected evicted by the select kernel, `age` its clock); `OffloadSeq` maps them. The prompt's KV is
+stored at the end of prefill (`store_blocks`), each decoded token's KV as it is computed (`append`), so the host
+copy is always whole and a recall can fetch any block, the one being written included.
 
 Every write to the host pool goes through its device-mapped view (`host_view`, from
 `HostPool.device_view`): kernels on the model's stream (`token_store.store_tokens`) store into pinned
@@ -28,12 +29,14 @@ from .selection import PAD
 
 @dataclass
 class OffloadSeq:
-    """One offload request's maps, on the model's device (L = offloaded layers, S = selecting rows)."""
+    """One offload request's maps, on the model's device (L = offloaded layers, S = selecting rows, H = hot-set
+    entries per row, `hot_blocks`)."""
 
     host_map: torch.Tensor    # [L, S, NB] int64: host unit of each block; 0 (the pool's spare) past its blocks
-    hot: torch.Tensor         # [L, S, K] int64: device slot of each hot-set entry
+    hot: torch.Tensor         # [L, S, H] int64: device slot of each hot-set entry
     resident: torch.Tensor    # [L, S, NB] int64: hot-set entry holding each block, or -1
-    owner: torch.Tensor       # [L, S, K] int64: block held by each hot-set entry, or -1 (resident's inverse)
+    owner: torch.Tensor       # [L, S, H] int64: block held by each hot-set entry, or -1 (resident's inverse)
+    age: torch.Tensor         # [L, S, H] int32: selection calls since each entry's block was last selected (LRU)
     units: list[int]          # host units held, for `close`
     slots: list[int]          # device slots held, for `close`
 
@@ -42,14 +45,14 @@ class HostStore:
     """Views of the runtime's pools as transfer units, and who holds which (see the module doc)."""
 
     def __init__(self, host_pool: pulseio.HostPool, device_pool: pulseio.DevicePool, layout: UnitLayout, *,
-                 num_layers: int, max_blocks_per_seq: int, budget_blocks: int, dtype: torch.dtype,
+                 num_layers: int, max_blocks_per_seq: int, hot_blocks: int, dtype: torch.dtype,
                  device: torch.device) -> None:
         """host_pool, device_pool: the runtime's pools, in units of `layout.unit_bytes`;
-        num_layers: offloaded layers."""
+        num_layers: offloaded layers; hot_blocks: hot-set entries per (layer, selecting row)."""
         self.layout = layout
         self.num_layers = num_layers
         self.max_blocks = max_blocks_per_seq
-        self.budget = budget_blocks
+        self.hot_blocks = hot_blocks
         self.device = device
         self.host = host_pool.view(dtype, *layout.unit_shape)                 # [n_host, 2, bs, hg, D], CPU
         self._host_writes = host_pool.device_view(dtype, *layout.unit_shape)  # the same memory, on `device`
@@ -76,7 +79,7 @@ class HostStore:
 
     @property
     def slots_per_seq(self) -> int:
-        return self.num_layers * self.layout.groups * self.budget
+        return self.num_layers * self.layout.groups * self.hot_blocks
 
     def open(self, num_tokens: int) -> OffloadSeq:
         """Reserve a request's host units and hot slots; refuses, naming the numbers, when they are not free."""
@@ -95,11 +98,12 @@ class HostStore:
         unit_ids, slot_ids = self._units.allocate(units), self._slots.allocate(slots)
         host_map = torch.zeros((*shape, self.max_blocks), dtype=torch.int64)
         host_map[:, :, :n] = torch.tensor(unit_ids, dtype=torch.int64).view(*shape, n)
-        hot = torch.tensor(slot_ids, dtype=torch.int64).view(*shape, self.budget)
+        hot = torch.tensor(slot_ids, dtype=torch.int64).view(*shape, self.hot_blocks)
         resident = torch.full((*shape, self.max_blocks), PAD, dtype=torch.int64)
-        owner = torch.full((*shape, self.budget), PAD, dtype=torch.int64)
-        return OffloadSeq(host_map.to(self.device), hot.to(self.device), resident.to(self.device),
-                          owner.to(self.device), unit_ids, slot_ids)
+        owner = torch.full((*shape, self.hot_blocks), PAD, dtype=torch.int64)
+        age = torch.zeros((*shape, self.hot_blocks), dtype=torch.int32)
+        return OffloadSeq(host_map=host_map.to(self.device), hot=hot.to(self.device), resident=resident.to(self.device),
+                          owner=owner.to(self.device), age=age.to(self.device), units=unit_ids, slots=slot_ids)
 
     def close(self, seq: OffloadSeq) -> None:
         self._units.free(seq.units)

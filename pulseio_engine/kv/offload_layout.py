@@ -61,7 +61,8 @@ class OffloadFootprint:
     vanilla_device_bytes: int     # every layer's KV on the device
     offload_device_bytes: int     # dense_layer_bytes + hot_bytes + digest_bytes
     dense_layer_bytes: int        # layers [0, dense_layers), whole
-    hot_bytes: int                # budget_blocks hot slots per selecting row of each offloaded layer
+    hot_bytes: int                # hot_blocks hot slots (fewer: the context's blocks) per selecting row of each
+                                  # offloaded layer
     digest_bytes: int             # key max and min per block of each offloaded layer
     host_bytes: int               # the full KV of the offloaded layers, in the host pool
     unit_bytes: int               # one recalled transfer unit
@@ -80,7 +81,7 @@ def offload_footprint(model: ModelConfig, offload: OffloadConfig, *, elem_bytes:
     sparse, n_blocks = offload.sparse, blocks_for(context_tokens, offload.sparse.block_size)
     layer_bytes = n_blocks * layout.groups * layout.unit_bytes      # one layer's KV, whole blocks
     offloaded = model.num_layers - offload.dense_layers
-    hot = offloaded * layout.groups * min(sparse.budget_blocks, n_blocks) * layout.unit_bytes
+    hot = offloaded * layout.groups * min(offload.hot_blocks, n_blocks) * layout.unit_bytes
     width = layout.groups if sparse.mode is SparseMode.QUEST else 1
     digests = offloaded * n_blocks * width * model.head_dim * 2 * elem_bytes
     dense = offload.dense_layers * layer_bytes

@@ -4,7 +4,8 @@ A request's class says where its KV lives:
 
 - NORMAL: every layer's KV in the GPU's paged cache (and, in the sparse modes, its block digests);
 - OFFLOAD: the dense layers' KV and the digests on the GPU, the other layers' KV in the host pool, and a hot
-  set of `budget_blocks` slots per offloaded layer on the GPU, whatever the request's length.
+  set of `hot_blocks` slots (`OffloadConfig.hot_blocks`: a budget, or `hot_cache` budgets) per offloaded layer
+  on the GPU, whatever the request's length.
 
 `KVBudget` charges each running request what its class holds for its whole reservation (prompt +
 max_new_tokens, as the engines reserve blocks) against `gpu_bytes` (the `--gpu-kv-gib` every mode is held
@@ -43,16 +44,17 @@ class Footprint:
 
     @classmethod
     def for_model(cls, model: ModelConfig, *, elem_bytes: int, block_size: int, dense_layers: int,
-                  budget_blocks: int, selection: SparseMode | None) -> Footprint:
+                  hot_blocks: int, selection: SparseMode | None) -> Footprint:
         """`selection` None: dense attention, no digests. Digests are kept for every layer of a block (as
-        `BlockDigests` allocates them): Hkv heads wide for Quest, one for SoloHead."""
+        `BlockDigests` allocates them): Hkv heads wide for Quest, one for SoloHead. `hot_blocks`: an offload
+        request's hot-set entries per offloaded layer (each every KV head's K and V of a block)."""
         token_layer = 2 * model.num_kv_heads * model.head_dim * elem_bytes          # K and V, one layer
         width = 0 if selection is None else (model.num_kv_heads if selection is SparseMode.QUEST else 1)
         digests = model.num_layers * width * model.head_dim * 2 * elem_bytes         # max and min
         offloaded = model.num_layers - dense_layers
         return cls(block_size, model.num_layers * block_size * token_layer + digests,
                    dense_layers * block_size * token_layer + digests,
-                   offloaded * budget_blocks * block_size * token_layer, offloaded * block_size * token_layer)
+                   offloaded * hot_blocks * block_size * token_layer, offloaded * block_size * token_layer)
 
     def device_bytes(self, kv_class: KVClass, tokens: int) -> int:
         blocks = blocks_for(tokens, self.block_size)

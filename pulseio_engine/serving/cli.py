@@ -85,6 +85,12 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--max-offload", type=int_at_least(1), default=None,
                    help="offload modes: offload requests at most (each holds hot sets on the GPU; the warm-up meets "
                         "every offload batch size up to it; default: as many as the GPU KV cap holds at the threshold)")
+    r.add_argument("--hot-cache", type=float_at_least(1.0), default=1.0, metavar="F",
+                   help="offload modes: each offload request's hot set per layer and selecting row holds F token "
+                        "budgets of blocks, the least recently selected evicted: F times the hot slots' GPU memory "
+                        "(fewer offload requests fit --gpu-kv-gib) for fewer recalls; a random-weight preset's "
+                        "steering refills from it as the locality record's simulated hot caches found (default 1: "
+                        "the last selection only)")
     r.add_argument("--gpu-ahead", type=int_at_least(1), default=None,
                    help="pulseinfer (IRQ): layer pieces the host may enqueue ahead of the GPU (default: 8 with "
                         "overlapped rounds, whose next launch must run while the GPU still has work; 1 without)")
@@ -237,6 +243,9 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
     for flag, value in (("--copier-ctas", args.copier_ctas), ("--copier-idle-us", args.copier_idle_us)):
         if value is not None and not offload:
             raise UsageError(prog, f"{flag} sets the offload modes' resident copier; --mode {mode.value} has none")
+    if args.hot_cache != 1.0 and not offload:
+        raise UsageError(prog, f"--hot-cache sizes the offload modes' hot sets; --mode {mode.value} offloads no "
+                               "request")
     if args.selection is not None and mode is ServeMode.VANILLA:
         raise UsageError(prog, "--selection picks the sparse modes' selecting heads; vanilla attends densely")
     host = 0.0
@@ -251,7 +260,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              normal_steps=args.normal_steps,
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
-                             two_streams=args.two_streams)
+                             two_streams=args.two_streams, hot_cache=args.hot_cache)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

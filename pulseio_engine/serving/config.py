@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from ..config import RecallMode, SparseConfig, SparseMode
+from ..config import OffloadConfig, RecallMode, SparseConfig, SparseMode
 
 
 class ServeMode(Enum):
@@ -36,7 +36,8 @@ class ServingConfig:
     one's tokens reach the host (its input ids fed on the device), so the host's work between rounds runs while
     the GPU decodes; finishing is by output length (requests ignore EOS), and moves wait for the tokens. Off here,
     for callers that stop at EOS; `pulseio-engine replay`, whose requests decode their trace's lengths, turns it on
-    unless told `--no-overlap-rounds`."""
+    unless told `--no-overlap-rounds`. `hot_cache`: the offload modes' hot sets, in budgets
+    (`OffloadConfig.hot_cache`): each offload request is charged that many budgets' slots per offloaded layer."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -55,6 +56,7 @@ class ServingConfig:
     copier_idle_us: int | None = None
     overlap_rounds: bool = False
     two_streams: bool = False
+    hot_cache: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -91,6 +93,11 @@ class ServingConfig:
             raise ValueError("vanilla attends densely; a selection applies to quest, offload-sync and pulseinfer")
         if self.sparse is not None:
             SparseConfig(mode=self.sparse, token_budget=self.token_budget, block_size=self.block_size)
+        if self.hot_cache != 1.0 and not self.has_offload:
+            raise ValueError(f"{self.mode.value} offloads no request, so it has no hot sets for hot_cache="
+                             f"{self.hot_cache!r} to size (leave it 1.0)")
+        if self.has_offload:
+            OffloadConfig(hot_cache=self.hot_cache)          # its rule, in its words
 
     def check_device(self, device: str, use_cuda_graphs: bool) -> None:
         """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the

@@ -1,8 +1,8 @@
 """What the serving engines allocate for a `ServingConfig`'s GPU and host budgets, known before building them.
 
 Each pool is large enough for whatever the `KVBudget` admits into it: the normal engine's paged cache for the
-whole GPU budget, the offload engine's for its dense layers, a hot set for every offload request the budget
-could hold at the threshold's length, and the host pool's units.
+whole GPU budget, the offload engine's for its dense layers, a hot set (`ServingConfig.hot_cache` budgets) for
+every offload request the budget could hold at the threshold's length, and the host pool's units.
 """
 
 from __future__ import annotations
@@ -33,13 +33,14 @@ class PoolSizes:
 
 def plan_pools(config: ServingConfig, model: ModelConfig, dtype: DType) -> tuple[Footprint, PoolSizes]:
     """What a request holds by class, and the pools engines built for `config` allocate (before building them)."""
-    fp = Footprint.for_model(model, elem_bytes=TORCH_DTYPES[dtype].itemsize, block_size=config.block_size,
-                             dense_layers=config.dense_layers, budget_blocks=config.token_budget // config.block_size,
-                             selection=config.sparse)
-    unit = 0
+    elem = TORCH_DTYPES[dtype].itemsize
+    hot, unit = config.token_budget // config.block_size, 0       # (no offload engine: no hot set is charged)
     if config.has_offload:
-        offload = OffloadConfig(sparse=config.sparse_config(), dense_layers=config.dense_layers)
-        unit = UnitLayout.for_mode(model, offload, TORCH_DTYPES[dtype].itemsize).unit_bytes
+        offload = OffloadConfig(sparse=config.sparse_config(), dense_layers=config.dense_layers,
+                                hot_cache=config.hot_cache)
+        hot, unit = offload.hot_blocks, UnitLayout.for_mode(model, offload, elem).unit_bytes
+    fp = Footprint.for_model(model, elem_bytes=elem, block_size=config.block_size, dense_layers=config.dense_layers,
+                             hot_blocks=hot, selection=config.sparse)
     return fp, pool_sizes(config, fp, unit)
 
 

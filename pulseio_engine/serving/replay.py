@@ -5,7 +5,8 @@ The engine is the decode instance of a prefill-decode disaggregated deployment: 
 prompt of the trace's length (random token ids, seeded per request) whose KV is handed in, random KV for the
 random-weight presets (`RandomKV`), or prefilled here for real models, then decodes the trace's output
 length (greedy, no stop at EOS). Random-weight presets steer their selection to a measured locality, as
-the sparse bench does (`sparse_bench.default_profile`), so their recalls are as large as a real model's.
+the sparse bench does (`sparse_bench.default_profile`; with hot sets larger than a budget, refilling from them
+as the record's simulated hot caches found), so their recalls are as large as a real model's.
 
 Before anything is allocated: every request must fit the model's context and, on its own, the KV caps;
 the host pool must fit the host's memory and the engine's pools and weights the device's.
@@ -76,6 +77,7 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     config.check_device(device, options.use_cuda_graphs)
     max_len = _check_context(trace, source)
     heads = _heads(source, config, options.heads)
+    steering = _steering(source, config, options.seed, options.locality_context or steering_context(trace))
     footprint, sizes = plan_pools(config, source.config, dtype)
     _check_memory(source, config, device, dtype, sizes.device_bytes(footprint))
     budget = KVBudget(footprint, gpu_bytes=config.gpu_kv_bytes, host_bytes=config.host_kv_bytes)
@@ -90,8 +92,8 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
     with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
                        heads=heads, use_cuda_graphs=options.use_cuda_graphs,
                        skinny_gemm=options.skinny_gemm) as serving:
-        steering = _steer(serving, source, config, options.seed,
-                          options.locality_context or steering_context(trace))
+        if steering is not None:
+            serving.set_steering(steering[0])
         warmup_s = 0.0
         if options.warmup:
             say("warming up: compiling the kernels and capturing the steps the first rounds need, before the clock")
@@ -104,8 +106,9 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
         kind = options.clock or (ClockKind.WALL if device.startswith("cuda") else ClockKind.VIRTUAL)
         recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
         pulse = base.since(_settled_runtime(serving))
-        return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder, steering, pulse,
-                                    time.perf_counter() - wall0, warmup_s, base, rates))
+        return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder,
+                                    None if steering is None else steering[1], pulse, time.perf_counter() - wall0,
+                                    warmup_s, base, rates))
 
 
 WARMUP_TOKENS = 4      # a first step (eager: compiles), a second (captures its graph), then replays
@@ -343,15 +346,21 @@ def steering_context(trace: Trace) -> int:
     return int(np.median([r.input_len for r in trace.requests]))
 
 
-def _steer(serving: ServingEngine, source: ModelSource, config: ServingConfig, seed: int, context: int
-           ) -> str | None:
+def _steering(source: ModelSource, config: ServingConfig, seed: int, context: int
+              ) -> tuple[SteeringProfile, str] | None:
+    """A random-weight preset's steering (the locality measured nearest `context`, with the rewarm of
+    `config.hot_cache`) and its description for the report; None for real models and vanilla. Refuses, before
+    anything is built, a hot cache the record cannot steer."""
     if not source.random or config.sparse is None:
         return None
     from ..sparse_bench import default_profile, describe
 
     profile = default_profile(config.sparse, config.token_budget, context)
-    serving.set_steering(SteeringProfile(profile.overlap_for(source.config.num_layers, config.dense_layers), seed))
-    return describe(profile)
+    layers, dense = source.config.num_layers, config.dense_layers
+    steering = SteeringProfile(profile.overlap_for(layers, dense), seed=seed,
+                               rewarm=profile.rewarm_for(layers, dense, config.hot_cache))
+    hot = "" if config.hot_cache == 1.0 else f"; hot sets of {config.hot_cache:g} budgets refilled as it simulated"
+    return steering, describe(profile) + hot
 
 
 def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype: DType, pools: int) -> None:
@@ -418,6 +427,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.pieces_ahead,
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
+                   "hot_cache": config.hot_cache,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)

@@ -16,7 +16,7 @@ from ..errors import EngineError
 from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/8"
+SCHEMA_VERSION = "pulseio-replay/9"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
 _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
             *_PULSE_LATENCIES)
@@ -24,13 +24,15 @@ _SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
 _SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
 _SINCE_7 = ("host_ms_per_round.pace",)
 _SINCE_8 = ("roofline", "config.two_streams")
-OLDER_VERSIONS = {"pulseio-replay/7": _SINCE_8,                                           # the keys each one lacks
-                  "pulseio-replay/6": (*_SINCE_8, *_SINCE_7),
-                  "pulseio-replay/5": (*_SINCE_8, *_SINCE_7, *_SINCE_6),
-                  "pulseio-replay/4": (*_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5),
-                  "pulseio-replay/3": (*_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5, *_SINCE_4),
-                  "pulseio-replay/2": (*_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round"),
-                  "pulseio-replay/1": (*_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round",
+_SINCE_9 = ("config.hot_cache",)
+OLDER_VERSIONS = {"pulseio-replay/8": _SINCE_9,                                  # the keys each one lacks
+                  "pulseio-replay/7": (*_SINCE_9, *_SINCE_8),
+                  "pulseio-replay/6": (*_SINCE_9, *_SINCE_8, *_SINCE_7),
+                  "pulseio-replay/5": (*_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6),
+                  "pulseio-replay/4": (*_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5),
+                  "pulseio-replay/3": (*_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5, *_SINCE_4),
+                  "pulseio-replay/2": (*_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round"),
+                  "pulseio-replay/1": (*_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round",
                                        "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
@@ -44,7 +46,7 @@ SCHEMA: dict[str, Any] = {
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
-               "overlap_rounds": bool, "two_streams": bool},
+               "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -138,7 +140,7 @@ def load_report(path: Path) -> dict:
 # The config keys that tell runs of one mode apart, as `labels` says them.
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
-          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"))
+          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"))
 
 
 def labels(reports: list[dict]) -> list[str]:

@@ -60,6 +60,33 @@ def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytes
     assert "all_on_gpu_step_ms" in capsys.readouterr().out
 
 
+def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    """--hot-cache F reaches OffloadConfig.hot_cache (F times the hot slots a request holds) and the JSON; a record
+    without simulated hot caches cannot steer one, nor does a mode without hot sets take it."""
+    path = tmp_path / "bench.json"
+    common = ["bench", "--model", "tiny", "--batch-size", "2", "--context-len", "2100", "--steps", "2", "--warmup",
+              "1", "--token-budget", "1024", "--selection", "quest", "--no-progress", "--device", "cpu"]
+    offload = [*common, "--mode", "offload-doorbell", "--locality-context", "8192"]   # a record with hot caches
+    assert main([*offload, "--json", str(path)]) == 0
+    one = json.loads(path.read_text())
+    assert main([*offload, "--hot-cache", "2", "--json", str(path)]) == 0
+    two = json.loads(path.read_text())
+    assert (one["hot_cache"], two["hot_cache"]) == (1.0, 2.0)
+    hot_slots = 2 * 2 * 64 * 2 * 16 * 32 * 4      # 2 offloaded layers, 2 KV heads, 64 blocks, 4 KiB units
+    assert two["gpu_bytes_per_request"] - one["gpu_bytes_per_request"] == hot_slots
+    assert "hot set=2 budgets" in capsys.readouterr().out
+    for argv, says in (([*common, "--mode", "all-on-gpu", "--hot-cache", "2"],
+                        "--hot-cache sizes offload requests' hot sets, and --mode all-on-gpu holds none"),
+                       ([*offload, "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
+                       ([*offload, "--hot-cache", "inf"], "OffloadConfig.hot_cache must be a finite number >= 1.0"),
+                       ([*common, "--mode", "offload-sync", "--locality-context", "4096", "--hot-cache", "2"],
+                        "context 4096 simulated no hot cache larger than the budget, so it cannot steer one of 2")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+
+
 def test_errors_exit_2_with_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--model", "no-such-model", "--prompt", "x"]) == 2
     assert "is neither a preset or model name (tiny, " in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from pulseio_engine.cli import main
 from pulseio_engine.config import DType
 from pulseio_engine.model.checkpoint import open_model
+from pulseio_engine.serving.pools import plan_pools
 from pulseio_engine.serving.report import load_report
 from pulseio_engine.step_bytes import StepShape, step_bytes
 from pulseio_engine.trace import Trace, TraceOptions, TraceRequest, open_trace
@@ -84,16 +86,23 @@ def test_the_fitted_efficiency_gives_back_the_throughput_it_was_fitted_to() -> N
 
 
 def test_a_larger_hot_cache_recalls_less_and_fits_fewer_offload_requests() -> None:
-    """The what-if of hot sets two budgets large, on the shipped 16K record (it simulates 1.5, 2 and 4 budgets)."""
+    """Hot sets two budgets large, on the shipped 16K record (it simulates 1.5, 2 and 4 budgets): the recall the
+    replay steers to (`rewarm_for`), the GPU bytes its engine allocates (`plan_pools`)."""
     model = open_model("qwen3-14b").config
     config = forecast_serving.serving_config("pulseinfer", gpu_kv_gib=6.0, host_kv_gib=32.0, offload_threshold=4096,
                                              token_budget=2048, normal_steps=1)
     shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
     one, fill = forecast_serving.recall_per_token(config, model, shape, 16384)
     two, fill_two = forecast_serving.recall_per_token(config, model, shape, 16384, 2.0)
+    three, _ = forecast_serving.recall_per_token(config, model, shape, 16384, 3.0)      # between 2 and 4
+    four, _ = forecast_serving.recall_per_token(config, model, shape, 16384, 4.0)
     assert two < one / 2 and fill_two == fill, "a fifth to a quarter at 16K: the hot set fills as before"
-    with pytest.raises(ValueError, match="simulated no hot cache of 3 budgets .it has: 1.5, 2, 4."):
-        forecast_serving.recall_per_token(config, model, shape, 16384, 3.0)
+    assert four <= three <= two
+    with pytest.raises(ValueError, match="context 4096 simulated no hot cache larger than the budget, so it cannot "
+                                         "steer one of 2 budgets"):
+        forecast_serving.recall_per_token(config, model, shape, 4096, 2.0)
+    built, wider = (plan_pools(replace(config, hot_cache=f), model, DType.BFLOAT16)[0] for f in (1.0, 2.0))
+    assert wider.offload_fixed == 2 * built.offload_fixed == 2 * 38 * 128 * 16 * 2 * 8 * 128 * 2
     trace = open_trace(TraceOptions("mooncake-sample", duration_s=20, time_scale=0.3, max_input=32000,
                                     max_output=1024))
     rates = forecast_serving.Rates(4290.0, 44.0, 1.6)

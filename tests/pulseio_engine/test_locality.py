@@ -119,6 +119,35 @@ def test_profile_stretches_layers_by_depth() -> None:
     assert profile.overlap_for(3, 1) == (1.0, 0.5, 0.9)
 
 
+def test_rewarm_is_what_a_larger_hot_set_saves_of_the_recall_interpolated_between_simulated_sizes() -> None:
+    """rewarm = 1 - fetch(F) / recall per measured layer: fetch linear in F between the simulated hot caches (and the
+    budget-sized one, the recall, at 1), the largest's beyond them; clamped to [0, 1], 0 where nothing is recalled;
+    stretched by depth as the overlap, 0 in dense layers."""
+    profile = LocalityProfile("m", SparseMode.SOLOHEAD, 8192, 1024, (2, 3, 4), (0.5, 0.7, 0.9), (0.4, 0.2, 0.0),
+                              {2.0: (0.2, 0.1, 0.0), 4.0: (0.1, 0.3, 0.0)})
+    assert profile.rewarm_for(6, 2, 1.0) == (0.0,) * 6, "a hot set of one budget holds the last selection only"
+    assert profile.rewarm_for(5, 2, 2.0) == pytest.approx((0.0, 0.0, 0.5, 0.5, 0.0))
+    assert profile.rewarm_for(5, 2, 1.5) == pytest.approx((0.0, 0.0, 0.25, 0.25, 0.0)), "halfway from 1 to 2"
+    assert profile.rewarm_for(5, 2, 3.0) == pytest.approx((0.0, 0.0, 0.625, 0.0, 0.0)), "fetch above recall: 0"
+    assert profile.rewarm_for(5, 2, 9.0) == profile.rewarm_for(5, 2, 4.0) == pytest.approx((0, 0, 0.75, 0, 0))
+    assert profile.rewarm_for(8, 3, 2.0) == pytest.approx((0.0,) * 3 + (0.5, 0.5, 0.5, 0.0, 0.0)), "by depth"
+    assert profile.hot_fetch(3.0) == pytest.approx((0.15, 0.2, 0.0))
+    unsimulated = LocalityProfile("m", SparseMode.QUEST, 4096, 512, (2, 3), (0.9, 0.9), (0.1, 0.1))
+    assert unsimulated.rewarm_for(4, 2, 1.0) == (0.0,) * 4
+    with pytest.raises(ValueError, match=r"^the locality record m quest budget 512 context 4096 simulated no hot "
+                                         r"cache larger than the budget, so it cannot steer one of 1.5 budgets; "):
+        unsimulated.rewarm_for(4, 2, 1.5)
+    with pytest.raises(ValueError, match=r"a hot set holds at least one budget; got hot_cache 0.5"):
+        profile.rewarm_for(4, 2, 0.5)
+
+
+def test_shipped_records_of_8k_and_longer_give_a_rewarm() -> None:
+    profile = packaged_profile("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 2048, 16384)
+    rewarm = profile.rewarm_for(40, 2, 2.0)
+    assert rewarm[:2] == (0.0, 0.0) and all(0.0 <= r <= 1.0 for r in rewarm)
+    assert 0.5 < sum(rewarm[2:]) / 38 < 1.0, "2 budgets recall a fifth to a quarter of 1 at 16K"
+
+
 def test_the_package_ships_smollm2_measurements() -> None:
     profiles = packaged_profiles()
     assert {(p.mode, p.token_budget) for p in profiles if p.model == "smollm2"} >= {

@@ -4,6 +4,8 @@ context), a plain-torch reference of the same selection (a small budget) and the
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from sparse_reference import ref_offload_decode
@@ -36,11 +38,12 @@ def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
 
 
 def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
-            local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, **kw) -> Engine:
+            local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, hot_cache: float = 1.0,
+            **kw) -> Engine:
     m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
                                                 local_blocks=local, group_score=group),
-                            recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense)
+                            recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense, hot_cache=hot_cache)
     return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
                              retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
 
@@ -79,17 +82,21 @@ def test_a_budget_covering_the_context_decodes_exactly_as_vanilla(tiny_qwen3, mo
     assert got == vanilla
 
 
-REFERENCE_CASES = [(m, r, DEFAULT_GROUP_SCORE) for m, r in MODES] + [
-    (m, RecallMode.DOORBELL, GroupScore.MAX_NORM) for m in SparseMode]     # 2 query heads per KV head
+REFERENCE_CASES = [(m, r, DEFAULT_GROUP_SCORE, 1.0) for m, r in MODES] + [
+    (m, RecallMode.DOORBELL, GroupScore.MAX_NORM, 1.0) for m in SparseMode] + [   # 2 query heads per KV head
+    (m, r, DEFAULT_GROUP_SCORE, 2.0) for m in SparseMode for r in (RecallMode.DOORBELL, RecallMode.SYNC)]
 
 
-@pytest.mark.parametrize("mode,recall,group", REFERENCE_CASES,
-                         ids=[f"{m.value}-{r.value}-{g.value}" for m, r, g in REFERENCE_CASES])
-def test_a_small_budget_equals_the_plain_reference_of_the_same_selection(tiny_qwen3, mode, recall, group) -> None:
+@pytest.mark.parametrize("mode,recall,group,hot_cache", REFERENCE_CASES,
+                         ids=[f"{m.value}-{r.value}-{g.value}" + ("" if h == 1.0 else f"-hot{h:g}")
+                              for m, r, g, h in REFERENCE_CASES])
+def test_a_small_budget_equals_the_plain_reference_of_the_same_selection(tiny_qwen3, mode, recall, group,
+                                                                         hot_cache) -> None:
     """Budget 4 blocks of 8 (sink 1, local 1) over contexts of up to 8 blocks: each decode step's chosen
-    blocks and logits equal `ref_offload_decode`, which recomputes digests, scores and selection by loops."""
+    blocks and logits equal `ref_offload_decode`, which recomputes digests, scores and selection by loops. A hot
+    set of two budgets changes what is resident, never what is selected or computed."""
     path = str(tiny_qwen3[0])
-    with _engine(path, mode, recall, budget=4 * BS, dense=1, local=1, group=group) as engine:
+    with _engine(path, mode, recall, budget=4 * BS, dense=1, local=1, group=group, hot_cache=hot_cache) as engine:
         logits_seen: list[torch.Tensor] = []
         end = engine.model.end
         engine.model.end = lambda state: logits_seen.append(end(state)) or logits_seen[-1]   # record, pass on
@@ -120,10 +127,12 @@ def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tens
     return [k.clone() for k, _ in pairs], [v.clone() for _, v in pairs]
 
 
+@pytest.mark.parametrize("hot_cache", [1.0, 2.0], ids=["hot1", "hot2"])
 @pytest.mark.parametrize("mode", list(SparseMode))
-def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode) -> None:
+def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache) -> None:
+    """Every block the hot set holds (with two budgets, blocks selected earlier too) equals its host copy."""
     path = str(tiny_qwen3[0])
-    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1) as engine:
+    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1, hot_cache=hot_cache) as engine:
         prompt = PROMPTS[0]
         rid = engine.add_request(prompt, SamplingParams(max_new_tokens=9, ignore_eos=True), offload=True)
         engine.step()
@@ -188,6 +197,75 @@ def test_footprint_reports_offload_and_vanilla_device_bytes() -> None:
         assert f.digest_bytes == 28 * 512 * width * 64 * 2 * 2
         assert f.offload_device_bytes == f.dense_layer_bytes + f.hot_bytes + f.digest_bytes
     assert 2.5 < f.saving < 4
+
+
+def test_hot_cache_is_a_finite_number_of_budgets_of_at_least_one() -> None:
+    sparse = SparseConfig(token_budget=10 * 16)                                  # K = 10
+    assert OffloadConfig(sparse=sparse).hot_blocks == 10
+    assert OffloadConfig(sparse=sparse, hot_cache=1.1).hot_blocks == 11, "not the 12 of 1.1 * 10 in floats"
+    assert OffloadConfig(sparse=sparse, hot_cache=1.25).hot_blocks == 13, "12.5 entries rounded up"
+    assert OffloadConfig(sparse=sparse, hot_cache=2).hot_blocks == 20
+    for bad in (0.5, float("inf"), float("nan"), True, "2"):
+        rule = r"^OffloadConfig.hot_cache must be a finite number >= 1.0 \(the hot set in budgets; 1.0: the last "
+        with pytest.raises(ValueError, match=rf"{rule}selection only\), got {re.escape(repr(bad))}$"):
+            OffloadConfig(hot_cache=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^OffloadConfig.hot_cache \(2.0\) sizes the hot sets of offload requests; "
+                                         r"RecallMode.ALL_ON_GPU keeps every block in the paged cache and has none"):
+        OffloadConfig(recall=RecallMode.ALL_ON_GPU, hot_cache=2.0)
+
+
+def test_a_hot_set_of_two_budgets_holds_twice_the_slots_and_bytes() -> None:
+    """SmolLM2-135M in bf16, budget 2048 (128 blocks): 256 hot slots per row and offloaded layer, fewer (the
+    context's blocks) for a request shorter than that."""
+    model = ModelConfig(Architecture.LLAMA, 49152, 576, 30, 9, 3, 64, 1536, 8192)
+    one, two = (offload_footprint(model, OffloadConfig(hot_cache=f), elem_bytes=2, context_tokens=8192)
+                for f in (1.0, 2.0))
+    assert two.hot_bytes == 2 * one.hot_bytes == 28 * 256 * 2 * 16 * 3 * 64 * 2
+    assert two.offload_device_bytes - one.offload_device_bytes == one.hot_bytes
+    short = offload_footprint(model, OffloadConfig(hot_cache=2.0), elem_bytes=2, context_tokens=3000)   # 188 blocks
+    assert short.hot_bytes == 28 * 188 * 2 * 16 * 3 * 64 * 2
+
+
+@pytest.mark.parametrize("mode", list(SparseMode), ids=[m.value for m in SparseMode])
+def test_a_hot_cache_of_two_budgets_reserves_twice_the_hot_slots(tiny_qwen3, mode) -> None:
+    """hot_cache 2: each request holds 2K hot-set entries per offloaded layer and selecting row (device slot, owner,
+    age), from the open of the request to its close; the device pool holds max_seqs of them, and one recall still
+    moves at most a budget per row."""
+    path = str(tiny_qwen3[0])
+    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1, hot_cache=2.0) as engine:
+        off = engine.offloader
+        store, layers, rows = off.store, engine.config.model.num_layers - 1, off.layout.groups
+        assert store.slots_per_seq == layers * rows * 6
+        assert off.runtime.config.device_slots == 3 * store.slots_per_seq + 1               # max_seqs 3, slot 0
+        assert off.runtime.config.max_blocks_per_request == 3 * rows * 3                   # rows x budget
+        free = store.slots_free
+        rid = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=8, ignore_eos=True), offload=True)
+        seq = off.seqs[rid]
+        assert store.slots_free == free - store.slots_per_seq
+        assert seq.hot.shape == seq.owner.shape == seq.age.shape == (layers, rows, 6)
+        assert seq.age.dtype == torch.int32 and not seq.age.any() and (seq.owner == -1).all()
+        assert len(set(seq.hot.flatten().tolist())) == store.slots_per_seq, "slots of its own"
+        while engine.has_unfinished():
+            engine.step()
+            held = (seq.owner >= 0).sum(-1)
+            assert (held <= 6).all()
+        assert (held > 3).any(), "blocks selected earlier stay beside the last selection"
+        assert store.slots_free == free, "given back at the close"
+
+
+def test_a_larger_hot_set_decodes_the_same_tokens_and_recalls_no_more(tiny_qwen3) -> None:
+    """The selection does not depend on the hot set's size: a hot set of 2 budgets (or 1.5) decodes the tokens of
+    one of a budget, and, holding the last selection and more, never recalls more."""
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    tokens, recalled = {}, {}
+    for hot_cache in (1.0, 1.5, 2.0):
+        with _engine(path, SparseMode.QUEST, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1,
+                     hot_cache=hot_cache) as engine:
+            tokens[hot_cache] = _run(engine, PROMPTS, sampling, [True, True])
+            recalled[hot_cache] = engine.offloader.statistics().bytes_recalled
+    assert tokens[1.5] == tokens[2.0] == tokens[1.0]
+    assert recalled[1.5] <= recalled[1.0] and recalled[2.0] < recalled[1.0]
 
 
 def test_engine_memory_footprint_names_its_unit(tiny_qwen3) -> None:

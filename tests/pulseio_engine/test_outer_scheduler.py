@@ -29,15 +29,15 @@ def test_footprint_by_class() -> None:
 
 def test_footprint_for_a_model() -> None:
     m: ModelConfig = PRESETS["qwen3-14b"]
-    fp = Footprint.for_model(m, elem_bytes=2, block_size=16, dense_layers=2, budget_blocks=128,
+    fp = Footprint.for_model(m, elem_bytes=2, block_size=16, dense_layers=2, hot_blocks=128,
                              selection=SparseMode.SOLOHEAD)
     token_layer = 2 * 8 * 128 * 2                                           # 4 KiB: K and V of 8 heads, bf16
     assert fp.host_block == 38 * 16 * token_layer
-    assert fp.offload_fixed == 38 * 128 * 16 * token_layer                  # the hot set: budget x 38 layers
+    assert fp.offload_fixed == 38 * 128 * 16 * token_layer                  # the hot set: 128 blocks x 38 layers
     assert fp.normal_block == 40 * 16 * token_layer + 40 * 1 * 128 * 2 * 2  # + a digest row per layer (max, min)
-    vanilla = Footprint.for_model(m, elem_bytes=2, block_size=16, dense_layers=2, budget_blocks=128, selection=None)
+    vanilla = Footprint.for_model(m, elem_bytes=2, block_size=16, dense_layers=2, hot_blocks=128, selection=None)
     assert vanilla.normal_block == 40 * 16 * token_layer
-    quest = Footprint.for_model(m, elem_bytes=2, block_size=16, dense_layers=2, budget_blocks=128,
+    quest = Footprint.for_model(m, elem_bytes=2, block_size=16, dense_layers=2, hot_blocks=128,
                                 selection=SparseMode.QUEST)
     assert quest.offload_block - 2 * 16 * token_layer == 40 * 8 * 128 * 2 * 2
 

@@ -87,7 +87,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/8"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/9"
+    assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
 
@@ -217,6 +218,8 @@ def _step_back(report: dict, version: int, *paths: str) -> None:
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report, other = json.loads(json.dumps(reports["mooncake"])), reports["servegen"]
     assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
+    _step_back(report, 8, "config.hot_cache")
+    assert labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0].endswith(" hot=-")
     _step_back(report, 7, "config.two_streams", "roofline")
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
@@ -224,8 +227,8 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
                      table([report, other]), flags=re.M)
     _step_back(report, 5, "config.skinny_gemm")
     first, second = labels([report, other])
-    assert first.endswith(" skinny=- overlap=False streams2=-"), (first, second)
-    assert second.endswith(" skinny=False overlap=True streams2=False"), (first, second)
+    assert first.endswith(" skinny=- overlap=False streams2=- hot=-"), (first, second)
+    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0"), (first, second)
     _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
     assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
     _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
@@ -238,8 +241,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/8', "
-                                          r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/9', "
+                                          r"'pulseio-replay/8', 'pulseio-replay/7', 'pulseio-replay/6', "
+                                          r"'pulseio-replay/5', "
                                           r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
                                           r"'pulseio-replay/1'$"):
         check_report(report, source="r")
@@ -307,6 +311,26 @@ def test_max_offload_caps_the_offload_batch(tmp_path: Path) -> None:
     report = load_report(out)                                   # without it: 3 offload requests, batches of 2
     assert report["summary"]["complete"] and report["memory"]["max_offload"] == 1
     assert max(int(size) for size in report["batches"]["offload"]) == 1
+
+
+def test_hot_cache_gives_offload_requests_larger_hot_sets_steered_to_refill_from_them(tmp_path: Path) -> None:
+    """--hot-cache 2: each offload request is charged twice the hot slots (fewer fit the GPU KV cap), the preset's
+    steering refills from them as the 8K record simulated (budget 1024: the nearest record with hot caches), so the
+    replay recalls less; the report records it."""
+    runs = {}
+    for f in ("1", "2"):
+        out = tmp_path / f"hot{f}.json"
+        assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                     "--requests", "20", "--max-output", "8", "--gpu-kv-gib", "0.01", "--token-budget", "1024",
+                     "--locality-context", "8192", "--hot-cache", f, "--no-warmup", "--json", str(out)]) == 0
+        runs[f] = load_report(out)
+    one, two = runs["1"], runs["2"]
+    assert one["summary"]["complete"] and two["summary"]["complete"]
+    assert (one["config"]["hot_cache"], two["config"]["hot_cache"]) == (1.0, 2.0)
+    assert two["memory"]["max_offload"] < one["memory"]["max_offload"]
+    assert "; hot sets of 2 budgets refilled as it simulated" in two["config"]["steering"]
+    assert two["summary"]["recalled_bytes"] < one["summary"]["recalled_bytes"]
+    assert labels([one, two]) == ["pulseinfer hot=1.0", "pulseinfer hot=2.0"]
 
 
 def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str, dict], tmp_path: Path) -> None:
@@ -428,6 +452,11 @@ def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytes
     (["--mode", "vanilla", "--host-kv-gib", "1"], "--host-kv-gib sizes the offload modes' host pool"),
     (["--mode", "vanilla", "--selection", "quest"], "vanilla attends densely"),
     (["--mode", "quest", "--copier-ctas", "8"], "--copier-ctas sets the offload modes' resident copier; --mode quest"),
+    (["--mode", "quest", "--hot-cache", "2"], "--hot-cache sizes the offload modes' hot sets; --mode quest offloads"),
+    (["--mode", "pulseinfer", "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
+    (["--mode", "pulseinfer", "--hot-cache", "nan"], "argument --hot-cache: must be >= 1.0, got nan"),
+    (["--mode", "pulseinfer", "--hot-cache", "2", "--requests", "2"],
+     "budget 2048 context 4096 simulated no hot cache larger than the budget, so it cannot steer one of 2 budgets"),
     (["--mode", "pulseinfer", "--copier-idle-us", "0"], "argument --copier-idle-us: must be >= 1, got 0"),
     (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),
     (["--mode", "warp"], "'warp'"),

@@ -66,6 +66,28 @@ def test_the_configs_alone_give_the_shape_a_built_engine_has(selection: SparseMo
         engine.close()
 
 
+def test_a_larger_hot_set_reads_more_maps_and_the_configs_alone_say_so() -> None:
+    """hot_cache 2 (8 entries a row at budget 4): an offload step reads every entry's slot and owner and reads and
+    writes its age (24 bytes), per offloaded layer and row; the all-on-GPU step none of it."""
+    from dataclasses import replace
+
+    source = open_model("tiny")
+    m = source.config
+    sparse = SparseConfig(mode=SparseMode.QUEST, token_budget=64)
+    offload = OffloadConfig(sparse=sparse, host_blocks=256, max_seqs=2, dense_layers=1, hot_cache=2.0)
+    engine = Engine.from_model(source, device="cpu", cache=CacheConfig(num_blocks=64), offload=offload)
+    try:
+        shape = StepShape.of(engine)
+    finally:
+        engine.close()
+    assert shape == StepShape.for_model(m, dtype_bytes=4, sparse=sparse, dense_layers=1, hot_blocks=8)
+    assert shape.sparse is not None and shape.sparse.hot_blocks == 8
+    budget_sized = replace(shape, sparse=replace(shape.sparse, hot_blocks=4))
+    larger, smaller = (step_bytes(s, [330], offload=True).bookkeeping for s in (shape, budget_sized))
+    assert larger - smaller == 3 * 2 * 4 * 24         # 3 offloaded layers, 2 rows (Quest), 4 more entries
+    assert step_bytes(shape, [330]) == step_bytes(budget_sized, [330])
+
+
 def test_round_bytes_count_each_step_of_a_batch_one_token_longer(serving: ServingEngine) -> None:
     shape = StepShape.of(serving.offload)
     read = RoundBytes()

@@ -38,11 +38,12 @@ def test_a_move_reads_the_host_copy_of_a_request_that_decoded_there(tiny_qwen3) 
     assert moved == stay and serving.moves.to_normal == 1
 
 
-def test_the_footprint_is_what_the_engines_allocate(tiny_qwen3) -> None:
+@pytest.mark.parametrize("hot_cache", [1.0, 1.5, 2.0])
+def test_the_footprint_is_what_the_engines_allocate(tiny_qwen3, hot_cache: float) -> None:
     ckpt = load_checkpoint(str(tiny_qwen3[0]), dtype=torch.float32, device="cpu")
     for selection in (SparseMode.SOLOHEAD, SparseMode.QUEST):
         config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=8 << 20, host_kv_bytes=8 << 20, token_budget=64,
-                               block_size=16, dense_layers=1, selection=selection)
+                               block_size=16, dense_layers=1, selection=selection, hot_cache=hot_cache)
         with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as s:
             fp, normal, off = s.footprint, s.normal, s.offload.offloader                # type: ignore[union-attr]
             digests = normal.offloader.digests                                          # type: ignore[union-attr]
@@ -53,6 +54,8 @@ def test_the_footprint_is_what_the_engines_allocate(tiny_qwen3) -> None:
             assert fp.offload_fixed == off.store.slots_per_seq * off.layout.unit_bytes   # type: ignore[union-attr]
             assert fp.host_block == off.store.units_for(16) * off.layout.unit_bytes     # type: ignore[union-attr]
             assert off.runtime.host_pool.num_blocks == s.sizes.host_units               # type: ignore[union-attr]
+            assert off.offload.hot_blocks == {1.0: 4, 1.5: 6, 2.0: 8}[hot_cache]         # type: ignore[union-attr]
+            assert s.normal.offloader.offload.hot_cache == 1.0, "all on the GPU: no hot set"  # type: ignore
 
 
 @pytest.mark.parametrize("mode", [ServeMode.VANILLA, ServeMode.QUEST, ServeMode.OFFLOAD_SYNC])
@@ -102,6 +105,14 @@ def test_the_copier_and_the_offload_cap_belong_to_the_offload_modes() -> None:
     with pytest.raises(ValueError, match=r"copier_idle_us must be an int >= 1 or None, got 0"):
         ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, copier_idle_us=0)
     assert ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1, host_kv_bytes=1, copier_ctas=8).copier_ctas == 8
+
+
+def test_hot_sets_belong_to_the_offload_modes() -> None:
+    with pytest.raises(ValueError, match=r"^quest offloads no request, so it has no hot sets for hot_cache=2.0 to "):
+        ServingConfig(ServeMode.QUEST, gpu_kv_bytes=1, hot_cache=2.0)
+    with pytest.raises(ValueError, match=r"^OffloadConfig.hot_cache must be a finite number >= 1.0 .*, got 0.5$"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1, host_kv_bytes=1, hot_cache=0.5)
+    assert ServingConfig(ServeMode.OFFLOAD_SYNC, gpu_kv_bytes=1, host_kv_bytes=1, hot_cache=1.5).hot_cache == 1.5
 
 
 def test_several_normal_steps_a_round_need_captured_steps_on_a_gpu(tiny_qwen3) -> None:

@@ -74,6 +74,22 @@ def test_steering_sets_how_much_a_step_recalls() -> None:
     assert keep_none >= 2 * 1 - 0.01 and keep_none > keep_all, "1 middle slot per row (4 - sink 1 - local 2)"
 
 
+def test_a_larger_hot_set_is_steered_to_refill_from_itself() -> None:
+    """A record whose simulated hot cache of 2 budgets fetched nothing (rewarm 1): with hot sets that large, a row
+    that keeps none of its middle blocks refills them from blocks its hot set still holds and recalls nothing, for
+    the hot slots' bytes (2 offloaded layers x 4 more blocks of 2 KV heads x 32, fp32, per request)."""
+    profile = LocalityProfile("synthetic", SparseMode.SOLOHEAD, 320, 64, (2,), (0.0,), (0.5,), {2.0: (0.0,)})
+    one, two = (run_sparse_bench("tiny", mode=SparseBenchMode.OFFLOAD_DOORBELL, batch_size=2, context_len=320,
+                                 steps=6, token_budget=64, device="cpu", progress=False, locality=profile,
+                                 hot_cache=f) for f in (1.0, 2.0))
+    assert one.units_per_step >= 2 * 1 - 0.01 and two.units_per_step == 0
+    assert (one.hot_cache, two.hot_cache) == (1.0, 2.0)
+    assert two.gpu_bytes_per_request - one.gpu_bytes_per_request == 2 * 4 * 2 * 16 * 2 * 32 * 4
+    with pytest.raises(ValueError, match=r"hot_cache \(2\) sizes the offload modes' hot sets; mode all-on-gpu has"):
+        run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, batch_size=2, context_len=320, steps=2,
+                         token_budget=64, device="cpu", progress=False, locality=profile, hot_cache=2.0)
+
+
 def test_presets_select_with_the_closest_shipped_locality() -> None:
     profile = default_profile(SparseMode.SOLOHEAD, 2048)
     assert (profile.model, profile.mode, profile.token_budget) == ("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 2048)
