@@ -214,12 +214,13 @@ def _select_kernel(
         warm = ids < 0
         back = ids < 0
         n_warm = tl.zeros([], tl.int32)
+        n_back = tl.zeros([], tl.int32)
         if REWARM:  # fresh blocks still hot come back, each with the probability the count left asks
             warm = fresh & (res >= 0)
             n_warm = tl.sum(warm.to(tl.int32), axis=0)
             limit = (rewarm * (m - n_kept).to(tl.float32) * 16777216.0).to(tl.int64)
             back = warm & (u * n_warm.to(tl.int64) < limit)
-        n_back = tl.sum(back.to(tl.int32), axis=0)
+            n_back = tl.sum(back.to(tl.int32), axis=0)
         cold = fresh & ~warm
         c1 = n_kept
         c2 = c1 + n_back
