@@ -99,6 +99,14 @@ def default_profile(selection: SparseMode, token_budget: int, context_len: int |
                                                    abs(p.token_budget - token_budget), distance(p), -p.context_len))
 
 
+def steering_profile(locality: LocalityProfile, num_layers: int, dense_layers: int, hot_cache: float,
+                     seed: int) -> SteeringProfile:
+    """A random-weight model's steering from a locality record: its overlap per layer and, for hot sets of
+    `hot_cache` budgets, the rewarm its simulated hot caches give (`LocalityProfile.rewarm_for`)."""
+    return SteeringProfile(locality.overlap_for(num_layers, dense_layers), seed=seed,
+                           rewarm=locality.rewarm_for(num_layers, dense_layers, hot_cache))
+
+
 def describe(profile: LocalityProfile) -> str:
     return (f"{profile.model} {profile.mode.value} budget {profile.token_budget} context {profile.context_len}: "
             f"mean overlap {statistics.fmean(profile.overlap):.3f} over its {len(profile.overlap)} offloaded "
@@ -380,8 +388,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache)
     locality = locality or default_profile(selection, token_budget, context_len)
-    steering = SteeringProfile(locality.overlap_for(m.num_layers, offload.dense_layers), seed=seed,
-                               rewarm=locality.rewarm_for(m.num_layers, offload.dense_layers, hot_cache))
+    steering = steering_profile(locality, m.num_layers, offload.dense_layers, hot_cache, seed)
     bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
                            f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,

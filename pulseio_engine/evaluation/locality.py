@@ -192,8 +192,8 @@ def run_locality(model: str, config: LocalityConfig, *, heads: RetrievalHeads | 
         assert offloader is not None
         layers = ckpt.config.num_layers - offloader.dense
         tally = _Tally(layers)
-        k = config.sparse.budget_blocks
-        caches = [HotCaches(layers, round(f * k)) for f in HOT_CACHE_FACTORS]
+        sizes = [OffloadConfig(sparse=config.sparse, hot_cache=f).hot_blocks for f in HOT_CACHE_FACTORS]  # the engine's
+        caches = [HotCaches(layers, size) for size in sizes]
         for window in windows:
             _measure(engine, window, config, tally, caches)
         rows = offloader.digests.width

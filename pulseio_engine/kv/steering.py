@@ -121,7 +121,8 @@ def steered_scores(scores: torch.Tensor, num_tokens: torch.Tensor, prev: torch.T
     middle = _middle(num_tokens, nb, config, scores.device)
     stale, fresh = middle & prev, middle & ~prev
     kept = kept & stale                                       # only stale middle blocks can be kept
-    warm, back = (fresh & rewarmed[0], fresh & rewarmed[1]) if rewarmed is not None else (fresh & False,) * 2
+    none = torch.zeros_like(fresh)
+    warm, back = (fresh & rewarmed[0], fresh & rewarmed[1]) if rewarmed is not None else (none, none)
     m = config.budget_blocks - config.sink_blocks - config.local_blocks
     classes = (kept, back, fresh & ~warm, (stale & ~kept) | (warm & ~back))
     whole, searched = torch.zeros_like(stale), torch.zeros_like(stale)

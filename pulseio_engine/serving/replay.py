@@ -353,12 +353,10 @@ def _steering(source: ModelSource, config: ServingConfig, seed: int, context: in
     anything is built, a hot cache the record cannot steer."""
     if not source.random or config.sparse is None:
         return None
-    from ..sparse_bench import default_profile, describe
+    from ..sparse_bench import default_profile, describe, steering_profile
 
     profile = default_profile(config.sparse, config.token_budget, context)
-    layers, dense = source.config.num_layers, config.dense_layers
-    steering = SteeringProfile(profile.overlap_for(layers, dense), seed=seed,
-                               rewarm=profile.rewarm_for(layers, dense, config.hot_cache))
+    steering = steering_profile(profile, source.config.num_layers, config.dense_layers, config.hot_cache, seed)
     hot = "" if config.hot_cache == 1.0 else f"; hot sets of {config.hot_cache:g} budgets refilled as it simulated"
     return steering, describe(profile) + hot
 
