@@ -13,8 +13,8 @@ of one decode step is a few launches, all fixed-shape, no host sync:
                               (offload rows: one of the blocks resident already, one of those recalled)
     recall                    pulseio: the publish (captured in the step's CUDA graph), or the sync baseline
     attention                 the paged cache in place (all on the GPU); offload rows: over the resident blocks
-                              while the recall is in flight, then its device wait, the recalled blocks, and the
-                              merge of the two parts (`attention.decode_partials`)
+                              while the recall is in flight, then its device wait and the recalled blocks, whose
+                              launch merges the two parts (`attention.decode_partials`)
 
 Every request's selection state (residency, hot-slot owners and ages, the previous selection's mask, steering
 counters) lives in a row of persistent [L, R, S, ...] tensors (`kv/seats.py`); a batch of B requests is rows
@@ -35,10 +35,10 @@ import pulseio
 
 from .attention import (
     DecodePartials,
+    attend_last_part,
     attend_part,
     chunk_attention,
     decode_partials,
-    merge_partials,
     paged_decode_attention,
 )
 from .config import EngineConfig, GroupScore, OffloadConfig, RecallMode, SparseMode
@@ -477,10 +477,10 @@ class OffloadBatch(_SparseBatch):
 
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Everything of `attend` after the recall: attention over the recalled blocks, merged with the resident
-        blocks' part."""
+        blocks' part in the same launch."""
         hot = self.owner.store.hot                                             # type: ignore[union-attr]
         assert self.partials is not None, "attend_resident runs before finish"
         with record_function("offload.attention"):
-            attend_part(self.partials, 1, q, hot[:, 0], hot[:, 1], self.arrivals.table, self.arrivals.context_lens,
-                        self.owner.scale, num_kv_heads=self.owner.model.num_kv_heads)
-            return merge_partials(self.partials, torch.empty_like(q))
+            return attend_last_part(self.partials, q, hot[:, 0], hot[:, 1], self.arrivals.table,
+                                    self.arrivals.context_lens, self.owner.scale, torch.empty_like(q),
+                                    num_kv_heads=self.owner.model.num_kv_heads)

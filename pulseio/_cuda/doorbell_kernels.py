@@ -3,10 +3,12 @@
 `publish_device(ring, counter, mirror, heads, ids, slots, n, tag)` is called by every thread of ONE
 thread block (a selection kernel's last block, or the one-block `publish_kernel` launched right after the
 selection on the same stream). Thread 0 takes the next seq from `counter` (device memory, so the
-kernel gets no host-passed value and can be captured in a CUDA graph), marks the slot busy, and
-after a barrier the block writes the payload (and the same ids into row (seq - 1) % rows of `mirror`,
-device memory, which the resident copier reads instead of the host copy); then fence (system scope),
-barrier, thread 0 writes count/tag/%globaltimer, fences, and stores seq. The protocol is in
+kernel gets no host-passed value and can be captured in a CUDA graph). The device half comes first: the
+block writes the ids into row (seq - 1) % rows of `mirror` (device memory, which the resident copier reads
+instead of the host copy) and thread 0 publishes the row's head, with device-scope fences only, so the
+copier's early copy starts before the first PCIe fence. Then the host half: thread 0 marks the ring slot
+busy and fences (system scope), the block writes the payload, fence, barrier, thread 0 writes count, tag
+and the stamp (%globaltimer as the publish began), fences, and stores seq. The protocol is in
 `pulseio/doorbell.py`.
 
 `heads` ([rows, 2] int64 device, beside the mirror) says on the device which request a mirror row holds:
@@ -47,42 +49,49 @@ def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma:
     max_blocks] int64 device (rows may be 0: none) and heads: [rows, 2] int64 device, its rows' (seq,
     count); ids, slots: [>= n] int64. Call from every thread of exactly one block, once per request.
     Returns the seq."""
-    shared = cuda.shared.array(1, int64)
+    shared = cuda.shared.array(2, int64)
     t = cuda.threadIdx.x
-    row = 0
+    rows = mirror.shape[0]
     if t == 0:
+        shared[1] = globaltimer()  # the request's stamp: when its publish began
         seq = cuda.atomic.add(counter, 0, 1) + 1
         shared[0] = seq
-        row = (seq - 1) % ring.shape[0]
-        ring[row, SEQ] = -seq  # busy: a reader must not take the old payload for this seq
-        if mirror.shape[0] > 0:
-            heads[(seq - 1) % mirror.shape[0], 0] = -seq  # busy: an early copy of the row's last request stops
-        cuda.threadfence_system()
+        if rows > 0:
+            heads[(seq - 1) % rows, 0] = -seq  # busy: an early copy of the row's last request stops
+            cuda.threadfence()
     cuda.syncthreads()
     seq = shared[0]
     row = (seq - 1) % ring.shape[0]
     max_blocks = (ring.shape[1] - HEADER_WORDS) // 2
     m = n if 0 <= n <= max_blocks else 0
-    rows = mirror.shape[0]
+    if rows > 0:  # the device half: the copier may start its early copy once the head holds seq
+        i = t
+        while i < m:
+            mirror[(seq - 1) % rows, i] = ids[i]
+            mirror[(seq - 1) % rows, max_blocks + i] = slots[i]
+            i += cuda.blockDim.x
+        cuda.threadfence()
+        cuda.syncthreads()
+        if t == 0:
+            heads[(seq - 1) % rows, 1] = n if m == n else -1
+            cuda.threadfence()
+            heads[(seq - 1) % rows, 0] = seq
+    if t == 0:
+        ring[row, SEQ] = -seq  # busy: a reader must not take the old payload for this seq
+        cuda.threadfence_system()
+    cuda.syncthreads()
     i = t
     while i < m:
         ring[row, HEADER_WORDS + i] = ids[i]
         ring[row, HEADER_WORDS + max_blocks + i] = slots[i]
-        if rows > 0:
-            mirror[(seq - 1) % rows, i] = ids[i]
-            mirror[(seq - 1) % rows, max_blocks + i] = slots[i]
         i += cuda.blockDim.x
     cuda.threadfence_system()
     cuda.syncthreads()
     if t == 0:
-        if rows > 0:  # on the device first: the copier may start before the host reads the ring
-            heads[(seq - 1) % rows, 1] = n if m == n else -1
-            cuda.threadfence()
-            heads[(seq - 1) % rows, 0] = seq
         ring[row, COUNT] = n
         ring[row, TAG] = tag
         ring[row, STATUS] = STATUS_OK if m == n else STATUS_BAD_COUNT
-        ring[row, STAMP] = globaltimer()
+        ring[row, STAMP] = shared[1]
         cuda.threadfence_system()
         ring[row, SEQ] = seq
         cuda.threadfence_system()

@@ -13,7 +13,9 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
   page block_tables[b, t // PAGE_SIZE], slot t % PAGE_SIZE. BLOCK_N may be smaller or larger than a page.
   Page ids are loaded only for t < context_len, so unused block-table entries are never read.
 - Each split writes its output normalised, plus its log-sum-exp (base 2); `_reduce_splits_kernel`
-  merges the splits. With one split the first kernel writes the final output itself (DIRECT).
+  merges the splits. With one split the first kernel writes the final output itself (DIRECT), and may
+  merge PRIOR partial outputs of earlier tables of the same queries into it (the last part of a
+  multi-table attention, `_partials.py`): no reduce launch.
 - Latency hiding: page ids are loaded one tile ahead in registers so that Triton's software pipeliner
   (num_stages) keeps num_stages - 1 K/V tiles in flight through a cp.async ring; PREFETCH=True is an
   alternative for num_stages=1 that holds the next tile in registers instead. Which wins is measured by
@@ -101,6 +103,13 @@ def _paged_decode_split_kernel(
     stride_od,
     stride_lb,
     stride_lh,
+    prior_part_ptr,
+    prior_lse_ptr,
+    stride_ppb,
+    stride_pph,
+    stride_pps,
+    stride_plb,
+    stride_plh,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -111,6 +120,7 @@ def _paged_decode_split_kernel(
     PREFETCH: tl.constexpr,
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
+    PRIOR: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -171,6 +181,22 @@ def _paged_decode_split_kernel(
     has_work = l_i > 0.0  # false only for splits past the end of a short context
     l_safe = tl.where(has_work, l_i, 1.0)
     o = acc / l_safe[:, None]
+    if PRIOR > 0:  # merge the PRIOR partial outputs of earlier tables (DIRECT, one split) into this one's
+        own = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
+        pl_row = prior_lse_ptr + b * stride_plb + heads * stride_plh
+        top = own
+        for p in tl.static_range(PRIOR):
+            top = tl.maximum(top, tl.load(pl_row + p, mask=g_mask, other=float("-inf")))
+        top = tl.where(top == float("-inf"), 0.0, top)  # padded heads only: some part of a real head has a token
+        weight = tl.exp2(own - top)
+        total = weight
+        o = o * weight[:, None]
+        pp_row = prior_part_ptr + b * stride_ppb + heads[:, None] * stride_pph + offs_d[None, :]
+        for p in tl.static_range(PRIOR):
+            w_p = tl.exp2(tl.load(pl_row + p, mask=g_mask, other=float("-inf")) - top)
+            o += tl.load(pp_row + p * stride_pps, mask=g_mask[:, None], other=0.0) * w_p[:, None]
+            total += w_p
+        o = o / tl.where(total > 0.0, total, 1.0)[:, None]
     o_ptrs = o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
     if DIRECT:
         tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=g_mask[:, None])

@@ -162,10 +162,13 @@ def config_for(q: torch.Tensor, k_cache: torch.Tensor, max_blocks: int, num_kv_h
 
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, part: torch.Tensor, lse: torch.Tensor | None,
-                 config: DecodeConfig, num_kv_heads: int | None) -> None:
+                 config: DecodeConfig, num_kv_heads: int | None,
+                 prior: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The split kernel over config.num_splits splits: lse None writes the output itself into `part` ([B, Hq, D],
     q.dtype: one split only); else each split's normalised output into part [B, Hq, >= splits, D] fp32 and its
-    log-sum-exp (base 2) into lse [B, Hq, >= splits] fp32, contiguous along the splits."""
+    log-sum-exp (base 2) into lse [B, Hq, >= splits] fp32, contiguous along the splits. `prior` (with lse None):
+    earlier tables' partial outputs [B, Hq, P, D] fp32 and log-sum-exps [B, Hq, P] (contiguous along P), merged
+    into the output."""
     batch, hq, head_dim = q.shape
     _, page_size, cache_heads, _ = k_cache.shape
     hkv = num_kv_heads or cache_heads
@@ -184,6 +187,15 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         assert lse is not None and lse.stride(2) == 1, "lse must be contiguous along the splits"
         part_strides = part.stride()
         lse_strides = lse.stride()[:2]
+    if prior is None:
+        prior_part, prior_lse, prior_count = part, part, 0
+        prior_strides: tuple[int, ...] = (0,) * 5
+    else:
+        assert direct, "earlier tables merge into the output only with one split"
+        prior_part, prior_lse = prior
+        assert prior_part.stride(3) == 1 and prior_lse.stride(2) == 1, "prior partials must be contiguous"
+        prior_count = prior_part.shape[2]
+        prior_strides = (*prior_part.stride()[:3], *prior_lse.stride()[:2])
     _kernel._paged_decode_split_kernel[(hkv, config.num_splits, batch)](
         q,
         k_cache,
@@ -202,6 +214,9 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         *lens_strides,
         *part_strides,
         *lse_strides,
+        prior_part,
+        prior_lse,
+        *prior_strides,
         GROUP=hq // hkv,
         GROUP_PAD=max(16, _next_pow2(hq // hkv)),
         HEAD_DIM=head_dim,
@@ -212,6 +227,7 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         PREFETCH=config.prefetch,
         HEADS_PER_ROW=hkv // rows,
         CACHE_HEADS=cache_heads,
+        PRIOR=prior_count,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

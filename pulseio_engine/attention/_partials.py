@@ -1,11 +1,13 @@
-"""Decode attention over several block tables of the same queries, one table at a time, merged at the end.
+"""Decode attention over several block tables of the same queries, one table at a time, merged by the last.
 
 An offloaded layer attends to the blocks it keeps on the GPU and to those its recall is bringing. With the
 two in separate tables, the first part runs while the recall is still in flight and only the second waits
-for it: `attend_part(partials, 0, ...)` before the device wait, `attend_part(partials, 1, ...)` after it,
-then `merge_partials`. Each part is split-K partial outputs with their log-sum-exps, so the merge is the
-ordinary reduce of flash-decoding over every part's splits; the tables' context lengths may be 0 (a part with
-nothing in it), as long as every row has some token in some part.
+for it: `attend_part(partials, 0, ...)` before the device wait, `attend_last_part(partials, ...)` after it.
+Each earlier part is split-K partial outputs with their log-sum-exps; the last part runs its table in one
+split a (KV head, sequence) and merges every earlier split into the output in its epilogue (the ordinary
+reduce of flash-decoding, with no launch of its own: the last part waits on the recall, so a launch there
+is on the step's critical path). A table's context lengths may be 0 (a part with nothing in it), as long as
+every row has some token in some part.
 
 The workspace has a fixed shape (`decode_partials`), so every call is CUDA-graph safe on CUDA tensors. On the
 CPU each part is the plain-torch reference (one split a part).
@@ -78,13 +80,24 @@ def attend_part(partials: DecodePartials, index: int, q: torch.Tensor, k_cache: 
                  partials.lse[:, :, at], partials.config, num_kv_heads)
 
 
-def merge_partials(partials: DecodePartials, out: torch.Tensor) -> torch.Tensor:
-    """Every part's splits merged by their log-sum-exps into out [B, Hq, D] (its dtype); returns out."""
+def attend_last_part(partials: DecodePartials, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, out: torch.Tensor, *,
+                     num_kv_heads: int | None = None) -> torch.Tensor:
+    """The workspace's last part (as `attend_part` takes it) merged with every earlier part into out [B, Hq, D]
+    (its dtype), in one launch on CUDA tensors; returns out."""
+    parts = partials.part.shape[2] // partials.splits
     if partials.config is None:
+        attend_part(partials, parts - 1, q, k_cache, v_cache, block_tables, context_lens, scale,
+                    num_kv_heads=num_kv_heads)
         weight = torch.exp2(partials.lse - partials.lse.amax(dim=2, keepdim=True))     # [B, Hq, P]
         merged = (partials.part * weight[..., None]).sum(2) / weight.sum(2)[..., None]
         return out.copy_(merged)
-    from ._launch import launch_reduce
+    check_paged_decode_args(q, k_cache, v_cache, block_tables, context_lens, scale, num_kv_heads=num_kv_heads)
+    from ._launch import DecodeConfig, launch_split
 
-    launch_reduce(partials.part, partials.lse, out)
+    earlier = slice(0, (parts - 1) * partials.splits)
+    one = DecodeConfig(block_n=partials.config.block_n, num_warps=partials.config.num_warps,
+                       num_stages=partials.config.num_stages, num_splits=1)
+    launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, out, None, one, num_kv_heads,
+                 prior=(partials.part[:, :, earlier], partials.lse[:, :, earlier]))
     return out

@@ -196,7 +196,7 @@ def test_row_tables_match_naive_attention_over_each_rows_selection(rows, pooled)
 def test_two_parts_merged_match_naive_attention(first, rows, pooled):
     """An offloaded layer's attention in two parts (its resident blocks, then the recalled ones), merged, in bf16
     at the qwen3-14b shape and captured in a CUDA graph: naive attention over the whole selection."""
-    from pulseio_engine.attention import attend_part, decode_partials, merge_partials
+    from pulseio_engine.attention import attend_last_part, attend_part, decode_partials
     from pulseio_engine.attention.testing import random_row_case, split_rows
 
     base = _case("qwen3-14b", [17, 333, 1024, 4099])
@@ -205,11 +205,13 @@ def test_two_parts_merged_match_naive_attention(first, rows, pooled):
     work = decode_partials(case.q, case.k_cache, case.block_tables.shape[2], 2, num_kv_heads=case.num_kv_heads)
     out = torch.full_like(case.q, float("nan"))
 
+    (first_tables, first_lens), (last_tables, last_lens) = parts
+
     def attend():
-        for index, (tables, lens) in enumerate(parts):
-            attend_part(work, index, case.q, case.k_cache, case.v_cache, tables, lens, case.scale,
-                        num_kv_heads=case.num_kv_heads)
-        merge_partials(work, out)
+        attend_part(work, 0, case.q, case.k_cache, case.v_cache, first_tables, first_lens, case.scale,
+                    num_kv_heads=case.num_kv_heads)
+        attend_last_part(work, case.q, case.k_cache, case.v_cache, last_tables, last_lens, case.scale, out,
+                         num_kv_heads=case.num_kv_heads)
 
     attend()
     torch.cuda.synchronize()

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from pulseio_engine.attention import (
+    attend_last_part,
     attend_part,
     decode_partials,
-    merge_partials,
     paged_decode_attention,
     paged_decode_attention_reference,
 )
@@ -174,10 +174,11 @@ def test_attention_in_two_parts_merges_to_the_whole(first: float, rows: int, poo
     case = random_row_case(base, rows=rows, pooled=pooled)
     parts = split_rows(case, 16, first=first, seed=1)
     work = decode_partials(case.q, case.k_cache, case.block_tables.shape[2], 2, num_kv_heads=case.num_kv_heads)
-    for index, (tables, lens) in enumerate(parts):
-        attend_part(work, index, case.q, case.k_cache, case.v_cache, tables, lens, case.scale,
-                    num_kv_heads=case.num_kv_heads)
-    out = merge_partials(work, torch.full_like(case.q, float("nan")))
+    (first_tables, first_lens), (last_tables, last_lens) = parts
+    attend_part(work, 0, case.q, case.k_cache, case.v_cache, first_tables, first_lens, case.scale,
+                num_kv_heads=case.num_kv_heads)
+    out = attend_last_part(work, case.q, case.k_cache, case.v_cache, last_tables, last_lens, case.scale,
+                           torch.full_like(case.q, float("nan")), num_kv_heads=case.num_kv_heads)
     assert (out.double() - case.expect).abs().max() < 1e-5
     if first in (0.0, 1.0):
         empty = work.lse[:, :, 1 if first == 1.0 else 0]

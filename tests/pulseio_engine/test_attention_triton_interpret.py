@@ -85,12 +85,15 @@ ROW_CASES = {
     "two-rows-of-two-heads-paged": (2, False, 12, 4, (16, 4, 2, 1)),
 }
 
-# two tables a row, attended one after the other and merged (attention.decode_partials): id -> (rows S, pooled,
-# Hq, Hkv, the share of pages in the first table)
+# two tables a row, the first attended in splits, the last in one launch that merges them (attention.decode_partials):
+# id -> (rows S, pooled, Hq, Hkv, the share of pages in the first table, the first part's splits or None: the rule's)
 PART_CASES = {
-    "parts-solohead-hot-dealt": (1, True, 10, 2, 0.7),
-    "parts-quest-hot-second-empty": (2, True, 8, 2, 1.0),
-    "parts-paged-first-empty": (2, False, 12, 4, 0.0),
+    "parts-solohead-hot-dealt": (1, True, 10, 2, 0.7, None),
+    "parts-quest-hot-second-empty": (2, True, 8, 2, 1.0, None),
+    "parts-paged-first-empty": (2, False, 12, 4, 0.0, None),
+    "parts-solohead-hot-dealt-3-splits": (1, True, 10, 2, 0.7, 3),
+    "parts-quest-hot-first-empty-2-splits": (2, True, 8, 2, 0.0, 2),
+    "parts-quest-hot-second-empty-4-splits": (2, True, 8, 2, 1.0, 4),
 }
 
 
@@ -143,18 +146,26 @@ def _run_row_case(rows: int, pooled: bool, hq: int, hkv: int, config: tuple | No
             "max_ref": case.expect.abs().max().item()}
 
 
-def _run_part_case(rows: int, pooled: bool, hq: int, hkv: int, first: float) -> dict:
-    from pulseio_engine.attention import attend_part, decode_partials, merge_partials
+def _run_part_case(rows: int, pooled: bool, hq: int, hkv: int, first: float, splits: int | None) -> dict:
+    from dataclasses import replace
+
+    from pulseio_engine.attention import DecodePartials, attend_last_part, attend_part, decode_partials
     from pulseio_engine.attention.testing import random_paged_case, random_row_case, split_rows
 
     base = random_paged_case(context_lens=LENS, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, max_blocks=11)
     case = random_row_case(base, rows=rows, pooled=pooled)
     work = decode_partials(case.q, case.k_cache, 11, 2, num_kv_heads=case.num_kv_heads, use_triton=True)
-    for index, (tables, lens) in enumerate(split_rows(case, 16, first=first)):
-        attend_part(work, index, case.q, case.k_cache, case.v_cache, tables, lens, case.scale,
-                    num_kv_heads=case.num_kv_heads)
+    if splits is not None:  # the rule gives these small tables one split: the merge of several is tried too
+        batch, _, head_dim = case.q.shape
+        work = DecodePartials(torch.zeros((batch, hq, 2 * splits, head_dim)),
+                              torch.full((batch, hq, 2 * splits), float("-inf")), splits,
+                              replace(work.config, num_splits=splits))
+    (first_tables, first_lens), (last_tables, last_lens) = split_rows(case, 16, first=first)
+    attend_part(work, 0, case.q, case.k_cache, case.v_cache, first_tables, first_lens, case.scale,
+                num_kv_heads=case.num_kv_heads)
     out = torch.full_like(case.q, float("nan"))
-    got = merge_partials(work, out)
+    got = attend_last_part(work, case.q, case.k_cache, case.v_cache, last_tables, last_lens, case.scale, out,
+                           num_kv_heads=case.num_kv_heads)
     return {"same_out": got is out, "max_err": (got.double() - case.expect).abs().max().item(),
             "max_ref": case.expect.abs().max().item(), "triton": work.config is not None}
 
