@@ -21,8 +21,9 @@ Why they look the way they do:
   makes the program's own global writes visible to its threads), gathers through it: whether each hot
   index's owner is still selected, then the rank -> free hot index match through a small scratch row. With
   more hot entries than the recall needs freed (a hot set larger than the budget), the victims are the
-  oldest by age, found by the same threshold search the selection uses (skipped when every evictable entry
-  goes); every entry's age is rewritten (0 where a chosen block sits, one more elsewhere).
+  oldest by age, found by the same threshold search the selection uses, started at the largest age's top digit
+  (skipped when every evictable entry goes); every entry's age is rewritten (0 where a chosen block sits, one
+  more elsewhere).
   The recall pairs are appended at an offset reserved by one `tl.atomic_add` per program on `count`,
   which the score kernel's first program zeroed earlier in stream order. With arrivals (SPLIT), a chosen
   block's place in its own table is its rank among the resident or among the recalled blocks, which the
@@ -101,19 +102,28 @@ def _mix32(x):
 
 
 @triton.jit
-def _top(key, member, need, PER_THREAD: tl.constexpr):
+def _top(key, member, need, PER_THREAD: tl.constexpr, SMALL: tl.constexpr):
     """key: [BLOCK] int32 order keys; member: [BLOCK] bool; need: int32 -> [BLOCK] bool, the `need` members
     of largest key, ties to the lower index. PER_THREAD: BLOCK / threads, the elements a thread holds (at most
-    1023: a thread's counts are summed in 10-bit fields before they are widened).
+    1023: a thread's counts are summed in 10-bit fields before they are widened). SMALL: every member's key is
+    >= 0 (ages), so the search starts at 0 and at the first digit the largest member key has.
 
     The search stops at the first threshold above exactly `need` members: the members at or above it are the
     answer, with no tie at the boundary to break. Scores summed in fp32 get there in about 9 of the 16 steps;
-    without such a threshold (the need-th key tied with the next) the search runs all 16 and the ties at the
-    need-th key go to the lowest ids."""
+    without such a threshold (the need-th key tied with the next) the search runs to its last step and the ties
+    at the need-th key go to the lowest ids. Small keys, often tied, skip the steps above their largest: ages
+    below 64 take 3 steps, not 16."""
     need64 = need.to(tl.int64)
     counted = tl.where(member, key, -2147483648)    # every threshold tried is above INT32_MIN: never counted
     t = tl.zeros([], tl.int64)                   # threshold so far, in unsigned key space [0, 2^32)
     step = tl.zeros([], tl.int32)
+    if SMALL:  # every member is at or above signed 0; bits: the largest key's bit length, or one more (fp32 rounds
+        # up, never below a power of two), from its fp32 exponent. Past 30 bits the search starts at the top as
+        # any does (from signed 0, its first step's thresholds would pass 2^32)
+        hi = tl.max(tl.where(member, key, 0), axis=0)
+        bits = tl.where(hi > 0, (hi.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126, 0)
+        t += tl.where(bits <= 30, 2147483648, 0)
+        step += tl.where(bits <= 30, 16 - (bits + 1) // 2, 0)
     exact = tl.zeros([], tl.int1)                # no threshold has been counted yet
     while (step < 16) & (exact == 0):           # 2 bits a step, high first: t -> the need-th largest key
         digit = tl.full([], 1, tl.int64) << (30 - 2 * step).to(tl.int64)
@@ -236,7 +246,7 @@ def _select_kernel(
         whole = ids < 0
         member = middle
         need = tl.zeros([], tl.int32) + m
-    picked = _top(key, member, need, PER_THREAD) | whole
+    picked = _top(key, member, need, PER_THREAD, False) | whole
     chosen = tl.where(n > K, forced | picked, real)
 
     if HOT:  # the chosen blocks and those of them to recall, counted in one scan and one sum: 16 bits each,
@@ -272,7 +282,7 @@ def _select_kernel(
         n_empty = (n_free & 0xFFFF).to(tl.int32)
         n_victims = n_need - n_empty
         if (n_victims > 0) & (n_victims < (n_free >> 16).to(tl.int32)):      # only the oldest go
-            victim = _top(age, victim, n_victims, PER_THREAD_H)
+            victim = _top(age, victim, n_victims, PER_THREAD_H, True)
         free = empty.to(tl.uint32) + (victim.to(tl.uint32) << 16)          # both counted in one scan
         free_ranks = tl.cumsum(free, axis=0)
         free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,

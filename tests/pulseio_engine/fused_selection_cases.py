@@ -56,6 +56,7 @@ class Spec:
     arrivals: bool = False           # HOT: the table split into resident blocks and arrivals
     hot: int | None = None           # HOT: hot entries a row, H >= K (None: K)
     rewarm: float = 0.0              # HOT with steer: the steered refill from the hot set
+    ages: int = 4                    # HOT: the hot entries' ages start below this (few values: ties)
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -129,7 +130,7 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
         hg, d = spec.hkv // s, spec.d
         state.update(**_warm_residency(b, s, spec.nb, h, gen),
                      hot=(2 + torch.randperm(b * s * h, generator=gen)).view(b, s, h),
-                     age=torch.randint(0, 4, (b, s, h), generator=gen, dtype=torch.int32),   # ties: to the lower index
+                     age=torch.randint(0, spec.ages, (b, s, h), generator=gen, dtype=torch.int32),  # ties: lower index
                      host_map=torch.randint(1, 10_000, (b, s, spec.nb), generator=gen),
                      recall_ids=torch.full((3 * b * s * k,), -5, dtype=torch.int64),
                      recall_dst=torch.full((3 * b * s * k,), -5, dtype=torch.int64),
@@ -259,6 +260,11 @@ CASES: dict[str, Spec] = {
     "hot-lru-solohead-rewarm-maxnorm": Spec((2, 20 * BS, 44 * BS), 48, 8, head=1, mode="hot", steps=8, hot=20,
                                             steer=0.5, rewarm=0.9, rule=GroupScore.MAX_NORM, new_token=True),
     "hot-set-wider-than-table": Spec((9 * BS, 30 * BS), 32, 8, mode="hot", steps=6, hot=40, steer=0.3, rewarm=1.0),
+    # the eviction search starts at the oldest age's top digit: ages past fp32's 24 bits (2^24 + 5 rounds up), and
+    # past 30 bits (the search from the top)
+    "hot-lru-old-ages": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=4, hot=20, steer=0.5, ages=2**24 + 6),
+    "hot-lru-ages-past-30-bits": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=3, hot=20, steer=0.5,
+                                      ages=2**31 - 9),
 }
 
 
