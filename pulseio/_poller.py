@@ -66,8 +66,8 @@ class PollerStatistics:
     bytes_moved: int
     post_to_seen: LatencySummary  # host clock: post_recall (publish launched) -> poller read it
     post_to_landed: LatencySummary  # host clock: post_recall -> pulseio saw the data land
-    publish_to_taken: LatencySummary  # producer's clock: publish ran -> the copier began it (RESIDENT)
-    publish_to_landed: LatencySummary  # producer's clock: publish ran -> the copier landed it (RESIDENT)
+    publish_to_taken: LatencySummary  # producer's clock: publish began -> the copier began it (RESIDENT)
+    publish_to_landed: LatencySummary  # producer's clock: publish began -> the copier landed it (RESIDENT)
 
 
 class Poller:

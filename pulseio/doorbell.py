@@ -100,7 +100,7 @@ class Rung:
     tag: int
     host_ids: np.ndarray
     device_slots: np.ndarray
-    published_ns: int  # the producer's timestamp (%globaltimer on the GPU)
+    published_ns: int  # the producer's timestamp as its publish began (%globaltimer on the GPU)
     seen_ns: int  # time.perf_counter_ns() when the reader saw it (the fast lane) or copied it
     error: str | None  # why the request cannot be served (lost to a lap, bad count); None if fine
     task: int = 0  # the resident copier task a fast-lane reader already posted it as; 0 if none

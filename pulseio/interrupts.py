@@ -35,7 +35,7 @@ class Completion(Handle):
                  awaiter: Callable[[Completion], Any], strategy: Strategy = Strategy.AUTO) -> None:
         super().__init__(seq=seq, tag=tag)
         self.strategy = strategy  # as posted: AUTO resolves per request, once its size is known
-        self.published_ns: int | None = None  # the producer's stamp (%globaltimer on the GPU)
+        self.published_ns: int | None = None  # the producer's stamp as its publish began (%globaltimer on the GPU)
         self.seen_ns: int | None = None  # perf_counter_ns when the poller read the request
         self.taken_ns: int | None = None  # the resident copier's stamp when it began the copy (%globaltimer)
         self.landed_ns: int | None = None  # the resident copier's stamp when the data landed (%globaltimer)

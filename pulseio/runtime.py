@@ -59,8 +59,8 @@ class RuntimeStatistics:
     device_waits_expired: int  # requests the watchdog failed to release a waiting stream
     post_to_seen: LatencySummary
     post_to_landed: LatencySummary
-    publish_to_taken: LatencySummary  # on the device clock: publish ran -> the copier began it (RESIDENT)
-    publish_to_landed: LatencySummary  # on the device clock: publish ran -> data landed (RESIDENT requests)
+    publish_to_taken: LatencySummary  # on the device clock: publish began -> the copier began it (RESIDENT)
+    publish_to_landed: LatencySummary  # on the device clock: publish began -> data landed (RESIDENT requests)
     doorbell: DoorbellStatistics  # the ring: wake-ups, spurious wake-ups, requests lost to a lap
     dma: tuple[DmaStatistics, ...]  # one per I/O worker
 
