@@ -6,8 +6,9 @@ for it: `attend_part(partials, 0, ...)` before the device wait, `attend_last_par
 Each earlier part is split-K partial outputs with their log-sum-exps; the last part runs its table in one
 split a (KV head, sequence) and merges every earlier split into the output in its epilogue (the ordinary
 reduce of flash-decoding, with no launch of its own: the last part waits on the recall, so a launch there
-is on the step's critical path). A table's context lengths may be 0 (a part with nothing in it), as long as
-every row has some token in some part.
+is on the step's critical path). A row whose whole selection is recalled (a cold hot set) then streams its
+table in one program a KV head, slower than in splits, on a step its recall outlasts anyway. A table's context
+lengths may be 0 (a part with nothing in it), as long as every row has some token in some part.
 
 The workspace has a fixed shape (`decode_partials`), so every call is CUDA-graph safe on CUDA tensors. On the
 CPU each part is the plain-torch reference (one split a part).
