@@ -11,6 +11,7 @@ step is written as pieces, each ending where a layer's recall is posted:
 
 After each piece's recall is posted and before its device wait, the layer attends to its selected blocks
 that were resident already (`_resident`), so that part of attention runs while the recall is in flight.
+Captured, the publish is a branch of its own beside that attention (`_post_beside_resident`).
 
 How the recalls run between pieces decides how the step is captured:
 
@@ -76,6 +77,7 @@ class OffloadStepGraph:
         self._posts: dict[int, int] = {}               # split, captured: piece -> its RecallGraph post
         self._armed: list[Any] = []                    # split, captured: this step's Completions, in post order
         self._pending: PendingRecall | None = None     # split: the last piece's recall
+        self._publish_stream: torch.cuda.Stream | None = None   # captured doorbell publishes: their branch's stream
 
     @property
     def num_pieces(self) -> int:
@@ -195,16 +197,17 @@ class OffloadStepGraph:
         pool = torch.cuda.graph_pool_handle()
         recaller = self.offloader.recaller
         recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
+        if recalls is not None:
+            self._side_stream()
         graphs, posts = [], {}
         for i, piece in enumerate(self._pieces()):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 piece()
-                if recalls is not None and i < len(self._recalls) and self._recalls[i][1] is not None:
-                    layer, (ids, dst, count) = self._recalls[i]                   # type: ignore[misc]
-                    posts[i] = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
-                self._resident(i)         # after the publish; a recall run from the host comes after it (safe:
-            graphs.append(graph)          # it reads no slot a recall writes)
+                index = self._post_beside_resident(recalls, i)   # a recall run from the host comes after the
+                if index is not None:                             # resident attention (safe: it reads no slot
+                    posts[i] = index                              # a recall writes)
+            graphs.append(graph)
         advance = torch.cuda.CUDAGraph()
         with torch.cuda.graph(advance, pool=pool):      # after the pieces: self.logits is the last one's buffer
             self._advance()
@@ -223,17 +226,15 @@ class OffloadStepGraph:
         pieces = self._pieces()
         if recaller is None or recaller.captures:
             recalls = None if recaller is None else recaller.recall_graph()
+            if recalls is not None:
+                self._side_stream()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 for i, piece in enumerate(pieces):
                     piece()
-                    index = None
-                    if recalls is not None and i < len(self._recalls):
-                        layer, (ids, dst, count) = self._recalls[i]       # type: ignore[misc]
-                        index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
-                    self._resident(i)
-                    if recalls is not None and index is not None:
-                        recalls.wait_device(index)
+                    index = self._post_beside_resident(recalls, i)
+                    if index is not None:
+                        recalls.wait_device(index)                        # type: ignore[union-attr]
             self._graphs, self._recall_graph = [graph], recalls
             return
         graphs = []
@@ -244,6 +245,31 @@ class OffloadStepGraph:
                 self._resident(i)         # before the recall, which runs from the host: it reads no slot that writes
             graphs.append(graph)
         self._graphs = graphs
+
+    def _post_beside_resident(self, recalls: Any, piece: int) -> int | None:
+        """While capturing: piece `piece`'s doorbell publish (if it plans a recall and `recalls`, a RecallGraph,
+        is given) on a side stream forked after the piece, and the layer's resident attention on the capturing
+        stream, joined after both: in the graph they are parallel branches, so the attention does not wait for
+        the publish's PCIe fences (the publish reads only the plan, the attention no slot the recall writes).
+        -> the post's index in `recalls` (None: no post)."""
+        planned = recalls is not None and piece < len(self._recalls) and self._recalls[piece][1] is not None
+        index = None
+        if planned:
+            main, side = torch.cuda.current_stream(), self._side_stream()
+            side.wait_stream(main)
+            layer, (ids, dst, count) = self._recalls[piece]                   # type: ignore[misc]
+            with torch.cuda.stream(side):
+                index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+        self._resident(piece)
+        if planned:
+            main.wait_stream(side)
+        return index
+
+    def _side_stream(self) -> torch.cuda.Stream:
+        """The publishes' stream, made before the first capture that posts (not inside one)."""
+        if self._publish_stream is None:
+            self._publish_stream = torch.cuda.Stream(self.model.device)
+        return self._publish_stream
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
         """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`)."""
