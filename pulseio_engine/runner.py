@@ -198,8 +198,9 @@ class ModelRunner:
         """[rows, width] int32 block tables, padded with block 0."""
         tables = np.zeros((rows or len(seqs), width), dtype=np.int32)
         for i, seq in enumerate(seqs):
-            ids = seq.block_table.block_ids
-            tables[i, :len(ids)] = ids
+            if len(seq.block_table):
+                ids = np.frombuffer(seq.block_table.packed(), dtype=np.intc)
+                tables[i, :len(ids)] = ids
         return tables
 
     def block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:

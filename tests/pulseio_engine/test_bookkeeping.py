@@ -59,6 +59,21 @@ def test_block_table_slots() -> None:
     assert [table.slot(p, 4) for p in (0, 3, 4, 6)] == [28, 31, 12, 14]
 
 
+def test_block_table_packed_follows_every_setting() -> None:
+    """The packed copy a decode step's table is filled from is made once per setting and never goes stale: the ids
+    are set whole and cannot be changed in place."""
+    table = BlockTable()
+    assert list(table.packed()) == [] and len(table) == 0
+    table.block_ids = [7, 3, 2**31 - 1]
+    first = table.packed()
+    assert list(first) == [7, 3, 2**31 - 1] and first.itemsize == 4
+    assert table.packed() is first, "made once per setting"
+    table.block_ids = [5]
+    assert list(table.packed()) == [5] and len(table) == 1
+    with pytest.raises(AttributeError):
+        table.block_ids.append(9)  # type: ignore[attr-defined]
+
+
 def test_sampling_params_validation() -> None:
     with pytest.raises(ValueError, match=r"^SamplingParams.max_new_tokens must be an int >= 1, got 0$"):
         SamplingParams(max_new_tokens=0)
