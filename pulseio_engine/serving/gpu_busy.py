@@ -6,7 +6,8 @@ copier and the device waits spin while they hold the GPU (a wait kernel is the G
 recall), and the publish only hands a recall's block list to the copier. Profiling costs time, so only every
 `every`-th window of `rounds` rounds is profiled. A window is walked as soon as it closes: on a GPU, a closed
 profiler's results do not survive the next window (read after it, every event's time is zero). The walk holds
-the host for a while, so `after_round` returns the seconds it took, which the replay keeps off its clock.
+the host for a while, so `after_round` returns the seconds it took, which the replay keeps off its clock, as it
+does the seconds `before_round` spends starting the profiler.
 `fraction()` is None on a CPU. With `timeline_dir`, the same windows also record the host's side (CPU
 activity, on a CPU too) and are written there as Chrome traces, one file a window, to be read in Perfetto or
 `chrome://tracing`: where the GPU stands idle, and what the host did then. Recording the host's calls slows
@@ -63,15 +64,20 @@ class BusyMeter:
         self._first = 0                                   # the open window's first round
         self._windows: list[tuple[float, float]] = []     # (busy seconds, window seconds)
 
-    def before_round(self) -> None:
+    def before_round(self) -> float:
+        """-> seconds spent opening a window that starts with this round (0.0 if none does): starting the
+        profiler holds the host (the first start loads CUPTI), so the replay keeps them off its clock too."""
         if self.enabled and self._prof is None and self._round % self.every == self.every - self.rounds:
             import torch
 
+            t0 = time.perf_counter()
             activity = torch.profiler.ProfilerActivity
             self._prof = torch.profiler.profile(activities=[activity.CUDA] * self.gpu
                                                 + [activity.CPU] * (self.timeline_dir is not None))
             self._prof.start()
             self._first = self._round
+            return time.perf_counter() - t0
+        return 0.0
 
     def after_round(self) -> float:
         """-> seconds spent closing and walking a window that ended with this round (0.0 if none did)."""

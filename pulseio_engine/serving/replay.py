@@ -277,7 +277,9 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
             recorder.idle_s += clock.now() - idle0
             serving.host.start()
             continue
-        busy.before_round()
+        opened = busy.before_round()
+        clock.exclude(opened)
+        serving.host.exclude(opened)
         t0 = time.perf_counter()
         outcomes, pending = serving.run_round(pending)
         took = time.perf_counter() - t0

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -531,6 +532,7 @@ def test_the_busy_meter_profiles_one_window_per_period_walks_each_as_it_closes_a
 
         def start(self) -> None:
             started.append(meter._round)
+            time.sleep(0.002)          # as CUPTI's first load holds the host
 
         def stop(self) -> None:
             pass
@@ -542,11 +544,13 @@ def test_the_busy_meter_profiles_one_window_per_period_walks_each_as_it_closes_a
 
     monkeypatch.setattr(torch.profiler, "profile", FakeProfiler)
     meter = BusyMeter("cuda", every=10, rounds=3)
-    spent = []
+    opened, spent = [], []
     for _ in range(25):
-        meter.before_round()
+        opened.append(meter.before_round())
         spent.append(meter.after_round())
     assert started == [7, 17] and walked == [10, 20], "a window is walked as it closes, before the next opens"
+    assert [i for i, s in enumerate(opened) if s > 0] == [7, 17], "a start's seconds are returned by its round"
+    assert min(opened[7], opened[17]) >= 0.002
     assert [i for i, s in enumerate(spent) if s > 0] == [9, 19], "the walk's seconds are returned by its round"
     assert meter.fraction() == pytest.approx(40 / 100) and len(meter.windows) == 2
     assert BusyMeter("cpu").fraction() is None
