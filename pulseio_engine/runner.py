@@ -68,7 +68,7 @@ class ModelRunner:
         row = 0
         for chunk in chunks:
             seq, stop = chunk.seq, chunk.start + chunk.length
-            table = np.asarray(seq.block_table.block_ids, dtype=np.int64)
+            table = _host_ids(seq).astype(np.int64)
             pos = np.arange(chunk.start, stop, dtype=np.int64)
             ids.append(np.asarray(seq.token_ids[chunk.start:stop], dtype=np.int64))
             positions.append(pos)
@@ -198,14 +198,18 @@ class ModelRunner:
         """[rows, width] int32 block tables, padded with block 0."""
         tables = np.zeros((rows or len(seqs), width), dtype=np.int32)
         for i, seq in enumerate(seqs):
-            if len(seq.block_table):
-                ids = np.frombuffer(seq.block_table.packed(), dtype=np.intc)
-                tables[i, :len(ids)] = ids
+            ids = _host_ids(seq)
+            tables[i, :len(ids)] = ids
         return tables
 
     def block_ids(self, seq: Sequence, n_blocks: int) -> torch.Tensor:
         """[n_blocks] int64 physical blocks of a sequence, on the device."""
-        return self._to_device(np.asarray(seq.block_table.block_ids[:n_blocks], dtype=np.int64))
+        return self._to_device(_host_ids(seq)[:n_blocks].astype(np.int64))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array).to(self.device)
+
+
+def _host_ids(seq: Sequence) -> np.ndarray:
+    """A sequence's physical block ids as a read-only C-int view of its table's packed copy (no per-id work)."""
+    return np.frombuffer(seq.block_table.packed(), dtype=np.intc)
