@@ -53,6 +53,27 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+MAX_TEST_WORKERS = 8      # each worker holds its own torch and models (1-2 GB with a real one)
+
+
+@pytest.hookimpl(optionalhook=True)      # a pytest-xdist hook: `-n auto`
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: one worker a core (at most MAX_TEST_WORKERS) on a machine without a GPU; none with one, where the
+    GPU tests share the device and time their hang guards, so they run one after another in this process."""
+    if _cuda_available():
+        return 0
+    return max(1, min(os.cpu_count() or 1, MAX_TEST_WORKERS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A test worker's torch takes its share of the cores, not all of them (the workers would oversubscribe)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _skip_missing_packages(items)
     if _cuda_available():

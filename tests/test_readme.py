@@ -48,7 +48,7 @@ def test_the_first_block_is_the_cpu_install_then_the_two_commands() -> None:
     assert commands[2] == "pip install torch --index-url https://download.pytorch.org/whl/cpu"   # before .[cpu]
     assert commands[3] == 'pip install -e ".[cpu]"'
     assert commands[4].startswith("pulseio-engine replay --trace mooncake-sample ")   # the main job: a shipped trace
-    assert commands[5:] == ["pulseio bench", "python -m pytest -q"]        # the PCIe bench, the tests
+    assert commands[5:] == ["pulseio bench", "python -m pytest -q -n auto"]        # the PCIe bench, the tests
     assert "README_BLOCK" in (ROOT / ".ci" / "run").read_text(), ".ci/run must run this block"
 
 
