@@ -163,8 +163,12 @@ def run_bench(model: str | ModelSource, *, mode: BenchMode = BenchMode.VANILLA, 
     sustained = timers[0].seconds_until(timers[-1]) / steps
     finite = bool(torch.isfinite(graphs.logits[:batch_size]).all())
     mean_ctx = context_len + 2 + warmup + (steps - 1) / 2
-    kernels = count_kernels_per_step(lambda: (graphs.advance_nowait(bucket), graphs.run_nowait(bucket)), dev,
-                                     PROFILED_STEPS - 1)
+
+    def step() -> None:
+        graphs.advance_nowait(bucket)
+        graphs.run_nowait(bucket)
+
+    kernels = count_kernels_per_step(step, dev, PROFILED_STEPS - 1)
     return _result(engine, source.spec, mode, device, batch_size, context_len, steps, use_cuda_graphs, sustained,
                    per_step[len(per_step) // 2], mean_ctx, bandwidth, finite, kernels)
 

@@ -49,7 +49,7 @@ class DecodeGraphs:
         self.next_tokens = torch.zeros(bmax, dtype=torch.int64, device=dev)               # [Bmax]
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._ready: set[int] = set()
-        self._pool = None
+        self._pool: torch.cuda._POOL_HANDLE | None = None
 
     def bucket_for(self, batch: int) -> int:
         for size in self.buckets:

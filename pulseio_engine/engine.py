@@ -105,8 +105,9 @@ class Engine:
         sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
         self._check_request(prompt, sampling)
+        offloader = None
         if offload:
-            self._check_offload()
+            offloader = self._check_offload()
         elif self.offload_only:
             raise OffloadCapacityError("this engine is offload-only (OffloadConfig.offload_only): its paged "
                                        "cache keeps only the dense layers; add the request with offload=True")
@@ -114,13 +115,13 @@ class Engine:
         eos = self.tokenizer.eos_token_ids if self.tokenizer else self.config.model.eos_token_ids
         seq = Sequence(rid, prompt, sampling, eos_token_ids=eos, num_computed=kv.num_tokens if kv else 0,
                        decode_tail=decode_tail)
-        if offload:
-            self.offloader.open(rid, len(prompt) + sampling.max_new_tokens)   # raises OffloadCapacityError
+        if offloader is not None:
+            offloader.open(rid, len(prompt) + sampling.max_new_tokens)   # raises OffloadCapacityError
         try:
             self.scheduler.add(seq)     # raises KVBudgetError if it could never fit the cache
         except BaseException:
-            if offload:
-                self.offloader.close_request(rid)
+            if offloader is not None:
+                offloader.close_request(rid)
             raise
         if kv is not None:
             self._handoffs[rid] = kv
@@ -153,6 +154,7 @@ class Engine:
         finished = []
         for row, (seq, token) in enumerate(sampled):
             if seq.num_computed < seq.num_tokens:      # a prompt token follows (decode_tail): keep its logprob
+                assert logits is not None              # a step that sampled has logits
                 logprob = torch.log_softmax(logits[row], dim=-1)[seq.token_ids[seq.num_computed]]
                 seq.forced_logprobs.append(float(logprob))
                 continue
@@ -277,6 +279,7 @@ class Engine:
 
     def _run(self, step: ScheduledStep) -> tuple[list[tuple[Sequence, int]], torch.Tensor | None]:
         """-> ((sequence, sampled token) pairs, their logits rows [n, V])."""
+        logits: torch.Tensor | None
         if step.prefill:
             tokens, logits = self.runner.prefill_sync(step.prefill, self.offloader if self.offload_only else None)
             for chunk in step.prefill:
@@ -290,6 +293,7 @@ class Engine:
             sparse = [s for s in step.decode if s.request_id in offloaded]
             tokens, logits = self.runner.decode_sync(normal) if normal else ([], None)
             if sparse:
+                assert self.offloader is not None      # sparse rows are its requests
                 more, sparse_logits = self.runner.decode_offload_sync(sparse, self.offloader)
                 tokens += more
                 logits = sparse_logits if logits is None else torch.cat([logits, sparse_logits])
@@ -318,10 +322,11 @@ class Engine:
         ids = self.runner.block_ids(chunk.seq, blocks_for(n, self.kv.block_size))
         self.offloader.store_prefill(chunk.seq.request_id, self.kv, ids, n)
 
-    def _check_offload(self) -> None:
+    def _check_offload(self) -> Offloader:
         if self.offloader is None:
             raise OffloadCapacityError("add_request(offload=True) needs an engine built with "
                                        "EngineConfig.offload (an OffloadConfig); pass offload= to from_model")
+        return self.offloader
 
     def _check_request(self, prompt: list[int], sampling: SamplingParams) -> None:
         limit, vocab = self.config.model_len, self.config.model.vocab_size

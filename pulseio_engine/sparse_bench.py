@@ -38,6 +38,7 @@ import gzip
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -412,7 +413,12 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         engine.step()                    # prefill: the handed-in KV
         engine.step()                    # the first decode step: eager, then captured
         graph = engine.runner.offload_step_graph
-        step = engine.step if graph is None else (lambda: (graph.advance_nowait(), graph.run()))
+        step: Callable[[], object] = engine.step
+        if graph is not None:
+            def step_graph() -> None:                   # the tokens fed back, then the captured step
+                graph.advance_nowait()
+                graph.run()
+            step = step_graph
         for _ in range(warmup):
             step()
         blocked0 = _blocked_ns(off)

@@ -119,7 +119,7 @@ def random_row_case(base: PagedCase, *, rows: int, pooled: bool, seed: int = 0) 
     max_blocks = base.block_tables.shape[1]
     tables = torch.zeros((batch, rows, max_blocks), dtype=torch.int32)
     row_lens = torch.zeros((batch, rows), dtype=torch.int32)
-    units = []  # pooled: [2, block_size, per_row, D] per (page, row) used
+    units: list[torch.Tensor] = []  # pooled: [2, block_size, per_row, D] per (page, row) used
     expect = torch.zeros((batch, hq, head_dim), dtype=torch.float64)
     for b, n in enumerate(lens):
         pages = -(-n // block_size)

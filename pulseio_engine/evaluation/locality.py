@@ -239,7 +239,11 @@ def _measure(engine: Engine, window: list[int], config: LocalityConfig, tally: _
         sized.next_window()
     while engine.has_unfinished():
         decoded = engine.statistics().decode_tokens
-        resident = offloader.seqs[rid].resident.clone() if rid in offloader.seqs else None   # [L, S, NB]
+        resident = None                                                                     # [L, S, NB]
+        if rid in offloader.seqs:
+            seq = offloader.seqs[rid]
+            assert seq is not None      # a host-pool engine (_engine): every request has its OffloadSeq
+            resident = seq.resident.clone()
         engine.step()
         if engine.statistics().decode_tokens == decoded:      # the prefill step
             continue

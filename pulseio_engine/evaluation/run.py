@@ -135,13 +135,15 @@ def run_eval(model: str, config: EvalConfig, *, heads: RetrievalHeads | None = N
     `batch`: concurrent requests at most (None: every sample, as memory allows)."""
     check_heads(config.mode, heads, model)
     ckpt = load_eval_checkpoint(model, device)
-    prompts = make_prompts(ckpt.tokenizer, config.task, config.context_len, config.samples, config.seed)
+    tok = ckpt.tokenizer
+    assert tok is not None                  # load_eval_checkpoint refuses a model without one
+    prompts = make_prompts(tok, config.task, config.context_len, config.samples, config.seed)
     check_prompts(prompts, model_len(ckpt.config, config.context_len), model)
     start = time.monotonic()
     with eval_engine(ckpt, config, heads=heads, device=device, batch=batch or len(prompts)) as engine:
         answers = run_prompts(engine, prompts, offload=config.mode is not EvalMode.VANILLA)
         used = engine.config.scheduler.max_num_seqs
-    return make_record(model, config, prompts, answers, ckpt.tokenizer, time.monotonic() - start, used)
+    return make_record(model, config, prompts, answers, tok, time.monotonic() - start, used)
 
 
 def load_eval_checkpoint(model: str, device: str) -> Checkpoint:
@@ -323,6 +325,7 @@ def _as_if_stopped(output: list[int], max_new_tokens: int, eos: Seq[int]) -> lis
 
 def score(prompts: Seq[Prompt], answers: Seq[Answer], tok: Tokenizer) -> tuple[float, list[dict[str, Any]]]:
     """-> (score, per-sample results): string_match_all averaged, or perplexity over every scored token."""
+    results: list[dict[str, Any]]
     if prompts and prompts[0].task is Task.PERPLEXITY:
         results = [{"index": p.index, "scored_tokens": len(a.logprobs),
                     "perplexity": math.exp(-sum(a.logprobs) / len(a.logprobs))} for p, a in zip(prompts, answers)]

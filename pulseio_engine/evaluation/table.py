@@ -131,17 +131,19 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     ckpt = load_eval_checkpoint(model, device)
+    tok = ckpt.tokenizer
+    assert tok is not None                  # load_eval_checkpoint refuses a model without one
     say(f"loaded {model} on {device} in {time.monotonic() - start:.1f} s")
     for cell in table.skipped:
         say(f"skip context {cell.context_len} {cell.mode.value} budget {cell.token_budget}: "
             "a budget >= the context attends to every token (= vanilla)")
     shard = f" (shard {table.shard[0]}/{table.shard[1]} of {len(table.all_cells())})" if table.shard[1] > 1 else ""
     say(f"{len(table.cells())} engines{shard} x {len(table.tasks)} tasks x {table.samples} samples")
-    text = text_ids(ckpt.tokenizer) if Task.PERPLEXITY in table.tasks else []
+    text = text_ids(tok) if Task.PERPLEXITY in table.tasks else []
     prompts: dict[int, dict[Task, list[Prompt]]] = {}
     for n in table.context_lens:           # every context's samples first: a sizing error stops the run at once
         t0 = time.monotonic()
-        prompts[n] = {task: make_prompts(ckpt.tokenizer, task, n, _samples(table, task, n, len(text), say),
+        prompts[n] = {task: make_prompts(tok, task, n, _samples(table, task, n, len(text), say),
                                          table.seed, text=text) for task in table.tasks}
         for made in prompts[n].values():
             check_prompts(made, model_len(ckpt.config, n), model)
@@ -224,11 +226,13 @@ def _run_cell(model: str, ckpt: Checkpoint, table: TableConfig, cell: Cell, prom
         answers = run_prompts(engine, everything, offload=cell.mode is not EvalMode.VANILLA, seconds=phases)
         batch = engine.config.scheduler.max_num_seqs
     seconds = time.monotonic() - start
+    tok = ckpt.tokenizer
+    assert tok is not None                  # run_table's, from load_eval_checkpoint: it has one
     records, at = [], 0
     for task in table.tasks:
         count = len(prompts[task])
         record = make_record(model, table.eval_config(task, cell, count), prompts[task], answers[at:at + count],
-                             ckpt.tokenizer, seconds, batch)
+                             tok, seconds, batch)
         record["tasks_batched"] = [t.value for t in table.tasks]      # `seconds` is the cell's, for all of them
         record["cell_seconds"] = {phase: round(value, 2) for phase, value in phases.items()}
         at += count
@@ -279,7 +283,8 @@ def markdown(records: list[dict[str, Any]], *, skipped: tuple[Cell, ...] = ()) -
         for n in sorted({r["context_len"] for r in mine}):
             vanilla = {r["mode"]: r for r in mine if r["context_len"] == n and r["mode"] == EvalMode.VANILLA.value}
             budgets = sorted({r["token_budget"] for r in mine if r["context_len"] == n and mode_label(r) in sparse}
-                             | {c.token_budget for c in skipped if c.context_len == n and c.mode.value in sparse})
+                             | {c.token_budget for c in skipped if c.context_len == n and c.mode.value in sparse
+                                and c.token_budget is not None})     # a skipped (sparse) cell has a budget
             for budget in budgets or [n]:
                 found = {mode_label(r): r for r in mine if r["context_len"] == n and r["token_budget"] == budget}
                 cells = [_cell(vanilla.get(m) if m == EvalMode.VANILLA.value else found.get(m), perplexity,

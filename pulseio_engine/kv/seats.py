@@ -67,7 +67,7 @@ class Seats:
         row = self._keys.index(key)
         parts = self._parts.pop(key)
         for name, part in parts.items():
-            part.set_(self._storage[name][:, row].clone())
+            part.set_(self._storage[name][:, row].clone())  # type: ignore[call-overload]  # stub lacks set_(Tensor)
         self._keys[row] = None
         while self._keys and self._keys[-1] is None:
             self._keys.pop()

@@ -40,6 +40,7 @@ def store_tokens(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor,
         return
     _store_units(pool, units, offsets, k, v)
     if digests is not None:
+        assert digest_blocks is not None     # checked on entry
         digests.update(layer, k, digest_blocks * digests.block_size + offsets)
 
 

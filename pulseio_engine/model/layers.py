@@ -47,6 +47,7 @@ def pre_attention(x: torch.Tensor, delta: torch.Tensor | None, positions: torch.
         [heads * head_dim, num_kv_heads * head_dim], dim=-1)
     qk = qk.view(t, heads, head_dim)          # q and k heads as one tensor: one fused kernel, not one each
     if q_norm is not None:
+        assert k_norm is not None                 # the two come together (Qwen3)
         norm = torch.cat([q_norm.expand(num_heads, head_dim), k_norm.expand(num_kv_heads, head_dim)])
         qk = rms_norm(qk, norm, eps)
     qk = rotate(qk, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))

@@ -42,8 +42,10 @@ class ModelWeights:
         def load(name: str) -> torch.Tensor:
             return get(name).to(device=device, dtype=dtype)
 
-        layers = [_layer(config, lambda n, i=i: load(f"model.layers.{i}.{n}"))
-                  for i in range(config.num_layers)]
+        def layer_get(i: int) -> Callable[[str], torch.Tensor]:
+            return lambda n: load(f"model.layers.{i}.{n}")
+
+        layers = [_layer(config, layer_get(i)) for i in range(config.num_layers)]
         embed = load("model.embed_tokens.weight")
         lm_head = embed if config.tie_word_embeddings else load("lm_head.weight")
         weights = cls(embed, layers, load("model.norm.weight"), lm_head)
@@ -53,7 +55,7 @@ class ModelWeights:
     def check(self, config: ModelConfig) -> None:
         """Raise ValueError naming the first tensor whose shape disagrees with the config."""
         h, d = config.hidden_size, config.head_dim
-        expected = {
+        expected: dict[str, tuple[torch.Tensor | None, tuple[int, ...]]] = {
             "embed": (self.embed, (config.vocab_size, h)),
             "lm_head": (self.lm_head, (config.vocab_size, h)),
             "norm": (self.norm, (h,)),

@@ -13,10 +13,11 @@ the same pair of kernels once a layer or once a round says which boundary loses 
 from __future__ import annotations
 
 import gzip
+import heapq
 import json
 import re
 from bisect import bisect_left
-from collections import Counter
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
     gaps = sorted(idle_gaps(model, start, end), key=lambda g: g[0] - g[1])             # longest first
     listed = gaps[:longest]
-    overlap: list[Counter[str]] = [Counter() for _ in listed]
+    overlap: list[defaultdict[str, float]] = [defaultdict(float) for _ in listed]   # name -> us of overlap
     for e in events:
         cat = str(e.get("cat", ""))
         if cat in ("kernel", "Trace") or cat.startswith("gpu_"):       # the GPU's own rows, the profiler's own
@@ -101,7 +102,8 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
         for (lo, hi), counts in zip(listed, overlap, strict=True):
             if h_lo < hi and h_hi > lo:
                 counts[str(e["name"])] += min(hi, h_hi) - max(lo, h_lo)
-    found = [Gap(lo, hi, tuple(c.most_common(top_host))) for (lo, hi), c in zip(listed, overlap, strict=True)]
+    found = [Gap(lo, hi, tuple(heapq.nlargest(top_host, c.items(), key=lambda kv: kv[1])))   # as most_common
+             for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
                       len(listed), _boundaries(kernels, gaps, copies))
 
