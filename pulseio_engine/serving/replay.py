@@ -118,23 +118,25 @@ def warm_up(serving: ServingEngine, source: ModelSource, max_len: int, seed: int
             every_size: bool = False) -> float:
     """What a server does before it takes traffic: short requests of every class through every path the replay
     takes (both classes together, so IRQ's pieces too; a batch of one, then of two, so torch.compile's second
-    batch size is met here), decoding `WARMUP_TOKENS` each; then the engine counts from zero again. Kernels
+    batch size is met here), decoding `WARMUP_TOKENS` each (fewer, and shorter prompts, where the trace's longest
+    request, `max_len` tokens, is shorter); then the engine counts from zero again. Kernels
     compiled and steps captured here are not charged to the first requests of the trace. Long enough to select
     (twice the token budget) where the budget and the context allow. `every_size`: then every batch size up to
     the caps too (`warm_batch_sizes`). -> seconds it took."""
     t0 = time.perf_counter()
     config, fp = serving.config, serving.footprint
     classes = [KVClass.NORMAL] + ([KVClass.OFFLOAD] if config.has_offload else [])
-    length = max(2, min(2 * config.token_budget + config.block_size, max_len - WARMUP_TOKENS))
+    tokens = min(WARMUP_TOKENS, max_len - 1)             # a trace of shorter requests: fewer, within its longest
+    length = max(1, min(2 * config.token_budget + config.block_size, max_len - tokens))
     rid = -1                                            # warm-up ids are negative: never a trace's
     for batch in (1, 2):
-        reserved = length + WARMUP_TOKENS
+        reserved = length + tokens
         gpu = batch * sum(fp.device_bytes(c, reserved) for c in classes)
         host = batch * sum(fp.host_bytes(c, reserved) for c in classes)
         if gpu > config.gpu_kv_bytes or host > config.host_kv_bytes or batch > config.max_batch or (
                 config.has_offload and batch > serving.sizes.max_offload):
             break                                       # the caps hold fewer: the replay meets the rest itself
-        rid = _serve_batch(serving, source, seed, rid, length, {c: (batch, WARMUP_TOKENS) for c in classes})
+        rid = _serve_batch(serving, source, seed, rid, length, {c: (batch, tokens) for c in classes})
     if every_size:
         warm_batch_sizes(serving, source, max_len, seed, rid)
     serving.reset_statistics()

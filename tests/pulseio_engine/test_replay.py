@@ -290,6 +290,19 @@ def test_the_warm_up_runs_both_classes_at_one_then_two_requests_and_counts_from_
         assert rounds == []
 
 
+@pytest.mark.parametrize("max_len", [2, 3, 5])
+def test_the_warm_up_fits_a_trace_of_requests_shorter_than_its_own(max_len: int) -> None:
+    """Requests clipped below the warm-up's prompt and tokens (--max-input 1 --max-output 1): its requests stay within
+    the longest the engine was built for, each class still decodes, and the engine counts from zero after."""
+    source = open_model("tiny")
+    with _tiny_serving(source, max_len=max_len) as serving:
+        rounds = _record_rounds(serving)
+        warm_up(serving, source, max_len, seed=0)
+        tokens = min(WARMUP_TOKENS, max_len - 1)
+        assert rounds == [(1, 1)] * tokens + [(2, 2)] * tokens
+        assert not serving.has_unfinished() and serving.rounds == 0
+
+
 def test_an_offload_engine_keeps_and_the_warm_up_meets_every_batch_size_its_cap_admits() -> None:
     """An offload cap past 16 requests (budget 1024 holds ~20 on the H200 at 6 GiB): the offload engine keeps a whole
     and a split step graph for each size up to it, and the sweep warms each, where both stopped at 16 before."""
