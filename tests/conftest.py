@@ -56,13 +56,20 @@ def _cuda_available() -> bool:
 MAX_TEST_WORKERS = 8      # each worker holds its own torch and models (1-2 GB with a real one)
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a container's cpuset narrows), not the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 @pytest.hookimpl(optionalhook=True)      # a pytest-xdist hook: `-n auto`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker a core (at most MAX_TEST_WORKERS) on a machine without a GPU; none with one, where the
-    GPU tests share the device and time their hang guards, so they run one after another in this process."""
+    """`-n auto`: one worker a usable core (at most MAX_TEST_WORKERS) on a machine without a GPU; none with one, where
+    the GPU tests share the device and time their hang guards, so they run one after another in this process."""
     if _cuda_available():
         return 0
-    return max(1, min(os.cpu_count() or 1, MAX_TEST_WORKERS))
+    return max(1, min(_usable_cores(), MAX_TEST_WORKERS))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,7 +78,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if workers > 1:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        torch.set_num_threads(max(1, _usable_cores() // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

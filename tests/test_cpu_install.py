@@ -44,3 +44,15 @@ def test_tests_that_need_a_gpu_package_skip_naming_it() -> None:
     assert "passed" not in proc.stdout.splitlines()[-1] and "failed" not in proc.stdout.splitlines()[-1]
     for name, dist in (("cuda.bindings", "cuda-python"), ("triton", "triton")):
         assert f"needs {name} ({dist}, installed by .[gpu] and .[all], not by .[cpu])" in proc.stdout, proc.stdout
+
+
+def test_auto_test_workers_are_one_a_usable_core_without_a_gpu_and_none_beside_one(monkeypatch) -> None:  # noqa: ANN001
+    """`python -m pytest -q -n auto` (the README's command): xdist asks tests/conftest.py how many workers."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "_cuda_available", lambda: True)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 0          # GPU tests run in this one process
+    monkeypatch.setattr(conftest, "_cuda_available", lambda: False)
+    for cores, workers in ((1, 1), (2, 2), (6, 6), (64, conftest.MAX_TEST_WORKERS)):
+        monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)), raising=False)
+        assert conftest.pytest_xdist_auto_num_workers(None) == workers
