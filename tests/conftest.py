@@ -7,6 +7,9 @@ A test file that imports such a package does so inside its tests (or fixtures), 
 install collects it and skips it instead of stopping on an ImportError. Only the packages named in
 `GPU_PACKAGES` may be marked: any other missing import is a real failure. With
 PULSEIO_REQUIRE_GPU_PACKAGES=1 (CI's `.[all]` run) a missing one stops the run, naming it, instead.
+
+`-n auto` (pytest-xdist, the README's test command) runs one test worker a usable core without a GPU and none
+beside one, so tests must not share files or ports: each writes under its own `tmp_path`.
 """
 
 from __future__ import annotations
