@@ -48,7 +48,12 @@ def test_tests_that_need_a_gpu_package_skip_naming_it() -> None:
 
 def test_auto_test_workers_are_one_a_usable_core_without_a_gpu_and_none_beside_one(monkeypatch) -> None:  # noqa: ANN001
     """`python -m pytest -q -n auto` (the README's command): xdist asks tests/conftest.py how many workers."""
-    import conftest
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "tests" / "conftest.py")
+    assert spec is not None and spec.loader is not None
+    conftest = importlib.util.module_from_spec(spec)     # by path: `import conftest` may find a subfolder's
+    spec.loader.exec_module(conftest)
 
     monkeypatch.setattr(conftest, "_cuda_available", lambda: True)
     assert conftest.pytest_xdist_auto_num_workers(None) == 0          # GPU tests run in this one process
