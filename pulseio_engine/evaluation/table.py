@@ -25,6 +25,7 @@ from ..errors import EngineError
 from ..kv.recall import RecallError
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
+from ..model.tokenizer import Tokenizer
 from .run import (
     EvalConfig,
     EvalMode,
@@ -158,7 +159,7 @@ def run_table(model: str, table: TableConfig, out: Path, *, heads: RetrievalHead
             records += kept
             continue
         try:
-            records += _run_cell(model, ckpt, table, cell, prompts[cell.context_len], out, heads=heads,
+            records += _run_cell(model, ckpt, table, cell, prompts[cell.context_len], out, tok=tok, heads=heads,
                                  device=device, say=say)
         except RecallError as exc:
             failed.append(f"context {cell.context_len} {cell.name}: {exc}")
@@ -214,9 +215,9 @@ def _samples(table: TableConfig, task: Task, n: int, text_tokens: int, say: Call
 
 
 def _run_cell(model: str, ckpt: Checkpoint, table: TableConfig, cell: Cell, prompts: dict[Task, list[Prompt]],
-              out: Path, *, heads: RetrievalHeads | None, device: str, say: Callable[[str], None]
+              out: Path, *, tok: Tokenizer, heads: RetrievalHeads | None, device: str, say: Callable[[str], None]
               ) -> list[dict[str, Any]]:
-    """One engine for every task's samples of a cell; one record per task."""
+    """One engine for every task's samples of a cell (`tok`: the checkpoint's tokenizer); one record per task."""
     everything = [p for task in table.tasks for p in prompts[task]]
     start = time.monotonic()
     config = table.eval_config(table.tasks[0], cell, table.samples)
@@ -226,8 +227,6 @@ def _run_cell(model: str, ckpt: Checkpoint, table: TableConfig, cell: Cell, prom
         answers = run_prompts(engine, everything, offload=cell.mode is not EvalMode.VANILLA, seconds=phases)
         batch = engine.config.scheduler.max_num_seqs
     seconds = time.monotonic() - start
-    tok = ckpt.tokenizer
-    assert tok is not None                  # run_table's, from load_eval_checkpoint: it has one
     records, at = [], 0
     for task in table.tasks:
         count = len(prompts[task])
