@@ -145,8 +145,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
 
     tg = sub.add_parser("replay-gaps", help="where the GPU stood idle in a replay's timelines",
                         description="Read the timelines replay --timeline-dir wrote: the GPU's idle time between the "
-                                    "model's kernels, by gap length, and the longest gaps with the host calls that "
-                                    "overlap them most.")
+                                    "model's kernels, by gap length and by the kernels around them, the longest gaps "
+                                    "with the host calls that overlap them most, and the device waits for recalls "
+                                    "against their publishes.")
     tg.add_argument("timelines", nargs="+", type=Path, metavar="PATH",
                     help="timeline files, or folders of them (rounds-*.json)")
     tg.add_argument("--longest", type=int_at_least(1), default=5, help="gaps listed a timeline (default: 5)")

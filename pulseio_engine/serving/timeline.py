@@ -7,7 +7,9 @@ tens between graphs, hundreds and more where the host did not keep the GPU fed),
 with the host calls that overlap them most: the main thread's `record_function` ranges and torch ops, and
 whatever else the profiler recorded (a `cudaGraphLaunch`, a `cudaStreamSynchronize`). Gaps are also summed by
 the model kernels on either side of them, with the pulseio kernels that ran inside (a device wait, a publish):
-the same pair of kernels once a layer or once a round says which boundary loses the time.
+the same pair of kernels once a layer or once a round says which boundary loses the time. Last, each device wait
+for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
+that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from .gpu_busy import idle_gaps, is_pulseio_kernel
 
 BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 1 ms, longer
+DEVICE_WAITS = ("wait_seq", "wait_word")    # pulseio's kernels that hold a stream until a recall has landed
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,17 @@ class Boundary:
 
 
 @dataclass(frozen=True)
+class RecallWait:
+    """One device wait for a recall, from the start of the publish before it: `recall_us` to the wait's end (the
+    recall as the stream saw it), `work_us` of it with a model kernel running before the wait began, `idle_us` of
+    the wait with none."""
+
+    recall_us: float
+    work_us: float
+    idle_us: float
+
+
+@dataclass(frozen=True)
 class WindowGaps:
     """One timeline: its span from the first model kernel's start to the last one's end, and its gaps."""
 
@@ -59,6 +73,7 @@ class WindowGaps:
     gaps: tuple[Gap, ...]                    # longest first; the first `listed` with their host calls
     listed: int
     boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
+    recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
 
     @property
     def idle_us(self) -> float:
@@ -91,7 +106,8 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     if not model:
         return WindowGaps(path, 0.0, 0.0, (), 0, {})
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
-    gaps = sorted(idle_gaps(model, start, end), key=lambda g: g[0] - g[1])             # longest first
+    ordered = idle_gaps(model, start, end)
+    gaps = sorted(ordered, key=lambda g: g[0] - g[1])                                    # longest first
     listed = gaps[:longest]
     overlap: list[defaultdict[str, float]] = [defaultdict(float) for _ in listed]   # name -> us of overlap
     for e in events:
@@ -105,7 +121,31 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     found = [Gap(lo, hi, tuple(heapq.nlargest(top_host, c.items(), key=lambda kv: kv[1])))   # as most_common
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
-                      len(listed), _boundaries(kernels, gaps, copies))
+                      len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered))
+
+
+def _recall_waits(kernels: list[tuple[float, float, str]],
+                  ordered: list[tuple[float, float]]) -> tuple[RecallWait, ...]:
+    """Each device wait against the latest publish that started before it (`ordered`: the idle gaps in order)."""
+    publishes = sorted(lo for lo, _, name in kernels if "publish_kernel" in name)
+    starts = [lo for lo, _ in ordered]
+
+    def idle(a: float, b: float) -> float:                 # idle time within [a, b]
+        i = max(0, bisect_left(starts, a) - 1)
+        total = 0.0
+        while i < len(ordered) and ordered[i][0] < b:
+            total += max(0.0, min(b, ordered[i][1]) - max(a, ordered[i][0]))
+            i += 1
+        return total
+
+    out = []
+    for lo, hi, name in sorted(kernels):
+        i = bisect_left(publishes, lo)
+        if i == 0 or not any(w in name for w in DEVICE_WAITS):
+            continue
+        published = publishes[i - 1]
+        out.append(RecallWait(hi - published, (lo - published) - idle(published, lo), idle(lo, hi)))
+    return tuple(out)
 
 
 def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float, float]],
@@ -157,6 +197,7 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
             inside = f" [{key.inside}]" if key.inside else ""
             lines.append(f"  {us / 1e3:>8.2f} {us / span:>6.1%} {n:>6} {us / n:>8.1f}  "
                          f"{key.before} -> {key.after}{inside}")
+    lines.extend(_describe_recalls([r for w in windows for r in w.recalls], span))
     for w in windows:
         if not w.listed:
             continue
@@ -165,3 +206,22 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
             calls = ", ".join(f"{name} {us:.0f} us" for name, us in g.host) or "no host call recorded"
             lines.append(f"  {g.us:>9.1f} us at +{(g.start_us - w.start_us) / 1e3:.2f} ms: {calls}")
     return "\n".join(lines)
+
+
+def _describe_recalls(recalls: list[RecallWait], span_us: float) -> list[str]:
+    """The device waits for recalls: how many, the idle inside them, and their p50 / p90 of each part."""
+    if not recalls:
+        return []
+
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    idle = sum(r.idle_us for r in recalls)
+    parts = [("publish -> the wait's end", [r.recall_us for r in recalls]),
+             ("the model's kernels in between", [r.work_us for r in recalls]),
+             ("idle in the wait", [r.idle_us for r in recalls])]
+    return [f"\ndevice waits for recalls: {len(recalls)}, idle inside them {idle / 1e3:.2f} ms "
+            f"({idle / span_us:.1%} of the timeline)",
+            "  per wait, p50 / p90 us: " + "; ".join(f"{name} {pct(v, 0.5):.1f} / {pct(v, 0.9):.1f}"
+                                                  for name, v in parts)]

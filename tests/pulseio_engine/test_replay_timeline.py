@@ -81,3 +81,19 @@ def test_gaps_are_summed_by_the_model_kernels_around_them_with_what_ran_inside(t
     assert "    1.50  66.7%      1   1500.0  attn -> gemm [wait_seq]" in text, text
     assert "    0.10   4.7%      2     52.5  gemm -> norm\n" in text, text
     assert "norm -> attn" not in text, "only the 2 boundaries losing most are listed"
+
+
+def test_each_device_wait_is_read_against_the_publish_before_it(tmp_path: Path) -> None:
+    """A recall published at 1000 is waited for from 1200 to 1500 with model kernels filling 190 us before the wait;
+    the next, published at 1600, from 1700 to 1720 after 95 us; a wait with no publish before it is not a recall's."""
+    events = [_kernel("wait_seq", 900, 50), _kernel("gemm", 950, 50),
+              _kernel("pulseio::_publish_kernel[abi:v1]", 1000, 10), _kernel("norm", 1010, 190),
+              _kernel("pulseio::wait_seq[abi:v1]", 1200, 300), _kernel("attn", 1500, 100),
+              _kernel("_publish_kernel", 1600, 5), _kernel("gemm", 1605, 95), _kernel("wait_word", 1700, 20),
+              _kernel("attn", 1720, 30)]
+    w = read_window(_write(tmp_path / "rounds-0-4.json", events))
+    assert [(r.recall_us, r.work_us, r.idle_us) for r in w.recalls] == [(500, 190, 300), (120, 95, 20)]
+    text = describe([w])
+    assert "device waits for recalls: 2, idle inside them 0.32 ms (40.0% of the timeline)" in text, text
+    assert ("per wait, p50 / p90 us: publish -> the wait's end 500.0 / 500.0; the model's kernels in between "
+            "190.0 / 190.0; idle in the wait 300.0 / 300.0") in text, text
