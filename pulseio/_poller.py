@@ -68,6 +68,8 @@ class PollerStatistics:
     post_to_landed: LatencySummary  # host clock: post_recall -> pulseio saw the data land
     publish_to_taken: LatencySummary  # producer's clock: publish began -> the copier began it (RESIDENT)
     publish_to_landed: LatencySummary  # producer's clock: publish began -> the copier landed it (RESIDENT)
+    stamped_bytes: int = 0  # every request with both device stamps (RESIDENT): its bytes, and
+    stamped_publish_to_landed_s: float = 0.0  # its publish -> landed, summed over all of them since the start
 
 
 class Poller:
@@ -87,7 +89,7 @@ class Poller:
         self.error: PulseError | None = None  # why the thread died, once it has
         self._fast = np.zeros(doorbell.layout.capacity, dtype=np.int64)  # [capacity]: seq, or 0
         self._lane = self._open_lane()
-        self._counts = {"completed": 0, "failed": 0, "bytes": 0}
+        self._counts = {"completed": 0, "failed": 0, "bytes": 0, "stamped_bytes": 0, "stamped_ns": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
         self._publish_to_taken: deque[int] = deque(maxlen=latency_samples)
@@ -250,18 +252,23 @@ class Poller:
             self._words.set(completion.seq)
         if not completion._finish(error):
             return  # the watchdog gave up on it earlier; it was counted then
+        published, landed = completion.published_ns, completion.landed_ns
+        span = landed - published if error is None and published is not None and landed is not None else None
         with self._lock:
             if error is None:
                 self._counts["completed"] += 1
                 self._counts["bytes"] += completion.nbytes
             else:
                 self._counts["failed"] += 1
+            if span is not None:
+                self._counts["stamped_bytes"] += completion.nbytes
+                self._counts["stamped_ns"] += span
         if error is None and completion.finished_ns is not None:
             self._to_landed.append(completion.finished_ns - completion.submitted_ns)
-        if error is None and completion.published_ns is not None and completion.landed_ns is not None:
-            self._publish_to_landed.append(completion.landed_ns - completion.published_ns)
-            if completion.taken_ns is not None:
-                self._publish_to_taken.append(completion.taken_ns - completion.published_ns)
+        if span is not None:
+            self._publish_to_landed.append(span)
+        if span is not None and published is not None and completion.taken_ns is not None:
+            self._publish_to_taken.append(completion.taken_ns - published)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -288,7 +295,8 @@ class Poller:
                                 post_to_seen=LatencySummary.of(list(self._to_seen)),
                                 post_to_landed=LatencySummary.of(list(self._to_landed)),
                                 publish_to_taken=LatencySummary.of(list(self._publish_to_taken)),
-                                publish_to_landed=LatencySummary.of(list(self._publish_to_landed)))
+                                publish_to_landed=LatencySummary.of(list(self._publish_to_landed)),
+                                stamped_bytes=c["stamped_bytes"], stamped_publish_to_landed_s=c["stamped_ns"] / 1e9)
 
 
 def _unheld(completion: Completion, *_: object) -> Any:

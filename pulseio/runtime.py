@@ -63,6 +63,16 @@ class RuntimeStatistics:
     publish_to_landed: LatencySummary  # on the device clock: publish began -> data landed (RESIDENT requests)
     doorbell: DoorbellStatistics  # the ring: wake-ups, spurious wake-ups, requests lost to a lap
     dma: tuple[DmaStatistics, ...]  # one per I/O worker
+    stamped_bytes: int = 0  # RESIDENT requests landed since the open, with both device stamps: their bytes and
+    stamped_publish_to_landed_s: float = 0.0  # their publish -> landed summed (device clock), over every one
+
+    @property
+    def publish_to_landed_gbps(self) -> float | None:
+        """The rate a RESIDENT request lands at, publish to landed, over every one since the open (GB/s); None
+        before the first."""
+        if not self.stamped_publish_to_landed_s:
+            return None
+        return self.stamped_bytes / self.stamped_publish_to_landed_s / 1e9
 
 
 class Runtime:
@@ -337,7 +347,8 @@ class Runtime:
             loop_wakeups=loop_wakeups, device_waits_expired=self._waits.expired,
             post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
             publish_to_taken=poller.publish_to_taken, publish_to_landed=poller.publish_to_landed,
-            doorbell=ring, dma=tuple(w.statistics() for w in self.workers))
+            doorbell=ring, dma=tuple(w.statistics() for w in self.workers), stamped_bytes=poller.stamped_bytes,
+            stamped_publish_to_landed_s=poller.stamped_publish_to_landed_s)
 
     def close(self) -> None:
         """Finish or fail every request, release every waiting stream, stop the threads, free what the

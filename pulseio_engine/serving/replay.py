@@ -379,7 +379,8 @@ def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype
     check_fits(need, device=device, what=what, fixes=fixes_for(source.spec, device, "a smaller --gpu-kv-gib"))
 
 
-_COUNTERS = ("submitted", "completed", "failed", "device_waits_expired")
+_COUNTERS = ("submitted", "completed", "failed", "device_waits_expired", "stamped_bytes",
+             "stamped_publish_to_landed_s")
 _LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed")     # pulseio's, over its last recalls
 
 

@@ -16,7 +16,7 @@ from ..errors import EngineError
 from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/9"
+SCHEMA_VERSION = "pulseio-replay/10"
 _PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
 _SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
             *_PULSE_LATENCIES)
@@ -25,15 +25,19 @@ _SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
 _SINCE_7 = ("host_ms_per_round.pace",)
 _SINCE_8 = ("roofline", "config.two_streams")
 _SINCE_9 = ("config.hot_cache",)
-OLDER_VERSIONS = {"pulseio-replay/8": _SINCE_9,                                  # the keys each one lacks
-                  "pulseio-replay/7": (*_SINCE_9, *_SINCE_8),
-                  "pulseio-replay/6": (*_SINCE_9, *_SINCE_8, *_SINCE_7),
-                  "pulseio-replay/5": (*_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6),
-                  "pulseio-replay/4": (*_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5),
-                  "pulseio-replay/3": (*_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5, *_SINCE_4),
-                  "pulseio-replay/2": (*_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round"),
-                  "pulseio-replay/1": (*_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4, "host_ms_per_round",
-                                       "summary.warmup_s")}
+_SINCE_10 = ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
+OLDER_VERSIONS = {"pulseio-replay/9": _SINCE_10,                                 # the keys each one lacks
+                  "pulseio-replay/8": (*_SINCE_10, *_SINCE_9),
+                  "pulseio-replay/7": (*_SINCE_10, *_SINCE_9, *_SINCE_8),
+                  "pulseio-replay/6": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7),
+                  "pulseio-replay/5": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6),
+                  "pulseio-replay/4": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5),
+                  "pulseio-replay/3": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5,
+                                       *_SINCE_4),
+                  "pulseio-replay/2": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4,
+                                       "host_ms_per_round"),
+                  "pulseio-replay/1": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4,
+                                       "host_ms_per_round", "summary.warmup_s")}
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
@@ -73,7 +77,8 @@ M_KEYS = {"recalls": int, "histogram": dict, "mean": OPT_NUM, "p50": OPT_NUM, "p
           "device_waits": int}
 _LATENCY = {"count": int, "p50": OPT_NUM, "p99": OPT_NUM}
 PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int,
-                "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY}
+                "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY,
+                "stamped_bytes": int, "stamped_publish_to_landed_s": NUM}
 
 
 class ReportError(EngineError, ValueError):
@@ -183,6 +188,7 @@ def table(reports: list[dict]) -> str:
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
     row("host ms/round launch/pace/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", _recall_latency)
+    row("recall publish->landed GB/s (of link)", _recall_rate)
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
     row("normal steps a round (mean)", lambda r: "-" if r["summary"].get("normal_steps_mean") is None
         else f"{r['summary']['normal_steps_mean']:.2f}")
@@ -236,6 +242,18 @@ def _recall_latency(report: dict) -> str:
     """pulseio's publish -> landed on the device's clock, p50/p99 us; '-' without recalls or before schema 4."""
     lat = (report["pulseio"] or {}).get("publish_to_landed_us")
     return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.0f}/{lat['p99']:,.0f}"
+
+
+def _recall_rate(report: dict) -> str:
+    """Every stamped recall's bytes over its publish -> landed, summed over the replay (device clock), and that
+    over the link's rate the roofline measured; '-' without stamped recalls or before schema 10."""
+    pulse = report["pulseio"] or {}
+    seconds = pulse.get("stamped_publish_to_landed_s")
+    if not seconds:
+        return "-"
+    gbps = pulse["stamped_bytes"] / seconds / 1e9
+    link = (report.get("roofline") or {}).get("link_gbps")
+    return f"{gbps:.3g}" + (f" ({gbps / link:.2f})" if link else "")
 
 
 def _pair(spread: dict) -> str:

@@ -214,10 +214,16 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
         stats = rt.statistics()
         assert stats.publish_to_landed.count == stats.publish_to_taken.count == 5
         assert 0 <= stats.publish_to_taken.p50_us <= stats.publish_to_landed.p50_us
+        assert stats.stamped_bytes == sum(d.nbytes for d in done) == 5 * rt.config.block_bytes
+        spans = sum(d.landed_ns - d.published_ns for d in done) / 1e9
+        assert stats.stamped_publish_to_landed_s == pytest.approx(spans) and spans > 0
+        assert stats.publish_to_landed_gbps == pytest.approx(stats.stamped_bytes / spans / 1e9)
     with _runtime(strategy=Strategy.GATHER_DMA) as rt:
         other = rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1]))
         assert other.wait(timeout=10) and other.landed_ns is None and other.taken_ns is None
-        assert rt.statistics().publish_to_landed.count == rt.statistics().publish_to_taken.count == 0
+        stats = rt.statistics()
+        assert stats.publish_to_landed.count == stats.publish_to_taken.count == 0
+        assert (stats.stamped_bytes, stats.publish_to_landed_gbps) == (0, None)
 
 
 def test_recall_graph_needs_a_cuda_device() -> None:

@@ -76,6 +76,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
         lat = report["pulseio"][name]                  # over pulseio's last recalls, this replay's among them
         assert 0 < lat["count"] <= report["pulseio"]["submitted"] + 64 and 0 < lat["p50"] <= lat["p99"], (name, lat)
     assert report["pulseio"]["publish_to_taken_us"]["p50"] <= report["pulseio"]["publish_to_landed_us"]["p50"]
+    assert report["pulseio"]["stamped_bytes"] == summary["recalled_bytes"] > 0      # every recall is RESIDENT here
+    assert report["pulseio"]["stamped_publish_to_landed_s"] > 0
     m = report["m"]
     assert m["recalls"] == sum(m["histogram"].values()) == m["seen_landed"] + m["device_waits"]
     assert 0 < m["recalls"] <= summary["recalls"]             # m: rounds where both batches decode (interleaved)
@@ -88,7 +90,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/9"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/10"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -219,6 +221,11 @@ def _step_back(report: dict, version: int, *paths: str) -> None:
 def test_reports_of_older_schemas_still_read_without_what_came_later(reports: dict[str, dict]) -> None:
     report, other = json.loads(json.dumps(reports["mooncake"])), reports["servegen"]
     assert report["config"]["skinny_gemm"] is False                  # a CPU: no skinny_linear
+    rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
+    assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
+                     flags=re.M), "no link measured on a CPU: the rate alone"
+    _step_back(report, 9, "pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
+    assert re.search(r"^recall publish->landed GB/s \(of link\)\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 8, "config.hot_cache")
     assert labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0].endswith(" hot=-")
     _step_back(report, 7, "config.two_streams", "roofline")
@@ -242,9 +249,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/9', "
-                                          r"'pulseio-replay/8', 'pulseio-replay/7', 'pulseio-replay/6', "
-                                          r"'pulseio-replay/5', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/10', "
+                                          r"'pulseio-replay/9', 'pulseio-replay/8', 'pulseio-replay/7', "
+                                          r"'pulseio-replay/6', 'pulseio-replay/5', "
                                           r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
                                           r"'pulseio-replay/1'$"):
         check_report(report, source="r")
