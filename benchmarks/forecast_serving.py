@@ -8,7 +8,11 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   offload batch (alone it has nothing to hide it behind);
 - pulseinfer under IRQ: `e * (normal + offload bytes) / copy + max(0, recall / link - e * normal bytes / copy)`,
   the recall hidden behind the normal batch's steps and exposed where they run out;
-- coupled (`--no-irq`, offload-sync): `e * (normal + offload bytes) / copy + recall / link`.
+- coupled (`--no-irq`, offload-sync): `e * (normal + offload bytes) / copy + recall / link`;
+- `pulseinfer --halves`, a design not built (a what-if): in a round where it is shorter than IRQ's, the offload
+  batch in two halves whose pieces alternate, the normal rows riding in one of them, so each half's recall flies
+  while the other half computes: `max(e * bytes / copy, recall / link)`, the bytes with the weights read once more
+  where there is no normal batch (two halves where there was one batch). Its `e` is IRQ's: the same pieces.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200 in session 27, vanilla 1.21 on both windows, pulseinfer 1.61 on
@@ -115,11 +119,12 @@ def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: St
 
 
 def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16,
-             locality_context: int | None = None, hot_cache: float = 1.0) -> Forecast:
+             locality_context: int | None = None, hot_cache: float = 1.0, halves: bool = False) -> Forecast:
     """Replay `trace` as `config` would, each round timed by its bytes (see the module doc); the recall at the
     locality `replay` steers to (`locality_context` as its option); `hot_cache`: offload requests hold that many
     budgets of hot slots (`recall_per_token`), the GPU bytes they are charged with them as the replay's engine
-    allocates them (`ServingConfig.hot_cache`; modes without offload requests hold none)."""
+    allocates them (`ServingConfig.hot_cache`; modes without offload requests hold none). `halves`: the what-if
+    of the module doc, under IRQ, for offload batches of two requests or more."""
     model_config = open_model(model).config
     if config.has_offload:
         config = replace(config, hot_cache=hot_cache)
@@ -172,10 +177,10 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
         for step in range(steps if normal else 0):
             b = step_bytes(shapes[KVClass.NORMAL], [running[rid].context + step for rid in normal])
             normal_bytes, weight_bytes = normal_bytes + b.total, weight_bytes + b.weights
-        offload_bytes = recall = 0.0
+        offload_bytes = recall = offload_weights = 0.0
         if offload:
             b = step_bytes(shapes[KVClass.OFFLOAD], [running[rid].context for rid in offload], offload=True)
-            offload_bytes, weight_bytes = b.total, weight_bytes + b.weights
+            offload_bytes, offload_weights, weight_bytes = b.total, b.weights, weight_bytes + b.weights
             for rid in offload:
                 recall += fill if running[rid].cold else warm_recall
                 running[rid].cold = False
@@ -184,6 +189,12 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
             exposed = max(0.0, recall / link - e * normal_bytes / copy)
         else:
             exposed = recall / link
+        if halves and config.interleaves and len(offload) >= 2:     # halves where they make the round shorter
+            extra = 0.0 if normal else offload_weights                # two halves read the weights twice
+            halved = e * (normal_bytes + offload_bytes + extra) / copy
+            if max(halved, recall / link) < compute + exposed:
+                compute, exposed, weight_bytes = halved, max(0.0, recall / link - halved), weight_bytes + extra
+                offload_bytes += extra
         dt = compute + exposed
         t += dt
         rounds += 1
@@ -208,12 +219,13 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
-                   throughput: float, locality_context: int | None = None, hot_cache: float = 1.0) -> float | None:
+                   throughput: float, locality_context: int | None = None, hot_cache: float = 1.0,
+                   halves: bool = False) -> float | None:
     """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
     None where even e = 0.5 falls short (the recall alone bounds the rounds)."""
     def at(e: float) -> float:
         return forecast(trace, model, config, Rates(copy_gbps, link_gbps, e), locality_context=locality_context,
-                        hot_cache=hot_cache).throughput
+                        hot_cache=hot_cache, halves=halves).throughput
 
     lo, hi = 0.5, 5.0
     if at(lo) < throughput:
@@ -226,7 +238,8 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
 
 MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
-         "pulseinfer --no-irq": (ServeMode.PULSEINFER, False)}
+         "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None)}
+HALVES = "pulseinfer --halves"                                                   # the what-if (module doc)
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.61, "pulseinfer --no-irq": 1.39}   # fitted to session 27's replays
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
@@ -346,14 +359,15 @@ def main(argv: list[str] | None = None) -> int:
                 if key in vanillas:
                     continue
             f = forecast(trace, args.model, config, rates(mode), locality_context=args.locality_context,
-                         hot_cache=args.hot_cache)
+                         hot_cache=args.hot_cache, halves=mode == HALVES)
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
             need: float | None | bool = False
             if args.need is not None and base is not None and config.has_offload:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
-                                      args.need * base.throughput, args.locality_context, args.hot_cache)
+                                      args.need * base.throughput, args.locality_context, args.hot_cache,
+                                      halves=mode == HALVES)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 
