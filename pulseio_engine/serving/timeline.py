@@ -23,6 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from .gpu_busy import idle_gaps, is_pulseio_kernel
 
 BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 1 ms, longer
@@ -212,16 +214,11 @@ def _describe_recalls(recalls: list[RecallWait], span_us: float) -> list[str]:
     """The device waits for recalls: how many, the idle inside them, and their p50 / p90 of each part."""
     if not recalls:
         return []
-
-    def pct(values: list[float], q: float) -> float:
-        ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
     idle = sum(r.idle_us for r in recalls)
     parts = [("publish -> the wait's end", [r.recall_us for r in recalls]),
              ("the model's kernels in between", [r.work_us for r in recalls]),
              ("idle in the wait", [r.idle_us for r in recalls])]
     return [f"\ndevice waits for recalls: {len(recalls)}, idle inside them {idle / 1e3:.2f} ms "
             f"({idle / span_us:.1%} of the timeline)",
-            "  per wait, p50 / p90 us: " + "; ".join(f"{name} {pct(v, 0.5):.1f} / {pct(v, 0.9):.1f}"
-                                                  for name, v in parts)]
+            "  per wait, p50 / p90 us: " + "; ".join(
+                "{} {:.1f} / {:.1f}".format(name, *np.percentile(v, [50, 90])) for name, v in parts)]

@@ -95,5 +95,5 @@ def test_each_device_wait_is_read_against_the_publish_before_it(tmp_path: Path) 
     assert [(r.recall_us, r.work_us, r.idle_us) for r in w.recalls] == [(500, 190, 300), (120, 95, 20)]
     text = describe([w])
     assert "device waits for recalls: 2, idle inside them 0.32 ms (40.0% of the timeline)" in text, text
-    assert ("per wait, p50 / p90 us: publish -> the wait's end 500.0 / 500.0; the model's kernels in between "
-            "190.0 / 190.0; idle in the wait 300.0 / 300.0") in text, text
+    assert ("per wait, p50 / p90 us: publish -> the wait's end 310.0 / 462.0; the model's kernels in between "
+            "142.5 / 180.5; idle in the wait 160.0 / 272.0") in text, text
