@@ -58,11 +58,13 @@ class Boundary:
 class RecallWait:
     """One device wait for a recall, from the start of the publish before it: `recall_us` to the wait's end (the
     recall as the stream saw it), `work_us` of it with a model kernel running before the wait began, `idle_us` of
-    the wait with none."""
+    the wait with none; `chain_us` from the wait's end to the next publish's start (under IRQ, the offload
+    batch's own piece before its next recall), None after the window's last publish."""
 
     recall_us: float
     work_us: float
     idle_us: float
+    chain_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,9 @@ def _recall_waits(kernels: list[tuple[float, float, str]],
         if i == 0 or not any(w in name for w in DEVICE_WAITS):
             continue
         published = publishes[i - 1]
-        out.append(RecallWait(hi - published, (lo - published) - idle(published, lo), idle(lo, hi)))
+        after = bisect_left(publishes, hi)
+        chain = publishes[after] - hi if after < len(publishes) else None
+        out.append(RecallWait(hi - published, (lo - published) - idle(published, lo), idle(lo, hi), chain))
     return tuple(out)
 
 
@@ -199,7 +203,7 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
             inside = f" [{key.inside}]" if key.inside else ""
             lines.append(f"  {us / 1e3:>8.2f} {us / span:>6.1%} {n:>6} {us / n:>8.1f}  "
                          f"{key.before} -> {key.after}{inside}")
-    lines.extend(_describe_recalls([r for w in windows for r in w.recalls], span))
+    lines.extend(_describe_recalls(windows, span))
     for w in windows:
         if not w.listed:
             continue
@@ -210,15 +214,27 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
     return "\n".join(lines)
 
 
-def _describe_recalls(recalls: list[RecallWait], span_us: float) -> list[str]:
-    """The device waits for recalls: how many, the idle inside them, and their p50 / p90 of each part."""
+def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
+    """The device waits for recalls: how many, the idle inside them, their p50 / p90 of each part over all windows,
+    then each window's p50s (a window is a few rounds: the batches of one stretch of the run)."""
+    recalls = [r for w in windows for r in w.recalls]
     if not recalls:
         return []
+
+    def parts(rs: list[RecallWait]) -> list[list[float]]:
+        chains = [r.chain_us for r in rs if r.chain_us is not None]
+        return [[r.recall_us for r in rs], [r.work_us for r in rs], [r.idle_us for r in rs], chains or [np.nan]]
+
+    names = ("publish -> the wait's end", "the model's kernels in between", "idle in the wait",
+             "the wait's end -> the next publish")
     idle = sum(r.idle_us for r in recalls)
-    parts = [("publish -> the wait's end", [r.recall_us for r in recalls]),
-             ("the model's kernels in between", [r.work_us for r in recalls]),
-             ("idle in the wait", [r.idle_us for r in recalls])]
-    return [f"\ndevice waits for recalls: {len(recalls)}, idle inside them {idle / 1e3:.2f} ms "
-            f"({idle / span_us:.1%} of the timeline)",
-            "  per wait, p50 / p90 us: " + "; ".join(
-                "{} {:.1f} / {:.1f}".format(name, *np.percentile(v, [50, 90])) for name, v in parts)]
+    lines = [f"\ndevice waits for recalls: {len(recalls)}, idle inside them {idle / 1e3:.2f} ms "
+             f"({idle / span_us:.1%} of the timeline)",
+             "  per wait, p50 / p90 us: " + "; ".join("{} {:.1f} / {:.1f}".format(name, *np.percentile(v, [50, 90]))
+                                                      for name, v in zip(names, parts(recalls), strict=True)),
+             f"  {'timeline':<28} {'waits':>6}  p50 us: " + " / ".join(names)]
+    for w in windows:
+        if w.recalls:
+            p50 = " / ".join(f"{np.percentile(v, 50):.1f}" for v in parts(list(w.recalls)))
+            lines.append(f"  {w.path.name:<28} {len(w.recalls):>6}  {p50}")
+    return lines

@@ -84,16 +84,20 @@ def test_gaps_are_summed_by_the_model_kernels_around_them_with_what_ran_inside(t
 
 
 def test_each_device_wait_is_read_against_the_publish_before_it(tmp_path: Path) -> None:
-    """A recall published at 1000 is waited for from 1200 to 1500 with model kernels filling 190 us before the wait;
-    the next, published at 1600, from 1700 to 1720 after 95 us; a wait with no publish before it is not a recall's."""
+    """A recall published at 1000 is waited for from 1200 to 1500 with model kernels filling 190 us before the wait,
+    and the next publish comes 100 us after it; that one, at 1600, is waited for from 1700 to 1720 after 95 us, the
+    window's last; a wait with no publish before it is not a recall's."""
     events = [_kernel("wait_seq", 900, 50), _kernel("gemm", 950, 50),
               _kernel("pulseio::_publish_kernel[abi:v1]", 1000, 10), _kernel("norm", 1010, 190),
               _kernel("pulseio::wait_seq[abi:v1]", 1200, 300), _kernel("attn", 1500, 100),
               _kernel("_publish_kernel", 1600, 5), _kernel("gemm", 1605, 95), _kernel("wait_word", 1700, 20),
               _kernel("attn", 1720, 30)]
     w = read_window(_write(tmp_path / "rounds-0-4.json", events))
-    assert [(r.recall_us, r.work_us, r.idle_us) for r in w.recalls] == [(500, 190, 300), (120, 95, 20)]
+    assert [(r.recall_us, r.work_us, r.idle_us, r.chain_us) for r in w.recalls] == [(500, 190, 300, 100),
+                                                                                       (120, 95, 20, None)]
     text = describe([w])
     assert "device waits for recalls: 2, idle inside them 0.32 ms (40.0% of the timeline)" in text, text
     assert ("per wait, p50 / p90 us: publish -> the wait's end 310.0 / 462.0; the model's kernels in between "
-            "142.5 / 180.5; idle in the wait 160.0 / 272.0") in text, text
+            "142.5 / 180.5; idle in the wait 160.0 / 272.0; the wait's end -> the next publish 100.0 / 100.0"
+            ) in text, text
+    assert "\n  rounds-0-4.json                   2  310.0 / 142.5 / 160.0 / 100.0\n" in text, text
