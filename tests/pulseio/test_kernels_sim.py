@@ -292,3 +292,83 @@ def test_copy_ctas_copy_a_published_request_before_its_task_under_simulator() ->
     pools, and none after serving the task that names its row (the poller's fence for a request the fast
     lane did not take)."""
     _run_simulated(_EARLY_SCRIPT)
+
+
+_PARTS_SCRIPT = """
+import threading, time
+import numpy as np
+from numba import cuda, int64
+from pulseio._cuda import resident_kernel as rk
+from pulseio._cuda.kernels import IDS_PER_ROUND, PART_WORDS, compile_copy_blocks, span_of
+from pulseio._native import task_ring as tr
+
+@cuda.jit
+def spans(n, words, out):  # each CTA's span, as the copy kernels cut it
+    if cuda.threadIdx.x == 0:
+        out[cuda.blockIdx.x, 0], out[cuda.blockIdx.x, 1] = span_of(cuda.blockIdx.x, cuda.gridDim.x, n, words)
+
+rng = np.random.default_rng(11)
+kernel = compile_copy_blocks()
+# blocks of two parts (uneven: 2 x 2068 words) and of four; transfers shorter than the grid in blocks but not
+# in parts, and longer
+for words, n, grid in [(2 * PART_WORDS + 40, 3, 4), (2 * PART_WORDS + 40, 5, 3), (4 * PART_WORDS, 2, 7)]:
+    parts = words // PART_WORDS
+    out = np.zeros((grid, 2), np.int64)
+    spans[grid, 1](n, words, out)
+    sizes = out[:, 1] - out[:, 0]
+    assert out[0, 0] == 0 and out[-1, 1] == n * parts and (out[1:, 0] == out[:-1, 1]).all(), out
+    assert sizes.max() - sizes.min() <= 1 and (sizes > 0).sum() == min(grid, n * parts), (words, n, grid, out)
+    src = rng.integers(0, 2**63, size=(n + 2, words), dtype=np.uint64)
+    dst = np.full((n + 3, words), 0xDEADBEEF, dtype=np.uint64)
+    src_ids = rng.choice(n + 2, size=n, replace=False).astype(np.int64)
+    dst_ids = rng.choice(n + 3, size=n, replace=False).astype(np.int64)
+    kernel[grid, 32](src, src_ids, dst, dst_ids, n)
+    assert np.array_equal(dst[dst_ids], src[src_ids]), (words, n, grid)
+    assert (dst[np.setdiff1d(np.arange(n + 3), dst_ids)] == 0xDEADBEEF).all(), "rows outside dst_ids were written"
+
+# early copies cut in parts: each of 3 copy CTAs copies its parts of a 2-block request before its task, and
+# together they copy the whole of it, nothing else
+@cuda.jit
+def copies_only(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas):
+    state = cuda.shared.array(9, int64)
+    staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
+    rk._serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas, state, staged)
+
+words, H, D, slots, cap = 2 * PART_WORDS + 40, 6, 5, 4, 8
+host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
+pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
+ids = np.zeros((slots, 2 * cap), dtype=np.int64)
+mirror = np.full((3, 2 * cap), -1, dtype=np.int64)
+mirror[0, :2], mirror[0, cap:cap + 2] = [4, 1], [3, 0]
+heads = np.zeros((3, 2), np.int64)
+heads[0] = 1, 2                                                  # request 1, 2 blocks, published
+entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
+done = np.zeros(slots, np.int64)
+for cta in range(3):
+    dev = np.zeros(rk.dev_words(slots, 3), np.int64)
+    dev[rk.DEV_START + 1] = 1
+    def stop(dev=dev):
+        time.sleep(0.5)
+        dev[rk.DEV_EXIT] = 1
+    driver = threading.Thread(target=stop)
+    driver.start()
+    copies_only[1, 32](host, pool, ids, mirror, entries.ctypes.data, done.ctypes.data, dev.ctypes.data, 1,
+                       heads.ctypes.data, cta, 3)
+    driver.join()
+    hi = (cta + 1) * 4 // 3                                      # the parts CTAs 0 .. cta copy of the request's 4
+    for part in range(4):                                        # each landed in its block's place, no other yet
+        block, half = divmod(part, 2)
+        cols = slice(half * words // 2, (half + 1) * words // 2)
+        landed = np.array_equal(pool[[3, 0][block], cols], host[[4, 1][block], cols])
+        assert landed == (part < hi) and (landed or (pool[[3, 0][block], cols] == 0xDEAD).all()), (cta, part)
+assert np.array_equal(pool[[3, 0]], host[[4, 1]]) and (pool[[1, 2, 4]] == 0xDEAD).all()
+print("SIM-OK")
+"""
+
+
+@pytest.mark.slow
+def test_copies_are_cut_in_parts_of_a_block_under_simulator() -> None:
+    """Blocks of two parts or more: the CTAs' spans tile the transfer's parts, no two differing by more than one
+    part, every CTA busy while there are parts for it; copy_blocks moves exactly the rows named; and copy CTAs
+    copying a published request early each copy their own parts, which together are the whole request."""
+    _run_simulated(_PARTS_SCRIPT)
