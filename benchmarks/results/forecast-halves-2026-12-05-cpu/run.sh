@@ -17,3 +17,7 @@ for hc in 1 1.25; do
   run mooncake-40s-hot-$hc.txt $MOON40 $COMMON --hot-cache $hc
   run servegen-hot-$hc.txt $SG $COMMON --hot-cache $hc
 done
+# against the coupled batches (issue 29's 1.5x --no-irq), on the Mooncake window at one budget
+out=$D/no-irq-mooncake-40s.txt
+{ echo "\$ $F $MOON40 --budget 1024 --threshold 2048 --host-kv-gib 64 --modes pulseinfer 'pulseinfer --no-irq' 'pulseinfer --halves'"
+  $F $MOON40 --budget 1024 --threshold 2048 --host-kv-gib 64 --modes pulseinfer "pulseinfer --no-irq" "pulseinfer --halves"; } > "$out"
