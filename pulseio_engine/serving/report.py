@@ -16,28 +16,22 @@ from ..errors import EngineError
 from .host_time import PHASES
 from .metrics import BUCKETS
 
-SCHEMA_VERSION = "pulseio-replay/10"
-_PULSE_LATENCIES = ("pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us")
-_SINCE_4 = ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
-            *_PULSE_LATENCIES)
-_SINCE_5 = ("config.normal_steps", "summary.normal_steps_mean")
-_SINCE_6 = ("config.skinny_gemm", "config.overlap_rounds")
-_SINCE_7 = ("host_ms_per_round.pace",)
-_SINCE_8 = ("roofline", "config.two_streams")
-_SINCE_9 = ("config.hot_cache",)
-_SINCE_10 = ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
-OLDER_VERSIONS = {"pulseio-replay/9": _SINCE_10,                                 # the keys each one lacks
-                  "pulseio-replay/8": (*_SINCE_10, *_SINCE_9),
-                  "pulseio-replay/7": (*_SINCE_10, *_SINCE_9, *_SINCE_8),
-                  "pulseio-replay/6": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7),
-                  "pulseio-replay/5": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6),
-                  "pulseio-replay/4": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5),
-                  "pulseio-replay/3": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_7, *_SINCE_6, *_SINCE_5,
-                                       *_SINCE_4),
-                  "pulseio-replay/2": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4,
-                                       "host_ms_per_round"),
-                  "pulseio-replay/1": (*_SINCE_10, *_SINCE_9, *_SINCE_8, *_SINCE_6, *_SINCE_5, *_SINCE_4,
-                                       "host_ms_per_round", "summary.warmup_s")}
+_ADDED = {                       # schema version -> the keys it added; a report lacks every key added after its own
+    2: ("summary.warmup_s",),
+    3: ("host_ms_per_round",),
+    4: ("config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us", "summary.step_graphs_built",
+        "pulseio.post_to_landed_us", "pulseio.publish_to_taken_us", "pulseio.publish_to_landed_us"),
+    5: ("config.normal_steps", "summary.normal_steps_mean"),
+    6: ("config.skinny_gemm", "config.overlap_rounds"),
+    7: ("host_ms_per_round.pace",),
+    8: ("roofline", "config.two_streams"),
+    9: ("config.hot_cache",),
+    10: ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s"),
+}
+_LATEST = max(_ADDED)
+SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
+OLDER_VERSIONS = {f"pulseio-replay/{v}": tuple(path for since in range(v + 1, _LATEST + 1) for path in _ADDED[since])
+                  for v in range(_LATEST - 1, 0, -1)}          # newest first: the keys each one lacks
 READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
 
 NUM = (int, float)
@@ -114,6 +108,8 @@ def _without(spec: dict, path: str) -> dict:
     head, _, rest = path.partition(".")
     if not rest:
         return {k: v for k, v in spec.items() if k != head}
+    if head not in spec:                          # its parent is gone already: newer than the report too
+        return spec
     return {**spec, head: _without(spec[head], rest)}
 
 
