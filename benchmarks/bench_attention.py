@@ -48,6 +48,8 @@ class Shape:
     max_blocks: int  # block-table width; > context / 16 models a table sized for a longer max length
     sweep: str  # "full": tiles then splits; "splits": splits only; "none": the heuristic only
     ragged: bool = False
+    row_pages: int = 0  # > 0: per-head tables (Quest's), each head `context / 16` of a sequence's `row_pages` pages
+    head_major: bool = False  # pages laid out [2, Hkv, 16, D] (a head's page contiguous) instead of [2, 16, Hkv, D]
 
 
 SHAPES = [
@@ -62,6 +64,12 @@ SHAPES = [
     Shape("qwen3-14b sparse b8 k128", 8, 40, 8, 128, 2048, 128, "full"),
     Shape("qwen3-14b sparse b16 k128", 16, 40, 8, 128, 2048, 128, "full"),
     Shape("qwen3-14b sparse b32 k128", 32, 40, 8, 128, 2048, 128, "full"),
+    # Quest's per-head selection at 8 x 32K: each KV head its own 128 of the request's 2048 pages, read through
+    # its own table, in the engine's token-major pages and in head-major ones (a head's page one 4 KiB run)
+    Shape("qwen3-14b quest b8 k128 rows", 8, 40, 8, 128, 2048, 128, "full", row_pages=2048),
+    Shape("qwen3-14b quest b8 k128 rows head-major", 8, 40, 8, 128, 2048, 128, "full", row_pages=2048,
+          head_major=True),
+    Shape("qwen3-14b sparse b8 k128 head-major", 8, 40, 8, 128, 2048, 128, "splits", head_major=True),
 ]
 PAGE = 16
 DEVICE = "cuda"  # a dry run of the bookkeeping on CPU (TRITON_INTERPRET=1) swaps these two
@@ -125,17 +133,29 @@ def build_inputs(shape: Shape, seed: int = 0):
     else:
         lens = torch.full((shape.batch,), shape.context, device=DEVICE)
     pages_per_seq = -(-shape.context // PAGE)
-    num_blocks = shape.batch * pages_per_seq + 8
-    kv = torch.randn(num_blocks, 2, PAGE, shape.hkv, shape.head_dim, generator=gen, device=DEVICE, dtype=DTYPE)
-    physical = torch.randperm(num_blocks, generator=gen, device=DEVICE)[: shape.batch * pages_per_seq]
-    tables = torch.full((shape.batch, shape.max_blocks), -1, dtype=torch.int32, device=DEVICE)
-    tables[:, :pages_per_seq] = physical.view(shape.batch, pages_per_seq).int()
+    owned = max(pages_per_seq, shape.row_pages)  # pages a sequence holds; per-head tables pick among them
+    num_blocks = shape.batch * owned + 8
+    if shape.head_major:
+        kv = torch.randn(num_blocks, 2, shape.hkv, PAGE, shape.head_dim, generator=gen, device=DEVICE, dtype=DTYPE)
+        kv = kv.transpose(2, 3)  # the same [num_blocks, 2, 16, Hkv, D] view, head-major underneath
+    else:
+        kv = torch.randn(num_blocks, 2, PAGE, shape.hkv, shape.head_dim, generator=gen, device=DEVICE, dtype=DTYPE)
+    physical = torch.randperm(num_blocks, generator=gen, device=DEVICE)[: shape.batch * owned].view(shape.batch, owned)
     q = torch.randn(shape.batch, shape.hq, shape.head_dim, generator=gen, device=DEVICE, dtype=DTYPE)
+    if shape.row_pages:
+        tables = torch.full((shape.batch, shape.hkv, shape.max_blocks), -1, dtype=torch.int32, device=DEVICE)
+        for h in range(shape.hkv):  # each head its own sorted choice, as the selection's ascending ids are
+            pick = torch.rand(shape.batch, owned, generator=gen, device=DEVICE).argsort(dim=1)[:, :pages_per_seq]
+            tables[:, h, :pages_per_seq] = physical.gather(1, pick.sort(dim=1).values).int()
+        return q, kv, tables, lens[:, None].expand(-1, shape.hkv).contiguous().int()
+    tables = torch.full((shape.batch, shape.max_blocks), -1, dtype=torch.int32, device=DEVICE)
+    tables[:, :pages_per_seq] = physical[:, :pages_per_seq].int()
     return q, kv, tables, lens.int()
 
 
 def kv_bytes(shape: Shape, lens: torch.Tensor) -> int:
-    return int(lens.sum().item()) * shape.hkv * shape.head_dim * 2 * 2  # K and V, bf16
+    heads = 1 if lens.dim() == 2 else shape.hkv  # per-head lengths already count each head
+    return int(lens.sum().item()) * heads * shape.head_dim * 2 * 2  # K and V, bf16
 
 
 def candidate_configs(shape: Shape, heuristic: DecodeConfig, num_sms: int, best_tile=None) -> list[DecodeConfig]:
