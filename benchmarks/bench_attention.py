@@ -70,6 +70,9 @@ SHAPES = [
     Shape("qwen3-14b quest b8 k128 rows head-major", 8, 40, 8, 128, 2048, 128, "full", row_pages=2048,
           head_major=True),
     Shape("qwen3-14b sparse b8 k128 head-major", 8, 40, 8, 128, 2048, 128, "splits", head_major=True),
+    # and the dense step's attention, which the sparse step is compared with, in both layouts
+    Shape("qwen3-14b dense b8x32k", 8, 40, 8, 128, 32768, 2048, "none"),
+    Shape("qwen3-14b dense b8x32k head-major", 8, 40, 8, 128, 32768, 2048, "none", head_major=True),
 ]
 PAGE = 16
 DEVICE = "cuda"  # a dry run of the bookkeeping on CPU (TRITON_INTERPRET=1) swaps these two
