@@ -9,14 +9,11 @@ takes more SMs than it was given, whatever `n` is.
 Each thread keeps `_UNROLL` loads in flight before storing: over PCIe a load takes about a
 microsecond, so memory-level parallelism, not instruction count, sets the rate.
 
-Each CTA copies one contiguous span and first reads the span's ids into shared memory, one coalesced
-load per `IDS_PER_ROUND` ids. Spans are cut in parts of a block (`PART_WORDS`, 16 KiB; a block smaller
-than two parts is one part), so the CTAs of a transfer finish within one part of each other: a CTA pulls
-only ~8 KiB at a time over PCIe, and the few still copying at a transfer's end run far below the link.
-On the zero-copy and resident routes the ids live in pinned host memory: read one by one, by every
-warp, each 8-byte id costs a whole PCIe completion. On the H200 that held 4096 x 8 KiB H2D at 0.89
-of the link (64 KiB blocks, and D2H, whose ids travel against the data, reached 0.92-0.93); staged,
-it moves 0.90-0.91.
+Each CTA copies one contiguous span of the blocks and first reads the span's ids into shared memory,
+one coalesced load per `IDS_PER_ROUND` ids. On the zero-copy and resident routes the ids live in
+pinned host memory: read one by one, by every warp, each 8-byte id costs a whole PCIe completion.
+On the H200 that held 4096 x 8 KiB H2D at 0.89 of the link (64 KiB blocks, and D2H, whose ids
+travel against the data, reached 0.92-0.93); staged, it moves 0.90-0.91.
 """
 
 from __future__ import annotations
@@ -30,18 +27,17 @@ from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 THREADS_PER_CTA = 256
 IDS_PER_ROUND = THREADS_PER_CTA  # ids a CTA stages in shared memory at a time (2 x 2 KiB)
 _UNROLL = 4
-PART_WORDS = 2 * THREADS_PER_CTA * _UNROLL  # the share of a block a span is cut at: 2048 words, 16 KiB
 
 COPY_BLOCKS_SIGNATURE = "void(uint64[:, ::1], int64[::1], uint64[:, ::1], int64[::1], int64)"
 
 
 @cuda.jit(device=True)
-def copy_row(src, s, dst, d, w0, w1):  # pragma: no cover - runs on the GPU / simulator
-    """Every thread of the CTA: words [w0, w1) of row s of src -> row d of dst, _UNROLL loads in flight per
-    thread."""
+def copy_row(src, s, dst, d):  # pragma: no cover - runs on the GPU / simulator
+    """Every thread of the CTA: row s of src -> row d of dst, _UNROLL loads in flight per thread."""
+    words = src.shape[1]
     stride = cuda.blockDim.x * _UNROLL
-    full = w1 - (w1 - w0) % stride
-    w = w0 + cuda.threadIdx.x
+    full = words - words % stride
+    w = cuda.threadIdx.x
     while w < full:
         v0 = src[s, w]
         v1 = src[s, w + cuda.blockDim.x]
@@ -52,62 +48,41 @@ def copy_row(src, s, dst, d, w0, w1):  # pragma: no cover - runs on the GPU / si
         dst[d, w + 2 * cuda.blockDim.x] = v2
         dst[d, w + 3 * cuda.blockDim.x] = v3
         w += stride
-    while w < w1:
+    while w < words:
         dst[d, w] = src[s, w]
         w += cuda.blockDim.x
 
 
 @cuda.jit(device=True)
-def parts_of(words):  # pragma: no cover - GPU / simulator
-    """The parts a block of `words` words is cut in for the CTAs' spans: PART_WORDS each, one below two."""
-    return max(1, words // PART_WORDS)
-
-
-@cuda.jit(device=True)
-def words_of(row, lo, hi, parts, words):  # pragma: no cover - GPU / simulator
-    """Words [w0, w1) of row `row` in parts [lo, hi) of the rows' parts (row r holds parts r * parts ..
-    (r + 1) * parts - 1, equal shares of its words)."""
-    first = row * parts
-    return (max(lo, first) - first) * words // parts, (min(hi, first + parts) - first) * words // parts
-
-
-@cuda.jit(device=True)
 def copy_span(a, a_ids, a_at, b, b_ids, b_at, lo, hi, reverse, staged):  # pragma: no cover - GPU / simulator
-    """Every thread of the CTA: parts [lo, hi) of rows a_ids[a_at + i] of a -> rows b_ids[b_at + i] of b
-    (b -> a if reverse), each row cut in parts_of(its words) parts (`words_of`). staged: shared
-    [2, IDS_PER_ROUND] int64, where the rows' ids are read first, coalesced."""
-    words = a.shape[1]
-    parts = parts_of(words)
-    r, end = lo // parts, (hi + parts - 1) // parts          # the rows the parts lie in
-    while r < end:
-        m = min(end - r, staged.shape[1])
+    """Every thread of the CTA: for i in lo..hi-1, row a_ids[a_at + i] of a -> row b_ids[b_at + i] of b
+    (b -> a if reverse). staged: shared [2, IDS_PER_ROUND] int64, where the ids are read first, coalesced."""
+    while lo < hi:
+        m = min(hi - lo, staged.shape[1])
         i = cuda.threadIdx.x
         while i < m:
-            staged[0, i] = a_ids[a_at + r + i]
-            staged[1, i] = b_ids[b_at + r + i]
+            staged[0, i] = a_ids[a_at + lo + i]
+            staged[1, i] = b_ids[b_at + lo + i]
             i += cuda.blockDim.x
         cuda.syncthreads()
         for j in range(m):
-            w0, w1 = words_of(r + j, lo, hi, parts, words)
             if reverse:
-                copy_row(b, staged[1, j], a, staged[0, j], w0, w1)
+                copy_row(b, staged[1, j], a, staged[0, j])
             else:
-                copy_row(a, staged[0, j], b, staged[1, j], w0, w1)
+                copy_row(a, staged[0, j], b, staged[1, j])
         cuda.syncthreads()  # every thread is done with these ids before the next round overwrites them
-        r += m
+        lo += m
 
 
 @cuda.jit(device=True)
-def span_of(cta, ctas, n, words):  # pragma: no cover - GPU / simulator
-    """The parts CTA `cta` of `ctas` copies of n blocks of `words` words each (`parts_of`): a contiguous
-    [lo, hi), sizes differing by at most 1."""
-    total = n * parts_of(words)
-    return cta * total // ctas, (cta + 1) * total // ctas
+def span_of(cta, ctas, n):  # pragma: no cover - GPU / simulator
+    """The blocks CTA `cta` of `ctas` copies out of n: a contiguous [lo, hi), sizes differing by at most 1."""
+    return cta * n // ctas, (cta + 1) * n // ctas
 
 
 def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on the GPU / simulator
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    lo, hi = span_of(cuda.blockIdx.x, cuda.gridDim.x, n, src.shape[1])
+    lo, hi = span_of(cuda.blockIdx.x, cuda.gridDim.x, n)
     copy_span(src, src_ids, 0, dst, dst_ids, 0, lo, hi, False, staged)
 
 

@@ -35,9 +35,9 @@ CTA 0 is the leader and copies nothing: its thread 0 polls the host entries (one
 poll) and forwards every ready entry into device memory, publishing DEV_POSTED per entry, so the
 copy CTAs (1 .. grid - 1) spin on L2, not on the link, and start a task as soon as its entry is
 read, never behind the leader's read of the next one. Each copy CTA copies one contiguous span of
-a task's blocks, cut in parts of a block (`kernels.span_of`, `copy_span`); the last to finish a task
-raises the watermark and stores the done word. The leader decides alone when its generation stops;
-the copy CTAs then finish what it forwarded and exit.
+a task's blocks (`copy_span`); the last to finish a task raises the watermark and stores the done
+word. The leader decides alone when its generation stops; the copy CTAs then finish what it
+forwarded and exit.
 
 Early copies. With the publisher's ids mirror, a doorbell request is on the device (its ids, and its
 row's head: seq and count, `doorbell_kernels.py`) several microseconds before the host has read it and
@@ -100,7 +100,7 @@ from .._native.task_ring import (  # the layout both halves share
     SEQ_SHIFT,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-from .kernels import IDS_PER_ROUND, copy_row, copy_span, parts_of, span_of, words_of
+from .kernels import IDS_PER_ROUND, copy_row, copy_span, span_of
 from .sysmem import (
     atomic_add_gpu,
     globaltimer,
@@ -240,19 +240,16 @@ def _check_head(heads, row, q, state):  # pragma: no cover - GPU / simulator
 
 @cuda.jit(device=True)
 def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
-    """Every thread of a copy CTA: this CTA's span, parts [lo, hi) (`kernels.span_of`), of doorbell request q
-    (n blocks), from its mirror row, before its task arrives; True if the whole span was copied. Only if every
-    id of the request lies in its pool, so a request the poller refuses for an id out of range writes nothing
-    (one it refuses for naming a slot twice may have written its slots). One read of the row checks every id
-    and stages the ids of the span's first round of blocks, under the row's seqlock; each later round of the
-    span's ids (a span over more than IDS_PER_ROUND blocks) is read under the seqlock again."""
+    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q (n blocks), from its
+    mirror row, before its task arrives; True if the whole span was copied. Only if every id of the
+    request lies in its pool, so a request the poller refuses for an id out of range writes nothing (one
+    it refuses for naming a slot twice may have written its slots). One read of the row checks every id
+    and stages the span's first round of ids, under the row's seqlock; each later round of the span's ids
+    (a span longer than IDS_PER_ROUND) is read under the seqlock again."""
     t = cuda.threadIdx.x
     row = (q - 1) % mirror.shape[0]
     w = mirror.shape[1] // 2
-    words = host.shape[1]
-    parts = parts_of(words)
-    r, end = lo // parts, (hi + parts - 1) // parts          # the blocks the span's parts lie in
-    m = min(end - r, staged.shape[1])
+    m = min(hi - lo, staged.shape[1])
     if t == 0:
         state[BAD] = 0
     cuda.syncthreads()
@@ -261,25 +258,24 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # prag
         a, b = mirror[row, i], mirror[row, w + i]
         if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
             state[BAD] = 1
-        if r <= i < r + m:
-            staged[0, i - r], staged[1, i - r] = a, b
+        if lo <= i < lo + m:
+            staged[0, i - lo], staged[1, i - lo] = a, b
         i += cuda.blockDim.x
     _check_head(heads, row, q, state)
     while state[BAD] == 0:
         for j in range(m):
-            w0, w1 = words_of(r + j, lo, hi, parts, words)
-            copy_row(host, staged[0, j], pool, staged[1, j], w0, w1)
+            copy_row(host, staged[0, j], pool, staged[1, j])
         cuda.syncthreads()  # every thread is done with these ids (and has read state[BAD]) before the next round
-        r += m
-        if r >= end:
+        lo += m
+        if lo >= hi:
             return True
-        m = min(end - r, staged.shape[1])
+        m = min(hi - lo, staged.shape[1])
         if t == 0:
             state[BAD] = 0
         cuda.syncthreads()
         i = t
         while i < m:
-            staged[0, i], staged[1, i] = mirror[row, r + i], mirror[row, w + r + i]
+            staged[0, i], staged[1, i] = mirror[row, lo + i], mirror[row, w + lo + i]
             i += cuda.blockDim.x
         _check_head(heads, row, q, state)
     return False
@@ -329,7 +325,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             q, n = state[LANE_NEXT], state[NEXT_N]
             copied = False
             if 0 < n <= min(cap, w):  # what the fast lane posts as one task; other requests are left to theirs
-                lo, hi = span_of(cta, ctas, n, host.shape[1])
+                lo, hi = span_of(cta, ctas, n)
                 copied = _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state)
             cuda.syncthreads()  # every thread has read q and n before thread 0 moves on
             if t == 0:
@@ -342,7 +338,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
         word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
-        lo, hi = span_of(cta, ctas, n, host.shape[1])
+        lo, hi = span_of(cta, ctas, n)
         task_ids, dst_at = ids[slot], cap
         if (word >> MIRROR_BIT) & 1:
             row = (word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1)
