@@ -4,11 +4,6 @@ Layout (fixed with the team): `kv[layer]: [num_blocks, 2, block_size, num_kv_hea
 K is `kv[layer][:, 0]`, V is `kv[layer][:, 1]`. One (layer, block) pair is one contiguous unit of
 2 * block_size * Hkv * D elements (64 KiB in bf16 for block 16, 8 KV heads, head_dim 128): the unit
 later issues move between host and GPU.
-
-That shape is a view: underneath, a block's pages are head-major, `[2, Hkv, block_size, D]`, so one KV head's
-page is one contiguous run (4 KiB at block 16, D 128) instead of block_size rows at a stride of Hkv * D. A
-per-head sparse selection (Quest) reads each head's pages through its own table; token-major pages made each of
-its reads 16 short rows. Everything indexes the view, so the layout underneath changes no caller.
 """
 
 from __future__ import annotations
@@ -48,9 +43,9 @@ class KVCache:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.paged_layers = num_layers if paged_layers is None else paged_layers
-        # kv[l]: [num_blocks, 2, block_size, Hkv, D] (0 blocks for l >= paged_layers), head-major underneath
-        self.kv = [torch.zeros((num_blocks if layer < self.paged_layers else 0, 2, num_kv_heads, block_size,
-                                head_dim), dtype=dtype, device=device).transpose(2, 3)
+        # kv[l]: [num_blocks, 2, block_size, Hkv, D] (0 blocks for l >= paged_layers)
+        self.kv = [torch.zeros((num_blocks if layer < self.paged_layers else 0, 2, block_size, num_kv_heads,
+                                head_dim), dtype=dtype, device=device)
                    for layer in range(num_layers)]
 
     @property

@@ -46,8 +46,8 @@ def store_tokens(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor,
 
 def _store_units(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> None:
-    t, s = units.shape
-    hg, d = pool.shape[3], pool.shape[4]
-    at = (units, offsets[:, None].expand(t, s))                          # [T, S] -> [T, S, hg, D] of a side
-    pool[:, 0].index_put_(at, k.reshape(t, s, hg, d).to(pool.dtype))     # any strides (the paged cache is a
-    pool[:, 1].index_put_(at, v.reshape(t, s, hg, d).to(pool.dtype))     # view of head-major pages)
+    _, _, bs, hg, d = pool.shape
+    flat = pool.view(-1, hg, d)                                          # [n * 2 * bs, hg, D]
+    rows = (units * (2 * bs) + offsets[:, None]).reshape(-1)             # [T * S] K rows
+    flat.index_copy_(0, rows, k.reshape(-1, hg, d).to(pool.dtype))
+    flat.index_copy_(0, rows + bs, v.reshape(-1, hg, d).to(pool.dtype))
