@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 34, call 1. Trees staged by the host under .devrun/ (pulseio and pulseio_engine of each):
 #   base: 9ef19ed^ (copy spans of whole blocks); new: this tree (spans cut in 16 KiB parts, 9ef19ed);
-#   u8: new with 8 loads in flight a thread; hm: branch head-major (0673d79: the paged cache head-major underneath).
+#   u8: new with 8 loads in flight a thread; hm: the paged cache head-major underneath (0673d79, in history as 4e91585, reverted).
 # 1. pulseio's GPU tests of the parts (runtime, recall graph, device-wait patterns cold and interleaved, transfers);
 # 2. `pulseio bench` 64 KiB blocks, resident and zero-copy, 16 / 81 / 256 blocks, base / new / u8;
 # 3. issue 28's 8 x 32K offload row (hot set 2) base / new alternating;
