@@ -6,8 +6,10 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
 
 - one batch (vanilla, quest, or one class alone): `e * bytes / copy`, plus the recall over the link when it is the
   offload batch (alone it has nothing to hide it behind);
-- pulseinfer under IRQ: `e * (normal + offload bytes) / copy + max(0, recall / link - e * normal bytes / copy)`,
-  the recall hidden behind the normal batch's steps and exposed where they run out;
+- pulseinfer under IRQ: `e * (normal + offload bytes) / copy + max(0, recall / link - h * normal bytes / copy)`,
+  the recall hidden behind the normal batch's steps and exposed where they run out. `h` is the normal pieces' own
+  rate over their bytes (`--hide-efficiency`, default vanilla's `e`): beside a recall they run as a plain step does,
+  and the rest of IRQ's cost (the device waits, the pieces' boundaries) is in `e`;
 - coupled (`--no-irq`, offload-sync): `e * (normal + offload bytes) / copy + recall / link`;
 - `pulseinfer --halves`, a design not built (a what-if): in a round where it is shorter than IRQ's, the offload
   batch in two halves whose pieces alternate, the normal rows riding in one of them, so each half's recall flies
@@ -15,12 +17,12 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   where there is no normal batch (two halves where there was one batch). Its `e` is IRQ's: the same pieces.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
-forecast gives the report's throughput; on the H200 in session 27, vanilla 1.21 on both windows, pulseinfer 1.61 on
-Mooncake and 1.51 on ServeGen, --no-irq 1.39), `copy` and `link` the rates the device measured (the recall at 0.8 of
-the link's peak, as the copier lands it). An offload request's recall is its hot sets filled once, then per offloaded
-layer and step the selected blocks its hot set missed, at the locality the presets are steered to
-(`sparse_bench.default_profile`). Prefill, the cost of moving a request between classes and the overlap of rounds
-are not modelled (the replay hands every prompt's KV in; `e` holds the rest).
+forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
+window and 1.45 on the ServeGen one at budget 1024 with `h` 1.21, --no-irq 1.39), `copy` and `link` the rates the
+device measured (the recall at 0.8 of the link's peak, as the copier lands it). An offload request's recall is its
+hot sets filled once, then per offloaded layer and step the selected blocks its hot set missed, at the locality the
+presets are steered to (`sparse_bench.default_profile`). Prefill, the cost of moving a request between classes and
+the overlap of rounds are not modelled (the replay hands every prompt's KV in; `e` holds the rest).
 
     python benchmarks/forecast_serving.py --duration 20 --time-scale 0.3          # session 27's Mooncake window
     python benchmarks/forecast_serving.py --duration 20 --time-scale 0.3 --budget 1024 2048 --threshold 2048 8192
@@ -61,11 +63,14 @@ from pulseio_engine.trace.load import TraceOptions, open_trace  # noqa: E402
 
 @dataclass(frozen=True)
 class Rates:
-    """The device's copy and the link's rates (GB/s), and a mode's rounds over their roofline (`efficiency`)."""
+    """The device's copy and the link's rates (GB/s), and a mode's rounds over their roofline (`efficiency`).
+    `hide_efficiency`: the normal pieces' own rate over their bytes where they hide a recall under IRQ (None: the
+    mode's `efficiency`)."""
 
     copy_gbps: float
     link_gbps: float
     efficiency: float
+    hide_efficiency: float | None = None
 
 
 @dataclass
@@ -144,6 +149,7 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
         warm_recall, fill = recall_per_token(config, model_config, shapes[KVClass.OFFLOAD],
                                              locality_context or steering_context(trace), hot_cache)
     copy, link, e = rates.copy_gbps * 1e9, rates.link_gbps * 1e9, rates.efficiency
+    hide = e if rates.hide_efficiency is None else rates.hide_efficiency
 
     rec = Recorder()
     arrivals = deque(enumerate(trace.requests))
@@ -186,7 +192,7 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
                 running[rid].cold = False
         compute = e * (normal_bytes + offload_bytes) / copy
         if both and config.interleaves:
-            exposed = max(0.0, recall / link - e * normal_bytes / copy)
+            exposed = max(0.0, recall / link - hide * normal_bytes / copy)
         else:
             exposed = recall / link
         if halves and config.interleaves and len(offload) >= 2:     # halves where they make the round shorter
@@ -220,12 +226,12 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
                    throughput: float, locality_context: int | None = None, hot_cache: float = 1.0,
-                   halves: bool = False) -> float | None:
+                   halves: bool = False, hide_efficiency: float | None = None) -> float | None:
     """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
-    None where even e = 0.5 falls short (the recall alone bounds the rounds)."""
+    None where even e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'."""
     def at(e: float) -> float:
-        return forecast(trace, model, config, Rates(copy_gbps, link_gbps, e), locality_context=locality_context,
-                        hot_cache=hot_cache, halves=halves).throughput
+        return forecast(trace, model, config, Rates(copy_gbps, link_gbps, e, hide_efficiency),
+                        locality_context=locality_context, hot_cache=hot_cache, halves=halves).throughput
 
     lo, hi = 0.5, 5.0
     if at(lo) < throughput:
@@ -240,7 +246,7 @@ MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
          "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None)}
 HALVES = "pulseinfer --halves"                                                   # the what-if (module doc)
-EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.61, "pulseinfer --no-irq": 1.39}   # fitted to session 27's replays
+EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
 
@@ -312,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--efficiency", nargs="+", type=mode_efficiency, default=[],
                         help="MODE=E: a mode's rounds over this model's time (default: `EFFICIENCY`, session 27's fits "
                              "on the H200); a mode not named takes its first word's, else pulseinfer's")
+    parser.add_argument("--hide-efficiency", type=float, default=EFFICIENCY["vanilla"], metavar="H",
+                        help="under IRQ, the normal pieces' rate over their bytes where they hide a recall (default: "
+                             "vanilla's efficiency, as they run beside it)")
     parser.add_argument("--need", type=float, default=None, metavar="X",
                         help="also print the efficiency at which each offload mode would decode X times vanilla's "
                              "tokens a second")
@@ -327,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def rates(mode: str) -> Rates:
         e = eff.get(mode) or eff.get(mode.split()[0]) or eff.get("pulseinfer", 1.0)
-        return Rates(args.copy_gbps, args.link_gbps, e)
+        return Rates(args.copy_gbps, args.link_gbps, e, args.hide_efficiency)
 
     for path in args.fit:
         report = json.loads(path.read_text())
@@ -338,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         measured = report["summary"]["decode_throughput_tok_s"]
         steered = re.search(r"context (\d+)", cfg.get("steering") or "")     # the locality the run was steered to
         e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
-                           int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0))
+                           int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0),
+                           hide_efficiency=args.hide_efficiency)
         print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency "
               + ("below 0.5" if e is None else f"{e:.3f}"))
     if args.fit:
@@ -367,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.need is not None and base is not None and config.has_offload:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
                                       args.need * base.throughput, args.locality_context, args.hot_cache,
-                                      halves=mode == HALVES)
+                                      halves=mode == HALVES, hide_efficiency=args.hide_efficiency)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 

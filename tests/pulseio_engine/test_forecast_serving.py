@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -54,11 +55,12 @@ def _two(short: int, long: int, output: int) -> Trace:
 
 def test_a_round_of_both_batches_is_their_bytes_and_the_recall_the_normal_batch_did_not_hide() -> None:
     """Two requests, one a class, decoding together: the first round is the offload request's hot sets filled (an
-    exposed recall, under IRQ or coupled), the second its warm recall, hidden behind the normal step where it can be."""
+    exposed recall, under IRQ or coupled), the second its warm recall, hidden behind the normal step where it can be,
+    timed at the hiding rate given (else the mode's)."""
     trace = _two(300, 4000, 3)
     model = open_model("tiny").config
-    rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5)
-    for irq in ("pulseinfer", "pulseinfer --no-irq"):
+    for (irq, hide) in itertools.product(("pulseinfer", "pulseinfer --no-irq"), (None, 1.2)):
+        rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5, hide_efficiency=hide)
         config = forecast_serving.serving_config(irq, gpu_kv_gib=1.0, host_kv_gib=1.0, offload_threshold=1024,
                                                  token_budget=256, normal_steps=1)
         shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
@@ -71,8 +73,8 @@ def test_a_round_of_both_batches_is_their_bytes_and_the_recall_the_normal_batch_
             normal = step_bytes(shape, [300 + i]).total / 50e9
             offload = step_bytes(shape, [4000 + i], offload=True).total / 50e9
             recall = (fill if i == 0 else warm) / 2e9
-            hidden = min(recall, 1.5 * normal) if irq == "pulseinfer" else 0.0
-            assert dt == pytest.approx(1.5 * (normal + offload) + recall - hidden, rel=1e-9), (irq, i)
+            hidden = min(recall, (hide or 1.5) * normal) if irq == "pulseinfer" else 0.0   # at the normal pieces'
+            assert dt == pytest.approx(1.5 * (normal + offload) + recall - hidden, rel=1e-9), (irq, hide, i)   # rate
 
 
 def test_the_fitted_efficiency_gives_back_the_throughput_it_was_fitted_to() -> None:
