@@ -28,6 +28,12 @@ and the caller waits on the device, or sees it landed on the host, before the ne
 one graph per piece, a doorbell publish captured at each piece's end (`RecallGraph.post(wait=False)`), one
 `arm` before piece 0 and an eager `RecallGraph.wait_device` only for a recall the host has not seen land.
 
+Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (the serving loop's normal batch)
+may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
+logits, so a round reads the weights once for both; each kind of row attends to its own cache: the riders through
+their engine's `DeviceSparseBatch` (the paged cache, in place), or paged attention in the dense layers. Their
+inputs are uploaded with the batch's (`upload` takes every row); `logits` holds every row's.
+
 Pieces are captured once per batch (the same requests in the same order) into one memory pool; each reads
 the tensors the one before wrote, kept alive by this object. A step uploads token ids, positions, block
 tables and context lengths into static buffers (or `advance_nowait` moves them on on the device); slots
@@ -38,33 +44,87 @@ up), then they are captured.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from .attention import paged_decode_attention
 from .kv.cache import KVCache
 from .kv.recall import PendingRecall
 from .model.batch_state import BatchState, DecodeAttention
 from .model.llama import CausalLM
 
 
+@dataclass(frozen=True)
+class StepRiders:
+    """Rows of another engine riding in an offload step (see the module doc): its paged cache and its offloader,
+    which must keep every block on the GPU (all-on-GPU sparse attention), and its requests, in row order."""
+
+    kv: KVCache
+    offloader: Any
+    request_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.offloader.on_gpu:
+            raise ValueError("StepRiders need an offloader that keeps every block on the GPU (RecallMode.ALL_ON_GPU): "
+                             "a rider's attention cannot wait for a recall")
+        if not self.request_ids:
+            raise ValueError("StepRiders need at least one request")
+
+
+class _Rows:
+    """One kind of row of a step (the batch's own, or the riders'): rows [start, stop) of every activation, the
+    cache they attend to, and their offloaded layers' attention (a `_SparseBatch`)."""
+
+    def __init__(self, start: int, stop: int, kv: KVCache, batch: Any) -> None:
+        self.rows, self.kv, self.batch = slice(start, stop), kv, batch
+
+    def start(self, state: BatchState) -> None:
+        """Their part of the step's state: positions, cache rows and tables; `batch` starts on it."""
+        r, meta = self.rows, state.attention
+        assert isinstance(meta, DecodeAttention)
+        self.state = BatchState(state.hidden[r], state.positions[r], (state.kv_rows[0][r], state.kv_rows[1][r]),
+                                DecodeAttention(meta.block_tables[r], meta.context_lens[r]), self.kv)
+        self.batch.start(self.state)
+
+    def attend_paged(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+                     ) -> torch.Tensor:
+        """A dense layer: their new token into their paged cache, and attention over it."""
+        r, meta = self.rows, self.state.attention
+        assert isinstance(meta, DecodeAttention)
+        self.kv.write(layer, k[r], v[r], self.state.kv_rows)
+        return paged_decode_attention(q[r], self.kv.k(layer), self.kv.v(layer), meta.block_tables,
+                                      meta.context_lens, scale)
+
+
 class OffloadStepGraph:
     """The captured step of one offload batch (see the module doc)."""
 
     def __init__(self, model: CausalLM, kv: KVCache, offloader: Any, request_ids: tuple[int, ...],
-                 max_blocks: int, *, capture: bool = True, split: bool = False) -> None:
+                 max_blocks: int, *, capture: bool = True, split: bool = False,
+                 riders: StepRiders | None = None) -> None:
         """`capture=False` runs the pieces eagerly every step (a CPU, or a check of the pieces). `split`: run
-        piece by piece (`run_piece`), captured as one graph per piece (see the module doc)."""
-        dev, b = model.device, len(request_ids)
+        piece by piece (`run_piece`), captured as one graph per piece (see the module doc). `riders`: another
+        engine's rows after the batch's own (see the module doc); every buffer below then covers both."""
+        b = len(request_ids)
         self.capture, self.split = capture, split
-        self.model, self.kv, self.offloader = model, kv, offloader
+        self.model, self.kv, self.offloader, self.riders = model, kv, offloader, riders
         self.batch = offloader.begin(request_ids)     # rows [0, B) of the offloader's seats; the graph updates them
         self.size, self.generation = b, offloader.seats.generation    # rows it reads, and of which storage
-        self.input_ids = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(b, dtype=torch.int64, device=dev)
-        self.block_tables = torch.zeros((b, max_blocks), dtype=torch.int32, device=dev)
-        self.context_lens = torch.ones(b, dtype=torch.int32, device=dev)
+        self._kinds = [_Rows(0, b, kv, self.batch)]
+        if riders is not None:
+            if riders.offloader.dense != offloader.dense:
+                raise ValueError(f"StepRiders' engine offloads from layer {riders.offloader.dense}, this batch's "
+                                 f"from layer {offloader.dense}: their layers must match to share a step")
+            self.rider_batch = riders.offloader.begin(riders.request_ids)
+            self._kinds.append(_Rows(b, b + len(riders.request_ids), riders.kv, self.rider_batch))
+        dev, rows = model.device, self._kinds[-1].rows.stop
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.block_tables = torch.zeros((rows, max_blocks), dtype=torch.int32, device=dev)
+        self.context_lens = torch.ones(rows, dtype=torch.int32, device=dev)
         self.logits: torch.Tensor | None = None
         self._graphs: list[torch.cuda.CUDAGraph] = []
         self._advance_graph: torch.cuda.CUDAGraph | None = None     # split, captured: `advance_nowait`
@@ -275,13 +335,13 @@ class OffloadStepGraph:
         """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`)."""
         if piece < len(self._recalls):
             layer, args = self._recalls[piece]
-            self._shared["batch"].recall_around_resident(layer, self._shared["qkv"][0], args, resident=resident)
+            self._shared["batch"].recall_around_resident(layer, self._shared["own"][0], args, resident=resident)
 
     def _resident(self, piece: int) -> None:
         """The attention of the layer whose recall piece `piece` posted, over its blocks already on the GPU:
         between the recall's publish and its device wait (`_SparseBatch.attend_resident`)."""
         if piece < len(self._recalls):
-            self._shared["batch"].attend_resident(self._recalls[piece][0], self._shared["qkv"][0])
+            self._shared["batch"].attend_resident(self._recalls[piece][0], self._shared["own"][0])
 
     def _pieces(self) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step."""
@@ -293,28 +353,46 @@ class OffloadStepGraph:
         self._live = [shared]
         self._shared = shared
 
+        kinds = self._kinds
+        riding = len(kinds) > 1
+
         def first() -> None:
             pos = self.positions
             slots = self.block_tables.long().gather(1, (pos // bs)[:, None])[:, 0] * bs + pos % bs
             state = model.begin(self.input_ids, pos, slots, DecodeAttention(self.block_tables, self.context_lens),
                                 self.kv)
-            self.batch.start(state)
-            for layer in range(dense):
-                model.layer_step(state, layer)
+            if not riding:
+                self.batch.start(state)
+                for layer in range(dense):
+                    model.layer_step(state, layer)
+            else:
+                for kind in kinds:
+                    kind.start(state)
+                for layer in range(dense):
+                    q, k, v = model.layer_begin(state, layer)
+                    attn = torch.cat([kind.attend_paged(layer, q, k, v, model.scale) for kind in kinds])
+                    model.layer_end(state, layer, attn)
             shared.update(state=state, batch=self.batch)
             _begin(dense)
 
         def _begin(layer: int) -> None:
             state: BatchState = shared["state"]
             q, k, v = model.layer_begin(state, layer)
-            shared["qkv"] = (q, k, v)
-            args = shared["batch"].prepare(layer, q, k, v)
+            own = (q, k, v) if not riding else tuple(x[kinds[0].rows] for x in (q, k, v))
+            shared["own"] = own
+            args = shared["batch"].prepare(layer, *own)
+            if riding:
+                rows = kinds[1].rows
+                shared["riders"] = tuple(x[rows] for x in (q, k, v))
+                kinds[1].batch.prepare(layer, *shared["riders"])       # all on the GPU: nothing to recall
             self._live.append(args)
             self._recalls.append((layer, args))
 
         def _finish(layer: int) -> None:
             state: BatchState = shared["state"]
-            attn = shared["batch"].finish(layer, *shared["qkv"])
+            attn = shared["batch"].finish(layer, *shared["own"])
+            if riding:
+                attn = torch.cat([attn, kinds[1].batch.finish(layer, *shared["riders"])])
             model.layer_end(state, layer, attn)
 
         def middle(layer: int) -> Callable[[], None]:

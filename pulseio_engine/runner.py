@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,13 +22,24 @@ from .kv.cache import KVCache
 from .kv.handoff import KVSource, write_into
 from .model.batch_state import BatchState, DecodeAttention, PrefillAttention, PrefillSpan
 from .model.llama import CausalLM
-from .offload_graph import OffloadStepGraph
+from .offload_graph import OffloadStepGraph, StepRiders
 from .request import Sequence
 from .sampler import sample_tokens
 from .scheduler import PrefillChunk
 
 if TYPE_CHECKING:
     from .offload import Offloader
+
+
+@dataclass(frozen=True)
+class RiderSeqs:
+    """Another engine's decode requests riding in an offload step (`ModelRunner.offload_step`): its paged cache,
+    its offloader (every block on the GPU) and its sequences, in row order."""
+
+    kv: KVCache
+    offloader: Offloader
+    seqs: tuple[Sequence, ...]
+
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCache, *, max_batch: int, max_model_len: int,
@@ -40,7 +52,8 @@ class ModelRunner:
         self.generator = torch.Generator(device=model.device).manual_seed(seed)
         self._pin_uploads = model.device.type == "cuda"     # decode inputs staged pinned: the uploads are async
         self._offload_graph: OffloadStepGraph | None = None
-        self._step_graphs: OrderedDict[tuple[int, bool], OffloadStepGraph] = OrderedDict()   # (size, split) ->
+        # (size, split, riders' size) -> the step graph of such a batch, the least recently used first
+        self._step_graphs: OrderedDict[tuple[int, bool, int], OffloadStepGraph] = OrderedDict()
         self.step_graphs_built = 0                   # offload step graphs built (each captured once on a GPU)
         self.offload_pieces = use_cuda_graphs        # offload steps as pieces (captured on a GPU)
 
@@ -135,31 +148,38 @@ class ModelRunner:
             offloader.recaller.check_landed()                     # the tokens are on the host: every recall ended
         return tokens, logits
 
-    def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False) -> OffloadStepGraph:
+    def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False,
+                     riders: RiderSeqs | None = None) -> OffloadStepGraph:
         """The batch's step graph with this step's inputs uploaded. A graph serves any batch of its size: the
-        requests' state is moved into its rows (`Offloader.rebind`). One is kept per (size, split), up to
-        `OffloadConfig.kept_step_graphs`; a size not kept is captured anew, and all are once the offloader's seats
+        requests' state is moved into its rows (`Offloader.rebind`). One is kept per (size, split, riders' size), up
+        to `OffloadConfig.kept_step_graphs`; a size not kept is captured anew, and all are once the offloader's seats
         have grown.
-        `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece."""
+        `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece.
+        `riders`: another engine's requests riding in the step after these (`StepRiders`): the logits' last rows."""
         rids = tuple(s.request_id for s in seqs)
-        key = (len(rids), split)
+        rider_ids = () if riders is None else tuple(s.request_id for s in riders.seqs)
+        key = (len(rids), split, len(rider_ids))
         if self._step_graphs and next(iter(self._step_graphs.values())).generation != offloader.seats.generation:
             self._step_graphs.clear()                             # the seats grew: every kept step reads old rows
         graph = self._step_graphs.get(key)
         if graph is not None:
             self._step_graphs.move_to_end(key)
             offloader.rebind(graph.batch, rids)
+            if riders is not None:
+                riders.offloader.rebind(graph.rider_batch, rider_ids)
         else:
             while len(self._step_graphs) >= offloader.offload.kept_step_graphs:
                 self._step_graphs.popitem(last=False)             # its pieces' pool goes before the next capture
+            ride = None if riders is None else StepRiders(riders.kv, riders.offloader, rider_ids)
             graph = OffloadStepGraph(self.model, self.kv, offloader, rids, self.max_blocks_per_seq,
-                                     capture=self.graphs.use_graphs, split=split)
+                                     capture=self.graphs.use_graphs, split=split, riders=ride)
             self._step_graphs[key] = graph
             self.step_graphs_built += 1
         self._offload_graph = graph
-        pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
-        ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
-        self._offload_graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))
+        every = [*seqs, *(() if riders is None else riders.seqs)]
+        pos = np.asarray([s.num_computed for s in every], dtype=np.int64)
+        ids = np.asarray([s.token_ids[s.num_computed] for s in every], dtype=np.int64)
+        self._offload_graph.upload(ids, pos, self._table_array(every, self.max_blocks_per_seq))
         return self._offload_graph
 
     def decode_nowait(self, seqs: Seq[Sequence],

@@ -1,0 +1,98 @@
+"""Riders: the normal engine's requests in the offload batch's step (`StepRiders`), one set of projections for both.
+Each request's logits equal those of its own engine's step, step after step, whole or piece by piece."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence as Seq
+
+import pytest
+import torch
+
+from pulseio_engine.config import DType
+from pulseio_engine.kv.handoff import RandomKV
+from pulseio_engine.kv.retrieval_heads import RetrievalHeads
+from pulseio_engine.model.checkpoint import load_checkpoint
+from pulseio_engine.offload_graph import StepRiders
+from pulseio_engine.request import Sequence
+from pulseio_engine.runner import RiderSeqs
+from pulseio_engine.serving.budget import KVClass
+from pulseio_engine.serving.config import ServeMode, ServingConfig
+from pulseio_engine.serving.engine import ServingEngine
+
+NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
+HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
+CLASSES = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}
+
+
+def _serving(path: str, *, dense_layers: int = 1) -> ServingEngine:
+    """Requests of both classes, prompts of 60-330 tokens handed in, each to decode 8 tokens."""
+    ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
+                           block_size=16, dense_layers=dense_layers, max_batch=16)
+    serving = ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS)
+    for rid, kv_class in CLASSES.items():
+        rng = random.Random(rid)
+        length = 60 + 67 * rid
+        serving.add(rid, [rng.randrange(3, 256) for _ in range(length)], 8, kv_class,
+                    kv=RandomKV(length - 1, seed=rid, std=0.5))
+    return serving
+
+
+def _decoding(serving: ServingEngine) -> tuple[tuple[Sequence, ...], tuple[Sequence, ...]]:
+    """Each engine's decode batch this round (the prompts were handed in: no prefill)."""
+    batches = []
+    for eng in (serving.normal, serving.offload):
+        assert eng is not None
+        work = eng.schedule()
+        assert not work.prefill and work.decode
+        batches.append(tuple(work.decode))
+    return batches[0], batches[1]
+
+
+def _commit(serving: ServingEngine, normal: Seq[Sequence], offload: Seq[Sequence], logits_normal: torch.Tensor,
+            logits_offload: torch.Tensor) -> None:
+    assert serving.offload is not None
+    serving.normal.commit_decode(normal, logits_normal.argmax(dim=-1).tolist())
+    serving.offload.commit_decode(offload, logits_offload.argmax(dim=-1).tolist())
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_riders_get_the_logits_of_their_own_engines_step_for_steps_in_a_row(tiny_qwen3, split: bool) -> None:
+    """Two engines built alike: one steps each batch on its own engine, the other runs the offload batch with the
+    normal requests riding. Eight steps, the contexts crossing blocks, the hot sets refilling: the same logits
+    (float32 on a CPU; only the projections' row count differs) and so the same tokens."""
+    path = str(tiny_qwen3[0])
+    with _serving(path) as alone, _serving(path) as riding:
+        assert alone.offload is not None and riding.offload is not None
+        for step in range(8):
+            normal, offload = _decoding(alone)
+            logits_n = alone.normal.runner.offload_step(normal, alone.normal.offloader, split=split).run().clone()
+            logits_o = alone.offload.runner.offload_step(offload, alone.offload.offloader, split=split).run().clone()
+            normal_r, offload_r = _decoding(riding)
+            assert [s.request_id for s in normal_r] == [s.request_id for s in normal] and len(normal) == 2
+            riders = RiderSeqs(riding.normal.kv, riding.normal.offloader, normal_r)
+            graph = riding.offload.runner.offload_step(offload_r, riding.offload.offloader, split=split, riders=riders)
+            logits = graph.run().clone()
+            assert logits.shape[0] == len(offload) + len(normal)
+            torch.testing.assert_close(logits[:len(offload)], logits_o, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+            torch.testing.assert_close(logits[len(offload):], logits_n, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+            _commit(alone, normal, offload, logits_n, logits_o)
+            _commit(riding, normal_r, offload_r, logits[len(offload):], logits[:len(offload)])
+        assert riding.offload.runner.step_graphs_built == 1, "one graph, reused with its riders every step"
+        recalled = [e.offload.offloader.statistics().bytes_recalled for e in (alone, riding)]   # type: ignore[union-attr]
+        assert recalled[0] == recalled[1] > 0
+
+
+def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer(tiny_qwen3) -> None:
+    path = str(tiny_qwen3[0])
+    with _serving(path) as serving, _serving(path, dense_layers=2) as other:
+        assert serving.offload is not None and other.normal.offloader is not None
+        normal, offload = _decoding(serving)
+        with pytest.raises(ValueError, match="keeps every block on the GPU"):
+            StepRiders(serving.offload.kv, serving.offload.offloader, (offload[0].request_id,))
+        with pytest.raises(ValueError, match="at least one request"):
+            StepRiders(serving.normal.kv, serving.normal.offloader, ())
+        riders = RiderSeqs(other.normal.kv, other.normal.offloader, _decoding(other)[0])
+        with pytest.raises(ValueError, match="offloads from layer 2, this batch's from layer 1"):
+            serving.offload.runner.offload_step(offload, serving.offload.offloader, riders=riders)
