@@ -213,23 +213,32 @@ class Offloader:
         `PrefillOffload` (the paged cache has no room for them)."""
         state.sparse = PrefillOffload(self, [self.seqs[r] for r in request_ids], state)
 
-    def begin(self, request_ids: Seq[int]) -> OffloadBatch | DeviceSparseBatch:
+    def begin(self, request_ids: Seq[int], *, first_row: int = 0) -> OffloadBatch | DeviceSparseBatch:
         """The offloaded layers' attention of a decode batch of these requests, in this order: their state in
         rows [0, B) (`arrange`), which a CUDA graph of the batch's steps updates in place. Call `start(state)`
-        on it for each step."""
-        self.arrange(request_ids)
+        on it for each step. `first_row` > 0: a second batch beside one in rows [0, first_row), whose requests
+        the caller has arranged after that batch's (`arrange(first + second)`)."""
+        self._seat(request_ids, first_row)
         batch: OffloadBatch | DeviceSparseBatch
         if self.on_gpu:
-            batch = DeviceSparseBatch(self, request_ids)
+            batch = DeviceSparseBatch(self, request_ids, first_row)
         else:
-            batch = OffloadBatch(self, request_ids)
+            batch = OffloadBatch(self, request_ids, first_row)
         self.last_batch = batch
         return batch
 
     def rebind(self, batch: OffloadBatch | DeviceSparseBatch, request_ids: Seq[int]) -> None:
         """A batch built by `begin` for as many requests now serves these: their state into its rows."""
-        self.arrange(request_ids)
+        self._seat(request_ids, batch.first_row)
         self.last_batch = batch
+
+    def _seat(self, request_ids: Seq[int], first_row: int) -> None:
+        if first_row == 0:
+            self.arrange(request_ids)
+        elif not self.seats.holds(request_ids, first_row):
+            raise ValueError(f"requests {list(request_ids)} are not in rows [{first_row}, "
+                             f"{first_row + len(request_ids)}) of the seats: arrange the batch before them and "
+                             "these together first (Offloader.arrange)")
 
     def arrange(self, request_ids: Seq[int]) -> None:
         """Put these requests' state in rows [0, B), in this order: what a batch of B rows (a captured step
@@ -312,16 +321,17 @@ class PrefillOffload:
 
 
 class _SparseBatch:
-    """A decode batch's selection (shared by both modes): the state of rows [0, B) of the offloader's seats, and
-    the per-step buffers its five launches per layer write (bounds, selection, attention table, lengths)."""
+    """A decode batch's selection (shared by both modes): the state of rows [first_row, first_row + B) of the
+    offloader's seats, and the per-step buffers its five launches per layer write (bounds, selection, attention
+    table, lengths)."""
 
-    def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
+    def __init__(self, owner: Offloader, request_ids: Seq[int], first_row: int = 0) -> None:
         o = owner
         b, s, k = len(request_ids), o.rows, o.sparse.budget_blocks
-        self.owner = o
-        self.mask = o.seats.batch("mask", b)                       # [L, B, S, NB] uint8
-        self.calls = o.seats.batch("calls", b)                     # [L, B, S] int64
-        self.selected = o.seats.batch("selected", b)               # [L, B, S, K] int64
+        self.owner, self.first_row = o, first_row
+        self.mask = o.seats.batch("mask", b, first_row)                       # [L, B, S, NB] uint8
+        self.calls = o.seats.batch("calls", b, first_row)                     # [L, B, S] int64
+        self.selected = o.seats.batch("selected", b, first_row)               # [L, B, S, K] int64
         groups = o.model.num_heads // o.model.num_kv_heads
         c = 1 if o.sparse.group_score is GroupScore.SUM else groups
         dev = o.device
@@ -419,15 +429,15 @@ class DeviceSparseBatch(_SparseBatch):
 class OffloadBatch(_SparseBatch):
     """A decode batch of offload requests: full KV on the host, each row's hot set on the device."""
 
-    def __init__(self, owner: Offloader, request_ids: Seq[int]) -> None:
-        super().__init__(owner, request_ids)
-        seats = owner.seats
+    def __init__(self, owner: Offloader, request_ids: Seq[int], first_row: int = 0) -> None:
+        super().__init__(owner, request_ids, first_row)
+        seats, r = owner.seats, first_row
         b, s, k = len(request_ids), owner.rows, owner.sparse.budget_blocks
-        self.host_map = seats.batch("host_map", b)              # [L, B, S, NB] host unit of each block
-        self.hot = seats.batch("hot", b)                        # [L, B, S, H] device slot of each hot entry
-        self.resident = seats.batch("resident", b)              # [L, B, S, NB] hot entry of each block, or -1
-        self.owners = seats.batch("owner", b)                   # [L, B, S, H] block in each hot entry, or -1
-        self.ages = seats.batch("age", b)                       # [L, B, S, H] int32 calls since each was selected
+        self.host_map = seats.batch("host_map", b, r)           # [L, B, S, NB] host unit of each block
+        self.hot = seats.batch("hot", b, r)                     # [L, B, S, H] device slot of each hot entry
+        self.resident = seats.batch("resident", b, r)           # [L, B, S, NB] hot entry of each block, or -1
+        self.owners = seats.batch("owner", b, r)                # [L, B, S, H] block in each hot entry, or -1
+        self.ages = seats.batch("age", b, r)                    # [L, B, S, H] int32 calls since each was selected
         dev = owner.device
         self.recall_ids = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] host units
         self.recall_dst = torch.zeros(b * s * k, dtype=torch.int64, device=dev)    # [B*S*K] device slots

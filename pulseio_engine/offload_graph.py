@@ -104,14 +104,15 @@ class OffloadStepGraph:
 
     def __init__(self, model: CausalLM, kv: KVCache, offloader: Any, request_ids: tuple[int, ...],
                  max_blocks: int, *, capture: bool = True, split: bool = False,
-                 riders: StepRiders | None = None) -> None:
+                 riders: StepRiders | None = None, first_row: int = 0) -> None:
         """`capture=False` runs the pieces eagerly every step (a CPU, or a check of the pieces). `split`: run
         piece by piece (`run_piece`), captured as one graph per piece (see the module doc). `riders`: another
-        engine's rows after the batch's own (see the module doc); every buffer below then covers both."""
+        engine's rows after the batch's own (see the module doc); every buffer below then covers both.
+        `first_row`: the batch's requests sit in the offloader's seats from that row (`Offloader.begin`)."""
         b = len(request_ids)
         self.capture, self.split = capture, split
         self.model, self.kv, self.offloader, self.riders = model, kv, offloader, riders
-        self.batch = offloader.begin(request_ids)     # rows [0, B) of the offloader's seats; the graph updates them
+        self.batch = offloader.begin(request_ids, first_row=first_row)   # its seats' rows; the graph updates them
         self.size, self.generation = b, offloader.seats.generation    # rows it reads, and of which storage
         self._kinds = [_Rows(0, b, kv, self.batch)]
         if riders is not None:

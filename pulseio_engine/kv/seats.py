@@ -1,5 +1,6 @@
 """Seats: every running request's per-layer state in rows of persistent [L, R, ...] tensors, so that a decode
-batch of B requests is always the first B rows, at the same addresses whatever requests it holds.
+batch of B requests is always the first B rows (or, for a second batch beside it, the B rows after the first
+batch's), at the same addresses whatever requests it holds.
 
 A captured decode step (`OffloadStepGraph`) reads and updates its batch's state through pointers fixed at
 capture. If each batch stacked its requests' state afresh, every change of the batch's members (a request
@@ -74,7 +75,7 @@ class Seats:
 
     def arrange(self, keys: Sequence[Hashable]) -> None:
         """Move rows so that keys[i] holds row i (the other seated keys follow, in their order)."""
-        if list(keys) == self._keys[:len(keys)]:
+        if self.holds(keys):
             return
         missing = [k for k in keys if k not in self._parts]
         if missing or len(set(keys)) != len(keys):
@@ -95,9 +96,13 @@ class Seats:
             if row_of[key] != row:
                 self._view(key, row)
 
-    def batch(self, name: str, size: int) -> torch.Tensor:
-        """[L, size, ...]: rows [0, size) of `name`, the state of the batch `arrange` put there."""
-        return self._storage[name][:, :size]
+    def holds(self, keys: Sequence[Hashable], first: int = 0) -> bool:
+        """Whether keys[i] sits in row first + i for every i."""
+        return list(keys) == self._keys[first:first + len(keys)]
+
+    def batch(self, name: str, size: int, first: int = 0) -> torch.Tensor:
+        """[L, size, ...]: rows [first, first + size) of `name`, the state of the batch `arrange` put there."""
+        return self._storage[name][:, first:first + size]
 
     def _view(self, key: Hashable, row: int) -> None:
         for name, part in self._parts[key].items():

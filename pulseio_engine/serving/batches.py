@@ -21,6 +21,7 @@ import torch
 from ..engine import Engine
 from ..kv.recall import PendingRecall
 from ..request import Sequence
+from ..runner import RiderSeqs
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,24 @@ class DecodeBatch:
     """One decode step of `seqs` on `engine`, in `num_pieces` pieces (see the module doc)."""
 
     def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool, steps: int = 1,
-                 feed: TokenFeed | None = None) -> None:
+                 feed: TokenFeed | None = None, riders: RiderSeqs | None = None, first_row: int = 0,
+                 rider_feed: TokenFeed | None = None) -> None:
         """Build it before any batch of the round runs: a split step due for capture is captured here.
         `steps`: decode steps of these requests to run in a row (each must have that many tokens left); a step
         that is not split, or still runs eagerly before its capture on a GPU (`warming`), runs one. `feed`: the
-        input ids still on the device (an overlapped round), put in place after the upload."""
+        input ids still on the device (an overlapped round), put in place after the upload. `riders`, `first_row`:
+        as `ModelRunner.offload_step`'s (one step; the tokens then hold the riders' after the batch's own);
+        `rider_feed`: the riders' input ids still on the device, its rows counted from the riders' first."""
         self.engine, self.seqs, self.split, self._feed = engine, tuple(seqs), split, feed
         off = engine.offloader
-        self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split)
+        if riders is not None or first_row:
+            assert off is not None and steps == 1, "riders and second batches are offload steps of one step"
+        self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split, riders=riders,
+                                                                         first_row=first_row)
         if self.graph is not None and feed is not None:
             feed(self.graph.input_ids)
+        if self.graph is not None and rider_feed is not None:
+            rider_feed(self.graph.input_ids[len(self.seqs):])
         step_pieces = self.graph.num_pieces if self.graph is not None and split else 1
         if self.graph is not None and split:
             self.graph.prepare_split()
@@ -109,6 +118,27 @@ class DecodeBatch:
         if self._tokens is None:
             raise RuntimeError("the step's last piece has not run (this is a bug in pulseio_engine)")
         return self._tokens
+
+
+class ClassTokens:
+    """One class's requests in a round run as halves (`InnerScheduler.halves`), as `launch` and `collect` see a
+    batch: their engine, their sequences, and their tokens, slices of the halves' (rows [start, stop) of each
+    listed batch's tokens, in order)."""
+
+    steps = 1
+    warming = False
+
+    def __init__(self, engine: Engine, seqs: Seq[Sequence], parts: Seq[tuple[DecodeBatch, int, int]]) -> None:
+        self.engine, self.seqs, self._parts = engine, tuple(seqs), tuple(parts)
+
+    @property
+    def size(self) -> int:
+        return len(self.seqs)
+
+    def tokens_nowait(self) -> torch.Tensor:
+        """[B] int64 greedy tokens on the device, once the halves' last pieces ran."""
+        slices = [batch.tokens_nowait()[start:stop] for batch, start, stop in self._parts]
+        return slices[0] if len(slices) == 1 else torch.cat(slices)
 
 
 class HostTokens:

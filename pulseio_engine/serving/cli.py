@@ -99,6 +99,10 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--two-streams", action="store_true",
                    help="pulseinfer (IRQ) on a GPU: the offload batch on a high-priority stream, the normal batch on a "
                         "low-priority one, so the GPU runs normal layers wherever the offload batch waits")
+    r.add_argument("--halves", action="store_true",
+                   help="pulseinfer (IRQ): the offload batch in two halves whose layers alternate, the normal requests "
+                        "riding in the first, so each half's recall flies while the other computes (eager steps "
+                        "only for now: a CPU)")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -261,7 +265,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              normal_steps=args.normal_steps,
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
-                             two_streams=args.two_streams, hot_cache=args.hot_cache)
+                             two_streams=args.two_streams, hot_cache=args.hot_cache, halves=args.halves)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

@@ -37,7 +37,10 @@ class ServingConfig:
     the GPU decodes; finishing is by output length (requests ignore EOS), and moves wait for the tokens. Off here,
     for callers that stop at EOS; `pulseio-engine replay`, whose requests decode their trace's lengths, turns it on
     unless told `--no-overlap-rounds`. `hot_cache`: the offload modes' hot sets, in budgets
-    (`OffloadConfig.hot_cache`): each offload request is charged that many budgets' slots per offloaded layer."""
+    (`OffloadConfig.hot_cache`): each offload request is charged that many budgets' slots per offloaded layer.
+    `halves`: under IRQ, a round with both batches and two offload requests or more runs the offload batch as
+    two halves whose layer pieces alternate, the normal requests riding in the first half's step, so each half's
+    recall flies while the other half computes (`InnerScheduler.halves`); eager steps only for now (a CPU)."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -57,6 +60,7 @@ class ServingConfig:
     overlap_rounds: bool = False
     two_streams: bool = False
     hot_cache: float = 1.0
+    halves: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -86,6 +90,11 @@ class ServingConfig:
         if self.two_streams and not self.interleaves:
             raise ValueError(f"two_streams puts IRQ's two batches on two streams; {self.describe()} does not "
                              "interleave")
+        if self.halves and not self.interleaves:
+            raise ValueError(f"halves split IRQ's offload batch in two; {self.describe()} does not interleave")
+        if self.halves and (self.normal_steps > 1 or self.two_streams):
+            raise ValueError("halves carry the normal requests in the first half's step, one step a round on one "
+                             f"stream: leave normal_steps at 1 (got {self.normal_steps}) and two_streams off")
         if self.normal_steps > 1 and not self.interleaves:
             raise ValueError(f"normal_steps={self.normal_steps} runs the normal batch's steps between the offload "
                              f"batch's layers, which pulseinfer's IRQ does; {self.describe()} does not interleave")
@@ -106,6 +115,9 @@ class ServingConfig:
         if self.two_streams and device.split(":")[0] != "cuda":
             raise ValueError(f"two_streams runs IRQ's batches on two CUDA streams; {device} has none (leave it off "
                              "on a CPU)")
+        if self.halves and device.split(":")[0] == "cuda":
+            raise ValueError("halves run eagerly only for now: the two halves' doorbell publishes are not yet "
+                             "captured into one RecallGraph in their replay order; leave halves off on a GPU")
         if self.normal_steps > 1 and not use_cuda_graphs and device.split(":")[0] == "cuda":
             raise ValueError(f"normal_steps={self.normal_steps} advances the normal batch between its steps inside "
                              "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "

@@ -36,8 +36,9 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
 from ..request import PENDING_TOKEN, SamplingParams, Sequence
+from ..runner import RiderSeqs
 from ..step_bytes import StepShape
-from .batches import DecodeBatch, HostTokens, TokenFeed, pinned_tokens
+from .batches import ClassTokens, DecodeBatch, HostTokens, TokenFeed, pinned_tokens
 from .budget import KVClass
 from .config import ServingConfig
 from .host_time import HostTimes
@@ -62,7 +63,7 @@ class LaunchedRound:
     """A round `ServingEngine.launch` enqueued, for `collect`: its decode batches, their tokens on the way to the
     host, where an overlapped round's pending tokens start, and what its prefills produced and finished."""
 
-    decodes: dict[KVClass, DecodeBatch]
+    decodes: dict[KVClass, DecodeBatch | ClassTokens]      # a batch, or its class's part of the halves
     copies: dict[KVClass, HostTokens]
     starts: dict[KVClass, list[int]] | None
     produced: Counter[int]
@@ -229,18 +230,26 @@ class ServingEngine:
                 due[kv_class] = (eng, work.decode)
         host.lap("schedule")
         split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
-        decodes = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
-                   for c, (eng, seqs) in due.items()}
-        normal, offload = decodes.get(KVClass.NORMAL), decodes.get(KVClass.OFFLOAD)
+        halves = None
+        batches: dict[KVClass, DecodeBatch] = {}
+        decodes: dict[KVClass, DecodeBatch | ClassTokens]
+        if split and self.config.halves and len(due[KVClass.OFFLOAD][1]) >= 2:
+            decodes, halves = self._halves(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
+        else:
+            batches = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
+                       for c, (eng, seqs) in due.items()}
+            decodes = dict(batches)
         for c, b in decodes.items():
             self.read.add(self._shapes[c], [s.num_tokens for s in b.seqs], b.steps, offload=c is KVClass.OFFLOAD)
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
-        if split and not any(b.warming for b in decodes.values()):
-            self.inner.interleave(normal, offload)
+        if halves is not None:
+            self.inner.halves(*halves)
+        elif split and not any(b.warming for b in batches.values()):
+            self.inner.interleave(batches.get(KVClass.NORMAL), batches.get(KVClass.OFFLOAD))
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
             self.warming_rounds += split
-            self.inner.coupled(*sorted(decodes.values(), key=lambda b: not b.warming))
+            self.inner.coupled(*sorted(batches.values(), key=lambda b: not b.warming))
         pinned = self._launches % 2                      # two landing buffers: an overlapped round's copy may run
         self._launches += 1                              # before the host has read the previous round's
         copies = {c: HostTokens(b.tokens_nowait(), self._pinned[c][pinned]) for c, b in decodes.items()}
@@ -301,6 +310,26 @@ class ServingEngine:
         if launched.produced or launched.finished:
             outcomes.append(self.collect(launched))
         return outcomes, None
+
+    def _halves(self, normal: tuple[Engine, Seq[Sequence]], offload: tuple[Engine, Seq[Sequence]]
+                ) -> tuple[dict[KVClass, DecodeBatch | ClassTokens], tuple[DecodeBatch, DecodeBatch]]:
+        """The round's steps as halves (`ServingConfig.halves`): the offload requests in two, the first half (the
+        larger) with the normal requests riding, the second in the seats' rows after the first's. -> each class's
+        view of the tokens, and the two halves."""
+        (eng_n, seqs_n), (eng_o, seqs_o) = normal, offload
+        off_n, off_o = eng_n.offloader, eng_o.offloader
+        assert off_n is not None and off_o is not None, "pulseinfer's engines both select: offload steps"
+        cut = (len(seqs_o) + 1) // 2
+        first, second = tuple(seqs_o[:cut]), tuple(seqs_o[cut:])
+        off_o.arrange([s.request_id for s in seqs_o])                  # the second half's rows follow the first's
+        riders = RiderSeqs(eng_n.kv, off_n, tuple(seqs_n))
+        a = DecodeBatch(eng_o, first, split=True, feed=self._feed(KVClass.OFFLOAD, first), riders=riders,
+                        rider_feed=self._feed(KVClass.NORMAL, seqs_n))
+        b = DecodeBatch(eng_o, second, split=True, feed=self._feed(KVClass.OFFLOAD, second), first_row=cut)
+        views: dict[KVClass, DecodeBatch | ClassTokens] = {
+            KVClass.NORMAL: ClassTokens(eng_n, seqs_n, [(a, cut, cut + len(seqs_n))]),
+            KVClass.OFFLOAD: ClassTokens(eng_o, seqs_o, [(a, 0, cut), (b, 0, len(second))])}
+        return views, (a, b)
 
     def _feed(self, kv_class: KVClass, seqs: Seq[Sequence]) -> TokenFeed | None:
         """The batch's input ids still on the device: its requests whose last token is pending (an overlapped

@@ -23,6 +23,10 @@ start and joined back at its end. The host still decides as above; the device th
 enqueued wherever the offload stream stands still (a device wait for a recall, the switch between two pieces'
 graphs, a kernel's tail), instead of only at the place the host put it in one stream's order.
 
+`halves` (`ServingConfig.halves`) runs the offload batch as two halves, the normal requests riding in the first
+half's step (`StepRiders`): their pieces alternate, so each half's recall flies while the other half computes,
+and a round reads the weights twice, as IRQ's does.
+
 `coupled` runs the same batches without interleaving: each whole step, recalls waited for as they come
 (the --no-irq and offload-sync baselines).
 """
@@ -113,6 +117,7 @@ class InterleaveStatistics:
     m: Counter[int] = field(default_factory=Counter)
     seen_landed: int = 0       # recalls the host saw land before the normal batch ran out of pieces
     device_waits: int = 0      # recalls the offload batch then waited for on the device
+    halves_pieces: int = 0     # pieces of both halves run, a piece of each (`halves`)
 
     @property
     def recalls(self) -> int:
@@ -169,6 +174,17 @@ class InnerScheduler:
         while nxt < last:
             run_normal(nxt)
             nxt += 1
+
+    def halves(self, first: DecodeBatch, second: DecodeBatch) -> None:
+        """Two halves of the offload batch (the normal requests riding in `first`), their pieces alternating: each
+        half's piece runs while the other's recall flies, and before a half's next piece its own recall is waited
+        for on the device unless the host saw it land (`OffloadStepGraph.run_piece`)."""
+        assert first.num_pieces == second.num_pieces, "the halves of one batch have as many pieces"
+        for piece in range(first.num_pieces):
+            for half in (first, second):
+                half.run_piece(piece)
+                self.pacer.launched()
+            self.stats.halves_pieces += 1
 
     def coupled(self, *batches: DecodeBatch | None) -> None:
         """Each batch's whole step in turn, in the order given, its recalls waited for as they come."""

@@ -430,7 +430,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.pieces_ahead,
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
-                   "hot_cache": config.hot_cache,
+                   "hot_cache": config.hot_cache, "halves": config.halves,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)

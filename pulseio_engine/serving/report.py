@@ -27,6 +27,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     8: ("roofline", "config.two_streams"),
     9: ("config.hot_cache",),
     10: ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s"),
+    11: ("config.halves",),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -44,7 +45,7 @@ SCHEMA: dict[str, Any] = {
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
-               "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM},
+               "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -141,7 +142,8 @@ def load_report(path: Path) -> dict:
 # The config keys that tell runs of one mode apart, as `labels` says them.
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
-          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"))
+          ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"),
+          ("halves", "halves"))
 
 
 def labels(reports: list[dict]) -> list[str]:

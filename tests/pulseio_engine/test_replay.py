@@ -90,7 +90,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/10"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/11"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -224,10 +224,12 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
     assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
                      flags=re.M), "no link measured on a CPU: the rate alone"
+    _step_back(report, 10, "config.halves")
+    assert labels([report, {**other, "config": {**other["config"], "halves": True}}])[0].endswith(" halves=-")
     _step_back(report, 9, "pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
     assert re.search(r"^recall publish->landed GB/s \(of link\)\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 8, "config.hot_cache")
-    assert labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0].endswith(" hot=-")
+    assert labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0].endswith(" hot=- halves=-")
     _step_back(report, 7, "config.two_streams", "roofline")
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
@@ -235,8 +237,8 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
                      table([report, other]), flags=re.M)
     _step_back(report, 5, "config.skinny_gemm")
     first, second = labels([report, other])
-    assert first.endswith(" skinny=- overlap=False streams2=- hot=-"), (first, second)
-    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0"), (first, second)
+    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=-"), (first, second)
+    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False"), (first, second)
     _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
     assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
     _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
@@ -249,9 +251,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/10', "
-                                          r"'pulseio-replay/9', 'pulseio-replay/8', 'pulseio-replay/7', "
-                                          r"'pulseio-replay/6', 'pulseio-replay/5', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/11', "
+                                          r"'pulseio-replay/10', 'pulseio-replay/9', 'pulseio-replay/8', "
+                                          r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
                                           r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
                                           r"'pulseio-replay/1'$"):
         check_report(report, source="r")

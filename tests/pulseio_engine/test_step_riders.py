@@ -4,6 +4,7 @@ Each request's logits equal those of its own engine's step, step after step, who
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence as Seq
 
 import pytest
@@ -84,7 +85,8 @@ def test_riders_get_the_logits_of_their_own_engines_step_for_steps_in_a_row(tiny
         assert recalled[0] == recalled[1] > 0
 
 
-def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer(tiny_qwen3) -> None:
+def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer_and_a_second_batch_its_rows(
+        tiny_qwen3) -> None:
     path = str(tiny_qwen3[0])
     with _serving(path) as serving, _serving(path, dense_layers=2) as other:
         assert serving.offload is not None and other.normal.offloader is not None
@@ -93,6 +95,61 @@ def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer
             StepRiders(serving.offload.kv, serving.offload.offloader, (offload[0].request_id,))
         with pytest.raises(ValueError, match="at least one request"):
             StepRiders(serving.normal.kv, serving.normal.offloader, ())
+        off = serving.offload.offloader
+        later = [s.request_id for s in offload[1:]][::-1]              # a second batch its seats do not hold so
+        with pytest.raises(ValueError, match=re.escape(f"requests {later} are not in rows [1, {1 + len(later)})")):
+            off.begin(later, first_row=1)
+        off.arrange([offload[0].request_id, *later])
+        assert off.begin(later, first_row=1).mask.data_ptr() == off.seats.batch("mask", len(later), 1).data_ptr()
         riders = RiderSeqs(other.normal.kv, other.normal.offloader, _decoding(other)[0])
         with pytest.raises(ValueError, match="offloads from layer 2, this batch's from layer 1"):
             serving.offload.runner.offload_step(offload, serving.offload.offloader, riders=riders)
+
+
+def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = True, overlap: bool = False,
+           seed: int = 0) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+    """Requests of random lengths, all arriving at once in the given classes, served to the end."""
+    ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
+                           token_budget=64, block_size=16, dense_layers=1, max_batch=16, halves=halves,
+                           overlap_rounds=overlap)
+    out: dict[int, tuple[int, ...]] = {}
+    with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
+        for rid, kv_class in classes.items():
+            rng = random.Random(1000 * seed + rid)
+            length = 40 + (97 * rid + 31 * seed) % 300
+            serving.add(rid, [rng.randrange(3, 256) for _ in range(length)], 6 + rid % 5, kv_class,
+                        kv=RandomKV(length - 1, seed=rid, std=0.5))
+        pending = None
+        while serving.has_unfinished() or pending is not None:
+            outcomes, pending = serving.run_round(pending)
+            for outcome in outcomes:
+                out.update(outcome.finished)
+    return out, serving
+
+
+@pytest.mark.parametrize(("seed", "overlap"), [(0, False), (1, True), (2, True)])
+def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool) -> None:
+    """The offload batch in two halves, the normal requests riding in the first: every request's tokens are its
+    tokens served by its class alone, rounds overlapped or not, as requests finish and the halves change size."""
+    path = str(tiny_qwen3[0])
+    rng = random.Random(seed)
+    classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, 8))}
+    classes.update({0: NRM, 1: OFF, 2: OFF, 3: OFF})                   # halves of two and more, always
+    out, serving = _serve(path, classes, halves=True, overlap=overlap, seed=seed)
+    alone: dict[int, tuple[int, ...]] = {}
+    for kv_class in (NRM, OFF):
+        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, halves=False, irq=False,
+                            seed=seed)[0])
+    assert out == alone and all(len(out[r]) == 6 + r % 5 for r in classes)
+    assert serving.inner.stats.halves_pieces > 0 and serving.inner.stats.recalls == 0, "halves, never IRQ's pieces"
+
+
+def test_halves_need_irq_one_normal_step_and_a_cpu() -> None:
+    with pytest.raises(ValueError, match="does not interleave"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, irq=False, halves=True)
+    with pytest.raises(ValueError, match="leave normal_steps at 1"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, halves=True, normal_steps=2)
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, halves=True)
+    with pytest.raises(ValueError, match="eagerly only for now"):
+        config.check_device("cuda", True)
