@@ -137,6 +137,8 @@ class OffloadStepGraph:
         self._ran_eagerly = False                      # split: a step ran eagerly, the next one captures
         self._posts: dict[int, int] = {}               # split, captured: piece -> its RecallGraph post
         self._armed: list[Any] = []                    # split, captured: this step's Completions, in post order
+        self._follower: OffloadStepGraph | None = None   # halves: the second half, captured with this one (`pair`)
+        self._leader: OffloadStepGraph | None = None     # halves: the first half, whose arm covers these posts
         self._pending: PendingRecall | None = None     # split: the last piece's recall
         self._publish_stream: torch.cuda.Stream | None = None   # captured doorbell publishes: their branch's stream
 
@@ -217,7 +219,9 @@ class OffloadStepGraph:
             previous.wait_device()
         if piece == 0:
             self.prepare_split()
-            if self._recall_graph is not None:
+            if self._leader is not None and self._graphs:
+                self._armed = self._leader._armed                # armed with the first half's piece 0, just before
+            elif self._recall_graph is not None:
                 self._armed = self.offloader.recaller.arm(self._recall_graph)
         if self._graphs:
             self._graphs[piece].replay()          # its recall's publish and resident attention captured in it
@@ -238,11 +242,32 @@ class OffloadStepGraph:
     def prepare_split(self) -> None:
         """Before a split step, ahead of any other batch's work: capture the pieces if a step already ran eagerly
         (a capture synchronizes the device, so it must not fall inside another batch's step), or build this
-        step's eager pieces. `run_piece(0)` does it itself if not done."""
-        if not self._graphs and self._ran_eagerly and self.capture:
-            self._capture_split()
+        step's eager pieces. `run_piece(0)` does it itself if not done. Halves (`pair`): the first half captures
+        both once both ran a step eagerly; the second half's own call then finds itself captured."""
+        if not self._graphs and self._ran_eagerly and self.capture and self._leader is None:
+            follower = self._follower
+            if follower is None:
+                self._capture_split()
+            elif follower._ran_eagerly and not follower._graphs:
+                self._capture_split_pair(follower)
         if not self._graphs and not self._eager:
             self._eager = self._pieces()
+
+    def pair(self, second: OffloadStepGraph) -> None:
+        """Make `second` this split step's second half: their pieces replay alternating (this one's piece l, then
+        `second`'s), so both are captured together, their publishes into one RecallGraph in that order, and this
+        one's arm before its piece 0 numbers both halves' posts as the device publishes them. Steps captured
+        before (alone, or with another half) are dropped: the pair's next steps run eagerly, then capture."""
+        if not (self.split and second.split) or self.num_pieces != second.num_pieces:
+            raise ValueError("halves are two split steps of one model: pieces of each replay in turn")
+        if self.offloader is not second.offloader:
+            raise ValueError("halves are one offloader's batches: one runtime numbers their recalls")
+        if self._follower is second and second._leader is self:
+            return
+        for graph in (self, second):
+            graph._graphs, graph._posts, graph._recall_graph, graph._advance_graph = [], {}, None, None
+            graph._ran_eagerly, graph._eager, graph._armed = False, [], []
+        self._follower, second._leader = second, self
 
     def _posted(self, piece: int) -> PendingRecall | None:
         if piece >= len(self._recalls) or self._recalls[piece][1] is None:
@@ -274,6 +299,35 @@ class OffloadStepGraph:
             self._advance()
         self._graphs, self._posts, self._recall_graph = graphs, posts, recalls if posts else None
         self._advance_graph = advance
+
+    def _capture_split_pair(self, second: OffloadStepGraph) -> None:
+        """`_capture_split` of both halves at once: their pieces captured in replay order, each half in its own
+        pool, every publish into one RecallGraph (see `pair`)."""
+        recaller = self.offloader.recaller
+        recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
+        halves = (self, second)
+        if recalls is not None:
+            for graph in halves:
+                graph._side_stream()
+        pools = [torch.cuda.graph_pool_handle() for _ in halves]
+        pieces = [graph._pieces() for graph in halves]
+        captured: list[list[torch.cuda.CUDAGraph]] = [[], []]
+        posts: list[dict[int, int]] = [{}, {}]
+        for i in range(self.num_pieces):
+            for h, graph in enumerate(halves):
+                cuda_graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(cuda_graph, pool=pools[h]):
+                    pieces[h][i]()
+                    index = graph._post_beside_resident(recalls, i)
+                    if index is not None:
+                        posts[h][i] = index
+                captured[h].append(cuda_graph)
+        for h, graph in enumerate(halves):
+            advance = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(advance, pool=pools[h]):
+                graph._advance()
+            graph._graphs, graph._posts, graph._advance_graph = captured[h], posts[h], advance
+            graph._recall_graph = recalls if posts[0] or posts[1] else None
 
     def _run_eagerly(self) -> None:
         pieces = self._pieces()

@@ -54,6 +54,8 @@ class ModelRunner:
         self._offload_graph: OffloadStepGraph | None = None
         # (size, split, riders' size, first row) -> the step graph of such a batch, the least recently used first
         self._step_graphs: OrderedDict[tuple[int, bool, int, int], OffloadStepGraph] = OrderedDict()
+        # (first half's size, second's, riders') -> the pair of `offload_halves`, the least recently used first
+        self._halves: OrderedDict[tuple[int, int, int], tuple[OffloadStepGraph, OffloadStepGraph]] = OrderedDict()
         self.step_graphs_built = 0                   # offload step graphs built (each captured once on a GPU)
         self.offload_pieces = use_cuda_graphs        # offload steps as pieces (captured on a GPU)
 
@@ -178,11 +180,46 @@ class ModelRunner:
             self._step_graphs[key] = graph
             self.step_graphs_built += 1
         self._offload_graph = graph
-        every = [*seqs, *(() if riders is None else riders.seqs)]
-        pos = np.asarray([s.num_computed for s in every], dtype=np.int64)
-        ids = np.asarray([s.token_ids[s.num_computed] for s in every], dtype=np.int64)
-        self._offload_graph.upload(ids, pos, self._table_array(every, self.max_blocks_per_seq))
-        return self._offload_graph
+        self._upload(graph, [*seqs, *(() if riders is None else riders.seqs)])
+        return graph
+
+    def offload_halves(self, first: Seq[Sequence], second: Seq[Sequence], offloader: Offloader,
+                       riders: RiderSeqs) -> tuple[OffloadStepGraph, OffloadStepGraph]:
+        """An offload batch as two halves (`InnerScheduler.halves`): the split step graphs of `first`, with the
+        riders, and of `second`, in the offloader's seats' rows after `first`'s, paired (`OffloadStepGraph.pair`),
+        with this step's inputs uploaded. Pairs are kept by their three sizes, up to half as many as single steps."""
+        ids_a, ids_b = tuple(s.request_id for s in first), tuple(s.request_id for s in second)
+        rider_ids = tuple(s.request_id for s in riders.seqs)
+        offloader.arrange(ids_a + ids_b)
+        key = (len(ids_a), len(ids_b), len(rider_ids))
+        if self._halves and next(iter(self._halves.values()))[0].generation != offloader.seats.generation:
+            self._halves.clear()
+        pair = self._halves.get(key)
+        if pair is not None:
+            self._halves.move_to_end(key)
+            offloader.rebind(pair[0].batch, ids_a)
+            riders.offloader.rebind(pair[0].rider_batch, rider_ids)
+            offloader.rebind(pair[1].batch, ids_b)
+        else:
+            while len(self._halves) >= max(1, offloader.offload.kept_step_graphs // 2):
+                self._halves.popitem(last=False)
+            capture = self.graphs.use_graphs
+            a = OffloadStepGraph(self.model, self.kv, offloader, ids_a, self.max_blocks_per_seq, capture=capture,
+                                 split=True, riders=StepRiders(riders.kv, riders.offloader, rider_ids))
+            b = OffloadStepGraph(self.model, self.kv, offloader, ids_b, self.max_blocks_per_seq, capture=capture,
+                                 split=True, first_row=len(ids_a))
+            a.pair(b)
+            pair = self._halves[key] = (a, b)
+            self.step_graphs_built += 2
+        self._upload(pair[0], [*first, *riders.seqs])
+        self._upload(pair[1], second)
+        return pair
+
+    def _upload(self, graph: OffloadStepGraph, seqs: Seq[Sequence]) -> None:
+        """A step's inputs for `seqs`, the graph's rows in order."""
+        pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
+        ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
+        graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))
 
     def decode_nowait(self, seqs: Seq[Sequence],
                       feed: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:

@@ -20,8 +20,8 @@ import torch
 
 from ..engine import Engine
 from ..kv.recall import PendingRecall
+from ..offload_graph import OffloadStepGraph
 from ..request import Sequence
-from ..runner import RiderSeqs
 
 
 @dataclass(frozen=True)
@@ -50,20 +50,21 @@ class DecodeBatch:
     """One decode step of `seqs` on `engine`, in `num_pieces` pieces (see the module doc)."""
 
     def __init__(self, engine: Engine, seqs: Seq[Sequence], *, split: bool, steps: int = 1,
-                 feed: TokenFeed | None = None, riders: RiderSeqs | None = None, first_row: int = 0,
+                 feed: TokenFeed | None = None, graph: OffloadStepGraph | None = None,
                  rider_feed: TokenFeed | None = None) -> None:
         """Build it before any batch of the round runs: a split step due for capture is captured here.
         `steps`: decode steps of these requests to run in a row (each must have that many tokens left); a step
         that is not split, or still runs eagerly before its capture on a GPU (`warming`), runs one. `feed`: the
-        input ids still on the device (an overlapped round), put in place after the upload. `riders`, `first_row`:
-        as `ModelRunner.offload_step`'s (one step; the tokens then hold the riders' after the batch's own);
-        `rider_feed`: the riders' input ids still on the device, its rows counted from the riders' first."""
+        input ids still on the device (an overlapped round), put in place after the upload. `graph`: the step
+        graph, its inputs uploaded (a half of `ModelRunner.offload_halves`; one step); default the engine's own.
+        `rider_feed`: its riders' input ids still on the device, the rows counted from the riders' first (the
+        tokens then hold the riders' after the batch's own)."""
         self.engine, self.seqs, self.split, self._feed = engine, tuple(seqs), split, feed
         off = engine.offloader
-        if riders is not None or first_row:
-            assert off is not None and steps == 1, "riders and second batches are offload steps of one step"
-        self.graph = None if off is None else engine.runner.offload_step(self.seqs, off, split=split, riders=riders,
-                                                                         first_row=first_row)
+        if graph is None and off is not None:
+            graph = engine.runner.offload_step(self.seqs, off, split=split)
+        assert graph is None or graph.riders is None or steps == 1, "a step with riders is one step"
+        self.graph = graph
         if self.graph is not None and feed is not None:
             feed(self.graph.input_ids)
         if self.graph is not None and rider_feed is not None:

@@ -243,8 +243,11 @@ class ServingEngine:
             self.read.add(self._shapes[c], [s.num_tokens for s in b.seqs], b.steps, offload=c is KVClass.OFFLOAD)
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
-        if halves is not None:
+        if halves is not None and not any(b.warming for b in halves):
             self.inner.halves(*halves)
+        elif halves is not None:     # a new pair's first step on a GPU runs eagerly, each half whole: then both capture
+            self.warming_rounds += 1
+            self.inner.coupled(*halves)
         elif split and not any(b.warming for b in batches.values()):
             self.inner.interleave(batches.get(KVClass.NORMAL), batches.get(KVClass.OFFLOAD))
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
@@ -321,11 +324,10 @@ class ServingEngine:
         assert off_n is not None and off_o is not None, "pulseinfer's engines both select: offload steps"
         cut = (len(seqs_o) + 1) // 2
         first, second = tuple(seqs_o[:cut]), tuple(seqs_o[cut:])
-        off_o.arrange([s.request_id for s in seqs_o])                  # the second half's rows follow the first's
-        riders = RiderSeqs(eng_n.kv, off_n, tuple(seqs_n))
-        a = DecodeBatch(eng_o, first, split=True, feed=self._feed(KVClass.OFFLOAD, first), riders=riders,
+        graphs = eng_o.runner.offload_halves(first, second, off_o, RiderSeqs(eng_n.kv, off_n, tuple(seqs_n)))
+        a = DecodeBatch(eng_o, first, split=True, feed=self._feed(KVClass.OFFLOAD, first), graph=graphs[0],
                         rider_feed=self._feed(KVClass.NORMAL, seqs_n))
-        b = DecodeBatch(eng_o, second, split=True, feed=self._feed(KVClass.OFFLOAD, second), first_row=cut)
+        b = DecodeBatch(eng_o, second, split=True, feed=self._feed(KVClass.OFFLOAD, second), graph=graphs[1])
         views: dict[KVClass, DecodeBatch | ClassTokens] = {
             KVClass.NORMAL: ClassTokens(eng_n, seqs_n, [(a, cut, cut + len(seqs_n))]),
             KVClass.OFFLOAD: ClassTokens(eng_o, seqs_o, [(a, 0, cut), (b, 0, len(second))])}

@@ -151,5 +151,23 @@ def test_halves_need_irq_one_normal_step_and_a_cpu() -> None:
     with pytest.raises(ValueError, match="leave normal_steps at 1"):
         ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, halves=True, normal_steps=2)
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, halves=True)
-    with pytest.raises(ValueError, match="eagerly only for now"):
+    with pytest.raises(ValueError, match="have run on a CPU only so far"):
         config.check_device("cuda", True)
+
+
+def test_halves_are_kept_as_pairs_by_their_sizes_and_pair_only_split_steps_of_one_offloader(tiny_qwen3) -> None:
+    with _serving(str(tiny_qwen3[0])) as serving:
+        assert serving.offload is not None
+        runner, off = serving.offload.runner, serving.offload.offloader
+        normal, offload = _decoding(serving)
+        riders = RiderSeqs(serving.normal.kv, serving.normal.offloader, normal)
+        pair = runner.offload_halves(offload[:2], offload[2:], off, riders)
+        assert runner.offload_halves(offload[:2], offload[2:], off, riders) == pair and runner.step_graphs_built == 2
+        other = runner.offload_halves(offload[:1], offload[1:], off, riders)
+        assert other != pair and runner.step_graphs_built == 4
+        assert off.seats.holds([s.request_id for s in offload]), "the second half's rows follow the first's"
+        whole = runner.offload_step(offload, off)
+        with pytest.raises(ValueError, match="halves are two split steps"):
+            pair[0].pair(whole)
+        with pytest.raises(ValueError, match="one offloader's batches"):
+            pair[0].pair(serving.normal.runner.offload_step(normal, serving.normal.offloader, split=True))
