@@ -249,7 +249,7 @@ class OffloadStepGraph:
             if follower is None:
                 self._capture_split()
             elif follower._ran_eagerly and not follower._graphs:
-                self._capture_split_pair(follower)
+                self._capture_split(follower)
         if not self._graphs and not self._eager:
             self._eager = self._pieces()
 
@@ -278,56 +278,35 @@ class OffloadStepGraph:
         index, recalls = self._posts[piece], self._recall_graph
         return PendingRecall(self._armed[index], layer, waiter=lambda: recalls.wait_device(index))
 
-    def _capture_split(self) -> None:
-        """One graph per piece in one pool; a doorbell recall's publish captured at its piece's end, no wait."""
-        pool = torch.cuda.graph_pool_handle()
+    def _capture_split(self, *partners: OffloadStepGraph) -> None:
+        """One graph per piece, each step in its own pool; a doorbell recall's publish captured at its piece's end,
+        no wait. With `partners` (halves, `pair`): every step's pieces captured in replay order (this one's piece
+        l, then each partner's), every publish into one RecallGraph."""
+        steps = (self, *partners)
         recaller = self.offloader.recaller
         recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
         if recalls is not None:
-            self._side_stream()
-        graphs, posts = [], {}
-        for i, piece in enumerate(self._pieces()):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                piece()
-                index = self._post_beside_resident(recalls, i)   # a recall run from the host comes after the
-                if index is not None:                             # resident attention (safe: it reads no slot
-                    posts[i] = index                              # a recall writes)
-            graphs.append(graph)
-        advance = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(advance, pool=pool):      # after the pieces: self.logits is the last one's buffer
-            self._advance()
-        self._graphs, self._posts, self._recall_graph = graphs, posts, recalls if posts else None
-        self._advance_graph = advance
-
-    def _capture_split_pair(self, second: OffloadStepGraph) -> None:
-        """`_capture_split` of both halves at once: their pieces captured in replay order, each half in its own
-        pool, every publish into one RecallGraph (see `pair`)."""
-        recaller = self.offloader.recaller
-        recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
-        halves = (self, second)
-        if recalls is not None:
-            for graph in halves:
-                graph._side_stream()
-        pools = [torch.cuda.graph_pool_handle() for _ in halves]
-        pieces = [graph._pieces() for graph in halves]
-        captured: list[list[torch.cuda.CUDAGraph]] = [[], []]
-        posts: list[dict[int, int]] = [{}, {}]
+            for step in steps:
+                step._side_stream()
+        pools = [torch.cuda.graph_pool_handle() for _ in steps]
+        pieces = [step._pieces() for step in steps]
+        graphs: list[list[torch.cuda.CUDAGraph]] = [[] for _ in steps]
+        posts: list[dict[int, int]] = [{} for _ in steps]
         for i in range(self.num_pieces):
-            for h, graph in enumerate(halves):
-                cuda_graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(cuda_graph, pool=pools[h]):
+            for h, step in enumerate(steps):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pools[h]):
                     pieces[h][i]()
-                    index = graph._post_beside_resident(recalls, i)
-                    if index is not None:
-                        posts[h][i] = index
-                captured[h].append(cuda_graph)
-        for h, graph in enumerate(halves):
+                    index = step._post_beside_resident(recalls, i)   # a recall run from the host comes after the
+                    if index is not None:                             # resident attention (safe: it reads no slot
+                        posts[h][i] = index                           # a recall writes)
+                graphs[h].append(graph)
+        for h, step in enumerate(steps):
             advance = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(advance, pool=pools[h]):
-                graph._advance()
-            graph._graphs, graph._posts, graph._advance_graph = captured[h], posts[h], advance
-            graph._recall_graph = recalls if posts[0] or posts[1] else None
+            with torch.cuda.graph(advance, pool=pools[h]):  # after the pieces: logits is the last one's buffer
+                step._advance()
+            step._graphs, step._posts, step._advance_graph = graphs[h], posts[h], advance
+            step._recall_graph = recalls if any(posts) else None
 
     def _run_eagerly(self) -> None:
         pieces = self._pieces()
