@@ -124,6 +124,7 @@ class ServingEngine:
         self.moves = MoveStatistics()
         self.rounds = 0
         self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
+        self.halves_rounds = 0           # rounds run as halves (`ServingConfig.halves`)
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
         self.normal_step_counts: Counter[int] = Counter()   # rounds by the normal batch's decode steps in them
         self.host = HostTimes()
@@ -244,6 +245,7 @@ class ServingEngine:
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
         if halves is not None and not any(b.warming for b in halves):
+            self.halves_rounds += 1
             self.inner.halves(*halves)
         elif halves is not None:     # a new pair's first step on a GPU runs eagerly, each half whole: then both capture
             self.warming_rounds += 1
@@ -362,7 +364,7 @@ class ServingEngine:
             raise RuntimeError(f"reset_statistics with {len(self._requests)} requests running (this is a bug in "
                                "pulseio_engine: the warm-up must finish its requests)")
         self.moves = MoveStatistics()
-        self.rounds = self.warming_rounds = 0
+        self.rounds = self.warming_rounds = self.halves_rounds = 0
         self.batch_sizes.clear()
         self.normal_step_counts.clear()
         self.inner.stats = InterleaveStatistics()

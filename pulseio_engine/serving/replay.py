@@ -438,6 +438,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
                     "gpu_busy_fraction": rec.busy, "recalls": recalls,
                     "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
+                    "halves_rounds": serving.halves_rounds,
                     "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built(),
                     "normal_steps_mean": counter_mean(serving.normal_step_counts)},
         "tpot_ms": rec.tpot_by_bucket(),

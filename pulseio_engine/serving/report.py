@@ -27,7 +27,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     8: ("roofline", "config.two_streams"),
     9: ("config.hot_cache",),
     10: ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s"),
-    11: ("config.halves",),
+    11: ("config.halves", "summary.halves_rounds"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -49,7 +49,7 @@ SCHEMA: dict[str, Any] = {
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
-                "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM},
+                "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM, "halves_rounds": int},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),
@@ -188,6 +188,7 @@ def table(reports: list[dict]) -> str:
     row("recall publish->landed p50/p99 (us)", _recall_latency)
     row("recall publish->landed GB/s (of link)", _recall_rate)
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
+    row("rounds as halves", lambda r: str(r["summary"].get("halves_rounds", "-")))
     row("normal steps a round (mean)", lambda r: "-" if r["summary"].get("normal_steps_mean") is None
         else f"{r['summary']['normal_steps_mean']:.2f}")
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")

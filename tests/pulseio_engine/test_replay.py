@@ -224,7 +224,8 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
     assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
                      flags=re.M), "no link measured on a CPU: the rate alone"
-    _step_back(report, 10, "config.halves")
+    _step_back(report, 10, "config.halves", "summary.halves_rounds")
+    assert re.search(r"^rounds as halves\s+-\s+0$", table([report, other]), flags=re.M)
     assert labels([report, {**other, "config": {**other["config"], "halves": True}}])[0].endswith(" halves=-")
     _step_back(report, 9, "pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
     assert re.search(r"^recall publish->landed GB/s \(of link\)\s+-\s", table([report, other]), flags=re.M)

@@ -143,6 +143,7 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
                             seed=seed)[0])
     assert out == alone and all(len(out[r]) == 6 + r % 5 for r in classes)
     assert serving.inner.stats.halves_pieces > 0 and serving.inner.stats.recalls == 0, "halves, never IRQ's pieces"
+    assert 0 < serving.halves_rounds < serving.rounds, "halves where both batches run, the offload one of 2 or more"
 
 
 def test_halves_need_irq_one_normal_step_and_a_cpu() -> None:
