@@ -383,7 +383,9 @@ class _SparseBatch:
         """After `prepare` and the recall's post, before its device wait: the part of the layer's attention that
         needs no recalled block (none here: the all-on-GPU batch attends in `finish`)."""
 
-    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's attention output [B, Hq, D], into `out` where given (a step's rows of a larger output)."""
         raise NotImplementedError
 
     def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, **mode: object) -> None:
@@ -419,11 +421,12 @@ class DeviceSparseBatch(_SparseBatch):
         self._select(layer, q, block_tables=self.block_tables)
         return None
 
-    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention over the layer's selected blocks, in the paged cache."""
         with record_function("offload.attention"):
             return paged_decode_attention(q, self.kv.k(layer), self.kv.v(layer), self.table, self.context_lens,
-                                          self.owner.scale, num_kv_heads=self.owner.model.num_kv_heads)
+                                          self.owner.scale, out=out, num_kv_heads=self.owner.model.num_kv_heads)
 
 
 class OffloadBatch(_SparseBatch):
@@ -485,12 +488,14 @@ class OffloadBatch(_SparseBatch):
             attend_part(self.partials, 0, q, hot[:, 0], hot[:, 1], self.table, self.context_lens, self.owner.scale,
                         num_kv_heads=heads)
 
-    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """Everything of `attend` after the recall: attention over the recalled blocks, merged with the resident
         blocks' part in the same launch."""
         hot = self.owner.store.hot                                             # type: ignore[union-attr]
         assert self.partials is not None, "attend_resident runs before finish"
         with record_function("offload.attention"):
             return attend_last_part(self.partials, q, hot[:, 0], hot[:, 1], self.arrivals.table,
-                                    self.arrivals.context_lens, self.owner.scale, torch.empty_like(q),
+                                    self.arrivals.context_lens, self.owner.scale,
+                                    torch.empty_like(q) if out is None else out,
                                     num_kv_heads=self.owner.model.num_kv_heads)

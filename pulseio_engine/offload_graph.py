@@ -89,14 +89,14 @@ class _Rows:
                                 DecodeAttention(meta.block_tables[r], meta.context_lens[r]), self.kv)
         self.batch.start(self.state)
 
-    def attend_paged(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-                     ) -> torch.Tensor:
-        """A dense layer: their new token into their paged cache, and attention over it."""
+    def attend_paged(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     out: torch.Tensor) -> None:
+        """A dense layer: their new token into their paged cache, and attention over it into their rows of `out`."""
         r, meta = self.rows, self.state.attention
         assert isinstance(meta, DecodeAttention)
         self.kv.write(layer, k[r], v[r], self.state.kv_rows)
-        return paged_decode_attention(q[r], self.kv.k(layer), self.kv.v(layer), meta.block_tables,
-                                      meta.context_lens, scale)
+        paged_decode_attention(q[r], self.kv.k(layer), self.kv.v(layer), meta.block_tables, meta.context_lens,
+                               scale, out=out[r])
 
 
 class OffloadStepGraph:
@@ -254,19 +254,17 @@ class OffloadStepGraph:
             self._eager = self._pieces()
 
     def pair(self, second: OffloadStepGraph) -> None:
-        """Make `second` this split step's second half: their pieces replay alternating (this one's piece l, then
-        `second`'s), so both are captured together, their publishes into one RecallGraph in that order, and this
-        one's arm before its piece 0 numbers both halves' posts as the device publishes them. Steps captured
-        before (alone, or with another half) are dropped: the pair's next steps run eagerly, then capture."""
+        """Make `second` this split step's second half, both fresh (no step run yet): their pieces replay
+        alternating (this one's piece l, then `second`'s), so both are captured together, their publishes into one
+        RecallGraph in that order, and this one's arm before its piece 0 numbers both halves' posts as the device
+        publishes them."""
         if not (self.split and second.split) or self.num_pieces != second.num_pieces:
             raise ValueError("halves are two split steps of one model: pieces of each replay in turn")
         if self.offloader is not second.offloader:
             raise ValueError("halves are one offloader's batches: one runtime numbers their recalls")
-        if self._follower is second and second._leader is self:
-            return
-        for graph in (self, second):
-            graph._graphs, graph._posts, graph._recall_graph, graph._advance_graph = [], {}, None, None
-            graph._ran_eagerly, graph._eager, graph._armed = False, [], []
+        steps = (self, second)
+        if any(g._graphs or g._ran_eagerly or g._eager or g._leader or g._follower for g in steps):
+            raise ValueError("halves pair two fresh steps (a step that ran, or is paired, keeps its own capture)")
         self._follower, second._leader = second, self
 
     def _posted(self, piece: int) -> PendingRecall | None:
@@ -404,7 +402,9 @@ class OffloadStepGraph:
                     kind.start(state)
                 for layer in range(dense):
                     q, k, v = model.layer_begin(state, layer)
-                    attn = torch.cat([kind.attend_paged(layer, q, k, v, model.scale) for kind in kinds])
+                    attn = torch.empty_like(q)                  # each kind of row attends into its rows of it
+                    for kind in kinds:
+                        kind.attend_paged(layer, q, k, v, model.scale, attn)
                     model.layer_end(state, layer, attn)
             shared.update(state=state, batch=self.batch)
             _begin(dense)
@@ -417,16 +417,19 @@ class OffloadStepGraph:
             args = shared["batch"].prepare(layer, *own)
             if riding:
                 rows = kinds[1].rows
-                shared["riders"] = tuple(x[rows] for x in (q, k, v))
+                shared["q"], shared["riders"] = q, tuple(x[rows] for x in (q, k, v))
                 kinds[1].batch.prepare(layer, *shared["riders"])       # all on the GPU: nothing to recall
             self._live.append(args)
             self._recalls.append((layer, args))
 
         def _finish(layer: int) -> None:
             state: BatchState = shared["state"]
-            attn = shared["batch"].finish(layer, *shared["own"])
-            if riding:
-                attn = torch.cat([attn, kinds[1].batch.finish(layer, *shared["riders"])])
+            if not riding:
+                attn = shared["batch"].finish(layer, *shared["own"])
+            else:                                               # each kind of row attends into its rows of one output
+                attn = torch.empty_like(shared["q"])
+                shared["batch"].finish(layer, *shared["own"], out=attn[kinds[0].rows])
+                kinds[1].batch.finish(layer, *shared["riders"], out=attn[kinds[1].rows])
             model.layer_end(state, layer, attn)
 
         def middle(layer: int) -> Callable[[], None]:
