@@ -131,15 +131,18 @@ class ClassTokens:
 
     def __init__(self, engine: Engine, seqs: Seq[Sequence], parts: Seq[tuple[DecodeBatch, int, int]]) -> None:
         self.engine, self.seqs, self._parts = engine, tuple(seqs), tuple(parts)
+        self._tokens: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
         return len(self.seqs)
 
     def tokens_nowait(self) -> torch.Tensor:
-        """[B] int64 greedy tokens on the device, once the halves' last pieces ran."""
-        slices = [batch.tokens_nowait()[start:stop] for batch, start, stop in self._parts]
-        return slices[0] if len(slices) == 1 else torch.cat(slices)
+        """[B] int64 greedy tokens on the device, once the halves' last pieces ran (gathered once)."""
+        if self._tokens is None:
+            slices = [batch.tokens_nowait()[start:stop] for batch, start, stop in self._parts]
+            self._tokens = slices[0] if len(slices) == 1 else torch.cat(slices)
+        return self._tokens
 
 
 class HostTokens:

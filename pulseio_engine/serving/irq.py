@@ -117,7 +117,6 @@ class InterleaveStatistics:
     m: Counter[int] = field(default_factory=Counter)
     seen_landed: int = 0       # recalls the host saw land before the normal batch ran out of pieces
     device_waits: int = 0      # recalls the offload batch then waited for on the device
-    halves_pieces: int = 0     # pieces of both halves run, a piece of each (`halves`)
 
     @property
     def recalls(self) -> int:
@@ -180,11 +179,9 @@ class InnerScheduler:
         half's piece runs while the other's recall flies, and before a half's next piece its own recall is waited
         for on the device unless the host saw it land (`OffloadStepGraph.run_piece`)."""
         assert first.num_pieces == second.num_pieces, "the halves of one batch have as many pieces"
-        for piece in range(first.num_pieces):
-            for half in (first, second):
-                half.run_piece(piece)
-                self.pacer.launched()
-            self.stats.halves_pieces += 1
+        for piece in range(first.num_pieces):          # no pacing: the host decides nothing from where the GPU is
+            first.run_piece(piece)
+            second.run_piece(piece)
 
     def coupled(self, *batches: DecodeBatch | None) -> None:
         """Each batch's whole step in turn, in the order given, its recalls waited for as they come."""
