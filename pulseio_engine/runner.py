@@ -52,8 +52,8 @@ class ModelRunner:
         self.generator = torch.Generator(device=model.device).manual_seed(seed)
         self._pin_uploads = model.device.type == "cuda"     # decode inputs staged pinned: the uploads are async
         self._offload_graph: OffloadStepGraph | None = None
-        # (size, split, riders' size, first row) -> the step graph of such a batch, the least recently used first
-        self._step_graphs: OrderedDict[tuple[int, bool, int, int], OffloadStepGraph] = OrderedDict()
+        # (size, split, riders' size) -> the step graph of such a batch, the least recently used first
+        self._step_graphs: OrderedDict[tuple[int, bool, int], OffloadStepGraph] = OrderedDict()
         # (first half's size, second's, riders') -> the pair of `offload_halves`, the least recently used first
         self._halves: OrderedDict[tuple[int, int, int], tuple[OffloadStepGraph, OffloadStepGraph]] = OrderedDict()
         self.step_graphs_built = 0                   # offload step graphs built (each captured once on a GPU)
@@ -151,18 +151,17 @@ class ModelRunner:
         return tokens, logits
 
     def offload_step(self, seqs: Seq[Sequence], offloader: Offloader, *, split: bool = False,
-                     riders: RiderSeqs | None = None, first_row: int = 0) -> OffloadStepGraph:
+                     riders: RiderSeqs | None = None) -> OffloadStepGraph:
         """The batch's step graph with this step's inputs uploaded. A graph serves any batch of its size: the
         requests' state is moved into its rows (`Offloader.rebind`). One is kept per (size, split, riders' size), up
         to `OffloadConfig.kept_step_graphs`; a size not kept is captured anew, and all are once the offloader's seats
         have grown.
         `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece.
         `riders`: another engine's requests riding in the step after these (`StepRiders`): the logits' last rows.
-        `first_row`: a second batch of the offloader beside a first in its seats' rows [0, first_row)
-        (`Offloader.begin`)."""
+        Two halves of a batch are `offload_halves`'."""
         rids = tuple(s.request_id for s in seqs)
         rider_ids = () if riders is None else tuple(s.request_id for s in riders.seqs)
-        key = (len(rids), split, len(rider_ids), first_row)
+        key = (len(rids), split, len(rider_ids))
         if self._step_graphs and next(iter(self._step_graphs.values())).generation != offloader.seats.generation:
             self._step_graphs.clear()                             # the seats grew: every kept step reads old rows
         graph = self._step_graphs.get(key)
@@ -176,7 +175,7 @@ class ModelRunner:
                 self._step_graphs.popitem(last=False)             # its pieces' pool goes before the next capture
             ride = None if riders is None else StepRiders(riders.kv, riders.offloader, rider_ids)
             graph = OffloadStepGraph(self.model, self.kv, offloader, rids, self.max_blocks_per_seq,
-                                     capture=self.graphs.use_graphs, split=split, riders=ride, first_row=first_row)
+                                     capture=self.graphs.use_graphs, split=split, riders=ride)
             self._step_graphs[key] = graph
             self.step_graphs_built += 1
         self._offload_graph = graph
