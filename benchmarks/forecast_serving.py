@@ -11,8 +11,8 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   rate over their bytes (`--hide-efficiency`, default vanilla's `e`): beside a recall they run as a plain step does,
   and the rest of IRQ's cost (the device waits, the pieces' boundaries) is in `e`;
 - coupled (`--no-irq`, offload-sync): `e * (normal + offload bytes) / copy + recall / link`;
-- `pulseinfer --halves`, a design not built (a what-if): in a round where it is shorter than IRQ's, the offload
-  batch in two halves whose pieces alternate, the normal rows riding in one of them, so each half's recall flies
+- `pulseinfer --halves` (`replay --halves`, so far on a CPU only): in a round where it is shorter than IRQ's, the
+  offload batch in two halves whose pieces alternate, the normal rows riding in one of them, so each half's recall flies
   while the other half computes: `max(e * bytes / copy, recall / link)`, the bytes with the weights read once more
   where there is no normal batch (two halves where there was one batch). Its `e` is IRQ's: the same pieces.
 
@@ -245,7 +245,7 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
 MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
          "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None)}
-HALVES = "pulseinfer --halves"                                                   # the what-if (module doc)
+HALVES = "pulseinfer --halves"                                                   # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--link-gbps", type=float, default=55.2 * 0.8,
                         help="the recall's rate over the link, GB/s (default: 0.8 of the H200's 55.2)")
     parser.add_argument("--efficiency", nargs="+", type=mode_efficiency, default=[],
-                        help="MODE=E: a mode's rounds over this model's time (default: `EFFICIENCY`, session 27's fits "
+                        help="MODE=E: a mode's rounds over this model's time (default: `EFFICIENCY`, fits to replays "
                              "on the H200); a mode not named takes its first word's, else pulseinfer's")
     parser.add_argument("--hide-efficiency", type=float, default=EFFICIENCY["vanilla"], metavar="H",
                         help="under IRQ, the normal pieces' rate over their bytes where they hide a recall (default: "
