@@ -40,7 +40,7 @@ class ServingConfig:
     (`OffloadConfig.hot_cache`): each offload request is charged that many budgets' slots per offloaded layer.
     `halves`: under IRQ, a round with both batches and two offload requests or more runs the offload batch as
     two halves whose layer pieces alternate, the normal requests riding in the first half's step, so each half's
-    recall flies while the other half computes (`InnerScheduler.halves`); a CPU only for now (`check_device`)."""
+    recall flies while the other half computes (`InnerScheduler.halves`)."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -115,10 +115,6 @@ class ServingConfig:
         if self.two_streams and device.split(":")[0] != "cuda":
             raise ValueError(f"two_streams runs IRQ's batches on two CUDA streams; {device} has none (leave it off "
                              "on a CPU)")
-        if self.halves and device.split(":")[0] == "cuda":
-            raise ValueError("halves have run on a CPU only so far: their steps' capture on a GPU (both halves' "
-                             "publishes in one RecallGraph, OffloadStepGraph.pair) is not yet tested there; leave "
-                             "halves off on a GPU")
         if self.normal_steps > 1 and not use_cuda_graphs and device.split(":")[0] == "cuda":
             raise ValueError(f"normal_steps={self.normal_steps} advances the normal batch between its steps inside "
                              "the offload batch's step, which only captured steps may do on a GPU (an eager kernel "

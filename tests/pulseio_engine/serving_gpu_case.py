@@ -6,7 +6,10 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 in two (`two_streams`): the same tokens
     vanilla                     vanilla's rounds overlapped, the GPU held back so the host enqueues rounds ahead of
                                 it: the tokens of rounds run one at a time
-    nosync ROUNDS [overlap] [two-streams]
+    halves                      the offload batch as two halves (`halves`), the normal requests riding in the first
+                                half's step, captured recalls and late ones, overlapped or not: each class's tokens
+                                served alone
+    nosync ROUNDS [overlap] [two-streams] [halves]
                                 steady-state IRQ rounds (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
     cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
@@ -45,7 +48,8 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256, normal_steps: int = 1,
-            overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER, two_streams: bool = False) -> ServingEngine:
+            overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER, two_streams: bool = False,
+            halves: bool = False) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
@@ -54,7 +58,7 @@ def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 25
     config = ServingConfig(mode, gpu_kv_bytes=gpu_bytes, host_kv_bytes=host, irq=irq,
                            token_budget=budget, max_batch=64, normal_steps=normal_steps,
                            max_offload_seqs=None if mode is ServeMode.VANILLA else 32,
-                           overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda")
+                           overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda", halves=halves)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)
 
@@ -109,6 +113,35 @@ def tokens() -> dict:
     return {"ok": ok, **{k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}}
 
 
+def halves() -> dict:
+    """The offload batch in two halves with the normal requests riding in the first half's step: both halves'
+    pieces captured into one RecallGraph, and with recalls made to land late (eager posts), rounds overlapped or
+    not: every request's tokens are its class's served alone."""
+    classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF, 5: OFF}
+    runs = {}
+    for name, irq, late, which, overlap, split in (
+            ("halves", True, None, None, False, True), ("normal alone", False, None, NRM, False, False),
+            ("offload alone", False, None, OFF, False, False), ("halves late", True, 6, None, False, True),
+            ("halves overlapped", True, None, None, True, True),
+            ("halves late overlapped", True, 6, None, True, True)):
+        with _engine("tiny", irq=irq, overlap=overlap, halves=split) as serving:
+            if late is not None:
+                off = serving.offload.offloader                          # type: ignore[union-attr]
+                off.recaller = LateRecaller(off.recaller, max_checks=late, seed=1)
+            _add(serving, {r: c for r, c in classes.items() if which in (None, c)}, 700, 24, 256)
+            runs[name] = {"tokens": _run(serving), "halves_rounds": serving.halves_rounds, "rounds": serving.rounds,
+                          "warming_rounds": serving.warming_rounds, "runtime": _runtime(serving)}
+    alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
+    split = [k for k in runs if k.startswith("halves")]
+    differ = [k for k in split if runs[k]["tokens"] != alone]
+    ok = not differ and sorted(len(t) for t in alone.values()) == [24] * len(classes)
+    ok = ok and all(0 < runs[k]["halves_rounds"] for k in split)
+    ok = ok and all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
+                    for r in runs.values())
+    return {"ok": ok, "differ": differ, **{k: {key: v for key, v in r.items() if key != "tokens"}
+                                         for k, r in runs.items()}}
+
+
 def vanilla() -> dict:
     """Vanilla's rounds are one graph each, so overlapped the host may enqueue several before the GPU runs the
     first: each must keep its own inputs (their uploads' pinned staging among them)."""
@@ -123,9 +156,9 @@ def vanilla() -> dict:
     return {"ok": ok, "differ": [k for k, v in runs.items() if v != runs["alone"]]}
 
 
-def nosync(rounds: int, overlap: bool = False, two_streams: bool = False) -> dict:
-    with _engine("tiny", irq=True, overlap=overlap, two_streams=two_streams) as serving:
-        _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF}, 900, rounds + 8, 256)
+def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False) -> dict:
+    with _engine("tiny", irq=True, overlap=overlap, two_streams=two_streams, halves=halves) as serving:
+        _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}, 900, rounds + 8, 256)
         for _ in range(4):                   # admission, the eager steps, the captures
             serving.step()
         pending = None
@@ -144,8 +177,10 @@ def nosync(rounds: int, overlap: bool = False, two_streams: bool = False) -> dic
             if DEVICE == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
         stats = serving.inner.stats
-        return {"ok": error is None and stats.recalls > 0, "error": error, "recalls": stats.recalls,
-                "seen_landed": stats.seen_landed, "device_waits": stats.device_waits}
+        ran = serving.halves_rounds >= rounds if halves else stats.recalls > 0   # halves: no IRQ pieces
+        return {"ok": error is None and ran, "error": error, "recalls": stats.recalls,
+                "halves_rounds": serving.halves_rounds, "seen_landed": stats.seen_landed,
+                "device_waits": stats.device_waits}
 
 
 def cost(model: str, batch: int, context: int, rounds: int) -> dict:
@@ -224,8 +259,9 @@ def _runtime(serving: ServingEngine) -> dict | None:
 def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
-    cases = {"tokens": tokens, "vanilla": vanilla, "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:],
-                                                                       "two-streams" in args[1:]),
+    cases = {"tokens": tokens, "halves": halves, "vanilla": vanilla,
+             "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
+                                      "halves" in args[1:]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()
     print(json.dumps(out))

@@ -1,6 +1,7 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
 (serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens,
-also with recalls landing late and with the two batches on two streams; vanilla's rounds overlapped keep their
+also with recalls landing late and with the two batches on two streams; so does the offload batch run as two
+halves with the normal requests riding in the first; vanilla's rounds overlapped keep their
 tokens with the GPU behind the host; steady-state rounds never sync the host; a normal batch alone under IRQ costs
 at most 5% more than without it (and what its per-layer pieces cost is reported); a replay of the Mooncake sample
 loses nothing."""
@@ -43,13 +44,21 @@ def test_irq_tokens_equal_each_batch_alone_with_captured_and_late_recalls() -> N
     assert result["irq"]["m"], "IRQ recorded no m"
 
 
+def test_halves_tokens_equal_each_class_alone_with_captured_and_late_recalls() -> None:
+    result = _case("halves")
+    assert result["halves"]["warming_rounds"] > 0, "a new pair's first round runs eagerly, then both are captured"
+
+
 def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> None:
     _case("vanilla")
 
 
-@pytest.mark.parametrize("overlap,two_streams", [(False, False), (True, False), (True, True)])
-def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: bool) -> None:
-    _case("nosync", "16", *(["overlap"] if overlap else []), *(["two-streams"] if two_streams else []))
+@pytest.mark.parametrize("overlap,two_streams,halves", [(False, False, False), (True, False, False),
+                                                        (True, True, False), (False, False, True),
+                                                        (True, False, True)])
+def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: bool, halves: bool) -> None:
+    _case("nosync", "16", *(["overlap"] if overlap else []), *(["two-streams"] if two_streams else []),
+          *(["halves"] if halves else []))
 
 
 @pytest.mark.parametrize("model,batch,context", [("qwen3-8b", 32, 4096)])
