@@ -141,6 +141,7 @@ class Offloader:
         # every request's selection state and maps, in rows: as many as the host store admits (it refuses
         # more), so the rows never move under a captured step; all-on-GPU requests have no such bound (it grows)
         self.seats = Seats(offload.max_seqs if self.store is not None else min(offload.max_seqs, 4))
+        self.padding_seats = 0          # all-on-GPU: seats -1, -2, ... of padding rows (`padded`)
         self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
         self.steering: SteeringProfile | None = None        # benchmarks on random weights only
 
@@ -162,17 +163,37 @@ class Offloader:
     def open(self, request_id: int, num_tokens: int) -> None:
         """Reserve host units and hot slots for a request of at most `num_tokens` tokens."""
         self.seqs[request_id] = None if self.store is None else self.store.open(num_tokens)
-        shape = (self.model.num_layers - self.dense, self.rows)
-        k = self.sparse.budget_blocks
-        state = SelectionState(
-            torch.zeros((*shape, self.max_blocks), dtype=torch.uint8, device=self.device),
-            torch.zeros(shape, dtype=torch.int64, device=self.device),
-            torch.full((*shape, k), PAD, dtype=torch.int64, device=self.device))
-        parts = {"mask": state.mask, "calls": state.calls, "selected": state.selected}
+        parts = self._selection_parts()
         seq = self.seqs[request_id]
         if seq is not None:
             parts.update(host_map=seq.host_map, hot=seq.hot, resident=seq.resident, owner=seq.owner, age=seq.age)
         self.seats.seat(request_id, parts)
+
+    def _selection_parts(self) -> dict[str, torch.Tensor]:
+        """A fresh row of selection state (`SelectionState`), by its seats' names."""
+        shape = (self.model.num_layers - self.dense, self.rows)
+        state = SelectionState(
+            torch.zeros((*shape, self.max_blocks), dtype=torch.uint8, device=self.device),
+            torch.zeros(shape, dtype=torch.int64, device=self.device),
+            torch.full((*shape, self.sparse.budget_blocks), PAD, dtype=torch.int64, device=self.device))
+        return {"mask": state.mask, "calls": state.calls, "selected": state.selected}
+
+    def padded(self, request_ids: Seq[int], rows: int) -> tuple[int, ...]:
+        """These requests followed by padding seats up to `rows`: a step captured for `rows` rows then serves
+        fewer requests, its padding rows selecting in seats of their own (ids -1, -2, ...; an engine's are >= 0)
+        and attending the cache's padding block. The first call for `rows` seats `rows` - 1 of them, which stay,
+        so that fewer requests later do not grow the seats under the steps captured since. All-on-GPU only: a
+        padding row has no host units."""
+        if not self.on_gpu:
+            raise ValueError("padding rows are for an all-on-GPU offloader (RecallMode.ALL_ON_GPU): an offload "
+                             "request's row needs host units")
+        if len(request_ids) > rows:
+            raise ValueError(f"{len(request_ids)} requests do not fit {rows} rows")
+        pads = tuple(range(-1, len(request_ids) - rows - 1, -1))
+        while self.padding_seats < rows - 1:
+            self.padding_seats += 1
+            self.seats.seat(-self.padding_seats, self._selection_parts())
+        return (*request_ids, *pads)
 
     def close_request(self, request_id: int) -> None:
         seq = self.seqs.pop(request_id, None)
@@ -243,7 +264,7 @@ class Offloader:
     def arrange(self, request_ids: Seq[int]) -> None:
         """Put these requests' state in rows [0, B), in this order: what a batch of B rows (a captured step
         included) then reads and updates. A few gathers when the members changed, nothing otherwise."""
-        missing = [r for r in request_ids if r not in self.seqs]
+        missing = [r for r in request_ids if r not in self.seqs and not -self.padding_seats <= r < 0]
         if missing:
             raise OffloadCapacityError(f"requests {missing} are not offload requests (no host units); "
                                        "add them with add_request(..., offload=True)")

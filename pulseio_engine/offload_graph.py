@@ -113,7 +113,7 @@ class OffloadStepGraph:
         self.capture, self.split = capture, split
         self.model, self.kv, self.offloader, self.riders = model, kv, offloader, riders
         self.batch = offloader.begin(request_ids, first_row=first_row)   # its seats' rows; the graph updates them
-        self.size, self.generation = b, offloader.seats.generation    # rows it reads, and of which storage
+        self.size = b
         self._kinds = [_Rows(0, b, kv, self.batch)]
         if riders is not None:
             if riders.offloader.dense != offloader.dense:
@@ -121,6 +121,8 @@ class OffloadStepGraph:
                                  f"from layer {offloader.dense}: their layers must match to share a step")
             self.rider_batch = riders.offloader.begin(riders.request_ids)
             self._kinds.append(_Rows(b, b + len(riders.request_ids), riders.kv, self.rider_batch))
+        self._seats = [offloader.seats, *(() if riders is None else (riders.offloader.seats,))]
+        self._generations = self._seat_generations()      # of the seats' storage it reads rows of
         dev, rows = model.device, self._kinds[-1].rows.stop
         self.input_ids = torch.zeros(rows, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
@@ -141,6 +143,14 @@ class OffloadStepGraph:
         self._leader: OffloadStepGraph | None = None     # halves: the first half, whose arm covers these posts
         self._pending: PendingRecall | None = None     # split: the last piece's recall
         self._publish_stream: torch.cuda.Stream | None = None   # captured doorbell publishes: their branch's stream
+
+    def _seat_generations(self) -> tuple[int, ...]:
+        return tuple(seats.generation for seats in self._seats)
+
+    @property
+    def stale(self) -> bool:
+        """Whether the seats it reads (its batch's, and its riders') grew since it was built: its rows are old."""
+        return self._generations != self._seat_generations()
 
     @property
     def num_pieces(self) -> int:

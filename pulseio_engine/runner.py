@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -162,11 +162,8 @@ class ModelRunner:
         rids = tuple(s.request_id for s in seqs)
         rider_ids = () if riders is None else tuple(s.request_id for s in riders.seqs)
         key = (len(rids), split, len(rider_ids))
-        if self._step_graphs and next(iter(self._step_graphs.values())).generation != offloader.seats.generation:
-            self._step_graphs.clear()                             # the seats grew: every kept step reads old rows
-        graph = self._step_graphs.get(key)
+        graph = _kept(self._step_graphs, key, lambda g: g.stale)
         if graph is not None:
-            self._step_graphs.move_to_end(key)
             offloader.rebind(graph.batch, rids)
             if riders is not None:
                 riders.offloader.rebind(graph.rider_batch, rider_ids)
@@ -186,21 +183,20 @@ class ModelRunner:
                        riders: RiderSeqs) -> tuple[OffloadStepGraph, OffloadStepGraph]:
         """An offload batch as two halves (`InnerScheduler.halves`): the split step graphs of `first`, with the
         riders, and of `second`, in the offloader's seats' rows after `first`'s, paired (`OffloadStepGraph.pair`),
-        with this step's inputs uploaded. Pairs are kept by their three sizes, up to half as many as single steps."""
+        with this step's inputs uploaded. The riders take `rider_rows` rows, padded (`Offloader.padded`), so that
+        one pair serves every normal batch up to that size. Pairs are kept by their three sizes, up to
+        `OffloadConfig.kept_step_graphs` of them."""
         ids_a, ids_b = tuple(s.request_id for s in first), tuple(s.request_id for s in second)
-        rider_ids = tuple(s.request_id for s in riders.seqs)
+        rider_ids = riders.offloader.padded([s.request_id for s in riders.seqs], rider_rows(len(riders.seqs)))
         offloader.arrange(ids_a + ids_b)
         key = (len(ids_a), len(ids_b), len(rider_ids))
-        if self._halves and next(iter(self._halves.values()))[0].generation != offloader.seats.generation:
-            self._halves.clear()
-        pair = self._halves.get(key)
+        pair = _kept(self._halves, key, lambda p: p[0].stale or p[1].stale)
         if pair is not None:
-            self._halves.move_to_end(key)
             offloader.rebind(pair[0].batch, ids_a)
             riders.offloader.rebind(pair[0].rider_batch, rider_ids)
             offloader.rebind(pair[1].batch, ids_b)
         else:
-            while len(self._halves) >= max(1, offloader.offload.kept_step_graphs // 2):
+            while len(self._halves) >= offloader.offload.kept_step_graphs:
                 self._halves.popitem(last=False)
             capture = self.graphs.use_graphs
             a = OffloadStepGraph(self.model, self.kv, offloader, ids_a, self.max_blocks_per_seq, capture=capture,
@@ -210,15 +206,18 @@ class ModelRunner:
             a.pair(b)
             pair = self._halves[key] = (a, b)
             self.step_graphs_built += 2
-        self._upload(pair[0], [*first, *riders.seqs])
+        self._upload(pair[0], [*first, *riders.seqs], len(ids_a) + len(rider_ids))
         self._upload(pair[1], second)
         return pair
 
-    def _upload(self, graph: OffloadStepGraph, seqs: Seq[Sequence]) -> None:
-        """A step's inputs for `seqs`, the graph's rows in order."""
-        pos = np.asarray([s.num_computed for s in seqs], dtype=np.int64)
-        ids = np.asarray([s.token_ids[s.num_computed] for s in seqs], dtype=np.int64)
-        graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq))
+    def _upload(self, graph: OffloadStepGraph, seqs: Seq[Sequence], rows: int | None = None) -> None:
+        """A step's inputs for `seqs`, the graph's rows in order; `rows` > len(seqs): padding rows after them
+        (token 0 at position 0 of the padding block)."""
+        rows = rows or len(seqs)
+        pos, ids = np.zeros(rows, dtype=np.int64), np.zeros(rows, dtype=np.int64)
+        pos[:len(seqs)] = [s.num_computed for s in seqs]
+        ids[:len(seqs)] = [s.token_ids[s.num_computed] for s in seqs]
+        graph.upload(ids, pos, self._table_array(seqs, self.max_blocks_per_seq, rows=rows))
 
     def decode_nowait(self, seqs: Seq[Sequence],
                       feed: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
@@ -271,3 +270,31 @@ class ModelRunner:
 def _host_ids(seq: Sequence) -> np.ndarray:
     """A sequence's physical block ids as a read-only C-int view of its table's packed copy (no per-id work)."""
     return np.frombuffer(seq.block_table.packed(), dtype=np.intc)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+RIDER_ROWS_MIN = 16     # riders' rows in a halves step: at least this many, then powers of two (`rider_rows`)
+
+
+def rider_rows(riders: int) -> int:
+    """Rows a halves step gives its riders: their count rounded up to `RIDER_ROWS_MIN` times a power of two. A pair
+    of halves is captured per (first, second, rider rows), and a capture costs about as much as a second of
+    decoding; padding rows cost little, since a decode step's GEMMs read their weights whatever their rows."""
+    rows = RIDER_ROWS_MIN
+    while rows < riders:
+        rows *= 2
+    return rows
+
+
+def _kept(kept: OrderedDict[K, V], key: K, stale: Callable[[V], bool]) -> V | None:
+    """`kept[key]`, now the most recently used, or None: absent, or stale (its seats grew), when every stale entry
+    goes, their pools with them, before the caller builds anew."""
+    found = kept.get(key)
+    if found is not None and stale(found):
+        for k in [k for k, v in kept.items() if stale(v)]:
+            del kept[k]
+        found = None
+    if found is not None:
+        kept.move_to_end(key)
+    return found

@@ -34,6 +34,7 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import ModelSource, load_checkpoint
 from ..offload import SteeringProfile
 from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
+from ..runner import RIDER_ROWS_MIN, rider_rows
 from ..trace import Trace
 from .budget import KVBudget, KVClass, size
 from .clock import Clock, ClockKind
@@ -153,13 +154,18 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
     its graphs there, a round many times slower than the rest, which every request in it waits for. Each size is a
     batch of that many short requests of one class (with one of the other, or alone) decoding two rounds: the
     eager step, then the captured one; prompt and output within `max_len` tokens. `rid`: the first request id to
-    use (negative, counting down). -> each class's largest size warmed (0: none)."""
+    use (negative, counting down). With `halves`, the offload batch beside the normal one runs as a pair of halves
+    instead: one normal request meets each pair's smallest riders' rows, and batches of more meet every larger
+    `rider_rows` up to the normal batch's top. -> each class's largest size warmed (0: none)."""
     config = serving.config
     paired_normal_tokens = 1 + config.normal_steps   # the captured round of a split step runs normal_steps
     length = min(SWEEP_PROMPT_BLOCKS * config.block_size, max_len - paired_normal_tokens)
     if length < 1:
         return {}
     tops = sweep_sizes(serving, length + paired_normal_tokens)
+    riders = serving.normal.offloader if config.halves else None
+    if riders is not None and tops.get(KVClass.NORMAL):    # the padding seats first: the seats grow before any
+        riders.padded([], rider_rows(tops[KVClass.NORMAL]))  # capture (halves' riders read them)
     for kv_class, top in tops.items():
         others = [c for c in tops if c is not kv_class]
         for with_other in (True, False) if config.interleaves else (False,):    # coupled: every step is whole
@@ -168,6 +174,18 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
                 rid = _serve_batch(serving, source, seed, rid, length, {
                     c: (count, paired_normal_tokens if c is KVClass.NORMAL and with_other else 2)
                     for c, count in batch.items()})
+    if riders is not None and tops.get(KVClass.NORMAL) and tops.get(KVClass.OFFLOAD, 0) >= 2:
+        fp, tokens = serving.footprint, length + paired_normal_tokens
+        rows = 2 * RIDER_ROWS_MIN
+        while rows // 2 < tops[KVClass.NORMAL]:          # the halves' larger riders' rows, each with every pair
+            normal = min(rows, tops[KVClass.NORMAL])
+            for n in range(tops[KVClass.OFFLOAD], 1, -1):
+                sizes = {KVClass.NORMAL: normal, KVClass.OFFLOAD: n}
+                if (sum(k * fp.device_bytes(c, tokens) for c, k in sizes.items()) <= config.gpu_kv_bytes
+                        and sum(k * fp.host_bytes(c, tokens) for c, k in sizes.items()) <= config.host_kv_bytes):
+                    rid = _serve_batch(serving, source, seed, rid, length,
+                                       {c: (k, paired_normal_tokens) for c, k in sizes.items()})
+            rows *= 2
     return tops
 
 

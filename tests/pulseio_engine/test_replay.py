@@ -16,7 +16,7 @@ import torch
 
 from pulseio import DmaConfig
 from pulseio_engine.cli import main
-from pulseio_engine.config import DType
+from pulseio_engine.config import DType, OffloadConfig
 from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import ModelSource, load_checkpoint, open_model
@@ -260,11 +260,13 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
 
 
-def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER, max_len: int = 512) -> ServingEngine:
-    """A serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to 8, requests of
-    up to `max_len` tokens."""
+def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER, max_len: int = 512, *,
+                  max_batch: int = 8, halves: bool = False) -> ServingEngine:
+    """A serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to `max_batch`,
+    requests of up to `max_len` tokens."""
     m = source.config
-    config = ServingConfig(mode, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64, max_batch=8)
+    config = ServingConfig(mode, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
+                           max_batch=max_batch, halves=halves)
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
     return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
                          dtype=DType.FLOAT32, max_model_len=max_len, heads=heads)
@@ -367,12 +369,13 @@ def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str
     assert re.search(r"budget 512 context 4096:", load_report(out)["config"]["steering"])
 
 
-def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]]
+def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]], *,
+                          max_batch: int = 8, halves: bool = False
                           ) -> tuple[list[tuple[int, int]], dict[KVClass, int], int]:
     """-> the warm-up's rounds (normal, offload batch sizes), the sweep's largest size of each class, and the step
     graphs built by rounds of `batches` (class -> requests, one batch after the other) run after it."""
     source = open_model("tiny")
-    with _tiny_serving(source, mode) as serving:
+    with _tiny_serving(source, mode, max_batch=max_batch, halves=halves) as serving:
         rounds = _record_rounds(serving)
         warm_up(serving, source, 512, seed=0, every_size=every_size)
         warmed = len(rounds)
@@ -403,6 +406,20 @@ def test_the_warm_up_can_meet_every_batch_size_so_that_no_step_is_captured_on_th
     assert built == 0
     _, _, built = _rounds_after_warm_up(ServeMode.PULSEINFER, False, batches)
     assert built == 2          # without the sweep: the offload batch of 3 beside the normal one, and of 2 alone
+
+
+def test_the_warm_up_meets_every_pair_of_halves_and_their_riders_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Halves: every offload batch of two or more beside a normal one, with riders' rows of 16 and of 32 (the
+    engines keep step graphs enough for a normal batch of 24 to be swept)."""
+    monkeypatch.setattr(OffloadConfig, "kept_step_graphs", 48)
+    normal, offload = KVClass.NORMAL, KVClass.OFFLOAD
+    batches = [{offload: 3, normal: 2}, {offload: 4, normal: 18}, {offload: 1, normal: 20}, {offload: 2}]
+    warm, tops, built = _rounds_after_warm_up(ServeMode.PULSEINFER, True, batches, max_batch=24, halves=True)
+    assert tops[normal] > 20 and tops[offload] >= 4, tops
+    assert all(warm.count((tops[normal], n)) >= 2 for n in range(2, tops[offload] + 1)), warm
+    assert built == 0
+    _, _, built = _rounds_after_warm_up(ServeMode.PULSEINFER, False, batches, max_batch=24, halves=True)
+    assert built == 2 + 2 + 1 + 1       # two pairs, the offload batch of 1 beside the normal one, and of 2 alone
 
 
 def test_the_warm_up_sweeps_quests_single_batch_too() -> None:

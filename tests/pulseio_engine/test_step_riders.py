@@ -16,7 +16,7 @@ from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint
 from pulseio_engine.offload_graph import StepRiders
 from pulseio_engine.request import Sequence
-from pulseio_engine.runner import RiderSeqs
+from pulseio_engine.runner import RiderSeqs, rider_rows
 from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine
@@ -111,7 +111,7 @@ def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = 
     """Requests of random lengths, all arriving at once in the given classes, served to the end."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
-                           token_budget=64, block_size=16, dense_layers=1, max_batch=16, halves=halves,
+                           token_budget=64, block_size=16, dense_layers=1, max_batch=32, halves=halves,
                            overlap_rounds=overlap)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
@@ -128,13 +128,18 @@ def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = 
     return out, serving
 
 
-@pytest.mark.parametrize(("seed", "overlap"), [(0, False), (1, True), (2, True)])
-def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool) -> None:
-    """The offload batch in two halves, the normal requests riding in the first: every request's tokens are its
-    tokens served by its class alone, rounds overlapped or not, as requests finish and the halves change size."""
+@pytest.mark.parametrize(("seed", "overlap", "requests"), [(0, False, 8), (1, True, 8), (2, True, 8),
+                                                         (3, True, 24)])
+def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool, requests: int) -> None:
+    """The offload batch in two halves, the normal requests riding in the first (in padded rows): every request's
+    tokens are its tokens served by its class alone, rounds overlapped or not, as requests finish and the halves
+    change size."""
     path = str(tiny_qwen3[0])
     rng = random.Random(seed)
-    classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, 8))}
+    if requests <= 8:
+        classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, requests))}
+    else:                                                       # normal batches past 16 riders' rows
+        classes = dict.fromkeys(range(requests), NRM)
     classes.update({0: NRM, 1: OFF, 2: OFF, 3: OFF})                   # halves of two and more, always
     out, serving = _serve(path, classes, halves=True, overlap=overlap, seed=seed)
     alone: dict[int, tuple[int, ...]] = {}
@@ -142,8 +147,23 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
         alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, halves=False, irq=False,
                             seed=seed)[0])
     assert out == alone and all(len(out[r]) == 6 + r % 5 for r in classes)
-    assert serving.inner.stats.recalls == 0, "halves, never IRQ's pieces"
-    assert 0 < serving.halves_rounds < serving.rounds, "halves where both batches run, the offload one of 2 or more"
+    both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload >= 2)
+    assert 0 < serving.halves_rounds == both, "halves where both batches run, the offload one of 2 or more"
+    assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
+
+
+def test_rider_rows_and_padding_seats() -> None:
+    assert [rider_rows(n) for n in (0, 1, 16, 17, 32, 33, 100)] == [16, 16, 16, 32, 32, 64, 128]
+
+
+def test_padding_seats_are_all_on_gpu_only_and_fit_their_rows(tiny_qwen3) -> None:
+    with _serving(str(tiny_qwen3[0])) as serving:
+        assert serving.offload is not None and serving.normal.offloader is not None
+        with pytest.raises(ValueError, match="an offload request's row needs host units"):
+            serving.offload.offloader.padded([1], 4)
+        with pytest.raises(ValueError, match="3 requests do not fit 2 rows"):
+            serving.normal.offloader.padded([0, 1, 2], 2)
+        assert serving.normal.offloader.padded([5], 3) == (5, -1, -2)
 
 
 def test_halves_need_irq_and_one_normal_step() -> None:
@@ -161,8 +181,15 @@ def test_halves_are_kept_as_pairs_by_their_sizes_and_pair_only_split_steps_of_on
         riders = RiderSeqs(serving.normal.kv, serving.normal.offloader, normal)
         pair = runner.offload_halves(offload[:2], offload[2:], off, riders)
         assert runner.offload_halves(offload[:2], offload[2:], off, riders) == pair and runner.step_graphs_built == 2
+        alone = RiderSeqs(serving.normal.kv, serving.normal.offloader, normal[:1])
+        assert runner.offload_halves(offload[:2], offload[2:], off, alone) == pair, "riders padded to 16 rows"
+        seated = [s.request_id for s in normal[:1]] + list(range(-1, -16, -1))
+        assert serving.normal.offloader.seats.holds(seated) and runner.step_graphs_built == 2
         other = runner.offload_halves(offload[:1], offload[1:], off, riders)
         assert other != pair and runner.step_graphs_built == 4
+        serving.normal.offloader.padded([], 64)              # the riders' seats grow: their pairs read old rows
+        assert pair[0].stale and not pair[1].stale
+        assert runner.offload_halves(offload[:2], offload[2:], off, riders) != pair and runner.step_graphs_built == 6
         assert off.seats.holds([s.request_id for s in offload]), "the second half's rows follow the first's"
         whole = runner.offload_step(offload, off)
         with pytest.raises(ValueError, match="halves are two split steps"):
