@@ -11,14 +11,16 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   rate over their bytes (`--hide-efficiency`, default vanilla's `e`): beside a recall they run as a plain step does,
   and the rest of IRQ's cost (the device waits, the pieces' boundaries) is in `e`;
 - coupled (`--no-irq`, offload-sync): `e * (normal + offload bytes) / copy + recall / link`;
-- `pulseinfer --halves` (`replay --halves`, so far on a CPU only): in a round where it is shorter than IRQ's, the
-  offload batch in two halves whose pieces alternate, the normal rows riding in one of them, so each half's recall flies
-  while the other half computes: `max(e * bytes / copy, recall / link)`, the bytes with the weights read once more
-  where there is no normal batch (two halves where there was one batch). Its `e` is IRQ's: the same pieces.
+- `pulseinfer --halves` (`replay --halves`): where the engine runs them, in every round with a normal batch and two
+  offload requests or more, the offload batch in two halves whose pieces alternate, the normal rows riding in the
+  first, so each half's recall flies while the other half computes: `max(e_h * bytes / copy, recall / link)`. `e_h`
+  (`--halves-efficiency`) is the halves rounds' own: each half runs the offloaded layers' kernels for itself. The
+  other rounds are IRQ's, at `e`.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
-window and 1.45 on the ServeGen one at budget 1024 with `h` 1.21, --no-irq 1.39), `copy` and `link` the rates the
+window and 1.45 on the ServeGen one at budget 1024 with `h` 1.21, --no-irq 1.39; on an H100, pulseinfer 1.48 and
+`e_h` 1.73 on the Mooncake window), `copy` and `link` the rates the
 device measured (the recall at 0.8 of the link's peak, as the copier lands it). An offload request's recall is its
 hot sets filled once, then per offloaded layer and step the selected blocks its hot set missed, at the locality the
 presets are steered to (`sparse_bench.default_profile`). Prefill, the cost of moving a request between classes and
@@ -65,12 +67,13 @@ from pulseio_engine.trace.load import TraceOptions, open_trace  # noqa: E402
 class Rates:
     """The device's copy and the link's rates (GB/s), and a mode's rounds over their roofline (`efficiency`).
     `hide_efficiency`: the normal pieces' own rate over their bytes where they hide a recall under IRQ (None: the
-    mode's `efficiency`)."""
+    mode's `efficiency`). `halves_efficiency`: the rounds run as halves, theirs (None: `efficiency`)."""
 
     copy_gbps: float
     link_gbps: float
     efficiency: float
     hide_efficiency: float | None = None
+    halves_efficiency: float | None = None
 
 
 @dataclass
@@ -150,6 +153,7 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
                                              locality_context or steering_context(trace), hot_cache)
     copy, link, e = rates.copy_gbps * 1e9, rates.link_gbps * 1e9, rates.efficiency
     hide = e if rates.hide_efficiency is None else rates.hide_efficiency
+    e_halves = e if rates.halves_efficiency is None else rates.halves_efficiency
 
     rec = Recorder()
     arrivals = deque(enumerate(trace.requests))
@@ -183,10 +187,10 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
         for step in range(steps if normal else 0):
             b = step_bytes(shapes[KVClass.NORMAL], [running[rid].context + step for rid in normal])
             normal_bytes, weight_bytes = normal_bytes + b.total, weight_bytes + b.weights
-        offload_bytes = recall = offload_weights = 0.0
+        offload_bytes = recall = 0.0
         if offload:
             b = step_bytes(shapes[KVClass.OFFLOAD], [running[rid].context for rid in offload], offload=True)
-            offload_bytes, offload_weights, weight_bytes = b.total, b.weights, weight_bytes + b.weights
+            offload_bytes, weight_bytes = b.total, weight_bytes + b.weights
             for rid in offload:
                 recall += fill if running[rid].cold else warm_recall
                 running[rid].cold = False
@@ -195,12 +199,9 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
             exposed = max(0.0, recall / link - hide * normal_bytes / copy)
         else:
             exposed = recall / link
-        if halves and config.interleaves and len(offload) >= 2:     # halves where they make the round shorter
-            extra = 0.0 if normal else offload_weights                # two halves read the weights twice
-            halved = e * (normal_bytes + offload_bytes + extra) / copy
-            if max(halved, recall / link) < compute + exposed:
-                compute, exposed, weight_bytes = halved, max(0.0, recall / link - halved), weight_bytes + extra
-                offload_bytes += extra
+        if halves and both and config.interleaves and len(offload) >= 2:      # as `ServingEngine` runs halves
+            compute = e_halves * (normal_bytes + offload_bytes) / copy
+            exposed = max(0.0, recall / link - compute)
         dt = compute + exposed
         t += dt
         rounds += 1
@@ -226,12 +227,19 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
                    throughput: float, locality_context: int | None = None, hot_cache: float = 1.0,
-                   halves: bool = False, hide_efficiency: float | None = None) -> float | None:
+                   halves: bool = False, hide_efficiency: float | None = None,
+                   efficiency: float | None = None) -> float | None:
     """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
-    None where even e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'."""
-    def at(e: float) -> float:
-        return forecast(trace, model, config, Rates(copy_gbps, link_gbps, e, hide_efficiency),
-                        locality_context=locality_context, hot_cache=hot_cache, halves=halves).throughput
+    None where even e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'.
+    `halves`: the halves rounds' `e_h` instead, the other rounds at `efficiency`."""
+    if halves and efficiency is None:
+        raise ValueError("fitting the halves rounds' efficiency needs the other rounds' (efficiency=)")
+
+    def at(x: float) -> float:
+        rates = Rates(copy_gbps, link_gbps, efficiency if halves else x, hide_efficiency,  # type: ignore[arg-type]
+                      halves_efficiency=x if halves else None)
+        return forecast(trace, model, config, rates, locality_context=locality_context, hot_cache=hot_cache,
+                        halves=halves).throughput
 
     lo, hi = 0.5, 5.0
     if at(lo) < throughput:
@@ -247,6 +255,7 @@ MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None)}
 HALVES = "pulseinfer --halves"                                                   # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
+HALVES_EFFICIENCY = 1.73                          # the halves rounds', fitted to an H100 replay (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
 
@@ -321,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hide-efficiency", type=float, default=EFFICIENCY["vanilla"], metavar="H",
                         help="under IRQ, the normal pieces' rate over their bytes where they hide a recall (default: "
                              "vanilla's efficiency, as they run beside it)")
+    parser.add_argument("--halves-efficiency", type=float, default=HALVES_EFFICIENCY, metavar="E",
+                        help="pulseinfer --halves: the rounds run as halves, their rounds over their bytes (default: "
+                             "fitted to a replay with --halves on an H100)")
     parser.add_argument("--need", type=float, default=None, metavar="X",
                         help="also print the efficiency at which each offload mode would decode X times vanilla's "
                              "tokens a second")
@@ -336,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def rates(mode: str) -> Rates:
         e = eff.get(mode) or eff.get(mode.split()[0]) or eff.get("pulseinfer", 1.0)
-        return Rates(args.copy_gbps, args.link_gbps, e, args.hide_efficiency)
+        return Rates(args.copy_gbps, args.link_gbps, e, args.hide_efficiency, args.halves_efficiency)
 
     for path in args.fit:
         report = json.loads(path.read_text())
@@ -346,10 +358,13 @@ def main(argv: list[str] | None = None) -> int:
                                 normal_steps=cfg["normal_steps"])
         measured = report["summary"]["decode_throughput_tok_s"]
         steered = re.search(r"context (\d+)", cfg.get("steering") or "")     # the locality the run was steered to
+        halves = bool(cfg.get("halves"))                  # its halves rounds' e_h, the others at pulseinfer's e
         e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
                            int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0),
-                           hide_efficiency=args.hide_efficiency)
-        print(f"{path}: {report['mode']} {measured:.1f} tok/s -> efficiency "
+                           halves=halves, hide_efficiency=args.hide_efficiency,
+                           efficiency=rates("pulseinfer").efficiency)
+        print(f"{path}: {report['mode']}{' --halves' if halves else ''} {measured:.1f} tok/s -> "
+              + ("halves rounds' " if halves else "") + "efficiency "
               + ("below 0.5" if e is None else f"{e:.3f}"))
     if args.fit:
         return 0
@@ -377,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.need is not None and base is not None and config.has_offload:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
                                       args.need * base.throughput, args.locality_context, args.hot_cache,
-                                      halves=mode == HALVES, hide_efficiency=args.hide_efficiency)
+                                      halves=mode == HALVES, hide_efficiency=args.hide_efficiency,
+                                      efficiency=rates(mode).efficiency)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 

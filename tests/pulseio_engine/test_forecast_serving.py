@@ -85,6 +85,13 @@ def test_the_fitted_efficiency_gives_back_the_throughput_it_was_fitted_to() -> N
     assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, made) == pytest.approx(1.37, rel=1e-6)
     best = forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(50.0, 2.0, 0.5)).throughput
     assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, 1.01 * best) is None, "out of reach"
+    trace = Trace(tuple(TraceRequest(0.0, n, 20, "a") for n in (300, 4000, 4100)), "t", "mooncake")    # halves
+    made = forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(50.0, 2.0, 1.4, None, 1.8),
+                                     halves=True).throughput
+    assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, made, halves=True, efficiency=1.4) == \
+        pytest.approx(1.8, rel=1e-6)
+    with pytest.raises(ValueError, match="needs the other rounds'"):
+        forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, made, halves=True)
 
 
 def test_a_larger_hot_cache_recalls_less_and_fits_fewer_offload_requests() -> None:
@@ -114,32 +121,27 @@ def test_a_larger_hot_cache_recalls_less_and_fits_fewer_offload_requests() -> No
     assert larger.exposed_recall_s < built.exposed_recall_s
 
 
-def test_halves_hide_the_recall_behind_all_of_the_rounds_work_and_read_the_weights_twice_without_a_normal_batch(
-        ) -> None:
-    """The what-if: three offload requests (one round each, all cold) alone, then with a normal one. Alone, the two
-    halves read the weights once more than the one batch did; with the normal request, the bytes are IRQ's. Either
-    way the round takes its work or its recall over the link, whichever is longer, where that is shorter than IRQ's
-    round (here it is: the link is slow); one offload request is no halves."""
+def test_halves_rounds_hide_the_recall_behind_all_of_their_work_at_their_own_efficiency() -> None:
+    """Halves where the engine runs them: three offload requests (one round each, all cold) beside a normal one run
+    as halves, the round their work at the halves' efficiency or their recall over the link, whichever is longer;
+    alone, or one offload request beside the normal one, the round is IRQ's (or one batch's), at the mode's."""
     model = open_model("tiny").config
-    rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5)
+    rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5, halves_efficiency=1.75)
     config = forecast_serving.serving_config("pulseinfer", gpu_kv_gib=1.0, host_kv_gib=1.0, offload_threshold=1024,
                                              token_budget=256, normal_steps=1)
     shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
-    for lengths in ([4000, 4100, 4200], [300, 4000, 4100, 4200], [4000]):
+    for lengths in ([4000, 4100, 4200], [300, 4000, 4100, 4200], [300, 4000]):
         trace = Trace(tuple(TraceRequest(0.0, n, 1, "a") for n in lengths), "t", "mooncake")
         _, fill = forecast_serving.recall_per_token(config, model, shape, forecast_serving.steering_context(trace))
         long = [n for n in lengths if n > 1024]
         offload = step_bytes(shape, long, offload=True)
         normal = sum(step_bytes(shape, [n]).total for n in lengths if n <= 1024)
-        extra = offload.weights if normal == 0 and len(long) >= 2 else 0
-        work = 1.5 * (normal + offload.total + extra) / 50e9
         recall = len(long) * fill / 2e9
         (dt,) = [r.dt_s for r in forecast_serving.forecast(trace, "tiny", config, rates, halves=True).recorder.rounds]
-        want = max(work, recall) if len(long) >= 2 else work + recall
-        assert dt == pytest.approx(want, rel=1e-9), lengths
         irq = 1.5 * (normal + offload.total) / 50e9 + recall - min(recall, 1.5 * normal / 50e9)
-        assert want < irq or len(long) < 2
-    fast = forecast_serving.Rates(copy_gbps=50.0, link_gbps=1e6, efficiency=1.5)       # no recall to hide: as IRQ
-    trace = Trace(tuple(TraceRequest(0.0, n, 1, "a") for n in (4000, 4100)), "t", "mooncake")
+        want = max(1.75 * (normal + offload.total) / 50e9, recall) if normal and len(long) >= 2 else irq
+        assert dt == pytest.approx(want, rel=1e-9), lengths
+    fast = replace(rates, link_gbps=1e6, halves_efficiency=None)       # no recall to hide, the same efficiency: IRQ
+    trace = Trace(tuple(TraceRequest(0.0, n, 1, "a") for n in (300, 4000, 4100)), "t", "mooncake")
     assert [r.dt_s for r in forecast_serving.forecast(trace, "tiny", config, fast, halves=True).recorder.rounds] == \
-        [r.dt_s for r in forecast_serving.forecast(trace, "tiny", config, fast).recorder.rounds]
+        pytest.approx([r.dt_s for r in forecast_serving.forecast(trace, "tiny", config, fast).recorder.rounds])
