@@ -101,8 +101,7 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         "low-priority one, so the GPU runs normal layers wherever the offload batch waits")
     r.add_argument("--halves", action="store_true",
                    help="pulseinfer (IRQ): the offload batch in two halves whose layers alternate, the normal requests "
-                        "riding in the first, so each half's recall flies while the other computes (a CPU only "
-                        "for now)")
+                        "riding in the first, so each half's recall flies while the other computes")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
