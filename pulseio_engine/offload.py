@@ -181,8 +181,8 @@ class Offloader:
     def padded(self, request_ids: Seq[int], rows: int) -> tuple[int, ...]:
         """These requests followed by padding seats up to `rows`: a step captured for `rows` rows then serves
         fewer requests, its padding rows selecting in seats of their own (ids -1, -2, ...; an engine's are >= 0)
-        and attending the cache's padding block. The first call for `rows` seats `rows` - 1 of them, which stay,
-        so that fewer requests later do not grow the seats under the steps captured since. All-on-GPU only: a
+        and attending the cache's padding block. The first call for `rows` seats at least `rows` - 1 of them, which
+        stay, so that fewer requests later do not grow the seats under the steps captured since. All-on-GPU only: a
         padding row has no host units."""
         if not self.on_gpu:
             raise ValueError("padding rows are for an all-on-GPU offloader (RecallMode.ALL_ON_GPU): an offload "
@@ -190,7 +190,7 @@ class Offloader:
         if len(request_ids) > rows:
             raise ValueError(f"{len(request_ids)} requests do not fit {rows} rows")
         pads = tuple(range(-1, len(request_ids) - rows - 1, -1))
-        while self.padding_seats < rows - 1:
+        while self.padding_seats < max(rows - 1, len(pads)):
             self.padding_seats += 1
             self.seats.seat(-self.padding_seats, self._selection_parts())
         return (*request_ids, *pads)

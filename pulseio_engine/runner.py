@@ -279,8 +279,8 @@ RIDER_ROWS_MIN = 16     # riders' rows in a halves step: at least this many, the
 
 def rider_rows(riders: int) -> int:
     """Rows a halves step gives its riders: their count rounded up to `RIDER_ROWS_MIN` times a power of two. A pair
-    of halves is captured per (first, second, rider rows), and a capture costs about as much as a second of
-    decoding; padding rows cost little, since a decode step's GEMMs read their weights whatever their rows."""
+    of halves is captured per (first, second, rider rows), and a capture costs many decode steps; padding rows
+    cost little, since a decode step's GEMMs read their weights whatever their rows."""
     rows = RIDER_ROWS_MIN
     while rows < riders:
         rows *= 2

@@ -164,6 +164,9 @@ def test_padding_seats_are_all_on_gpu_only_and_fit_their_rows(tiny_qwen3) -> Non
         with pytest.raises(ValueError, match="3 requests do not fit 2 rows"):
             serving.normal.offloader.padded([0, 1, 2], 2)
         assert serving.normal.offloader.padded([5], 3) == (5, -1, -2)
+        pads = serving.normal.offloader.padded([], 20)
+        assert pads == tuple(range(-1, -21, -1)) and serving.normal.offloader.padding_seats == 20
+        serving.normal.offloader.arrange(pads)                      # every padding id is seated
 
 
 def test_halves_need_irq_and_one_normal_step() -> None:
