@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -97,20 +98,37 @@ def tokens() -> dict:
             ("irq two streams", True, None, None, 1, True, True),
             ("irq late two streams", True, 6, None, 1, True, True),
             ("irq 3 steps late two streams", True, 6, None, 3, True, True)):
-        with _engine("tiny", irq=irq, normal_steps=steps, overlap=overlap, two_streams=streams) as serving:
-            if late is not None:
-                off = serving.offload.offloader                          # type: ignore[union-attr]
-                off.recaller = LateRecaller(off.recaller, max_checks=late, seed=1)
-            _add(serving, {r: c for r, c in classes.items() if which in (None, c)}, 700, 24, 256)
-            runs[name] = {"tokens": _run(serving), "warming_rounds": serving.warming_rounds,
-                          "m": dict(serving.inner.stats.m), "device_waits": serving.inner.stats.device_waits,
-                          "runtime": _runtime(serving)}
+        runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late, irq=irq,
+                            normal_steps=steps, overlap=overlap, two_streams=streams)
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     ok = all(runs[k]["tokens"] == alone for k in runs if k not in ("normal alone", "offload alone"))
     ok = ok and max(runs["irq 3 steps late"]["m"], default=0) > 1       # a late recall spans several normal layers
-    ok = ok and all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
-                    for r in runs.values())
-    return {"ok": ok, **{k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}}
+    ok = ok and _recalls_clean(runs)
+    return {"ok": ok, **_without_tokens(runs)}
+
+
+def _serve(classes: dict[int, KVClass], late: int | None, **engine: Any) -> dict:
+    """The tiny preset's requests of `classes` served to the end by `_engine(**engine)`, their recalls landing
+    after up to `late` landing checks (`LateRecaller`; None: as they land) -> their tokens and the run's counters."""
+    with _engine("tiny", **engine) as serving:
+        if late is not None:
+            off = serving.offload.offloader                          # type: ignore[union-attr]
+            off.recaller = LateRecaller(off.recaller, max_checks=late, seed=1)
+        _add(serving, classes, 700, 24, 256)
+        stats = serving.inner.stats
+        return {"tokens": _run(serving), "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
+                "halves_rounds": serving.halves_rounds, "m": dict(stats.m), "device_waits": stats.device_waits,
+                "runtime": _runtime(serving)}
+
+
+def _recalls_clean(runs: dict[str, dict]) -> bool:
+    """Whether every run's pulseio runtime (if it had one) failed and expired no recall."""
+    return all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
+               for r in runs.values())
+
+
+def _without_tokens(runs: dict[str, dict]) -> dict[str, dict]:
+    return {k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}
 
 
 def halves() -> dict:
@@ -124,22 +142,15 @@ def halves() -> dict:
             ("offload alone", False, None, OFF, False, False), ("halves late", True, 6, None, False, True),
             ("halves overlapped", True, None, None, True, True),
             ("halves late overlapped", True, 6, None, True, True)):
-        with _engine("tiny", irq=irq, overlap=overlap, halves=split) as serving:
-            if late is not None:
-                off = serving.offload.offloader                          # type: ignore[union-attr]
-                off.recaller = LateRecaller(off.recaller, max_checks=late, seed=1)
-            _add(serving, {r: c for r, c in classes.items() if which in (None, c)}, 700, 24, 256)
-            runs[name] = {"tokens": _run(serving), "halves_rounds": serving.halves_rounds, "rounds": serving.rounds,
-                          "warming_rounds": serving.warming_rounds, "runtime": _runtime(serving)}
+        runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late, irq=irq,
+                            overlap=overlap, halves=split)
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     split = [k for k in runs if k.startswith("halves")]
     differ = [k for k in split if runs[k]["tokens"] != alone]
     ok = not differ and sorted(len(t) for t in alone.values()) == [24] * len(classes)
     ok = ok and all(0 < runs[k]["halves_rounds"] for k in split)
-    ok = ok and all(r["runtime"] is None or (r["runtime"]["failed"] == 0 and r["runtime"]["expired"] == 0)
-                    for r in runs.values())
-    return {"ok": ok, "differ": differ, **{k: {key: v for key, v in r.items() if key != "tokens"}
-                                         for k, r in runs.items()}}
+    ok = ok and _recalls_clean(runs)
+    return {"ok": ok, "differ": differ, **_without_tokens(runs)}
 
 
 def vanilla() -> dict:
