@@ -234,10 +234,11 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
     `halves`: the halves rounds' `e_h` instead, the other rounds at `efficiency`."""
     if halves and efficiency is None:
         raise ValueError("fitting the halves rounds' efficiency needs the other rounds' (efficiency=)")
+    others = efficiency or 0.0                           # the other rounds' e, held (halves)
 
     def at(x: float) -> float:
-        rates = Rates(copy_gbps, link_gbps, efficiency if halves else x, hide_efficiency,  # type: ignore[arg-type]
-                      halves_efficiency=x if halves else None)
+        rates = Rates(copy_gbps, link_gbps, x, hide_efficiency) if not halves else \
+            Rates(copy_gbps, link_gbps, others, hide_efficiency, halves_efficiency=x)
         return forecast(trace, model, config, rates, locality_context=locality_context, hot_cache=hot_cache,
                         halves=halves).throughput
 
