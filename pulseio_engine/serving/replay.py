@@ -175,14 +175,12 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
                     c: (count, paired_normal_tokens if c is KVClass.NORMAL and with_other else 2)
                     for c, count in batch.items()})
     if riders is not None and tops.get(KVClass.NORMAL) and tops.get(KVClass.OFFLOAD, 0) >= 2:
-        fp, tokens = serving.footprint, length + paired_normal_tokens
         rows = 2 * RIDER_ROWS_MIN
         while rows // 2 < tops[KVClass.NORMAL]:          # the halves' larger riders' rows, each with every pair
             normal = min(rows, tops[KVClass.NORMAL])
             for n in range(tops[KVClass.OFFLOAD], 1, -1):
                 sizes = {KVClass.NORMAL: normal, KVClass.OFFLOAD: n}
-                if (sum(k * fp.device_bytes(c, tokens) for c, k in sizes.items()) <= config.gpu_kv_bytes
-                        and sum(k * fp.host_bytes(c, tokens) for c, k in sizes.items()) <= config.host_kv_bytes):
+                if _fits(serving, sizes, length + paired_normal_tokens):
                     rid = _serve_batch(serving, source, seed, rid, length,
                                        {c: (k, paired_normal_tokens) for c, k in sizes.items()})
             rows *= 2
@@ -209,23 +207,26 @@ def sweep_sizes(serving: ServingEngine, tokens: int) -> dict[KVClass, int]:
     engine keeps (a size has two: split and whole; `OffloadConfig.kept_step_graphs`'s default for an engine without
     step graphs) and, offloaded, the offload cap, with every batch of it and one request of the other class (if any)
     of `tokens` tokens within the KV caps."""
-    config, fp = serving.config, serving.footprint
+    config = serving.config
     classes = [KVClass.NORMAL] + ([KVClass.OFFLOAD] if config.has_offload else [])
-    gpu = {c: fp.device_bytes(c, tokens) for c in classes}
-    host = {c: fp.host_bytes(c, tokens) for c in classes}
     tops = {}
     for c in classes:
-        other = [o for o in classes if o is not c]
         off = (serving.normal if c is KVClass.NORMAL else serving.offload).offloader     # type: ignore[union-attr]
         kept = OffloadConfig.kept_step_graphs if off is None else off.offload.kept_step_graphs
         top = min(config.max_batch, kept // 2)
         if c is KVClass.OFFLOAD:
             top = min(top, serving.sizes.max_offload)
-        while top > 0 and (top * gpu[c] + sum(gpu[o] for o in other) > config.gpu_kv_bytes
-                           or top * host[c] + sum(host[o] for o in other) > config.host_kv_bytes):
+        while top > 0 and not _fits(serving, {o: top if o is c else 1 for o in classes}, tokens):
             top -= 1
         tops[c] = top
     return tops
+
+
+def _fits(serving: ServingEngine, sizes: dict[KVClass, int], tokens: int) -> bool:
+    """Whether batches of these sizes (class -> requests) of `tokens` tokens each fit the GPU and host KV caps."""
+    config, fp = serving.config, serving.footprint
+    return (sum(n * fp.device_bytes(c, tokens) for c, n in sizes.items()) <= config.gpu_kv_bytes
+            and sum(n * fp.host_bytes(c, tokens) for c, n in sizes.items()) <= config.host_kv_bytes)
 
 
 @dataclass(frozen=True)
