@@ -148,14 +148,16 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
 
     tg = sub.add_parser("replay-gaps", help="where the GPU stood idle in a replay's timelines",
                         description="Read the timelines replay --timeline-dir wrote: the GPU's idle time between the "
-                                    "model's kernels, by gap length and by the kernels around them, the longest gaps "
-                                    "with the host calls that overlap them most, and the device waits for recalls "
-                                    "against their publishes.")
+                                    "model's kernels, by gap length and by the kernels around them, the model's "
+                                    "kernels by run time, the longest gaps with the host calls that overlap them "
+                                    "most, and the device waits for recalls against their publishes.")
     tg.add_argument("timelines", nargs="+", type=Path, metavar="PATH",
                     help="timeline files, or folders of them (rounds-*.json)")
     tg.add_argument("--longest", type=int_at_least(1), default=5, help="gaps listed a timeline (default: 5)")
     tg.add_argument("--boundaries", type=int_at_least(0), default=8,
                     help="kinds of boundary (the kernels around a gap) listed with their idle time (default: 8)")
+    tg.add_argument("--kernels", type=int_at_least(0), default=12,
+                    help="model kernels listed with their run time (default: 12)")
     tg.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     tg.set_defaults(func=_replay_gaps, prog=tg.prog)
 
@@ -293,7 +295,8 @@ def _replay_gaps(args: argparse.Namespace) -> int:
         if not found or not all(f.is_file() for f in found):
             raise UsageError(args.prog, f"{path}: no timeline there (replay --timeline-dir writes rounds-*.json)")
         files += found
-    print(describe([read_window(f, longest=args.longest) for f in files], boundaries=args.boundaries))
+    windows = [read_window(f, longest=args.longest) for f in files]
+    print(describe(windows, boundaries=args.boundaries, kernels=args.kernels))
     return 0
 
 

@@ -7,7 +7,8 @@ tens between graphs, hundreds and more where the host did not keep the GPU fed),
 with the host calls that overlap them most: the main thread's `record_function` ranges and torch ops, and
 whatever else the profiler recorded (a `cudaGraphLaunch`, a `cudaStreamSynchronize`). Gaps are also summed by
 the model kernels on either side of them, with the pulseio kernels that ran inside (a device wait, a publish):
-the same pair of kernels once a layer or once a round says which boundary loses the time. Last, each device wait
+the same pair of kernels once a layer or once a round says which boundary loses the time. The busy time is summed
+by kernel name too, which says what the GPU spends its rounds on. Last, each device wait
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
 that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait.
 """
@@ -78,6 +79,7 @@ class WindowGaps:
     listed: int
     boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
     recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
+    kernels: dict[str, tuple[float, int]] | None = None   # model kernels' microseconds and launches, by name
 
     @property
     def idle_us(self) -> float:
@@ -125,7 +127,18 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     found = [Gap(lo, hi, tuple(heapq.nlargest(top_host, c.items(), key=lambda kv: kv[1])))   # as most_common
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
-                      len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered))
+                      len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered),
+                      _by_kernel(kernels))
+
+
+def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
+    """The model kernels' run time and launches, by `kernel_name` (overlapping kernels each count in full)."""
+    out: dict[str, tuple[float, int]] = {}
+    for lo, hi, name in kernels:
+        if not is_pulseio_kernel(name):
+            us, n = out.get(kernel_name(name), (0.0, 0))
+            out[kernel_name(name)] = (us + hi - lo, n + 1)
+    return out
 
 
 def _recall_waits(kernels: list[tuple[float, float, str]],
@@ -176,9 +189,10 @@ def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float,
     return out
 
 
-def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
+def describe(windows: list[WindowGaps], *, boundaries: int = 8, kernels: int = 12) -> str:
     """A table of the windows' idle time by gap length, then the `boundaries` kinds of boundary losing the most
-    over all windows, then each window's listed gaps with their host calls."""
+    over all windows, the `kernels` model kernels running longest, then each window's listed gaps with their host
+    calls."""
     head = ["< 10 us", "10-100 us", "0.1-1 ms", ">= 1 ms"]
     lines = [f"{'timeline':<28} {'span ms':>8} {'busy':>6}  idle ms in gaps of " + " / ".join(head)]
     for w in windows:
@@ -203,6 +217,7 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
             inside = f" [{key.inside}]" if key.inside else ""
             lines.append(f"  {us / 1e3:>8.2f} {us / span:>6.1%} {n:>6} {us / n:>8.1f}  "
                          f"{key.before} -> {key.after}{inside}")
+    lines.extend(_describe_kernels(windows, span, kernels))
     lines.extend(_describe_recalls(windows, span))
     for w in windows:
         if not w.listed:
@@ -212,6 +227,24 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8) -> str:
             calls = ", ".join(f"{name} {us:.0f} us" for name, us in g.host) or "no host call recorded"
             lines.append(f"  {g.us:>9.1f} us at +{(g.start_us - w.start_us) / 1e3:.2f} ms: {calls}")
     return "\n".join(lines)
+
+
+def _describe_kernels(windows: list[WindowGaps], span_us: float, top: int) -> list[str]:
+    """The `top` model kernels by run time over all windows, with their share of the timeline."""
+    total: dict[str, tuple[float, int]] = {}
+    for w in windows:
+        for name, (us, n) in (w.kernels or {}).items():
+            t_us, t_n = total.get(name, (0.0, 0))
+            total[name] = (t_us + us, t_n + n)
+    if not total or not top:
+        return []
+    ran = sum(us for us, _ in total.values())
+    lines = [f"\nthe model's kernels by run time, over {span_us / 1e3:.1f} ms of timeline ({ran / 1e3:.1f} ms of "
+             f"kernels, {sum(n for _, n in total.values())} launches; the {top} longest)",
+             f"  {'run ms':>8} {'share':>6} {'launches':>8} {'mean us':>8}  kernel"]
+    for name, (us, n) in sorted(total.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"  {us / 1e3:>8.2f} {us / span_us:>6.1%} {n:>8} {us / n:>8.1f}  {name}")
+    return lines
 
 
 def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:

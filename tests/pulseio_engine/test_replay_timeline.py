@@ -51,6 +51,18 @@ def test_gaps_are_the_stretches_without_a_model_kernel_with_the_host_calls_that_
     assert "+0.10 ms" not in text, "only the 2 longest gaps are listed"
 
 
+
+def test_run_time_is_summed_by_model_kernel_over_windows_leaving_pulseio_kernels_out(tmp_path: Path) -> None:
+    a = read_window(_write(tmp_path / "rounds-0-4.json", EVENTS))
+    b = read_window(_write(tmp_path / "rounds-5-9.json", [_kernel("void gemm<128>(float*)", 0, 30)]))
+    assert a.kernels == {"gemm": (300.0, 2), "norm": (95.0, 1), "attn": (50.0, 1)}
+    text = describe([a, b], kernels=2)
+    lines = text.split("the model's kernels by run time")[1].splitlines()
+    assert "(0.5 ms of kernels, 5 launches; the 2 longest)" in lines[0], text
+    assert lines[2].split() == ["0.33", f"{330 / 2030:.1%}", "3", "110.0", "gemm"], text
+    assert lines[3].split()[-1] == "norm" and "attn" not in text.split("by run time")[1].split("device waits")[0]
+    assert "by run time" not in describe([a], kernels=0)
+
 def test_the_cli_reads_a_folder_in_round_order_and_refuses_one_without_timelines(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for first in (25, 5, 15):
