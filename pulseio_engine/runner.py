@@ -157,10 +157,12 @@ class ModelRunner:
         to `OffloadConfig.kept_step_graphs`; a size not kept is captured anew, and all are once the offloader's seats
         have grown.
         `split`: a step the caller runs piece by piece (`OffloadStepGraph.run_piece`), one graph per piece.
-        `riders`: another engine's requests riding in the step after these (`StepRiders`): the logits' last rows.
+        `riders`: another engine's requests riding in the step after these (`StepRiders`), in `rider_rows` rows,
+        padded (`Offloader.padded`) as the halves' are: the logits' rows after the batch's own, the riders' first.
         Two halves of a batch are `offload_halves`'."""
         rids = tuple(s.request_id for s in seqs)
-        rider_ids = () if riders is None else tuple(s.request_id for s in riders.seqs)
+        rider_ids = () if riders is None else \
+            riders.offloader.padded([s.request_id for s in riders.seqs], rider_rows(len(riders.seqs)))
         key = (len(rids), split, len(rider_ids))
         graph = _kept(self._step_graphs, key, lambda g: g.stale)
         if graph is not None:
@@ -176,7 +178,7 @@ class ModelRunner:
             self._step_graphs[key] = graph
             self.step_graphs_built += 1
         self._offload_graph = graph
-        self._upload(graph, [*seqs, *(() if riders is None else riders.seqs)])
+        self._upload(graph, [*seqs, *(() if riders is None else riders.seqs)], len(rids) + len(rider_ids))
         return graph
 
     def offload_halves(self, first: Seq[Sequence], second: Seq[Sequence], offloader: Offloader,
@@ -274,13 +276,13 @@ def _host_ids(seq: Sequence) -> np.ndarray:
 
 K = TypeVar("K")
 V = TypeVar("V")
-RIDER_ROWS_MIN = 16     # riders' rows in a halves step: at least this many, then powers of two (`rider_rows`)
+RIDER_ROWS_MIN = 16     # riders' rows in a step: at least this many, then powers of two (`rider_rows`)
 
 
 def rider_rows(riders: int) -> int:
-    """Rows a halves step gives its riders: their count rounded up to `RIDER_ROWS_MIN` times a power of two. A pair
-    of halves is captured per (first, second, rider rows), and a capture costs many decode steps; padding rows
-    cost little, since a decode step's GEMMs read their weights whatever their rows."""
+    """Rows a step with riders gives them: their count rounded up to `RIDER_ROWS_MIN` times a power of two. A step
+    (or a pair of halves) is captured per its sizes and rider rows, and a capture costs many decode steps; padding
+    rows cost little, since a decode step's GEMMs read their weights whatever their rows."""
     rows = RIDER_ROWS_MIN
     while rows < riders:
         rows *= 2

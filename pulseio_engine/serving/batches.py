@@ -122,9 +122,9 @@ class DecodeBatch:
 
 
 class ClassTokens:
-    """One class's requests in a round run as halves (`InnerScheduler.halves`), as `launch` and `collect` see a
-    batch: their engine, their sequences, and their tokens, slices of the halves' (rows [start, stop) of each
-    listed batch's tokens, in order)."""
+    """One class's requests in a round run as halves (`InnerScheduler.halves`) or as one step with riders
+    (`ServingConfig.ride`), as `launch` and `collect` see a batch: their engine, their sequences, and their tokens,
+    slices of the steps' (rows [start, stop) of each listed batch's tokens, in order)."""
 
     steps = 1
     warming = False
@@ -138,7 +138,7 @@ class ClassTokens:
         return len(self.seqs)
 
     def tokens_nowait(self) -> torch.Tensor:
-        """[B] int64 greedy tokens on the device, once the halves' last pieces ran (gathered once)."""
+        """[B] int64 greedy tokens on the device, once the steps' last pieces ran (gathered once)."""
         if self._tokens is None:
             slices = [batch.tokens_nowait()[start:stop] for batch, start, stop in self._parts]
             self._tokens = slices[0] if len(slices) == 1 else torch.cat(slices)

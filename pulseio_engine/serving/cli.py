@@ -102,6 +102,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--halves", action="store_true",
                    help="pulseinfer (IRQ): the offload batch in two halves whose layers alternate, the normal requests "
                         "riding in the first, so each half's recall flies while the other computes")
+    r.add_argument("--ride", action="store_true",
+                   help="pulseinfer without IRQ: the normal requests ride in the offload batch's step, one forward a "
+                        "round that reads the weights once for both (the recall is not hidden)")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -266,7 +269,8 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              normal_steps=args.normal_steps,
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
-                             two_streams=args.two_streams, hot_cache=args.hot_cache, halves=args.halves)
+                             two_streams=args.two_streams, hot_cache=args.hot_cache, halves=args.halves,
+                             ride=args.ride)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

@@ -40,7 +40,9 @@ class ServingConfig:
     (`OffloadConfig.hot_cache`): each offload request is charged that many budgets' slots per offloaded layer.
     `halves`: under IRQ, a round with both batches and two offload requests or more runs the offload batch as
     two halves whose layer pieces alternate, the normal requests riding in the first half's step, so each half's
-    recall flies while the other half computes (`InnerScheduler.halves`)."""
+    recall flies while the other half computes (`InnerScheduler.halves`). `ride`: pulseinfer without IRQ, a round
+    with both batches is one step of the offload batch with the normal requests riding in it (`StepRiders`): one
+    forward reads the weights once for both, and the recall is not hidden."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -61,6 +63,7 @@ class ServingConfig:
     two_streams: bool = False
     hot_cache: float = 1.0
     halves: bool = False
+    ride: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -90,6 +93,10 @@ class ServingConfig:
         if self.two_streams and not self.interleaves:
             raise ValueError(f"two_streams puts IRQ's two batches on two streams; {self.describe()} does not "
                              "interleave")
+        if self.ride and (self.mode is not ServeMode.PULSEINFER or self.irq):
+            raise ValueError(f"ride carries the normal requests in pulseinfer's offload step, one forward a round "
+                             f"instead of IRQ's two batches; {self.mode.value}{' with irq' * bool(self.irq)} has no "
+                             "such step (pulseinfer, irq unset or False)")
         if self.halves and not self.interleaves:
             raise ValueError(f"halves split IRQ's offload batch in two; {self.describe()} does not interleave")
         if self.halves and (self.normal_steps > 1 or self.two_streams):
@@ -138,7 +145,7 @@ class ServingConfig:
     @property
     def interleaves(self) -> bool:
         """Whether the two batches run under IRQ (layer by layer) rather than coupled."""
-        return self.mode is ServeMode.PULSEINFER and self.irq is not False
+        return self.mode is ServeMode.PULSEINFER and self.irq is not False and not self.ride
 
     @property
     def sparse(self) -> SparseMode | None:
@@ -159,4 +166,6 @@ class ServingConfig:
 
     def describe(self) -> str:
         """The mode as the results name it: 'pulseinfer', 'pulseinfer --no-irq', 'quest'..."""
+        if self.ride:
+            return self.mode.value + " --ride"
         return self.mode.value + (" --no-irq" if self.mode is ServeMode.PULSEINFER and not self.interleaves else "")

@@ -125,6 +125,7 @@ class ServingEngine:
         self.rounds = 0
         self.warming_rounds = 0          # IRQ rounds run coupled because a batch's step ran eagerly on a GPU
         self.halves_rounds = 0           # rounds run as halves (`ServingConfig.halves`)
+        self.ridden_rounds = 0           # rounds run as one step, the normal requests riding (`ServingConfig.ride`)
         self.batch_sizes: Counter[tuple[int, int]] = Counter()
         self.normal_step_counts: Counter[int] = Counter()   # rounds by the normal batch's decode steps in them
         self.host = HostTimes()
@@ -236,12 +237,17 @@ class ServingEngine:
         decodes: dict[KVClass, DecodeBatch | ClassTokens]
         if split and self.config.halves and len(due[KVClass.OFFLOAD][1]) >= 2:
             decodes, halves = self._halves(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
+        elif self.config.ride and len(due) == 2:
+            decodes, ridden = self._ride(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
+            batches = {KVClass.OFFLOAD: ridden}
         else:
             batches = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
                        for c, (eng, seqs) in due.items()}
             decodes = dict(batches)
+        riding = self.config.ride and len(decodes) == 2      # the normal requests ride in the offload step
         for c, b in decodes.items():
-            self.read.add(self._shapes[c], [s.num_tokens for s in b.seqs], b.steps, offload=c is KVClass.OFFLOAD)
+            self.read.add(self._shapes[c], [s.num_tokens for s in b.seqs], b.steps, offload=c is KVClass.OFFLOAD,
+                          riding=riding and c is KVClass.NORMAL)
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
         if halves is not None and not any(b.warming for b in halves):
@@ -250,6 +256,9 @@ class ServingEngine:
         elif halves is not None:     # a new pair's first step on a GPU runs eagerly, each half whole: then both capture
             self.warming_rounds += 1
             self.inner.coupled(*halves)
+        elif self.config.ride and len(due) == 2:
+            self.ridden_rounds += 1
+            self.inner.coupled(batches[KVClass.OFFLOAD])
         elif split and not any(b.warming for b in batches.values()):
             self.inner.interleave(batches.get(KVClass.NORMAL), batches.get(KVClass.OFFLOAD))
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
@@ -335,6 +344,22 @@ class ServingEngine:
             KVClass.OFFLOAD: ClassTokens(eng_o, seqs_o, [(a, 0, cut), (b, 0, len(second))])}
         return views, (a, b)
 
+    def _ride(self, normal: tuple[Engine, Seq[Sequence]], offload: tuple[Engine, Seq[Sequence]]
+              ) -> tuple[dict[KVClass, DecodeBatch | ClassTokens], DecodeBatch]:
+        """The round as one step (`ServingConfig.ride`): the offload batch's, the normal requests riding in it after
+        the offload requests' rows. -> each class's view of the tokens, and the step."""
+        (eng_n, seqs_n), (eng_o, seqs_o) = normal, offload
+        off_n, off_o = eng_n.offloader, eng_o.offloader
+        assert off_n is not None and off_o is not None, "pulseinfer's engines both select: offload steps"
+        graph = eng_o.runner.offload_step(seqs_o, off_o, riders=RiderSeqs(eng_n.kv, off_n, tuple(seqs_n)))
+        step = DecodeBatch(eng_o, seqs_o, split=False, feed=self._feed(KVClass.OFFLOAD, seqs_o), graph=graph,
+                           rider_feed=self._feed(KVClass.NORMAL, seqs_n))
+        rows = len(seqs_o)
+        views: dict[KVClass, DecodeBatch | ClassTokens] = {
+            KVClass.NORMAL: ClassTokens(eng_n, seqs_n, [(step, rows, rows + len(seqs_n))]),
+            KVClass.OFFLOAD: ClassTokens(eng_o, seqs_o, [(step, 0, rows)])}
+        return views, step
+
     def _feed(self, kv_class: KVClass, seqs: Seq[Sequence]) -> TokenFeed | None:
         """The batch's input ids still on the device: its requests whose last token is pending (an overlapped
         round launched before), taken from that round's tokens."""
@@ -364,7 +389,7 @@ class ServingEngine:
             raise RuntimeError(f"reset_statistics with {len(self._requests)} requests running (this is a bug in "
                                "pulseio_engine: the warm-up must finish its requests)")
         self.moves = MoveStatistics()
-        self.rounds = self.warming_rounds = self.halves_rounds = 0
+        self.rounds = self.warming_rounds = self.halves_rounds = self.ridden_rounds = 0
         self.batch_sizes.clear()
         self.normal_step_counts.clear()
         self.inner.stats = InterleaveStatistics()

@@ -34,7 +34,7 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import ModelSource, load_checkpoint
 from ..offload import SteeringProfile
 from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
-from ..runner import RIDER_ROWS_MIN, rider_rows
+from ..runner import rider_rows
 from ..trace import Trace
 from .budget import KVBudget, KVClass, size
 from .clock import Clock, ClockKind
@@ -156,16 +156,17 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
     eager step, then the captured one; prompt and output within `max_len` tokens. `rid`: the first request id to
     use (negative, counting down). With `halves`, the offload batch beside the normal one runs as a pair of halves
     instead: one normal request meets each pair's smallest riders' rows, and batches of more meet every larger
-    `rider_rows` up to the normal batch's top. -> each class's largest size warmed (0: none)."""
+    `rider_rows` up to the normal batch's top. With `ride`, every offload batch size meets every `rider_rows` up to
+    the normal batch's top. -> each class's largest size warmed (0: none)."""
     config = serving.config
     paired_normal_tokens = 1 + config.normal_steps   # the captured round of a split step runs normal_steps
     length = min(SWEEP_PROMPT_BLOCKS * config.block_size, max_len - paired_normal_tokens)
     if length < 1:
         return {}
     tops = sweep_sizes(serving, length + paired_normal_tokens)
-    riders = serving.normal.offloader if config.halves else None
+    riders = serving.normal.offloader if config.halves or config.ride else None
     if riders is not None and tops.get(KVClass.NORMAL):    # the padding seats first: the seats grow before any
-        riders.padded([], rider_rows(tops[KVClass.NORMAL]))  # capture (halves' riders read them)
+        riders.padded([], rider_rows(tops[KVClass.NORMAL]))  # capture (riders read them)
     for kv_class, top in tops.items():
         others = [c for c in tops if c is not kv_class]
         for with_other in (True, False) if config.interleaves else (False,):    # coupled: every step is whole
@@ -174,16 +175,16 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
                 rid = _serve_batch(serving, source, seed, rid, length, {
                     c: (count, paired_normal_tokens if c is KVClass.NORMAL and with_other else 2)
                     for c, count in batch.items()})
-    if riders is not None and tops.get(KVClass.NORMAL) and tops.get(KVClass.OFFLOAD, 0) >= 2:
-        rows = 2 * RIDER_ROWS_MIN
-        while rows // 2 < tops[KVClass.NORMAL]:          # the halves' larger riders' rows, each with every pair
+    if riders is not None and tops.get(KVClass.NORMAL):
+        levels = sorted({rider_rows(n) for n in range(1, tops[KVClass.NORMAL] + 1)})
+        smallest = 2 if config.halves else 1             # halves: an offload batch of two or more
+        for rows in levels[1:] if config.halves else levels:    # halves: one normal request met 16 rows above
             normal = min(rows, tops[KVClass.NORMAL])
-            for n in range(tops[KVClass.OFFLOAD], 1, -1):
+            for n in range(tops.get(KVClass.OFFLOAD, 0), smallest - 1, -1):
                 sizes = {KVClass.NORMAL: normal, KVClass.OFFLOAD: n}
                 if _fits(serving, sizes, length + paired_normal_tokens):
                     rid = _serve_batch(serving, source, seed, rid, length,
                                        {c: (k, paired_normal_tokens) for c, k in sizes.items()})
-            rows *= 2
     return tops
 
 
@@ -449,7 +450,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.pieces_ahead,
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
-                   "hot_cache": config.hot_cache, "halves": config.halves,
+                   "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
@@ -457,7 +458,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
                     "gpu_busy_fraction": rec.busy, "recalls": recalls,
                     "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
-                    "halves_rounds": serving.halves_rounds,
+                    "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds,
                     "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built(),
                     "normal_steps_mean": counter_mean(serving.normal_step_counts)},
         "tpot_ms": rec.tpot_by_bucket(),

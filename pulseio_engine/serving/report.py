@@ -28,6 +28,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     9: ("config.hot_cache",),
     10: ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s"),
     11: ("config.halves", "summary.halves_rounds"),
+    12: ("config.ride", "summary.ridden_rounds"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -45,11 +46,13 @@ SCHEMA: dict[str, Any] = {
                "selection": (str, type(None)), "clock": str, "seed": int, "max_batch": int,
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
-               "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool},
+               "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
+               "ride": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
-                "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM, "halves_rounds": int},
+                "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM, "halves_rounds": int,
+                "ridden_rounds": int},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),
@@ -143,7 +146,7 @@ def load_report(path: Path) -> dict:
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
           ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"),
-          ("halves", "halves"))
+          ("halves", "halves"), ("ride", "ride"))
 
 
 def labels(reports: list[dict]) -> list[str]:
@@ -189,6 +192,7 @@ def table(reports: list[dict]) -> str:
     row("recall publish->landed GB/s (of link)", _recall_rate)
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
     row("rounds as halves", lambda r: str(r["summary"].get("halves_rounds", "-")))
+    row("rounds ridden", lambda r: str(r["summary"].get("ridden_rounds", "-")))
     row("normal steps a round (mean)", lambda r: "-" if r["summary"].get("normal_steps_mean") is None
         else f"{r['summary']['normal_steps_mean']:.2f}")
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")

@@ -25,12 +25,16 @@ class RoundBytes:
     kv: int = 0                  # KV, digests and bookkeeping
     steps: int = 0               # batch steps (a round of two batches, one step each: 2)
 
-    def add(self, shape: StepShape, contexts: Sequence[int], steps: int, *, offload: bool) -> None:
+    def add(self, shape: StepShape, contexts: Sequence[int], steps: int, *, offload: bool, riding: bool = False
+            ) -> None:
         """`steps` decode steps of requests of `contexts` tokens (each step one token longer than the one before)
-        on an engine of `shape`; `offload`: its selected blocks come from hot sets."""
+        on an engine of `shape`; `offload`: its selected blocks come from hot sets. `riding`: the requests ride in
+        another batch's step, which reads the weights (their KV only)."""
         for step in range(steps):
             b = step_bytes(shape, [c + step for c in contexts], offload=offload)
-            self.weights, self.kv, self.steps = self.weights + b.weights, self.kv + b.total - b.weights, self.steps + 1
+            weights = 0 if riding else b.weights
+            self.weights, self.kv = self.weights + weights, self.kv + b.total - b.weights
+            self.steps += 0 if riding else 1
 
 
 def roofline(read: RoundBytes, recalled_bytes: int, rounds_s: float, tokens: int, *, copy_gbps: float | None,

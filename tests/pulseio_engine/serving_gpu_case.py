@@ -9,6 +9,7 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
     halves                      the offload batch as two halves (`halves`), the normal requests riding in the first
                                 half's step, captured recalls and late ones, overlapped or not: each class's tokens
                                 served alone
+    ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
     nosync ROUNDS [overlap] [two-streams] [halves]
                                 steady-state IRQ rounds (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
@@ -50,7 +51,7 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256, normal_steps: int = 1,
             overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER, two_streams: bool = False,
-            halves: bool = False) -> ServingEngine:
+            halves: bool = False, ride: bool = False) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
@@ -59,7 +60,8 @@ def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 25
     config = ServingConfig(mode, gpu_kv_bytes=gpu_bytes, host_kv_bytes=host, irq=irq,
                            token_budget=budget, max_batch=64, normal_steps=normal_steps,
                            max_offload_seqs=None if mode is ServeMode.VANILLA else 32,
-                           overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda", halves=halves)
+                           overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda", halves=halves,
+                           ride=ride)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)
 
@@ -117,7 +119,8 @@ def _serve(classes: dict[int, KVClass], late: int | None, **engine: Any) -> dict
         _add(serving, classes, 700, 24, 256)
         stats = serving.inner.stats
         return {"tokens": _run(serving), "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
-                "halves_rounds": serving.halves_rounds, "m": dict(stats.m), "device_waits": stats.device_waits,
+                "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds, "m": dict(stats.m),
+                "device_waits": stats.device_waits,
                 "runtime": _runtime(serving)}
 
 
@@ -131,24 +134,26 @@ def _without_tokens(runs: dict[str, dict]) -> dict[str, dict]:
     return {k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}
 
 
-def halves() -> dict:
-    """The offload batch in two halves with the normal requests riding in the first half's step: both halves'
-    pieces captured into one RecallGraph, and with recalls made to land late (eager posts), rounds overlapped or
-    not: every request's tokens are its class's served alone."""
+def riders(kind: str) -> dict:
+    """The normal requests riding in the offload batch's step: `kind` "halves", the offload batch in two halves whose
+    pieces are captured into one RecallGraph (IRQ), or "ride", one whole step a round. With captured recalls and
+    recalls made to land late (eager posts), rounds overlapped or not: every request's tokens are its class's
+    served alone."""
     classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF, 5: OFF}
     runs = {}
-    for name, irq, late, which, overlap, split in (
-            ("halves", True, None, None, False, True), ("normal alone", False, None, NRM, False, False),
-            ("offload alone", False, None, OFF, False, False), ("halves late", True, 6, None, False, True),
-            ("halves overlapped", True, None, None, True, True),
-            ("halves late overlapped", True, 6, None, True, True)):
-        runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late, irq=irq,
-                            overlap=overlap, halves=split)
+    for name, late, which, overlap in (
+            (kind, None, None, False), ("normal alone", None, NRM, False), ("offload alone", None, OFF, False),
+            (f"{kind} late", 6, None, False), (f"{kind} overlapped", None, None, True),
+            (f"{kind} late overlapped", 6, None, True)):
+        riding = which is None
+        runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
+                            irq=kind == "halves" and riding, overlap=overlap, **{kind: riding})
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
-    split = [k for k in runs if k.startswith("halves")]
-    differ = [k for k in split if runs[k]["tokens"] != alone]
+    ridden = [k for k in runs if k.startswith(kind)]
+    differ = [k for k in ridden if runs[k]["tokens"] != alone]
     ok = not differ and sorted(len(t) for t in alone.values()) == [24] * len(classes)
-    ok = ok and all(0 < runs[k]["halves_rounds"] for k in split)
+    counter = "halves_rounds" if kind == "halves" else "ridden_rounds"
+    ok = ok and all(0 < runs[k][counter] for k in ridden)
     ok = ok and _recalls_clean(runs)
     return {"ok": ok, "differ": differ, **_without_tokens(runs)}
 
@@ -270,7 +275,7 @@ def _runtime(serving: ServingEngine) -> dict | None:
 def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
-    cases = {"tokens": tokens, "halves": halves, "vanilla": vanilla,
+    cases = {"tokens": tokens, "halves": lambda: riders("halves"), "ride": lambda: riders("ride"), "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
                                       "halves" in args[1:]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}

@@ -145,3 +145,32 @@ def test_halves_rounds_hide_the_recall_behind_all_of_their_work_at_their_own_eff
     trace = Trace(tuple(TraceRequest(0.0, n, 1, "a") for n in (300, 4000, 4100)), "t", "mooncake")
     assert [r.dt_s for r in forecast_serving.forecast(trace, "tiny", config, fast, halves=True).recorder.rounds] == \
         pytest.approx([r.dt_s for r in forecast_serving.forecast(trace, "tiny", config, fast).recorder.rounds])
+
+
+def test_a_ridden_round_reads_the_weights_once_and_an_ahead_round_hides_its_prefetch_behind_its_work() -> None:
+    """One cold round of a normal request and two offload ones: ridden (`ahead` (0, 1)), its bytes less one read of
+    the weights at `e` plus the whole recall; ahead, the prefetch's traffic hidden behind the work, what it missed
+    exposed; alone, a batch's round is the same in every mode."""
+    model = open_model("tiny").config
+    rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5)
+    config = forecast_serving.serving_config("pulseinfer --ride", gpu_kv_gib=1.0, host_kv_gib=1.0,
+                                             offload_threshold=1024, token_budget=256, normal_steps=1)
+    assert not config.interleaves
+    shape = StepShape.for_model(model, dtype_bytes=2, sparse=config.sparse_config(), dense_layers=2)
+    trace = Trace(tuple(TraceRequest(0.0, n, 1, "a") for n in (300, 4000, 4100)), "t", "mooncake")
+    _, fill = forecast_serving.recall_per_token(config, model, shape, forecast_serving.steering_context(trace))
+    offload = step_bytes(shape, [4000, 4100], offload=True)
+    normal = step_bytes(shape, [300])
+    work, recall = 1.5 * (normal.total - normal.weights + offload.total) / 50e9, 2 * fill / 2e9
+
+    def dt(ahead: tuple[float, float] | None) -> float:
+        (r,) = forecast_serving.forecast(trace, "tiny", config, rates, ahead=ahead).recorder.rounds
+        return r.dt_s
+
+    assert dt((0.0, 1.0)) == pytest.approx(work + recall, rel=1e-9)
+    assert dt((1.2, 0.25)) == pytest.approx(max(work, 1.2 * recall) + 0.25 * recall, rel=1e-9)
+    coupled = 1.5 * (normal.total + offload.total) / 50e9 + recall
+    assert dt(None) == pytest.approx(coupled, rel=1e-9) and coupled > dt((0.0, 1.0))
+    alone = Trace((TraceRequest(0.0, 4000, 1, "a"),), "t", "mooncake")
+    assert [r.dt_s for r in forecast_serving.forecast(alone, "tiny", config, rates, ahead=(0.0, 1.0)).recorder.rounds] \
+        == pytest.approx([r.dt_s for r in forecast_serving.forecast(alone, "tiny", config, rates).recorder.rounds])

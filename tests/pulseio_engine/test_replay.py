@@ -90,7 +90,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/11"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/12"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -252,8 +252,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/11', "
-                                          r"'pulseio-replay/10', 'pulseio-replay/9', 'pulseio-replay/8', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/12', "
+                                          r"'pulseio-replay/11', 'pulseio-replay/10', 'pulseio-replay/9', "
+                                          r"'pulseio-replay/8', "
                                           r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
                                           r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
                                           r"'pulseio-replay/1'$"):
@@ -261,12 +262,12 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
 
 
 def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER, max_len: int = 512, *,
-                  max_batch: int = 8, halves: bool = False) -> ServingEngine:
+                  max_batch: int = 8, halves: bool = False, ride: bool = False) -> ServingEngine:
     """A serving engine of the tiny preset on the CPU, 64 MiB of KV on each side, batches of up to `max_batch`,
     requests of up to `max_len` tokens."""
     m = source.config
     config = ServingConfig(mode, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, token_budget=64,
-                           max_batch=max_batch, halves=halves)
+                           max_batch=max_batch, halves=halves, ride=ride)
     heads = RetrievalHeads(m.num_kv_heads, best=(0,) * m.num_layers, worst=(1,) * m.num_layers)
     return ServingEngine(config, load_checkpoint(source, dtype=torch.float32, device="cpu"), device="cpu",
                          dtype=DType.FLOAT32, max_model_len=max_len, heads=heads)
@@ -370,12 +371,12 @@ def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str
 
 
 def _rounds_after_warm_up(mode: ServeMode, every_size: bool, batches: list[dict[KVClass, int]], *,
-                          max_batch: int = 8, halves: bool = False
+                          max_batch: int = 8, halves: bool = False, ride: bool = False
                           ) -> tuple[list[tuple[int, int]], dict[KVClass, int], int]:
     """-> the warm-up's rounds (normal, offload batch sizes), the sweep's largest size of each class, and the step
     graphs built by rounds of `batches` (class -> requests, one batch after the other) run after it."""
     source = open_model("tiny")
-    with _tiny_serving(source, mode, max_batch=max_batch, halves=halves) as serving:
+    with _tiny_serving(source, mode, max_batch=max_batch, halves=halves, ride=ride) as serving:
         rounds = _record_rounds(serving)
         warm_up(serving, source, 512, seed=0, every_size=every_size)
         warmed = len(rounds)
@@ -420,6 +421,20 @@ def test_the_warm_up_meets_every_pair_of_halves_and_their_riders_rows(monkeypatc
     assert built == 0
     _, _, built = _rounds_after_warm_up(ServeMode.PULSEINFER, False, batches, max_batch=24, halves=True)
     assert built == 2 + 2 + 1 + 1       # two pairs, the offload batch of 1 beside the normal one, and of 2 alone
+
+
+def test_the_warm_up_meets_every_ridden_step_at_each_riders_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ride: every offload batch beside a normal one, with riders' rows of 16 and of 32; nothing is captured after."""
+    monkeypatch.setattr(OffloadConfig, "kept_step_graphs", 48)
+    normal, offload = KVClass.NORMAL, KVClass.OFFLOAD
+    batches = [{offload: 3, normal: 2}, {offload: 4, normal: 18}, {offload: 1, normal: 20}, {offload: 2}]
+    warm, tops, built = _rounds_after_warm_up(ServeMode.PULSEINFER, True, batches, max_batch=24, ride=True)
+    assert tops[normal] > 20 and tops[offload] >= 4, tops
+    for rows in (16, 32):
+        assert all(warm.count((min(rows, tops[normal]), n)) >= 2 for n in range(1, tops[offload] + 1)), warm
+    assert built == 0
+    _, _, built = _rounds_after_warm_up(ServeMode.PULSEINFER, False, batches, max_batch=24, ride=True)
+    assert built == 4       # 3 beside 16 rider rows, 4 and 1 beside 32, and 2 alone
 
 
 def test_the_warm_up_sweeps_quests_single_batch_too() -> None:

@@ -1,7 +1,8 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
 (serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens,
 also with recalls landing late and with the two batches on two streams; so does the offload batch run as two
-halves with the normal requests riding in the first; vanilla's rounds overlapped keep their
+halves with the normal requests riding in the first, or as one step with them riding in it; vanilla's rounds
+overlapped keep their
 tokens with the GPU behind the host; steady-state rounds never sync the host; a normal batch alone under IRQ costs
 at most 5% more than without it (and what its per-layer pieces cost is reported); a replay of the Mooncake sample
 loses nothing."""
@@ -47,6 +48,10 @@ def test_irq_tokens_equal_each_batch_alone_with_captured_and_late_recalls() -> N
 def test_halves_tokens_equal_each_class_alone_with_captured_and_late_recalls() -> None:
     result = _case("halves")
     assert result["halves"]["warming_rounds"] > 0, "a new pair's first round runs eagerly, then both are captured"
+
+
+def test_ridden_rounds_tokens_equal_each_class_alone_with_captured_and_late_recalls() -> None:
+    _case("ride")
 
 
 def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> None:

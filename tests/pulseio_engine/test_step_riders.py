@@ -75,11 +75,12 @@ def test_riders_get_the_logits_of_their_own_engines_step_for_steps_in_a_row(tiny
             riders = RiderSeqs(riding.normal.kv, riding.normal.offloader, normal_r)
             graph = riding.offload.runner.offload_step(offload_r, riding.offload.offloader, split=split, riders=riders)
             logits = graph.run().clone()
-            assert logits.shape[0] == len(offload) + len(normal)
+            assert logits.shape[0] == len(offload) + rider_rows(len(normal)), "riders in padded rows"
+            rode = logits[len(offload):len(offload) + len(normal)]
             torch.testing.assert_close(logits[:len(offload)], logits_o, rtol=1e-5, atol=1e-5, msg=f"step {step}")
-            torch.testing.assert_close(logits[len(offload):], logits_n, rtol=1e-5, atol=1e-5, msg=f"step {step}")
+            torch.testing.assert_close(rode, logits_n, rtol=1e-5, atol=1e-5, msg=f"step {step}")
             _commit(alone, normal, offload, logits_n, logits_o)
-            _commit(riding, normal_r, offload_r, logits[len(offload):], logits[:len(offload)])
+            _commit(riding, normal_r, offload_r, rode, logits[:len(offload)])
         assert riding.offload.runner.step_graphs_built == 1, "one graph, reused with its riders every step"
         recalled = [e.offload.offloader.statistics().bytes_recalled for e in (alone, riding)]   # type: ignore[union-attr]
         assert recalled[0] == recalled[1] > 0
@@ -107,12 +108,12 @@ def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer
 
 
 def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = True, overlap: bool = False,
-           seed: int = 0) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+           seed: int = 0, ride: bool = False) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
     """Requests of random lengths, all arriving at once in the given classes, served to the end."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
-    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
-                           token_budget=64, block_size=16, dense_layers=1, max_batch=32, halves=halves,
-                           overlap_rounds=overlap)
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20,
+                           irq=False if ride else irq, token_budget=64, block_size=16, dense_layers=1, max_batch=32,
+                           halves=halves, overlap_rounds=overlap, ride=ride)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         for rid, kv_class in classes.items():
@@ -150,6 +151,42 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload >= 2)
     assert 0 < serving.halves_rounds == both, "halves where both batches run, the offload one of 2 or more"
     assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
+
+
+@pytest.mark.parametrize(("seed", "overlap", "requests"), [(0, False, 8), (1, True, 8), (3, True, 24)])
+def test_a_ridden_round_gives_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool,
+                                                             requests: int) -> None:
+    """`ride`: one step a round, the normal requests riding in the offload batch's (in padded rows). Every request's
+    tokens are its tokens served by its class alone, rounds overlapped or not, as batches change size; rounds with
+    one class run its step alone; a ridden step reads the weights once."""
+    path = str(tiny_qwen3[0])
+    rng = random.Random(seed)
+    if requests <= 8:
+        classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, requests))}
+    else:                                                       # normal batches past 16 riders' rows
+        classes = dict.fromkeys(range(requests), NRM)
+    classes.update({0: NRM, 1: OFF})
+    out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True)
+    alone: dict[int, tuple[int, ...]] = {}
+    for kv_class in (NRM, OFF):
+        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, halves=False, irq=False,
+                            seed=seed)[0])
+    assert out == alone and all(len(out[r]) == 6 + r % 5 for r in classes)
+    both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload)
+    assert 0 < serving.ridden_rounds == both and serving.halves_rounds == 0
+    assert serving.read.steps == serving.rounds, "one forward a round: a ridden round reads the weights once"
+    assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
+
+
+def test_ride_is_pulseinfer_without_irq() -> None:
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, ride=True)
+    assert not config.interleaves and config.describe() == "pulseinfer --ride"
+    for bad in ({"irq": True}, {"mode": ServeMode.OFFLOAD_SYNC}):
+        with pytest.raises(ValueError, match="ride carries the normal requests in pulseinfer's offload step"):
+            ServingConfig(**{"mode": ServeMode.PULSEINFER, **bad}, gpu_kv_bytes=1 << 20,  # type: ignore[arg-type]
+                          host_kv_bytes=1 << 20, ride=True)
+    with pytest.raises(ValueError, match="does not interleave"):
+        ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, ride=True, halves=True)
 
 
 def test_rider_rows_and_padding_seats() -> None:
