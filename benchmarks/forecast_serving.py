@@ -15,7 +15,13 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   offload requests or more, the offload batch in two halves whose pieces alternate, the normal rows riding in the
   first, so each half's recall flies while the other half computes: `max(e_h * bytes / copy, recall / link)`. `e_h`
   (`--halves-efficiency`) is the halves rounds' own: each half runs the offloaded layers' kernels for itself. The
-  other rounds are IRQ's, at `e`.
+  other rounds are IRQ's, at `e`;
+- `pulseinfer --ride` (`replay --ride`): one step a round, the normal requests riding in the offload batch's, so
+  the weights are read once: `e * bytes / copy + recall / link`, the recall exposed;
+- `pulseinfer --ahead`, a design not built: `--ride`'s rounds with each offloaded layer's recall prefetched a layer
+  early from a predicted selection (`benchmarks/speculative_selection.py` measures the prediction on real models):
+  `max(e * bytes / copy, p * recall / link) + x * recall / link`, `p` the prefetch's traffic and `x` what the step
+  still recalls after its own query, both as fractions of today's recall (`--ahead-traffic`, `--ahead-exposed`).
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -127,12 +133,14 @@ def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: St
 
 
 def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16,
-             locality_context: int | None = None, hot_cache: float = 1.0, halves: bool = False) -> Forecast:
+             locality_context: int | None = None, hot_cache: float = 1.0, halves: bool = False,
+             ahead: tuple[float, float] | None = None) -> Forecast:
     """Replay `trace` as `config` would, each round timed by its bytes (see the module doc); the recall at the
     locality `replay` steers to (`locality_context` as its option); `hot_cache`: offload requests hold that many
     budgets of hot slots (`recall_per_token`), the GPU bytes they are charged with them as the replay's engine
     allocates them (`ServingConfig.hot_cache`; modes without offload requests hold none). `halves`: the what-if
-    of the module doc, under IRQ, for offload batches of two requests or more."""
+    of the module doc, under IRQ, for offload batches of two requests or more. `ahead` (prefetch traffic, exposed
+    recall), each a fraction of the recall: the one-batch what-if of the module doc."""
     model_config = open_model(model).config
     if config.has_offload:
         config = replace(config, hot_cache=hot_cache)
@@ -195,7 +203,13 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
                 recall += fill if running[rid].cold else warm_recall
                 running[rid].cold = False
         compute = e * (normal_bytes + offload_bytes) / copy
-        if both and config.interleaves:
+        if ahead is not None:                 # one forward: the weights once; the prefetch flies behind the layers
+            if both:
+                normal_bytes -= b.weights
+                weight_bytes -= b.weights
+            compute = e * (normal_bytes + offload_bytes) / copy
+            compute, exposed = max(compute, ahead[0] * recall / link), ahead[1] * recall / link
+        elif both and config.interleaves:
             exposed = max(0.0, recall / link - hide * normal_bytes / copy)
         else:
             exposed = recall / link
@@ -228,7 +242,7 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
                    throughput: float, locality_context: int | None = None, hot_cache: float = 1.0,
                    halves: bool = False, hide_efficiency: float | None = None,
-                   efficiency: float | None = None) -> float | None:
+                   efficiency: float | None = None, ahead: tuple[float, float] | None = None) -> float | None:
     """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
     None where even e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'.
     `halves`: the halves rounds' `e_h` instead, the other rounds at `efficiency`."""
@@ -240,7 +254,7 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
         rates = Rates(copy_gbps, link_gbps, x, hide_efficiency) if not halves else \
             Rates(copy_gbps, link_gbps, others, hide_efficiency, halves_efficiency=x)
         return forecast(trace, model, config, rates, locality_context=locality_context, hot_cache=hot_cache,
-                        halves=halves).throughput
+                        halves=halves, ahead=ahead).throughput
 
     lo, hi = 0.5, 5.0
     if at(lo) < throughput:
@@ -253,10 +267,12 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
 
 MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
-         "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None)}
-HALVES = "pulseinfer --halves"                                                   # see the module doc
+         "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None),
+         "pulseinfer --ride": (ServeMode.PULSEINFER, False), "pulseinfer --ahead": (ServeMode.PULSEINFER, False)}
+HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ahead"     # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
 HALVES_EFFICIENCY = 1.73                          # the halves rounds', fitted to an H100 replay (module doc)
+AHEAD_TRAFFIC, AHEAD_EXPOSED = 1.18, 0.26         # pulseinfer --ahead, in today's recalls (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
 
@@ -334,6 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--halves-efficiency", type=float, default=HALVES_EFFICIENCY, metavar="E",
                         help="pulseinfer --halves: the rounds run as halves, their rounds over their bytes (default: "
                              "fitted to a replay with --halves on an H100)")
+    parser.add_argument("--ahead-traffic", type=float, default=AHEAD_TRAFFIC, metavar="P",
+                        help="pulseinfer --ahead: the prefetch's link traffic, a fraction of today's recall (default: "
+                             "measured on Qwen2.5-Coder-0.5B at 8K, budget 1024)")
+    parser.add_argument("--ahead-exposed", type=float, default=AHEAD_EXPOSED, metavar="X",
+                        help="pulseinfer --ahead: what a step still recalls after its own query, a fraction of "
+                             "today's recall (default: as --ahead-traffic)")
     parser.add_argument("--need", type=float, default=None, metavar="X",
                         help="also print the efficiency at which each offload mode would decode X times vanilla's "
                              "tokens a second")
@@ -363,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
                            int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0),
                            halves=halves, hide_efficiency=args.hide_efficiency,
-                           efficiency=rates("pulseinfer").efficiency)
+                           efficiency=rates("pulseinfer").efficiency,
+                           ahead=(0.0, 1.0) if cfg.get("ride") else None)
         print(f"{path}: {report['mode']}{' --halves' if halves else ''} {measured:.1f} tok/s -> "
               + ("halves rounds' " if halves else "") + "efficiency "
               + ("below 0.5" if e is None else f"{e:.3f}"))
@@ -384,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                 key = (mode, options["gpu_kv_gib"])
                 if key in vanillas:
                     continue
+            ahead = {AHEAD: (args.ahead_traffic, args.ahead_exposed), RIDE: (0.0, 1.0)}.get(mode)
             f = forecast(trace, args.model, config, rates(mode), locality_context=args.locality_context,
-                         hot_cache=args.hot_cache, halves=mode == HALVES)
+                         hot_cache=args.hot_cache, halves=mode == HALVES, ahead=ahead)
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
@@ -394,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
                                       args.need * base.throughput, args.locality_context, args.hot_cache,
                                       halves=mode == HALVES, hide_efficiency=args.hide_efficiency,
-                                      efficiency=rates(mode).efficiency)
+                                      efficiency=rates(mode).efficiency, ahead=ahead)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 
