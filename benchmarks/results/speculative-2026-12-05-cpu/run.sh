@@ -32,3 +32,8 @@ fc() {  # file, then the forecast's options
 fc h200-mooncake-40s.txt $MOON40 $COMMON --modes "${MODES[@]}"
 fc h200-servegen.txt $SG $COMMON --modes "${MODES[@]}"
 fc h100-mooncake-40s.txt $MOON40 $COMMON $H100 --modes "${MODES[@]}"
+HOT=(pulseinfer "pulseinfer --ride" "pulseinfer --ahead")
+for h in 1.5 2; do
+  fc h200-mooncake-40s-hot$h.txt $MOON40 $COMMON --hot-cache $h --modes vanilla "${HOT[@]}"
+  fc h200-servegen-hot$h.txt $SG $COMMON --hot-cache $h --modes vanilla "${HOT[@]}"
+done
