@@ -129,6 +129,25 @@ def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = 
     return out, serving
 
 
+def _classes(seed: int, requests: int, always: dict[int, KVClass]) -> dict[int, KVClass]:
+    """Up to 8 requests of random classes, or `requests` normal ones (batches past 16 riders' rows), then `always`."""
+    rng = random.Random(seed)
+    if requests <= 8:
+        classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, requests))}
+    else:
+        classes = dict.fromkeys(range(requests), NRM)
+    return {**classes, **always}
+
+
+def _served_alone(path: str, classes: dict[int, KVClass], seed: int) -> dict[int, tuple[int, ...]]:
+    """Each request's tokens served by its class alone (one coupled batch)."""
+    alone: dict[int, tuple[int, ...]] = {}
+    for kv_class in (NRM, OFF):
+        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, halves=False, irq=False,
+                            seed=seed)[0])
+    return alone
+
+
 @pytest.mark.parametrize(("seed", "overlap", "requests"), [(0, False, 8), (1, True, 8), (2, True, 8),
                                                          (3, True, 24)])
 def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool, requests: int) -> None:
@@ -136,18 +155,9 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
     tokens are its tokens served by its class alone, rounds overlapped or not, as requests finish and the halves
     change size."""
     path = str(tiny_qwen3[0])
-    rng = random.Random(seed)
-    if requests <= 8:
-        classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, requests))}
-    else:                                                       # normal batches past 16 riders' rows
-        classes = dict.fromkeys(range(requests), NRM)
-    classes.update({0: NRM, 1: OFF, 2: OFF, 3: OFF})                   # halves of two and more, always
+    classes = _classes(seed, requests, {0: NRM, 1: OFF, 2: OFF, 3: OFF})      # halves of two and more, always
     out, serving = _serve(path, classes, halves=True, overlap=overlap, seed=seed)
-    alone: dict[int, tuple[int, ...]] = {}
-    for kv_class in (NRM, OFF):
-        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, halves=False, irq=False,
-                            seed=seed)[0])
-    assert out == alone and all(len(out[r]) == 6 + r % 5 for r in classes)
+    assert out == _served_alone(path, classes, seed) and all(len(out[r]) == 6 + r % 5 for r in classes)
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload >= 2)
     assert 0 < serving.halves_rounds == both, "halves where both batches run, the offload one of 2 or more"
     assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
@@ -160,18 +170,9 @@ def test_a_ridden_round_gives_each_request_its_tokens_alone(tiny_qwen3, seed: in
     tokens are its tokens served by its class alone, rounds overlapped or not, as batches change size; rounds with
     one class run its step alone; a ridden step reads the weights once."""
     path = str(tiny_qwen3[0])
-    rng = random.Random(seed)
-    if requests <= 8:
-        classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(5, requests))}
-    else:                                                       # normal batches past 16 riders' rows
-        classes = dict.fromkeys(range(requests), NRM)
-    classes.update({0: NRM, 1: OFF})
+    classes = _classes(seed, requests, {0: NRM, 1: OFF})
     out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True)
-    alone: dict[int, tuple[int, ...]] = {}
-    for kv_class in (NRM, OFF):
-        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, halves=False, irq=False,
-                            seed=seed)[0])
-    assert out == alone and all(len(out[r]) == 6 + r % 5 for r in classes)
+    assert out == _served_alone(path, classes, seed) and all(len(out[r]) == 6 + r % 5 for r in classes)
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload)
     assert 0 < serving.ridden_rounds == both and serving.halves_rounds == 0
     assert serving.read.steps == serving.rounds, "one forward a round: a ridden round reads the weights once"
