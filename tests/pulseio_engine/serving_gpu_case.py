@@ -10,8 +10,8 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 half's step, captured recalls and late ones, overlapped or not: each class's tokens
                                 served alone
     ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
-    nosync ROUNDS [overlap] [two-streams] [halves]
-                                steady-state IRQ rounds (no admission, no capture) under
+    nosync ROUNDS [overlap] [two-streams] [halves | ride]
+                                steady-state IRQ rounds, halves or ridden ones (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
     cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
                                 with) against without it, each the best of two runs in the order whole, irq,
@@ -172,8 +172,9 @@ def vanilla() -> dict:
     return {"ok": ok, "differ": [k for k, v in runs.items() if v != runs["alone"]]}
 
 
-def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False) -> dict:
-    with _engine("tiny", irq=True, overlap=overlap, two_streams=two_streams, halves=halves) as serving:
+def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False,
+           ride: bool = False) -> dict:
+    with _engine("tiny", irq=not ride, overlap=overlap, two_streams=two_streams, halves=halves, ride=ride) as serving:
         _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}, 900, rounds + 8, 256)
         for _ in range(4):                   # admission, the eager steps, the captures
             serving.step()
@@ -193,10 +194,12 @@ def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves
             if DEVICE == "cuda":
                 torch.cuda.set_sync_debug_mode(0)
         stats = serving.inner.stats
-        ran = serving.halves_rounds >= rounds if halves else stats.recalls > 0   # halves: no IRQ pieces
+        ran = stats.recalls > 0                                         # IRQ's pieces posted recalls
+        if halves or ride:                                               # no IRQ pieces: the rounds as asked
+            ran = (serving.halves_rounds if halves else serving.ridden_rounds) >= rounds
         return {"ok": error is None and ran, "error": error, "recalls": stats.recalls,
-                "halves_rounds": serving.halves_rounds, "seen_landed": stats.seen_landed,
-                "device_waits": stats.device_waits}
+                "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds,
+                "seen_landed": stats.seen_landed, "device_waits": stats.device_waits}
 
 
 def cost(model: str, batch: int, context: int, rounds: int) -> dict:
@@ -277,7 +280,7 @@ def main() -> int:
     case, args = sys.argv[1], sys.argv[2:]
     cases = {"tokens": tokens, "halves": lambda: riders("halves"), "ride": lambda: riders("ride"), "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
-                                      "halves" in args[1:]),
+                                      "halves" in args[1:], "ride" in args[1:]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()
     print(json.dumps(out))
