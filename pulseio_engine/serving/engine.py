@@ -36,7 +36,7 @@ from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
 from ..request import PENDING_TOKEN, SamplingParams, Sequence
-from ..runner import RiderSeqs
+from ..runner import RiderSeqs, rider_rows
 from ..step_bytes import StepShape
 from .batches import ClassTokens, DecodeBatch, HostTokens, TokenFeed, pinned_tokens
 from .budget import KVClass
@@ -155,6 +155,18 @@ class ServingEngine:
                 raise ValueError(f"{self.config.describe()} has no offload engine: every request is normal")
             return self.offload
         return self.normal
+
+    @property
+    def carries_riders(self) -> bool:
+        """Whether normal requests ride in offload steps (`ServingConfig.halves` or `ride`)."""
+        return self.config.halves or self.config.ride
+
+    def seat_riders(self, normal: int) -> None:
+        """Seat the padding rows of riders' steps for normal batches of up to `normal` requests now: a capture
+        reads the seats' rows, and seats that grow later make every step captured before them stale."""
+        if self.carries_riders and normal > 0:
+            assert self.normal.offloader is not None, "pulseinfer's normal engine selects: it has an offloader"
+            self.normal.offloader.padded([], rider_rows(normal))
 
     def set_steering(self, profile: SteeringProfile) -> None:
         """Random weights: steer both engines' selection to a measured locality (`sparse_bench`'s reason)."""

@@ -164,9 +164,7 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
     if length < 1:
         return {}
     tops = sweep_sizes(serving, length + paired_normal_tokens)
-    riders = serving.normal.offloader if config.halves or config.ride else None
-    if riders is not None and tops.get(KVClass.NORMAL):    # the padding seats first: the seats grow before any
-        riders.padded([], rider_rows(tops[KVClass.NORMAL]))  # capture (riders read them)
+    serving.seat_riders(tops.get(KVClass.NORMAL, 0))      # before any capture
     for kv_class, top in tops.items():
         others = [c for c in tops if c is not kv_class]
         for with_other in (True, False) if config.interleaves else (False,):    # coupled: every step is whole
@@ -175,7 +173,7 @@ def warm_batch_sizes(serving: ServingEngine, source: ModelSource, max_len: int, 
                 rid = _serve_batch(serving, source, seed, rid, length, {
                     c: (count, paired_normal_tokens if c is KVClass.NORMAL and with_other else 2)
                     for c, count in batch.items()})
-    if riders is not None and tops.get(KVClass.NORMAL):
+    if serving.carries_riders and tops.get(KVClass.NORMAL):
         levels = sorted({rider_rows(n) for n in range(1, tops[KVClass.NORMAL] + 1)})
         smallest = 2 if config.halves else 1             # halves: an offload batch of two or more
         for rows in levels[1:] if config.halves else levels:    # halves: one normal request met 16 rows above
