@@ -3,7 +3,7 @@
 # have fetched in time, on the real models the presets' locality was measured on (SoloHead with the heads of
 # `../locality-2026-11-30-cpu/`, Quest per KV head for comparison); then the serving forecast of one forward a round
 # (`--ride`, built) and of that forward with the recall prefetched a layer early (`--ahead`, not built), at the
-# H200's rates and at the H100's. Repository root: `bash <this file>` (about 25 minutes on 2 cores).
+# H200's rates and at the H100's. Repository root: `bash <this file>` (about 35 minutes on 2 cores).
 set -euo pipefail
 D=${1:-benchmarks/results/speculative-2026-12-05-cpu}
 H=benchmarks/results/locality-2026-11-30-cpu/heads_qwen2.5-coder-0.5b.json
