@@ -247,19 +247,19 @@ class ServingEngine:
         halves = None
         batches: dict[KVClass, DecodeBatch] = {}
         decodes: dict[KVClass, DecodeBatch | ClassTokens]
+        ride = self.config.ride and len(due) == 2           # the normal requests ride in the offload step
         if split and self.config.halves and len(due[KVClass.OFFLOAD][1]) >= 2:
             decodes, halves = self._halves(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
-        elif self.config.ride and len(due) == 2:
+        elif ride:
             decodes, ridden = self._ride(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
             batches = {KVClass.OFFLOAD: ridden}
         else:
             batches = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
                        for c, (eng, seqs) in due.items()}
             decodes = dict(batches)
-        riding = self.config.ride and len(decodes) == 2      # the normal requests ride in the offload step
         for c, b in decodes.items():
             self.read.add(self._shapes[c], [s.num_tokens for s in b.seqs], b.steps, offload=c is KVClass.OFFLOAD,
-                          riding=riding and c is KVClass.NORMAL)
+                          riding=ride and c is KVClass.NORMAL)
         host.lap("prepare")
         paced = self.inner.pacer.waited_s
         if halves is not None and not any(b.warming for b in halves):
@@ -268,7 +268,7 @@ class ServingEngine:
         elif halves is not None:     # a new pair's first step on a GPU runs eagerly, each half whole: then both capture
             self.warming_rounds += 1
             self.inner.coupled(*halves)
-        elif self.config.ride and len(due) == 2:
+        elif ride:
             self.ridden_rounds += 1
             self.inner.coupled(batches[KVClass.OFFLOAD])
         elif split and not any(b.warming for b in batches.values()):
