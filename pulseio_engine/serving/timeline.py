@@ -21,7 +21,7 @@ import json
 import re
 from bisect import bisect_left
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -79,7 +79,7 @@ class WindowGaps:
     listed: int
     boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
     recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
-    kernels: dict[str, tuple[float, int]] | None = None   # model kernels' microseconds and launches, by name
+    kernels: dict[str, tuple[float, int]] = field(default_factory=dict)   # model kernels' us and launches, by name
 
     @property
     def idle_us(self) -> float:
@@ -233,7 +233,7 @@ def _describe_kernels(windows: list[WindowGaps], span_us: float, top: int) -> li
     """The `top` model kernels by run time over all windows, with their share of the timeline."""
     total: dict[str, tuple[float, int]] = {}
     for w in windows:
-        for name, (us, n) in (w.kernels or {}).items():
+        for name, (us, n) in w.kernels.items():
             t_us, t_n = total.get(name, (0.0, 0))
             total[name] = (t_us + us, t_n + n)
     if not total or not top:
