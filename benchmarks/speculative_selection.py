@@ -8,7 +8,8 @@ This measures how well they can be: at each decode step and layer l (the model's
 
     T = layer l's selection from its own query (what the step attends to)
     P = the selection from the query layer l's weights make of the residual stream entering layer l - `--ahead`
-        (known that many layers early: its recall could fly behind them)
+        (known that many layers early: its recall could fly behind them); with `--previous-layer`, also
+        (tallied as "previous-layer") the selection layer l - 1 made this step, which costs no extra work
     fetched  = |T - H| / K      what the step recalls today, all of it after layer l's query
     exposed  = |T - H - P| / K  what it would still recall after that query, with P prefetched
     prefetch = |P - H| / K      what the prefetch moves over the link (wasted where not in T)
@@ -146,11 +147,13 @@ def measure(args: argparse.Namespace) -> dict:
                     ckpt.weights, tokenizer=ckpt.tokenizer)
     rec = Recorder(engine.model)
     first = max(args.dense_layers, *args.ahead)
-    tallies = {ahead: Tally.zeros(m.num_layers) for ahead in args.ahead}
+    tallies: dict[int | str, Tally] = {ahead: Tally.zeros(m.num_layers) for ahead in args.ahead}
+    if args.previous_layer:
+        tallies["previous-layer"] = Tally.zeros(m.num_layers)
     k = sparse.budget_blocks
     for w, window in enumerate(windows):
         engine.add_request(window, SamplingParams(max_new_tokens=1), decode_tail=args.steps)
-        previous: dict[int, torch.Tensor] = {}
+        previous: dict[int, torch.Tensor] = {}                     # each layer's selection at the step before
         step = 0
         while engine.has_unfinished():
             rec.streams.clear()
@@ -158,15 +161,22 @@ def measure(args: argparse.Namespace) -> dict:
             engine.step()
             if not rec.queries:                                    # the prefill step
                 continue
+            this_step: dict[int, torch.Tensor] = {}
             for layer in range(first, m.num_layers):
                 head = None if heads is None else heads[layer]
                 digests = rec.digests(layer, cache.block_size)
                 n = digests[2]
-                true = _select(rec.queries[layer], m.num_kv_heads, head, digests, sparse)
+                true = this_step[layer] = _select(rec.queries[layer], m.num_kv_heads, head, digests, sparse)
                 if layer in previous:
                     nb = (int(n) + cache.block_size - 1) // cache.block_size
                     for ahead, tally in tallies.items():
-                        pred = _select(rec.predicted_query(layer, ahead), m.num_kv_heads, head, digests, sparse)
+                        if ahead == "previous-layer":
+                            if layer - 1 not in this_step:
+                                continue
+                            pred = this_step[layer - 1]
+                        else:
+                            pred = _select(rec.predicted_query(layer, int(ahead)), m.num_kv_heads, head, digests,
+                                           sparse)
                         for row in range(true.shape[0]):
                             t = {b for b in true[row].tolist() if b >= 0}
                             h = {b for b in previous[layer][row].tolist() if b >= 0}
@@ -199,6 +209,8 @@ def main() -> int:
     parser.add_argument("--group-score", default="sum", choices=[g.value for g in GroupScore])
     parser.add_argument("--ahead", type=int, nargs="+", default=[1],
                         help="layers early the prediction is made, one tally each (default: 1)")
+    parser.add_argument("--previous-layer", action="store_true",
+                        help="also tally the selection the layer before made this step, as the prediction")
     parser.add_argument("--dense-layers", type=int, default=2, help="layers that never select (default: 2)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

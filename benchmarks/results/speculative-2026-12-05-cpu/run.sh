@@ -3,7 +3,7 @@
 # have fetched in time, on the real models the presets' locality was measured on (SoloHead with the heads of
 # `../locality-2026-11-30-cpu/`, Quest per KV head for comparison); then the serving forecast of one forward a round
 # (`--ride`, built) and of that forward with the recall prefetched a layer early (`--ahead`, not built), at the
-# H200's rates and at the H100's. Repository root: `bash <this file>` (about 35 minutes on 2 cores).
+# H200's rates and at the H100's. Repository root: `bash <this file>` (about 40 minutes on 2 cores).
 set -euo pipefail
 D=${1:-benchmarks/results/speculative-2026-12-05-cpu}
 H=benchmarks/results/locality-2026-11-30-cpu/heads_qwen2.5-coder-0.5b.json
@@ -19,6 +19,7 @@ spec qwen-8k-b2048 --heads $H --context-len 8192 --token-budget 2048 --ahead 1
 spec smollm2-4k-b1024 --model smollm2 --heads $HS --context-len 4096 --token-budget 1024 --ahead 1
 spec qwen-8k-b1024-quest --context-len 8192 --token-budget 1024 --ahead 1
 spec qwen-32k-b1024 --heads $H --context-len 32000 --token-budget 1024 --ahead 1 --steps 8 --samples 1
+spec qwen-8k-b1024-previous-layer --heads $H --context-len 8192 --token-budget 1024 --ahead 1 --previous-layer
 F="python benchmarks/forecast_serving.py"
 MOON40="--duration 40 --time-scale 0.15"
 SG="--trace servegen-mix --start 600 --duration 60 --time-scale 0.05"
