@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from pulseio_engine.calibration import calibration_prompts
 from pulseio_engine.config import CacheConfig, DType, EngineConfig, GroupScore, SparseConfig, SparseMode
 from pulseio_engine.engine import Engine
+from pulseio_engine.evaluation.locality import middle_overlap
 from pulseio_engine.fetch import MODELS, fetch_model, fetch_shakespeare
 from pulseio_engine.kv.block_table import blocks_for
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
@@ -64,13 +65,18 @@ class Tally:
     def zeros(cls, layers: int) -> Tally:
         return cls(*([0] * layers for _ in range(6)))
 
-    def add(self, layer: int, t: set[int], h: set[int], p: set[int], middle: set[int], k: int) -> None:
-        self.fetched[layer] += len(t - h)
-        self.exposed[layer] += len(t - h - p)
-        self.prefetch[layer] += len(p - h)
-        self.kept[layer] += len(middle & p)
-        self.middle[layer] += len(middle)
-        self.slots[layer] += k
+    def add(self, layer: int, true: torch.Tensor, held: torch.Tensor, pred: torch.Tensor,
+            config: SparseConfig) -> None:
+        """true, held, pred: [S, K] selections (T, H, P of the module doc; -1 padding)."""
+        kept, middle = middle_overlap(pred, true, config)       # P's share of T's middle blocks
+        self.kept[layer] += int(kept.sum())
+        self.middle[layer] += int(middle.sum())
+        for t, h, p in zip(true.tolist(), held.tolist(), pred.tolist(), strict=True):
+            t, h, p = ({b for b in row if b >= 0} for row in (t, h, p))
+            self.fetched[layer] += len(t - h)
+            self.exposed[layer] += len(t - h - p)
+            self.prefetch[layer] += len(p - h)
+            self.slots[layer] += config.budget_blocks
 
     def per_layer(self, name: str) -> list[float]:
         num = getattr(self, name)
@@ -150,7 +156,6 @@ def measure(args: argparse.Namespace) -> dict:
     tallies: dict[int | str, Tally] = {ahead: Tally.zeros(m.num_layers) for ahead in args.ahead}
     if args.previous_layer:
         tallies["previous-layer"] = Tally.zeros(m.num_layers)
-    k = sparse.budget_blocks
     for w, window in enumerate(windows):
         engine.add_request(window, SamplingParams(max_new_tokens=1), decode_tail=args.steps)
         previous: dict[int, torch.Tensor] = {}                     # each layer's selection at the step before
@@ -165,10 +170,8 @@ def measure(args: argparse.Namespace) -> dict:
             for layer in range(first, m.num_layers):
                 head = None if heads is None else heads[layer]
                 digests = rec.digests(layer, cache.block_size)
-                n = digests[2]
                 true = this_step[layer] = _select(rec.queries[layer], m.num_kv_heads, head, digests, sparse)
                 if layer in previous:
-                    nb = (int(n) + cache.block_size - 1) // cache.block_size
                     for ahead, tally in tallies.items():
                         if ahead == "previous-layer":
                             if layer - 1 not in this_step:
@@ -177,12 +180,7 @@ def measure(args: argparse.Namespace) -> dict:
                         else:
                             pred = _select(rec.predicted_query(layer, int(ahead)), m.num_kv_heads, head, digests,
                                            sparse)
-                        for row in range(true.shape[0]):
-                            t = {b for b in true[row].tolist() if b >= 0}
-                            h = {b for b in previous[layer][row].tolist() if b >= 0}
-                            p = {b for b in pred[row].tolist() if b >= 0}
-                            middle = {b for b in t if sparse.sink_blocks <= b < nb - sparse.local_blocks}
-                            tally.add(layer, t, h, p, middle, k)
+                        tally.add(layer, true, previous[layer], pred, sparse)
                 previous[layer] = true
             step += 1
         print(f"window {w + 1}/{len(windows)}: {step} decode steps, {time.monotonic() - start:.0f} s", file=sys.stderr)
