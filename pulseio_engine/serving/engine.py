@@ -244,7 +244,7 @@ class ServingEngine:
                 due[kv_class] = (eng, work.decode)
         host.lap("schedule")
         split = self.config.interleaves and len(due) == 2      # alone, a batch has nothing to interleave with
-        halves = None
+        halves = ridden = None
         batches: dict[KVClass, DecodeBatch] = {}
         decodes: dict[KVClass, DecodeBatch | ClassTokens]
         ride = self.config.ride and len(due) == 2           # the normal requests ride in the offload step
@@ -252,7 +252,6 @@ class ServingEngine:
             decodes, halves = self._halves(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
         elif ride:
             decodes, ridden = self._ride(due[KVClass.NORMAL], due[KVClass.OFFLOAD])
-            batches = {KVClass.OFFLOAD: ridden}
         else:
             batches = {c: DecodeBatch(eng, seqs, split=split, steps=self._steps(c, seqs), feed=self._feed(c, seqs))
                        for c, (eng, seqs) in due.items()}
@@ -268,9 +267,9 @@ class ServingEngine:
         elif halves is not None:     # a new pair's first step on a GPU runs eagerly, each half whole: then both capture
             self.warming_rounds += 1
             self.inner.coupled(*halves)
-        elif ride:
+        elif ridden is not None:
             self.ridden_rounds += 1
-            self.inner.coupled(batches[KVClass.OFFLOAD])
+            self.inner.coupled(ridden)
         elif split and not any(b.warming for b in batches.values()):
             self.inner.interleave(batches.get(KVClass.NORMAL), batches.get(KVClass.OFFLOAD))
         else:                        # a batch's first step on a GPU runs first and alone: see DecodeBatch.warming
