@@ -202,12 +202,11 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
             for rid in offload:
                 recall += fill if running[rid].cold else warm_recall
                 running[rid].cold = False
+        if ahead is not None and both:        # one forward: the weights read once for both batches
+            normal_bytes -= b.weights
+            weight_bytes -= b.weights
         compute = e * (normal_bytes + offload_bytes) / copy
-        if ahead is not None:                 # one forward: the weights once; the prefetch flies behind the layers
-            if both:
-                normal_bytes -= b.weights
-                weight_bytes -= b.weights
-            compute = e * (normal_bytes + offload_bytes) / copy
+        if ahead is not None:                 # the prefetch flies behind the round's work, the rest is exposed
             compute, exposed = max(compute, ahead[0] * recall / link), ahead[1] * recall / link
         elif both and config.interleaves:
             exposed = max(0.0, recall / link - hide * normal_bytes / copy)
