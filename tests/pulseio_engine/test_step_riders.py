@@ -108,12 +108,14 @@ def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer
 
 
 def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = True, overlap: bool = False,
-           seed: int = 0, ride: bool = False) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
-    """Requests of random lengths, all arriving at once in the given classes, served to the end."""
+           seed: int = 0, ride: bool = False,
+           hot_cache: float = 1.0) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+    """Requests of random lengths, all arriving at once in the given classes, served to the end; the offload
+    requests' hot sets hold `hot_cache` budgets."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20,
                            irq=False if ride else irq, token_budget=64, block_size=16, dense_layers=1, max_batch=32,
-                           halves=halves, overlap_rounds=overlap, ride=ride)
+                           halves=halves, overlap_rounds=overlap, ride=ride, hot_cache=hot_cache)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         for rid, kv_class in classes.items():
@@ -163,15 +165,17 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
     assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
 
 
-@pytest.mark.parametrize(("seed", "overlap", "requests"), [(0, False, 8), (1, True, 8), (3, True, 24)])
+@pytest.mark.parametrize(("seed", "overlap", "requests", "hot_cache"), [(0, False, 8, 1.0), (1, True, 8, 1.0),
+                                                                      (3, True, 24, 1.0), (4, True, 8, 1.5)])
 def test_a_ridden_round_gives_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool,
-                                                             requests: int) -> None:
+                                                             requests: int, hot_cache: float) -> None:
     """`ride`: one step a round, the normal requests riding in the offload batch's (in padded rows). Every request's
-    tokens are its tokens served by its class alone, rounds overlapped or not, as batches change size; rounds with
-    one class run its step alone; a ridden step reads the weights once."""
+    tokens are its tokens served by its class alone (hot sets of one budget), rounds overlapped or not, as batches
+    change size, with hot sets of one budget or larger; rounds with one class run its step alone; a ridden step
+    reads the weights once."""
     path = str(tiny_qwen3[0])
     classes = _classes(seed, requests, {0: NRM, 1: OFF})
-    out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True)
+    out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True, hot_cache=hot_cache)
     assert out == _served_alone(path, classes, seed) and all(len(out[r]) == 6 + r % 5 for r in classes)
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload)
     assert 0 < serving.ridden_rounds == both and serving.halves_rounds == 0
