@@ -18,10 +18,13 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   other rounds are IRQ's, at `e`;
 - `pulseinfer --ride` (`replay --ride`): one step a round, the normal requests riding in the offload batch's, so
   the weights are read once: `e * bytes / copy + recall / link`, the recall exposed;
-- `pulseinfer --ahead`, a design not built: `--ride`'s rounds with each offloaded layer's recall prefetched a layer
-  early from a predicted selection (`benchmarks/speculative_selection.py` measures the prediction on real models):
+- `pulseinfer --ride --ahead` (`replay --ride --ahead`): `--ride`'s rounds with each offloaded layer's recall
+  prefetched a layer early from a predicted selection (`OffloadConfig.ahead`;
+  `benchmarks/speculative_selection.py` measures the prediction on real models):
   `max(e * bytes / copy, p * recall / link) + x * recall / link`, `p` the prefetch's traffic and `x` what the step
-  still recalls after its own query, both as fractions of today's recall (`--ahead-traffic`, `--ahead-exposed`).
+  still recalls after its own query, both as fractions of today's recall (`--ahead-traffic`, `--ahead-exposed`;
+  by default the real models' 1.18 and 0.26). A random-weight replay's steering prefetches one recall's worth and
+  leaves `1 - sparse_bench.AHEAD_HITS` exposed, so `--fit` takes those.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -63,7 +66,7 @@ from pulseio_engine.serving.metrics import Recorder  # noqa: E402
 from pulseio_engine.serving.outer import OuterScheduler  # noqa: E402
 from pulseio_engine.serving.pools import plan_pools  # noqa: E402
 from pulseio_engine.serving.replay import steering_context  # noqa: E402
-from pulseio_engine.sparse_bench import default_profile  # noqa: E402
+from pulseio_engine.sparse_bench import AHEAD_HITS, default_profile  # noqa: E402
 from pulseio_engine.step_bytes import StepShape, step_bytes  # noqa: E402
 from pulseio_engine.trace import Trace  # noqa: E402
 from pulseio_engine.trace.load import TraceOptions, open_trace  # noqa: E402
@@ -267,11 +270,12 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
 MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
          "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None),
-         "pulseinfer --ride": (ServeMode.PULSEINFER, False), "pulseinfer --ahead": (ServeMode.PULSEINFER, False)}
-HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ahead"     # see the module doc
+         "pulseinfer --ride": (ServeMode.PULSEINFER, False),
+         "pulseinfer --ride --ahead": (ServeMode.PULSEINFER, False)}
+HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ride --ahead"   # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
 HALVES_EFFICIENCY = 1.73                          # the halves rounds', fitted to an H100 replay (module doc)
-AHEAD_TRAFFIC, AHEAD_EXPOSED = 1.18, 0.26         # pulseinfer --ahead, in today's recalls (module doc)
+AHEAD_TRAFFIC, AHEAD_EXPOSED = 1.18, 0.26         # pulseinfer --ride --ahead, in today's recalls (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
 
@@ -385,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
                            int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0),
                            halves=halves, hide_efficiency=args.hide_efficiency,
                            efficiency=rates("pulseinfer").efficiency,
-                           ahead=(0.0, 1.0) if cfg.get("ride") else None)
+                           ahead=(1.0, 1.0 - AHEAD_HITS) if cfg.get("ahead") else (0.0, 1.0) if cfg.get("ride")
+                           else None)
         print(f"{path}: {report['mode']}{' --halves' if halves else ''} {measured:.1f} tok/s -> "
               + ("halves rounds' " if halves else "") + "efficiency "
               + ("below 0.5" if e is None else f"{e:.3f}"))

@@ -225,7 +225,14 @@ class OffloadConfig:
     `kept_step_graphs`: the step graphs the engine keeps, one per batch size and split (a whole step, or one
     split in per-layer pieces), the least recently used dropped. Each holds one decode step's activations (tens
     of MB at a dozen rows); a batch size whose graph was dropped is captured anew when it comes back, a round
-    many times slower than the rest, so a server keeps one pair for every size its caps admit."""
+    many times slower than the rest, so a server keeps one pair for every size its caps admit.
+
+    `ahead`: each offloaded layer after the first also recalls a layer early. At layer l - 1, layer l's weights make
+    a query of the residual stream entering l - 1 (`CausalLM.selection_query`: the selecting heads' rows of W_q
+    only); its selection is planned against layer l's hot set and recalled into its least recently selected
+    entries while layer l - 1 runs. Layer l then selects from its own query as always, and recalls only what the
+    prediction missed. Tokens do not change; the link carries the mispredicted blocks too. The prefetch evicts
+    like any recall, so it wants a hot set larger than the budget (`hot_cache` > 1), and doorbell recalls."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL
@@ -238,6 +245,7 @@ class OffloadConfig:
     dma: DmaConfig | None = None
     kept_step_graphs: int = 32
     hot_cache: float = 1.0
+    ahead: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -259,6 +267,12 @@ class OffloadConfig:
         if self.recall is RecallMode.ALL_ON_GPU and self.hot_cache != 1.0:
             raise ValueError(f"OffloadConfig.hot_cache ({self.hot_cache!r}) sizes the hot sets of offload requests; "
                              "RecallMode.ALL_ON_GPU keeps every block in the paged cache and has none (leave it 1.0)")
+        if not isinstance(self.ahead, bool):
+            raise TypeError(f"OffloadConfig.ahead must be a bool, got {self.ahead!r}")
+        if self.ahead and (self.recall is not RecallMode.DOORBELL or self.hot_cache <= 1.0):
+            raise ValueError(f"OffloadConfig.ahead recalls each layer's predicted blocks into its hot set's spare "
+                             f"entries while the layer before runs: it needs doorbell recalls and hot_cache > 1 "
+                             f"(got recall {self.recall.value!r}, hot_cache {self.hot_cache!r})")
 
     @property
     def hot_blocks(self) -> int:
@@ -324,6 +338,10 @@ class EngineConfig:
         if offload.dense_layers >= self.model.num_layers:
             raise ValueError(f"OffloadConfig.dense_layers ({offload.dense_layers}) leaves no layer of the "
                              f"model's {self.model.num_layers} to offload; use fewer dense layers")
+        if offload.ahead and not self.use_cuda_graphs:
+            raise ValueError("OffloadConfig.ahead recalls a layer's blocks from the offload step's pieces "
+                             "(`OffloadStepGraph`), which use_cuda_graphs=False does not run; turn graphs on (on a CPU "
+                             "the pieces run eagerly)")
 
     @property
     def compile(self) -> bool:

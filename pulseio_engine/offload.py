@@ -15,6 +15,8 @@ of one decode step is a few launches, all fixed-shape, no host sync:
     attention                 the paged cache in place (all on the GPU); offload rows: over the resident blocks
                               while the recall is in flight, then its device wait and the recalled blocks, whose
                               launch merges the two parts (`attention.decode_partials`)
+    prefetch (`ahead`)        during the layer before: score and plan the layer's blocks from a predicted query,
+                              recalled into the hot set before the layer's own selection (`OffloadBatch.prefetch`)
 
 Every request's selection state (residency, hot-slot owners and ages, the previous selection's mask, steering
 counters) lives in a row of persistent [L, R, S, ...] tensors (`kv/seats.py`); a batch of B requests is rows
@@ -25,6 +27,7 @@ a step captured for B rows serves any B requests. Benchmarks on random weights s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, replace
 
@@ -69,11 +72,15 @@ class SteeringProfile:
     overlap: tuple[float, ...]     # one fraction in [0, 1] per model layer
     seed: int = 0
     rewarm: tuple[float, ...] = ()  # one fraction in [0, 1] per model layer, or none
+    ahead: float = 0.0              # in [0, 1]: of what a layer recalled ahead would still recall, the fraction
+                                    # its prediction brought (`OffloadBatch.prefetch`)
 
     def __post_init__(self) -> None:
         if self.rewarm and len(self.rewarm) != len(self.overlap):
             raise ValueError(f"SteeringProfile.rewarm must have one fraction per layer as overlap does "
                              f"({len(self.overlap)}) or none, got {len(self.rewarm)}")
+        if not 0.0 <= self.ahead <= 1.0:
+            raise ValueError(f"SteeringProfile.ahead must be a fraction in [0, 1], got {self.ahead!r}")
         bad = [r for r in self.rewarm if not 0.0 <= r <= 1.0]
         if bad:
             raise ValueError(f"SteeringProfile.rewarm must hold fractions in [0, 1], got {bad[0]!r}")
@@ -288,20 +295,21 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
     sets, `hot_blocks` per row (+1: slot 0 is never handed out). One recall moves at most a batch's rows x
     budget units: only selected blocks are recalled, however large the hot set.
 
-    Recalls come once per layer, a fraction of a millisecond apart, so on a GPU the poller spins
-    (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
+    Recalls come once per layer (twice with `ahead`: its prefetch), a fraction of a millisecond apart, so on a
+    GPU the poller spins (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
     generation stays up between layers (`RESIDENT_IDLE_US`, unless `offload.dma` says otherwise), so it
     serves the next layer's recall and the next generation takes over after that recall, not on its
     path. While up it holds `RECALL_COPY_CTAS` copy CTAs, which the model's kernels share their SMs with.
     On a CPU the poller sleeps at once: spinning would take a core from the decode it serves."""
     rows = offload.max_seqs * layout.groups       # selecting rows of one layer, every offload request's
+    posts = num_layers * (2 if offload.ahead else 1)          # recalls a step: a layer's, and its prefetch
     on_gpu = device.startswith("cuda")
     dma = offload.dma or (pulseio.DmaConfig(zero_copy_ctas=RECALL_COPY_CTAS, resident_idle_us=RESIDENT_IDLE_US)
                           if on_gpu else pulseio.DmaConfig())
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=num_layers * rows * offload.hot_blocks + 1,
         block_bytes=layout.unit_bytes, max_blocks_per_request=rows * offload.sparse.budget_blocks,
-        ring_slots=max(64, STEPS_AHEAD * num_layers), max_outstanding=max(1024, 2 * STEPS_AHEAD * num_layers),
+        ring_slots=max(64, STEPS_AHEAD * posts), max_outstanding=max(1024, 2 * STEPS_AHEAD * posts),
         spin_iterations=offload.poll_spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
         dma=dma)
 
@@ -383,13 +391,16 @@ class _SparseBatch:
 
     def recall_around_resident(self, layer: int, q: torch.Tensor,
                                recall: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, *,
-                               resident: bool = True) -> None:
-        """Post `layer`'s recall (None: nothing to bring), then (`resident`) its attention to the blocks already
-        on the GPU while the recall flies, then the device wait for it."""
+                               resident: bool = True, after_post: Callable[[], None] | None = None) -> None:
+        """Post `layer`'s recall (None: nothing to bring), then `after_post` (the next layer's recall ahead), then
+        (`resident`) its attention to the blocks already on the GPU while the recall flies, then the device wait
+        for it."""
         pending = None
         if recall is not None:
             with record_function("offload.recall"):
                 pending = self.owner.recaller.post(*recall, tag=layer)      # type: ignore[union-attr]
+        if after_post is not None:
+            after_post()
         if resident:
             self.attend_resident(layer, q)
         if pending is not None:
@@ -450,6 +461,23 @@ class DeviceSparseBatch(_SparseBatch):
                                           self.owner.scale, out=out, num_kv_heads=self.owner.model.num_kv_heads)
 
 
+class _Prefetch:
+    """`OffloadBatch.prefetch`'s buffers: scratch for the parts of a selection a prediction must not keep (mask,
+    table, steering counters, ...) and its own recall, for a batch's rows (S selecting rows, NBW mask columns)."""
+
+    def __init__(self, rows: torch.Size, budget: int, device: torch.device) -> None:
+        b, s, nbw = rows
+        self.mask = torch.zeros((b, s, nbw), dtype=torch.uint8, device=device)
+        self.calls = torch.zeros((b, s), dtype=torch.int64, device=device)
+        self.table = torch.zeros((b, s, budget), dtype=torch.int32, device=device)
+        self.context_lens = torch.zeros((b, s), dtype=torch.int32, device=device)
+        self.selected = torch.zeros((b, s, budget), dtype=torch.int64, device=device)
+        self.write_slot = torch.zeros((b, s), dtype=torch.int64, device=device)
+        self.ids = torch.zeros(b * s * budget, dtype=torch.int64, device=device)
+        self.dst = torch.zeros(b * s * budget, dtype=torch.int64, device=device)
+        self.count = torch.zeros(1, dtype=torch.int64, device=device)
+
+
 class OffloadBatch(_SparseBatch):
     """A decode batch of offload requests: full KV on the host, each row's hot set on the device."""
 
@@ -470,6 +498,7 @@ class OffloadBatch(_SparseBatch):
         self.arrivals = Arrivals(torch.zeros((b, s, k), dtype=torch.int32, device=dev),    # the recalled blocks'
                                  torch.zeros((b, s), dtype=torch.int32, device=dev))       # table (`table`: the rest)
         self.partials: DecodePartials | None = None     # the attention's two parts, built by the first step
+        self.ahead = _Prefetch(self.mask.shape[1:], k, dev) if owner.offload.ahead else None
 
     def start(self, state: BatchState) -> None:
         super().start(state)
@@ -495,8 +524,40 @@ class OffloadBatch(_SparseBatch):
         return self.recall_ids, self.recall_dst, self.count
 
     def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
-        """`layer`'s steering, with the profile's rewarm: refills from the hot set's blocks not selected last step."""
-        return replace(super()._steering(profile, layer), rewarm=profile.rewarm_at(layer))
+        """`layer`'s steering, with the profile's rewarm: refills from the hot set's blocks not selected last step.
+        A layer recalled ahead (`prefetch`) finds `profile.ahead` of the rest among them too: the blocks its
+        prediction brought, which the hot set now holds."""
+        rewarm = profile.rewarm_at(layer)
+        if self.ahead is not None and layer > self.owner.dense:
+            rewarm = 1.0 - (1.0 - rewarm) * (1.0 - profile.ahead)
+        return replace(super()._steering(profile, layer), rewarm=rewarm)
+
+    def prefetch(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`OffloadConfig.ahead`, run during the layer before `layer`: select `layer`'s blocks from q, the queries
+        its weights make of an earlier stream (`CausalLM.selection_query` of the selecting heads), and plan them
+        against its hot set as a selection does (the hot set and its ages updated; no table, no new token) -> the
+        recall (host units, hot slots, count). Its selection state stays as it was: the prediction's selection and
+        steering counters go to scratch copies. `layer`'s own selection must come after this recall landed (its
+        new token goes into a slot this recall may write)."""
+        o, li, p = self.owner, layer - self.owner.dense, self.ahead
+        assert p is not None, "prefetch needs OffloadConfig.ahead"
+        hot = HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
+                        host_map=self.host_map[li], recall_ids=p.ids, recall_dst=p.dst, count=p.count,
+                        write_slot=p.write_slot)
+        head = None if self.head is None else 0       # q holds the selecting head's group only
+        with record_function("offload.prefetch"):
+            score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
+                         num_kv_heads=o.model.num_kv_heads if head is None else 1, head=head,
+                         rule=o.sparse.group_score, count=p.count, out=self.bounds)
+            steer = None
+            if o.steering is not None:                # reads the previous selection and bumps the counters
+                p.mask.copy_(self.mask[li])
+                p.calls.copy_(self.calls[li])
+                steer = Steering(o.steering.overlap[layer], p.calls, seed=o.steering.seed, layer=layer,
+                                 rewarm=o.steering.rewarm_at(layer))
+            select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=p.mask, table=p.table,
+                                context_lens=p.context_lens, steer=steer, out=p.selected, hot=hot)
+        return p.ids, p.dst, p.count
 
     def attend_resident(self, layer: int, q: torch.Tensor) -> None:
         """Attention over the selected blocks that were resident already: it reads no slot the recall writes,

@@ -110,6 +110,9 @@ class OffloadStepGraph:
         engine's rows after the batch's own (see the module doc); every buffer below then covers both.
         `first_row`: the batch's requests sit in the offloader's seats from that row (`Offloader.begin`)."""
         b = len(request_ids)
+        if split and offloader.offload.ahead:
+            raise ValueError("OffloadConfig.ahead recalls each layer's blocks during the layer before, within one "
+                             "step: a split step (IRQ's pieces, halves) does not take it")
         self.capture, self.split = capture, split
         self.model, self.kv, self.offloader, self.riders = model, kv, offloader, riders
         self.batch = offloader.begin(request_ids, first_row=first_row)   # its seats' rows; the graph updates them
@@ -356,15 +359,19 @@ class OffloadStepGraph:
         -> the post's index in `recalls` (None: no post)."""
         planned = recalls is not None and piece < len(self._recalls) and self._recalls[piece][1] is not None
         index = None
+        main = torch.cuda.current_stream()
         if planned:
-            main, side = torch.cuda.current_stream(), self._side_stream()
+            side = self._side_stream()
             side.wait_stream(main)
             layer, (ids, dst, count) = self._recalls[piece]                   # type: ignore[misc]
             with torch.cuda.stream(side):
                 index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+        ahead = recalls is not None and "ahead" in self._shared
+        if ahead:
+            self._prefetch(recalls)                    # its kernels here, its publish on the side stream too
         self._resident(piece)
-        if planned:
-            main.wait_stream(side)
+        if planned or ahead:
+            main.wait_stream(self._side_stream())
         return index
 
     def _side_stream(self) -> torch.cuda.Stream:
@@ -374,10 +381,33 @@ class OffloadStepGraph:
         return self._publish_stream
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
-        """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`)."""
+        """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`), the next layer's recall
+        ahead posted after it."""
         if piece < len(self._recalls):
             layer, args = self._recalls[piece]
-            self._shared["batch"].recall_around_resident(layer, self._shared["own"][0], args, resident=resident)
+            self._shared["batch"].recall_around_resident(layer, self._shared["own"][0], args, resident=resident,
+                                                         after_post=lambda: self._prefetch(None))
+
+    def _prefetch(self, recalls: Any) -> None:
+        """`OffloadConfig.ahead`: the recall of the next layer's predicted blocks (`OffloadBatch.prefetch`), from
+        the stream `_begin` kept, posted through `recalls` (a RecallGraph being captured; None: the recaller, now).
+        Its device wait is left for that layer's `_begin`, before its own selection."""
+        plan = self._shared.pop("ahead", None)
+        if plan is None:
+            return
+        layer, stream, positions = plan
+        batch = self._shared["batch"]
+        q = self.model.selection_query(stream, positions, layer, None if batch.head is None else batch.head[layer])
+        ids, dst, count = batch.prefetch(layer, q)
+        self._live.append(q)
+        if recalls is None:
+            self._shared["waits"][layer] = self.offloader.recaller.post(ids, dst, count, tag=layer).wait_device
+            return
+        main, side = torch.cuda.current_stream(), self._side_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+        self._shared["waits"][layer] = lambda: recalls.wait_device(index)
 
     def _resident(self, piece: int) -> None:
         """The attention of the layer whose recall piece `piece` posted, over its blocks already on the GPU:
@@ -397,6 +427,8 @@ class OffloadStepGraph:
 
         kinds = self._kinds
         riding = len(kinds) > 1
+        ahead = off.offload.ahead
+        shared["waits"] = {}          # layer -> the device wait of its recall ahead, posted during the layer before
 
         def first() -> None:
             pos = self.positions
@@ -424,7 +456,13 @@ class OffloadStepGraph:
             q, k, v = model.layer_begin(state, layer)
             own = (q, k, v) if not riding else tuple(x[kinds[0].rows] for x in (q, k, v))
             shared["own"] = own
+            wait = shared["waits"].pop(layer, None)        # this layer's recall ahead: landed before it selects
+            if wait is not None:
+                wait()
             args = shared["batch"].prepare(layer, *own)
+            if ahead and layer + 1 < layers:               # the next layer's, from the stream entering this one
+                rows = kinds[0].rows
+                shared["ahead"] = (layer + 1, state.hidden[rows], state.positions[rows])
             if riding:
                 rows = kinds[1].rows
                 shared["q"], shared["riders"] = q, tuple(x[rows] for x in (q, k, v))

@@ -100,12 +100,20 @@ def default_profile(selection: SparseMode, token_budget: int, context_len: int |
                                                    abs(p.token_budget - token_budget), distance(p), -p.context_len))
 
 
+# Of a layer's recall, the share a selection made a layer early from its own weights fetched before its query, on
+# Qwen2.5-Coder-0.5B with SoloHead at budget 1024: 0.74 at 8K, 0.72 at 16K, 0.68 at 32K (1 - exposed / recalled in
+# benchmarks/results/speculative-2026-12-05-cpu/). 16K's stands for the serving traces' contexts.
+AHEAD_HITS = 0.72
+
+
 def steering_profile(locality: LocalityProfile, num_layers: int, dense_layers: int, hot_cache: float,
-                     seed: int) -> SteeringProfile:
+                     seed: int, *, ahead: bool = False) -> SteeringProfile:
     """A random-weight model's steering from a locality record: its overlap per layer and, for hot sets of
-    `hot_cache` budgets, the rewarm its simulated hot caches give (`LocalityProfile.rewarm_for`)."""
+    `hot_cache` budgets, the rewarm its simulated hot caches give (`LocalityProfile.rewarm_for`); `ahead`
+    (`OffloadConfig.ahead`): `AHEAD_HITS` of what a layer still recalls was prefetched by its prediction."""
     return SteeringProfile(locality.overlap_for(num_layers, dense_layers), seed=seed,
-                           rewarm=locality.rewarm_for(num_layers, dense_layers, hot_cache))
+                           rewarm=locality.rewarm_for(num_layers, dense_layers, hot_cache),
+                           ahead=AHEAD_HITS if ahead else 0.0)
 
 
 def describe(profile: LocalityProfile) -> str:

@@ -22,7 +22,7 @@ from ..attention import chunk_attention, paged_decode_attention
 from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
-from .layers import Rotary, final_norm, post_attention, pre_attention
+from .layers import Rotary, final_norm, post_attention, pre_attention, select_query
 from .linear import decode_workspace, linear
 from .params import ModelWeights
 
@@ -106,6 +106,19 @@ class CausalLM:
         state.hidden, state.delta = post(state.hidden, attn, w.o, w.post_norm, w.gate_up, w.down, cfg.rms_norm_eps,
                                          self.workspace)
         state.next_layer += 1
+
+    def selection_query(self, x: torch.Tensor, positions: torch.Tensor, layer_idx: int,
+                        kv_head: int | None) -> torch.Tensor:
+        """The queries layer `layer_idx` would make of residual stream x ([T, H], e.g. `state.hidden` after an
+        earlier layer's `layer_begin`) at these positions ([T]): of KV head `kv_head`'s query group -> [T, G, D],
+        or of every head (None) -> [T, Hq, D]. Reads only those heads' rows of the layer's qkv weight."""
+        cfg, w = self.config, self.weights.layers[layer_idx]
+        group = cfg.num_heads // cfg.num_kv_heads
+        first, heads = (0, cfg.num_heads) if kv_head is None else (kv_head * group, group)
+        rows = slice(first * cfg.head_dim, (first + heads) * cfg.head_dim)
+        return select_query(x, positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv[rows],
+                            None if w.qkv_bias is None else w.qkv_bias[rows], w.q_norm, cfg.rms_norm_eps,
+                            cfg.head_dim, self.workspace)
 
     def end(self, state: BatchState) -> torch.Tensor:
         """-> logits [S, V] fp32 for `state.logit_rows` (all rows when None)."""

@@ -105,6 +105,11 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--ride", action="store_true",
                    help="pulseinfer without IRQ: the normal requests ride in the offload batch's step, one forward a "
                         "round that reads the weights once for both (the recall is not hidden)")
+    r.add_argument("--ahead", action="store_true",
+                   help="pulseinfer with --ride or --no-irq: each layer's predicted blocks are recalled during the "
+                        "layer before, into the hot set's spare entries (give --hot-cache above 1), so after its own "
+                        "selection a layer recalls only what the prediction missed; a random-weight preset's "
+                        "steering finds that share of its recall prefetched (`sparse_bench.AHEAD_HITS`)")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -255,6 +260,11 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
     if args.hot_cache != 1.0 and not offload:
         raise UsageError(prog, f"--hot-cache sizes the offload modes' hot sets; --mode {mode.value} offloads no "
                                "request")
+    if args.ahead and not (mode is ServeMode.PULSEINFER and (args.ride or args.no_irq)):
+        raise UsageError(prog, "--ahead recalls each layer's blocks during the layer before, within one step: "
+                               "--mode pulseinfer with --ride or --no-irq")
+    if args.ahead and args.hot_cache <= 1.0:
+        raise UsageError(prog, "--ahead recalls into the hot sets' spare entries: give --hot-cache above 1 (e.g. 1.5)")
     if args.selection is not None and mode is ServeMode.VANILLA:
         raise UsageError(prog, "--selection picks the sparse modes' selecting heads; vanilla attends densely")
     host = 0.0
@@ -270,7 +280,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
                              two_streams=args.two_streams, hot_cache=args.hot_cache, halves=args.halves,
-                             ride=args.ride)
+                             ride=args.ride, ahead=args.ahead)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

@@ -42,7 +42,9 @@ class ServingConfig:
     two halves whose layer pieces alternate, the normal requests riding in the first half's step, so each half's
     recall flies while the other half computes (`InnerScheduler.halves`). `ride`: pulseinfer without IRQ, a round
     with both batches is one step of the offload batch with the normal requests riding in it (`StepRiders`): one
-    forward reads the weights once for both, and the recall is not hidden."""
+    forward reads the weights once for both, and the recall is not hidden. `ahead`: the offload engine recalls each
+    layer's predicted blocks during the layer before (`OffloadConfig.ahead`), so only what the prediction missed is
+    recalled after the layer's own selection; coupled steps only (`ride`, or irq=False), hot sets above one budget."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -64,6 +66,7 @@ class ServingConfig:
     hot_cache: float = 1.0
     halves: bool = False
     ride: bool = False
+    ahead: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -112,8 +115,12 @@ class ServingConfig:
         if self.hot_cache != 1.0 and not self.has_offload:
             raise ValueError(f"{self.mode.value} offloads no request, so it has no hot sets for hot_cache="
                              f"{self.hot_cache!r} to size (leave it 1.0)")
+        if self.ahead and (self.mode is not ServeMode.PULSEINFER or self.interleaves):
+            raise ValueError(f"ahead recalls each layer's blocks during the layer before, within one step of the "
+                             f"offload batch; {self.describe()} runs it in IRQ's pieces (use ride, or irq=False)")
         if self.has_offload:
-            OffloadConfig(hot_cache=self.hot_cache)          # its rule, in its words
+            assert self.recall is not None                                  # (every offload mode recalls)
+            OffloadConfig(hot_cache=self.hot_cache, ahead=self.ahead, recall=self.recall)   # its rules, in its words
 
     def check_device(self, device: str, use_cuda_graphs: bool) -> None:
         """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the
@@ -167,5 +174,7 @@ class ServingConfig:
     def describe(self) -> str:
         """The mode as the results name it: 'pulseinfer', 'pulseinfer --no-irq', 'quest'..."""
         if self.ride:
-            return self.mode.value + " --ride"
-        return self.mode.value + (" --no-irq" if self.mode is ServeMode.PULSEINFER and not self.interleaves else "")
+            name = self.mode.value + " --ride"
+        else:
+            name = self.mode.value + (" --no-irq" if self.mode is ServeMode.PULSEINFER and not self.interleaves else "")
+        return name + " --ahead" * self.ahead

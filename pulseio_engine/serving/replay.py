@@ -378,9 +378,11 @@ def _steering(source: ModelSource, config: ServingConfig, seed: int, context: in
     from ..sparse_bench import default_profile, describe, steering_profile
 
     profile = default_profile(config.sparse, config.token_budget, context)
-    steering = steering_profile(profile, source.config.num_layers, config.dense_layers, config.hot_cache, seed)
+    steering = steering_profile(profile, source.config.num_layers, config.dense_layers, config.hot_cache, seed,
+                                ahead=config.ahead)
     hot = "" if config.hot_cache == 1.0 else f"; hot sets of {config.hot_cache:g} budgets refilled as it simulated"
-    return steering, describe(profile) + hot
+    ahead = f"; {steering.ahead:g} of each later layer's recall prefetched a layer early" * config.ahead
+    return steering, describe(profile) + hot + ahead
 
 
 def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype: DType, pools: int) -> None:
@@ -448,7 +450,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "kv": "random (handed in)" if source.random else "prefilled", "gpu_ahead": config.pieces_ahead,
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
-                   "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride,
+                   "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride, "ahead": config.ahead,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1]},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)

@@ -29,6 +29,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     10: ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s"),
     11: ("config.halves", "summary.halves_rounds"),
     12: ("config.ride", "summary.ridden_rounds"),
+    13: ("config.ahead",),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -47,7 +48,7 @@ SCHEMA: dict[str, Any] = {
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
-               "ride": bool},
+               "ride": bool, "ahead": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,

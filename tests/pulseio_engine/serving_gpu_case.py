@@ -10,7 +10,9 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 half's step, captured recalls and late ones, overlapped or not: each class's tokens
                                 served alone
     ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
-    nosync ROUNDS [overlap] [two-streams] [halves | ride]
+    ahead                       ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
+                                budgets): each class's tokens served alone
+    nosync ROUNDS [overlap] [two-streams] [halves | ride | ahead]
                                 steady-state IRQ rounds, halves or ridden ones (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
     cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
@@ -51,7 +53,7 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256, normal_steps: int = 1,
             overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER, two_streams: bool = False,
-            halves: bool = False, ride: bool = False) -> ServingEngine:
+            halves: bool = False, ride: bool = False, ahead: bool = False) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
@@ -61,7 +63,7 @@ def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 25
                            token_budget=budget, max_batch=64, normal_steps=normal_steps,
                            max_offload_seqs=None if mode is ServeMode.VANILLA else 32,
                            overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda", halves=halves,
-                           ride=ride)
+                           ride=ride, ahead=ahead, hot_cache=1.5 if ahead else 1.0)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)
 
@@ -134,11 +136,11 @@ def _without_tokens(runs: dict[str, dict]) -> dict[str, dict]:
     return {k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}
 
 
-def riders(kind: str) -> dict:
+def riders(kind: str, ahead: bool = False) -> dict:
     """The normal requests riding in the offload batch's step: `kind` "halves", the offload batch in two halves whose
-    pieces are captured into one RecallGraph (IRQ), or "ride", one whole step a round. With captured recalls and
-    recalls made to land late (eager posts), rounds overlapped or not: every request's tokens are its class's
-    served alone."""
+    pieces are captured into one RecallGraph (IRQ), or "ride", one whole step a round (`ahead`: each layer's blocks
+    also recalled during the layer before, into hot sets of 1.5 budgets). With captured recalls and recalls made to
+    land late (eager posts), rounds overlapped or not: every request's tokens are its class's served alone."""
     classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF, 5: OFF}
     runs = {}
     for name, late, which, overlap in (
@@ -147,7 +149,8 @@ def riders(kind: str) -> dict:
             (f"{kind} late overlapped", 6, None, True)):
         riding = which is None
         runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
-                            irq=kind == "halves" and riding, overlap=overlap, **{kind: riding})
+                            irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
+                            **{kind: riding})
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     ridden = [k for k in runs if k.startswith(kind)]
     differ = [k for k in ridden if runs[k]["tokens"] != alone]
@@ -173,8 +176,10 @@ def vanilla() -> dict:
 
 
 def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False,
-           ride: bool = False) -> dict:
-    with _engine("tiny", irq=not ride, overlap=overlap, two_streams=two_streams, halves=halves, ride=ride) as serving:
+           ride: bool = False, ahead: bool = False) -> dict:
+    ride = ride or ahead
+    with _engine("tiny", irq=not ride, overlap=overlap, two_streams=two_streams, halves=halves, ride=ride,
+                 ahead=ahead) as serving:
         _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}, 900, rounds + 8, 256)
         for _ in range(4):                   # admission, the eager steps, the captures
             serving.step()
@@ -278,9 +283,10 @@ def _runtime(serving: ServingEngine) -> dict | None:
 def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
-    cases = {"tokens": tokens, "halves": lambda: riders("halves"), "ride": lambda: riders("ride"), "vanilla": vanilla,
+    cases = {"tokens": tokens, "halves": lambda: riders("halves"), "ride": lambda: riders("ride"),
+             "ahead": lambda: riders("ride", ahead=True), "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
-                                      "halves" in args[1:], "ride" in args[1:]),
+                                      "halves" in args[1:], "ride" in args[1:], "ahead" in args[1:]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()
     print(json.dumps(out))

@@ -39,11 +39,12 @@ def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
 
 def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
             local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, hot_cache: float = 1.0,
-            **kw) -> Engine:
+            ahead: bool = False, **kw) -> Engine:
     m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
                                                 local_blocks=local, group_score=group),
-                            recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense, hot_cache=hot_cache)
+                            recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense, hot_cache=hot_cache,
+                            ahead=ahead)
     return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
                              retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
 
@@ -127,12 +128,14 @@ def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tens
     return [k.clone() for k, _ in pairs], [v.clone() for _, v in pairs]
 
 
-@pytest.mark.parametrize("hot_cache", [1.0, 2.0], ids=["hot1", "hot2"])
+@pytest.mark.parametrize("hot_cache,ahead", [(1.0, False), (2.0, False), (2.0, True)], ids=["hot1", "hot2", "ahead"])
 @pytest.mark.parametrize("mode", list(SparseMode))
-def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache) -> None:
-    """Every block the hot set holds (with two budgets, blocks selected earlier too) equals its host copy."""
+def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache, ahead) -> None:
+    """Every block the hot set holds (with two budgets, blocks selected earlier too; `ahead`, blocks a prediction
+    recalled a layer early, the block being written among them) equals its host copy."""
     path = str(tiny_qwen3[0])
-    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1, hot_cache=hot_cache) as engine:
+    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1, hot_cache=hot_cache,
+                 ahead=ahead) as engine:
         prompt = PROMPTS[0]
         rid = engine.add_request(prompt, SamplingParams(max_new_tokens=9, ignore_eos=True), offload=True)
         engine.step()
@@ -266,6 +269,36 @@ def test_a_larger_hot_set_decodes_the_same_tokens_and_recalls_no_more(tiny_qwen3
             recalled[hot_cache] = engine.offloader.statistics().bytes_recalled
     assert tokens[1.5] == tokens[2.0] == tokens[1.0]
     assert recalled[1.5] <= recalled[1.0] and recalled[2.0] < recalled[1.0]
+
+
+@pytest.mark.parametrize("mode", list(SparseMode))
+def test_recalling_ahead_decodes_the_same_tokens(tiny_qwen3, mode) -> None:
+    """`ahead`: each layer's predicted blocks recalled during the layer before. The selection is still the layer's
+    own, so the tokens are those without it (contexts of 13 and 9 blocks, hot sets of 5); the prefetch posts a
+    recall for every offloaded layer but the first, and moves blocks."""
+    path = str(tiny_qwen3[0])
+    sampling = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    tokens, stats = {}, {}
+    for ahead in (False, True):
+        with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1, hot_cache=1.5,
+                     ahead=ahead) as engine:
+            tokens[ahead] = _run(engine, [list(range(20, 120)), list(range(130, 200))], sampling, [True, True])
+            stats[ahead] = engine.offloader.statistics()
+            layers = engine.kv.num_layers
+    assert tokens[True] == tokens[False]
+    steps = stats[False].recalls // (layers - 1)                        # one recall a step and offloaded layer
+    assert stats[True].recalls == steps * (2 * (layers - 1) - 1)       # and a prefetch for all but the first
+    assert stats[True].bytes_recalled != stats[False].bytes_recalled
+
+
+def test_recalling_ahead_needs_doorbell_recalls_a_larger_hot_set_and_the_step_pieces(tiny_qwen3) -> None:
+    rule = r"^OffloadConfig.ahead recalls each layer's predicted blocks into its hot set's spare entries"
+    for bad in ({"hot_cache": 1.0}, {"hot_cache": 2.0, "recall": RecallMode.SYNC}):
+        with pytest.raises(ValueError, match=rule):
+            OffloadConfig(ahead=True, **bad)      # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="which use_cuda_graphs=False does not run"):
+        _engine(str(tiny_qwen3[0]), SparseMode.SOLOHEAD, RecallMode.DOORBELL, budget=3 * BS, hot_cache=2.0,
+                ahead=True, use_cuda_graphs=False)
 
 
 def test_engine_memory_footprint_names_its_unit(tiny_qwen3) -> None:

@@ -28,6 +28,7 @@ from pulseio_engine.serving.metrics import Recorder, bucket_of
 from pulseio_engine.serving.replay import WARMUP_TOKENS, ReplayOptions, replay, sweep_sizes, warm_up
 from pulseio_engine.serving.report import ReportError, check_report, labels, load_report, table
 from pulseio_engine.serving.roofline import RoundBytes, roofline
+from pulseio_engine.sparse_bench import AHEAD_HITS
 from pulseio_engine.trace import TraceOptions, open_trace
 
 SLICES = {
@@ -90,7 +91,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/12"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/13"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -252,8 +253,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/12', "
-                                          r"'pulseio-replay/11', 'pulseio-replay/10', 'pulseio-replay/9', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/13', "
+                                          r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
+                                          r"'pulseio-replay/9', "
                                           r"'pulseio-replay/8', "
                                           r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
                                           r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
@@ -358,6 +360,28 @@ def test_hot_cache_gives_offload_requests_larger_hot_sets_steered_to_refill_from
     assert "; hot sets of 2 budgets refilled as it simulated" in two["config"]["steering"]
     assert two["summary"]["recalled_bytes"] < one["summary"]["recalled_bytes"]
     assert labels([one, two]) == ["pulseinfer hot=1.0", "pulseinfer hot=2.0"]
+
+
+def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(tmp_path: Path) -> None:
+    """--ride --ahead --hot-cache 2: every request completes; each offloaded layer after the first posts a second
+    recall a step (its prefetch), and the steering says what share of a layer's recall its prediction brought."""
+    runs = {}
+    for name, extra in (("ride", []), ("ahead", ["--ahead"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
+                     "--requests", "12", "--max-output", "8", "--gpu-kv-gib", "0.01", "--token-budget", "1024",
+                     "--locality-context", "8192", "--hot-cache", "2", "--ride", *extra, "--no-warmup",
+                     "--json", str(out)]) == 0
+        runs[name] = load_report(out)
+    ride, ahead = runs["ride"], runs["ahead"]
+    assert ride["summary"]["complete"] and ahead["summary"]["complete"]
+    assert (ride["mode"], ahead["mode"]) == ("pulseinfer --ride", "pulseinfer --ride --ahead")
+    assert (ride["config"]["ahead"], ahead["config"]["ahead"]) == (False, True)
+    assert f"; {AHEAD_HITS:g} of each later layer's recall prefetched a layer early" in ahead["config"]["steering"]
+    steps = {name: sum(n for size, n in run["batches"]["offload"].items() if int(size)) for name, run in runs.items()}
+    layers = ride["summary"]["recalls"] // steps["ride"]                   # offloaded: one recall each a step
+    assert layers >= 2 and ride["summary"]["recalls"] == steps["ride"] * layers
+    assert ahead["summary"]["recalls"] == steps["ahead"] * (2 * layers - 1)   # and a prefetch for all but the first
 
 
 def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str, dict], tmp_path: Path) -> None:
@@ -514,6 +538,10 @@ def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytes
     (["--mode", "pulseinfer", "--hot-cache", "2", "--requests", "2"],
      "budget 2048 context 4096 simulated no hot cache larger than the budget, so it cannot steer one of 2 budgets"),
     (["--mode", "pulseinfer", "--copier-idle-us", "0"], "argument --copier-idle-us: must be >= 1, got 0"),
+    (["--mode", "pulseinfer", "--hot-cache", "2", "--ahead"],
+     "--ahead recalls each layer's blocks during the layer before, within one step: --mode pulseinfer with --ride"),
+    (["--mode", "pulseinfer", "--ride", "--ahead"],
+     "--ahead recalls into the hot sets' spare entries: give --hot-cache"),
     (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),
     (["--mode", "warp"], "'warp'"),
     (["--mode", "pulseinfer", "--no-irq", "--two-streams"], "two_streams puts IRQ's two batches on two streams; "

@@ -1,11 +1,10 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
-(serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens,
-also with recalls landing late and with the two batches on two streams; so does the offload batch run as two
-halves with the normal requests riding in the first, or as one step with them riding in it; vanilla's rounds
-overlapped keep their
-tokens with the GPU behind the host; steady-state rounds never sync the host; a normal batch alone under IRQ costs
-at most 5% more than without it (and what its per-layer pieces cost is reported); a replay of the Mooncake sample
-loses nothing."""
+(serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens, also
+with recalls landing late and with the two batches on two streams; so does the offload batch run as two halves with
+the normal requests riding in the first, or as one step with them riding in it (and each layer's blocks recalled a
+layer early, `ahead`); vanilla's rounds overlapped keep their tokens with the GPU behind the host; steady-state
+rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and what its per-
+layer pieces cost is reported); a replay of the Mooncake sample loses nothing."""
 
 from __future__ import annotations
 
@@ -54,13 +53,18 @@ def test_ridden_rounds_tokens_equal_each_class_alone_with_captured_and_late_reca
     _case("ride")
 
 
+def test_ridden_rounds_recalling_ahead_give_each_class_its_tokens_alone_with_captured_and_late_recalls() -> None:
+    _case("ahead")
+
+
 def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> None:
     _case("vanilla")
 
 
 @pytest.mark.parametrize("overlap,two_streams,riders", [(False, False, ""), (True, False, ""), (True, True, ""),
                                                         (False, False, "halves"), (True, False, "halves"),
-                                                        (False, False, "ride"), (True, False, "ride")])
+                                                        (False, False, "ride"), (True, False, "ride"),
+                                                        (True, False, "ahead")])
 def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: bool, riders: str) -> None:
     _case("nosync", "16", *(["overlap"] if overlap else []), *(["two-streams"] if two_streams else []),
           *([riders] if riders else []))

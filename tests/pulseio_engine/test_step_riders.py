@@ -108,14 +108,15 @@ def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer
 
 
 def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = True, overlap: bool = False,
-           seed: int = 0, ride: bool = False,
-           hot_cache: float = 1.0) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+           seed: int = 0, ride: bool = False, hot_cache: float = 1.0,
+           ahead: bool = False) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
     """Requests of random lengths, all arriving at once in the given classes, served to the end; the offload
-    requests' hot sets hold `hot_cache` budgets."""
+    requests' hot sets hold `hot_cache` budgets, their layers recalled `ahead` or not."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20,
                            irq=False if ride else irq, token_budget=64, block_size=16, dense_layers=1, max_batch=32,
-                           halves=halves, overlap_rounds=overlap, ride=ride, hot_cache=hot_cache)
+                           halves=halves, overlap_rounds=overlap, ride=ride, hot_cache=hot_cache,
+                           ahead=ahead)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         for rid, kv_class in classes.items():
@@ -165,17 +166,19 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
     assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
 
 
-@pytest.mark.parametrize(("seed", "overlap", "requests", "hot_cache"), [(0, False, 8, 1.0), (1, True, 8, 1.0),
-                                                                      (3, True, 24, 1.0), (4, True, 8, 1.5)])
+@pytest.mark.parametrize(("seed", "overlap", "requests", "hot_cache", "ahead"),
+                         [(0, False, 8, 1.0, False), (1, True, 8, 1.0, False), (3, True, 24, 1.0, False),
+                          (4, True, 8, 1.5, False), (5, True, 8, 1.5, True), (6, False, 24, 2.0, True)])
 def test_a_ridden_round_gives_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool,
-                                                             requests: int, hot_cache: float) -> None:
+                                                             requests: int, hot_cache: float, ahead: bool) -> None:
     """`ride`: one step a round, the normal requests riding in the offload batch's (in padded rows). Every request's
     tokens are its tokens served by its class alone (hot sets of one budget), rounds overlapped or not, as batches
-    change size, with hot sets of one budget or larger; rounds with one class run its step alone; a ridden step
-    reads the weights once."""
+    change size, with hot sets of one budget or larger, each layer recalled a layer early or not; rounds with one
+    class run its step alone; a ridden step reads the weights once."""
     path = str(tiny_qwen3[0])
     classes = _classes(seed, requests, {0: NRM, 1: OFF})
-    out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True, hot_cache=hot_cache)
+    out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True, hot_cache=hot_cache,
+                          ahead=ahead)
     assert out == _served_alone(path, classes, seed) and all(len(out[r]) == 6 + r % 5 for r in classes)
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload)
     assert 0 < serving.ridden_rounds == both and serving.halves_rounds == 0
@@ -192,6 +195,20 @@ def test_ride_is_pulseinfer_without_irq() -> None:
                           host_kv_bytes=1 << 20, ride=True)
     with pytest.raises(ValueError, match="does not interleave"):
         ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, ride=True, halves=True)
+
+
+def test_ahead_runs_in_coupled_steps_only() -> None:
+    """`ahead` recalls within one step: ride, or pulseinfer without IRQ; not IRQ's pieces, not offload-sync."""
+    kw = {"gpu_kv_bytes": 1 << 20, "host_kv_bytes": 1 << 20, "hot_cache": 1.5, "ahead": True}
+    assert ServingConfig(ServeMode.PULSEINFER, ride=True, **kw).describe() == "pulseinfer --ride --ahead"
+    assert ServingConfig(ServeMode.PULSEINFER, irq=False, **kw).describe() == "pulseinfer --no-irq --ahead"
+    for bad in ({"mode": ServeMode.PULSEINFER}, {"mode": ServeMode.OFFLOAD_SYNC}):
+        with pytest.raises(ValueError, match="ahead recalls each layer's blocks during the layer before, within one "
+                                             "step of the offload batch"):
+            ServingConfig(**bad, **kw)    # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"needs doorbell recalls and hot_cache > 1 \(got recall 'offload-doorbell', "
+                                         r"hot_cache 1.0\)"):
+        ServingConfig(ServeMode.PULSEINFER, ride=True, **{**kw, "hot_cache": 1.0})
 
 
 def test_rider_rows_and_padding_seats() -> None:
