@@ -41,9 +41,11 @@ class CausalLM:
         self.compile_error: str | None = None
         self.workspace = decode_workspace(config, self.device, self.dtype) if skinny_gemm else None
         self._decode_halves: tuple[Callable, Callable] = (pre_attention, post_attention)
+        self._select_query: Callable = select_query
         if compile_decode:
             self._decode_halves = (torch.compile(pre_attention, fullgraph=True),
                                    torch.compile(post_attention, fullgraph=True))
+            self._select_query = torch.compile(select_query, fullgraph=True)
 
     @property
     def device(self) -> torch.device:
@@ -60,6 +62,7 @@ class CausalLM:
     def disable_compile(self, reason: str) -> None:
         """Fall back to eager decode halves (e.g. the compiler toolchain failed); keeps the reason."""
         self._decode_halves = (pre_attention, post_attention)
+        self._select_query = select_query
         self.compile_error = reason
 
     def begin(self, input_ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -111,12 +114,13 @@ class CausalLM:
                         kv_head: int | None) -> torch.Tensor:
         """The queries layer `layer_idx` would make of residual stream x ([T, H], e.g. `state.hidden` after an
         earlier layer's `layer_begin`) at these positions ([T]): of KV head `kv_head`'s query group -> [T, G, D],
-        or of every head (None) -> [T, Hq, D]. Reads only those heads' rows of the layer's qkv weight."""
+        or of every head (None) -> [T, Hq, D]. Reads only those heads' rows of the layer's qkv weight; compiled as
+        the decode halves are."""
         cfg, w = self.config, self.weights.layers[layer_idx]
         group = cfg.num_heads // cfg.num_kv_heads
         first, heads = (0, cfg.num_heads) if kv_head is None else (kv_head * group, group)
         rows = slice(first * cfg.head_dim, (first + heads) * cfg.head_dim)
-        return select_query(x, positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv[rows],
+        return self._select_query(x, positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv[rows],
                             None if w.qkv_bias is None else w.qkv_bias[rows], w.q_norm, cfg.rms_norm_eps,
                             cfg.head_dim, self.workspace)
 
