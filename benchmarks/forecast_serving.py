@@ -354,10 +354,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="pulseinfer --halves: the rounds run as halves, their rounds over their bytes (default: "
                              "fitted to a replay with --halves on an H100)")
     parser.add_argument("--ahead-traffic", type=float, default=AHEAD_TRAFFIC, metavar="P",
-                        help="pulseinfer --ahead: the prefetch's link traffic, a fraction of today's recall (default: "
-                             "measured on Qwen2.5-Coder-0.5B at 8K, budget 1024)")
+                        help="pulseinfer --ride --ahead: the prefetch's link traffic, a fraction of today's recall "
+                             "(default: measured on Qwen2.5-Coder-0.5B at 8K, budget 1024)")
     parser.add_argument("--ahead-exposed", type=float, default=AHEAD_EXPOSED, metavar="X",
-                        help="pulseinfer --ahead: what a step still recalls after its own query, a fraction of "
+                        help="pulseinfer --ride --ahead: what a step still recalls after its own query, a fraction of "
                              "today's recall (default: as --ahead-traffic)")
     parser.add_argument("--need", type=float, default=None, metavar="X",
                         help="also print the efficiency at which each offload mode would decode X times vanilla's "

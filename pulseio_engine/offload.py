@@ -525,12 +525,12 @@ class OffloadBatch(_SparseBatch):
 
     def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
         """`layer`'s steering, with the profile's rewarm: refills from the hot set's blocks not selected last step.
-        A layer recalled ahead (`prefetch`) finds `profile.ahead` of the rest among them too: the blocks its
-        prediction brought, which the hot set now holds."""
-        rewarm = profile.rewarm_at(layer)
-        if self.ahead is not None and layer > self.owner.dense:
-            rewarm = 1.0 - (1.0 - rewarm) * (1.0 - profile.ahead)
-        return replace(super()._steering(profile, layer), rewarm=rewarm)
+        A layer recalled ahead (`prefetch`) refills `profile.ahead` of the rest from the blocks its prediction
+        brought (`kv/steering.py`)."""
+        steer = replace(super()._steering(profile, layer), rewarm=profile.rewarm_at(layer))
+        if self.ahead is None or layer == self.owner.dense:            # (the first offloaded layer has none)
+            return steer
+        return replace(steer, ahead=profile.ahead, prefetched=self.ahead.mask)
 
     def prefetch(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """`OffloadConfig.ahead`, run during the layer before `layer`: select `layer`'s blocks from q, the queries
@@ -538,7 +538,10 @@ class OffloadBatch(_SparseBatch):
         against its hot set as a selection does (the hot set and its ages updated; no table, no new token) -> the
         recall (host units, hot slots, count). Its selection state stays as it was: the prediction's selection and
         steering counters go to scratch copies. `layer`'s own selection must come after this recall landed (its
-        new token goes into a slot this recall may write)."""
+        new token goes into a slot this recall may write). Steered (random weights), the prediction keeps the
+        previous selection as the step will and takes the rest by its own scores, never refilling from the hot set:
+        a refill drawn as the step's own is would be a subset of the step's (the same draws), and hand the step
+        hits that no prediction made (`kv/steering.py`'s ahead class credits those)."""
         o, li, p = self.owner, layer - self.owner.dense, self.ahead
         assert p is not None, "prefetch needs OffloadConfig.ahead"
         hot = HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
@@ -553,8 +556,7 @@ class OffloadBatch(_SparseBatch):
             if o.steering is not None:                # reads the previous selection and bumps the counters
                 p.mask.copy_(self.mask[li])
                 p.calls.copy_(self.calls[li])
-                steer = Steering(o.steering.overlap[layer], p.calls, seed=o.steering.seed, layer=layer,
-                                 rewarm=o.steering.rewarm_at(layer))
+                steer = Steering(o.steering.overlap[layer], p.calls, seed=o.steering.seed, layer=layer)
             select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=p.mask, table=p.table,
                                 context_lens=p.context_lens, steer=steer, out=p.selected, hot=hot)
         return p.ids, p.dst, p.count

@@ -30,7 +30,15 @@ from ..config import GroupScore, SparseConfig
 from .recall import compact
 from .residency import apply_recall, plan_recall, touch
 from .selection import PAD, block_scores, head_bounds, max_norm, select_blocks
-from .steering import keep_threshold, steer_block_hash, steer_kept, steer_key, steer_rewarmed, steered_scores
+from .steering import (
+    keep_threshold,
+    steer_ahead,
+    steer_block_hash,
+    steer_kept,
+    steer_key,
+    steer_rewarmed,
+    steered_scores,
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,9 @@ class Steering:
     layer: int = 0
     rewarm: float = 0.0        # in [0, 1], HOT only: the fraction of the other middle slots refilled from
                                # blocks still in the hot set (a larger hot set's hits, see kv/steering.py)
+    ahead: float = 0.0         # in [0, 1], HOT only: of the middle slots left after rewarm, the fraction refilled
+                               # from the hot set's blocks a prediction recalled ahead (`prefetched`)
+    prefetched: torch.Tensor | None = None   # [B, S, NBW] uint8: 1 at the blocks that prediction selected
 
 
 def score_blocks(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor, *,
@@ -154,11 +165,14 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
         u = steer_block_hash(steer_key(steer.seed, steer.layer), steer.calls, nb)
         prev = mask[..., :nb] != 0
         kept = steer_kept(prev, num_tokens, u, keep_threshold(steer.overlap, config), config)
-        rewarmed = None
-        if steer.rewarm > 0:
-            assert hot is not None                                     # (checked: rewarm needs a hot set)
+        rewarmed = ahead = None
+        if steer.rewarm > 0 or steer.ahead > 0:
+            assert hot is not None                                     # (checked: both need a hot set)
             rewarmed = steer_rewarmed(prev, hot.resident, num_tokens, u, kept, steer.rewarm, config)
-        scores = steered_scores(scores, num_tokens, prev, kept, config, rewarmed)
+        if steer.ahead > 0:
+            assert rewarmed is not None and steer.prefetched is not None
+            ahead = steer_ahead(steer.prefetched[..., :nb] != 0, *rewarmed, u, kept, steer.ahead, config)
+        scores = steered_scores(scores, num_tokens, prev, kept, config, rewarmed, ahead)
         steer.calls.add_(1)
     selected = out.copy_(select_blocks(scores, num_tokens.long(), config))
     marks = torch.zeros((b, s, mask.shape[2] + 1), dtype=mask.dtype, device=mask.device)
@@ -296,9 +310,15 @@ def _check_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
                          f"{list(arrivals.table.shape)} {arrivals.table.dtype} and "
                          f"{list(arrivals.context_lens.shape)} {arrivals.context_lens.dtype}")
     if steer is not None and (steer.calls.shape != (b, s) or not 0.0 <= steer.overlap <= 1.0
-                              or not 0.0 <= steer.rewarm <= 1.0):
-        raise ValueError(f"Steering wants calls [B, S] = {[b, s]}, an overlap and a rewarm in [0, 1], got "
-                         f"{list(steer.calls.shape)}, {steer.overlap} and {steer.rewarm}")
+                              or not 0.0 <= steer.rewarm <= 1.0 or not 0.0 <= steer.ahead <= 1.0):
+        raise ValueError(f"Steering wants calls [B, S] = {[b, s]}, an overlap, a rewarm and an ahead in [0, 1], got "
+                         f"{list(steer.calls.shape)}, {steer.overlap}, {steer.rewarm} and {steer.ahead}")
     if steer is not None and steer.rewarm > 0 and hot is None:
         raise ValueError(f"Steering.rewarm ({steer.rewarm}) brings blocks back from a hot set: HOT mode only "
                          "(PAGED rows have every block on the GPU)")
+    if steer is not None and steer.ahead > 0 and (hot is None or steer.prefetched is None
+                                                  or steer.prefetched.shape != mask.shape
+                                                  or steer.prefetched.dtype != torch.uint8):
+        raise ValueError(f"Steering.ahead ({steer.ahead}) refills from the blocks a prediction recalled into a hot "
+                         f"set: HOT mode, with prefetched [B, S, NBW] = {list(mask.shape)} uint8 (got "
+                         f"{None if steer.prefetched is None else list(steer.prefetched.shape)})")

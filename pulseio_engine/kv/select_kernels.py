@@ -153,22 +153,23 @@ def _top(key, member, need, PER_THREAD: tl.constexpr, SMALL: tl.constexpr):
     return top
 
 
-@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm"])
+@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm", "ahead"])
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, age_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
-    k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr,
-    nb, nbw, capacity, keep_threshold, steer_key, rewarm,
+    k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr, pref_ptr,
+    nb, nbw, capacity, keep_threshold, steer_key, rewarm, ahead,
     stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
     stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
     stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_ab, stride_as,
     stride_mapb, stride_maps,
     stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
     stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
-    stride_atb, stride_ats, stride_acb, stride_acs,
+    stride_atb, stride_ats, stride_acb, stride_acs, stride_pfb, stride_pfs,
     K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
-    HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, WRITE_KV: tl.constexpr, SPLIT: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, AHEAD: tl.constexpr, WRITE_KV: tl.constexpr,
+    SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr,
 ):  # fmt: skip
@@ -231,17 +232,29 @@ def _select_kernel(
             limit = (rewarm * (m - n_kept).to(tl.float32) * 16777216.0).to(tl.int64)
             back = warm & (u * n_warm.to(tl.int64) < limit)
             n_back = tl.sum(back.to(tl.int32), axis=0)
+        early = ids < 0
+        n_early = tl.zeros([], tl.int32)
+        if AHEAD:  # warm blocks a prediction recalled come back too, by a second draw (steering.steer_ahead)
+            pref = tl.load(pref_ptr + b * stride_pfb + s * stride_pfs + ids, mask=in_table & (ids < nbw), other=0)
+            pool_a = warm & ~back & (pref != 0)
+            n_pool = tl.sum(pool_a.to(tl.int32), axis=0)
+            limit_a = (ahead * (m - n_kept - n_back).to(tl.float32) * 16777216.0).to(tl.int64)
+            v = (_mix32(u.to(tl.uint32) ^ tl.full([BLOCK], 0x2545F491, tl.uint32)) >> 8).to(tl.int64)
+            early = pool_a & (v * n_pool.to(tl.int64) < limit_a)
+            n_early = tl.sum(early.to(tl.int32), axis=0)
         cold = fresh & ~warm
         c1 = n_kept
         c2 = c1 + n_back
-        c3 = c2 + n_fresh - n_warm
-        # the classes kept, back, cold, the rest: whole before the class where the count reaches m
-        whole = tl.where(c1 >= m, ids < 0, tl.where(c2 >= m, kept, tl.where(c3 >= m, kept | back,
-                                                                              kept | back | cold)))
-        searched = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c3 >= m, cold,
-                                                                             (stale & ~kept) | (warm & ~back))))
+        c2e = c2 + n_early
+        c3 = c2e + n_fresh - n_warm
+        # the classes kept, back, early, cold, the rest: whole before the class where the count reaches m
+        whole = tl.where(c1 >= m, ids < 0, tl.where(c2 >= m, kept, tl.where(c2e >= m, kept | back,
+                         tl.where(c3 >= m, kept | back | early, kept | back | early | cold))))
+        searched = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c2e >= m, early, tl.where(
+            c3 >= m, cold, (stale & ~kept) | (warm & ~back & ~early)))))
         member = searched
-        need = tl.where(c1 >= m, m, tl.where(c2 >= m, m - c1, tl.where(c3 >= m, m - c2, m - c3)))
+        need = tl.where(c1 >= m, m, tl.where(c2 >= m, m - c1, tl.where(c2e >= m, m - c2,
+                        tl.where(c3 >= m, m - c2e, m - c3))))
     else:
         whole = ids < 0
         member = middle
@@ -398,18 +411,24 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     threshold = keep_threshold(steer.overlap, config) if steer is not None else 0
     key = steer_key(steer.seed, steer.layer) if steer is not None else 0
     rewarm = steer.rewarm if steer is not None else 0.0
+    ahead = steer.ahead if steer is not None else 0.0
+    pref = steer.prefetched if steer is not None and steer.ahead > 0 else None
+    if pref is not None and pref.stride(-1) != 1:
+        raise ValueError("select_blocks_fused wants Steering.prefetched contiguous along its last dimension")
     _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, age, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
-        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key, rewarm,
+        dummy if pref is None else pref,
+        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key, rewarm, ahead,
         bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(age), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
-        *_s2(atab), *_s2(actx),
+        *_s2(atab), *_s2(actx), *((0, 0) if pref is None else _s2(pref)),
         K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
         GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
-        STEER=steer is not None, REWARM=steer is not None and steer.rewarm > 0, WRITE_KV=new is not None,
+        STEER=steer is not None, REWARM=steer is not None and (steer.rewarm > 0 or steer.ahead > 0),
+        AHEAD=pref is not None, WRITE_KV=new is not None,
         SPLIT=arrivals is not None, HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d,
         MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
         PER_THREAD_H=max(1, hb // (32 * warps)), num_warps=warps,

@@ -13,9 +13,12 @@ Per selecting row with n > K blocks and m = K - sink - local middle slots:
     warm  = (hot mode, `rewarm` > 0) the fresh blocks still in the row's hot set; rewarmed = the warm blocks with
             u_b * #warm < R, R = floor(float32(rewarm) * float32(m - #kept) * 2^24)  (a block is stale or fresh,
             never both, so one draw serves both rules)
-    then, the classes in the order kept, rewarmed, the fresh blocks not warm, the rest (the unkept stale blocks
-    and the warm ones not rewarmed): every block of the classes before the one where the running count reaches
-    m, and the top of that class for the rest (without rewarm no block is warm)
+    ahead = (hot mode, `ahead` > 0) the warm blocks not rewarmed that a prediction recalled (`prefetched`); of them
+            the blocks with v_b * #ahead < A, A = floor(float32(ahead) * float32(m - #kept - #rewarmed) * 2^24), with
+            v_b = mix32(u_b ^ 0x2545F491) >> 8 a second draw
+    then, the classes in the order kept, rewarmed, ahead, the fresh blocks not warm, the rest (the unkept stale
+    blocks and the warm ones not rewarmed nor ahead): every block of the classes before the one where the running
+    count reaches m, and the top of that class for the rest (without rewarm no block is warm)
 
 with "top" by (score descending, block id ascending); with n <= K every block, as without steering. So on
 average min(#stale, overlap * m) middle blocks stay and about rewarm of the rest come back from the hot set
@@ -23,7 +26,9 @@ average min(#stale, overlap * m) middle blocks stay and about rewarm of the rest
 one set, as an unsteered row does: steering costs a hash and a few counts per block. Rewarm reproduces what
 a hot set larger than the budget saves on a real model, which re-selects blocks it dropped a few steps
 before: `LocalityProfile.rewarm_for` derives it from the measured recall of such hot sets, as the overlap is
-measured. Randomness is a counter-based hash
+measured. Ahead reproduces a layer recalled a layer early (`OffloadConfig.ahead`): of what it would still recall,
+the share its prediction brought (`SteeringProfile.ahead`), drawn from the blocks that prediction did bring, so a
+prefetch that brought nothing saves nothing. Randomness is a counter-based hash
 (murmur3's 32-bit finalizer) of the seed, the layer, the row b * S + s, the row's call counter and the block,
 so runs are reproducible and a CUDA graph replay draws afresh: the kernel and this reference compute the same
 bits, and the comparison is in integers.
@@ -109,10 +114,27 @@ def steer_rewarmed(prev: torch.Tensor, resident: torch.Tensor, num_tokens: torch
     return warm, warm & (u * warm.sum(2, keepdim=True) < limit)
 
 
+AHEAD_SALT = 0x2545F491     # the second draw's: v_b = mix32(u_b ^ AHEAD_SALT) >> 8
+
+
+def steer_ahead(prefetched: torch.Tensor, warm: torch.Tensor, rewarmed: torch.Tensor, u: torch.Tensor,
+                kept: torch.Tensor, ahead: float, config: SparseConfig) -> torch.Tensor:
+    """prefetched: [B, S, NB] bool, the blocks a prediction recalled ahead; warm, rewarmed: `steer_rewarmed`'s;
+    u: [B, S, NB] the draws; kept: `steer_kept`'s -> [B, S, NB] bool, the ahead class (see the module doc)."""
+    pool = warm & ~rewarmed & prefetched
+    m = config.budget_blocks - config.sink_blocks - config.local_blocks
+    short = (m - kept.sum(2, keepdim=True) - rewarmed.sum(2, keepdim=True)).float()
+    limit = (torch.tensor(ahead, dtype=torch.float32) * short * float(1 << 24)).long()
+    v = _mix32_t(u ^ AHEAD_SALT) >> 8
+    return pool & (v * pool.sum(2, keepdim=True) < limit)
+
+
 def steered_scores(scores: torch.Tensor, num_tokens: torch.Tensor, prev: torch.Tensor, kept: torch.Tensor,
-                   config: SparseConfig, rewarmed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   config: SparseConfig, rewarmed: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   ahead: torch.Tensor | None = None) -> torch.Tensor:
     """scores: [B, S, NB] fp32; num_tokens: [B]; prev: [B, S, NB] bool, the previous selection; kept: [B, S, NB]
-    bool (`steer_kept`); rewarmed: (warm, rewarmed) [B, S, NB] bool (`steer_rewarmed`; None: no rewarm) ->
+    bool (`steer_kept`); rewarmed: (warm, rewarmed) [B, S, NB] bool (`steer_rewarmed`; None: no rewarm); ahead:
+    [B, S, NB] bool (`steer_ahead`; None: none) ->
     [B, S, NB] fp32 whose `select_blocks` is the steered selection: each middle block's rank in the (class, score
     desc, id asc) order as an exact integer score, class 2 for the blocks taken whole, 1 for the set searched,
     0 for the rest."""
@@ -123,8 +145,9 @@ def steered_scores(scores: torch.Tensor, num_tokens: torch.Tensor, prev: torch.T
     kept = kept & stale                                       # only stale middle blocks can be kept
     none = torch.zeros_like(fresh)
     warm, back = (fresh & rewarmed[0], fresh & rewarmed[1]) if rewarmed is not None else (none, none)
+    early = warm & ~back & ahead if ahead is not None else none
     m = config.budget_blocks - config.sink_blocks - config.local_blocks
-    classes = (kept, back, fresh & ~warm, (stale & ~kept) | (warm & ~back))
+    classes = (kept, back, early, fresh & ~warm, (stale & ~kept) | (warm & ~back & ~early))
     whole, searched = torch.zeros_like(stale), torch.zeros_like(stale)
     before = torch.zeros_like(stale[..., :1], dtype=torch.int64)        # blocks in the classes before
     for members in classes:                                             # the class where the count reaches m

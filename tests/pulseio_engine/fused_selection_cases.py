@@ -56,6 +56,8 @@ class Spec:
     arrivals: bool = False           # HOT: the table split into resident blocks and arrivals
     hot: int | None = None           # HOT: hot entries a row, H >= K (None: K)
     rewarm: float = 0.0              # HOT with steer: the steered refill from the hot set
+    ahead: float = 0.0               # HOT with steer: the refill from a random half of the hot set's blocks, as a
+                                     # prediction recalled ahead would have brought them
     ages: int = 4                    # HOT: the hot entries' ages start below this (few values: ties)
 
 
@@ -101,8 +103,8 @@ class _Side:
         own = score_blocks(*args, num_kv_heads=spec.hkv, head=spec.head, rule=spec.rule,
                            count=t["count"] if hot is not None and spec.zero_count else None,
                            use_triton=self.triton)
-        steer = (Steering(spec.steer, t["calls"], seed=5, layer=3, rewarm=spec.rewarm) if spec.steer is not None
-                 else None)
+        steer = (Steering(spec.steer, t["calls"], seed=5, layer=3, rewarm=spec.rewarm, ahead=spec.ahead,
+                          prefetched=t["prefetched"] if spec.ahead else None) if spec.steer is not None else None)
         select_blocks_fused(own if bounds is None else bounds.to(dev), num_tokens.to(dev), _config(spec),
                             mask=t["mask"], table=self.out["table"], context_lens=self.out["context_lens"],
                             block_tables=args[3] if hot is None else None, hot=hot, steer=steer,
@@ -123,7 +125,9 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
     nbw = spec.nb + spec.mask_extra
     mask = torch.randint(0, 2, (b, s, nbw), generator=gen) if spec.random_mask else torch.zeros((b, s, nbw))
     state = {"mask": mask.to(torch.uint8), "calls": torch.randint(0, 2**40, (b, s), generator=gen),
-             "count": torch.full((1,), 99, dtype=torch.int64)}
+             "count": torch.full((1,), 99, dtype=torch.int64),     # a prediction's blocks: a stream of their own
+             "prefetched": torch.randint(0, 2, (b, s, nbw), generator=torch.Generator().manual_seed(seed + 1))
+             .to(torch.uint8)}
     if spec.mode == "hot":
         h = spec.hot or k
         n_slots = 2 + b * s * h
@@ -139,7 +143,7 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
     kernel, ref = _Side(spec, state, device, True), _Side(spec, state, "cpu", False)
     lens = torch.tensor(spec.lens)
     failures: dict[str, str | None] = {}
-    stats = {"evicted": 0, "recalled": 0, "reselected": 0, "kept_unselected": 0}
+    stats = {"evicted": 0, "recalled": 0, "reselected": 0, "kept_unselected": 0, "prefetched_hits": 0}
     for step in range(spec.steps):
         before = {name: ref.t[name].clone() for name in ("mask", "resident") if name in ref.t}
         q = _values((b, hq, spec.d), spec, gen, low=-3).to(dtype)
@@ -157,6 +161,10 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
             if spec.mode == "hot":
                 stats["recalled"] += int(ref.t["count"])
                 stats["evicted"] += int(((before["resident"] >= 0) & (ref.t["resident"] < 0)).sum())
+                # selected blocks hot before the call, not selected the step before, that the prediction brought
+                hit = ref.t["mask"][..., :spec.nb].bool() & ~before["mask"][..., :spec.nb].bool()
+                stats["prefetched_hits"] += int((hit & (before["resident"] >= 0)
+                                                 & ref.t["prefetched"][..., :spec.nb].bool()).sum())
                 # blocks that stay hot without being selected: a hot set larger than the selection
                 stats["kept_unselected"] += int(((ref.t["resident"] >= 0) & ~ref.t["mask"][..., :spec.nb].bool())
                                                 .sum())
@@ -257,6 +265,10 @@ CASES: dict[str, Spec] = {
                                   new_token=True),
     "hot-lru-steer-rewarm-arrivals": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=10, hot=16, steer=0.6,
                                           rewarm=0.7, integer=True, arrivals=True),
+    "hot-lru-steer-rewarm-ahead-arrivals": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=10, hot=16, steer=0.6,
+                                                rewarm=0.3, ahead=0.8, integer=True, arrivals=True),
+    "hot-lru-solohead-ahead-only": Spec((2, 20 * BS, 44 * BS), 48, 8, head=1, mode="hot", steps=8, hot=20,
+                                        steer=0.5, ahead=1.0, new_token=True),
     "hot-lru-solohead-rewarm-maxnorm": Spec((2, 20 * BS, 44 * BS), 48, 8, head=1, mode="hot", steps=8, hot=20,
                                             steer=0.5, rewarm=0.9, rule=GroupScore.MAX_NORM, new_token=True),
     "hot-set-wider-than-table": Spec((9 * BS, 30 * BS), 32, 8, mode="hot", steps=6, hot=40, steer=0.3, rewarm=1.0),
@@ -280,6 +292,8 @@ def gpu_specs() -> dict[str, Spec]:
     specs["qwen3-14b-solohead-lru-rewarm-arrivals"] = replace(big, head=3, mode="hot", steps=4, steer=0.8, hot=256,
                                                               rewarm=0.7, new_token=True, arrivals=True)
     specs["qwen3-14b-quest-lru-rewarm"] = replace(big, mode="hot", steps=4, steer=0.8, hot=192, rewarm=0.6)
+    specs["qwen3-14b-solohead-lru-rewarm-ahead"] = replace(big, head=3, mode="hot", steps=4, steer=0.8, hot=256,
+                                                           rewarm=0.4, ahead=0.72, new_token=True, arrivals=True)
     return specs
 
 

@@ -131,7 +131,7 @@ def _hot_set(b: int, rows: int, nb: int, k: int, h: int) -> HotRecall:
 
 def _steered(num_tokens: torch.Tensor, overlap: float, rows: int, state: dict, *, config: SparseConfig = CONFIG,
              nb: int = NB, layer: int = 0, seed: int = 0, hot: HotRecall | None = None,
-             rewarm: float = 0.0) -> torch.Tensor:
+             rewarm: float = 0.0, ahead: float = 0.0, prefetched: torch.Tensor | None = None) -> torch.Tensor:
     """One reference call with random scores (as random weights make them), steered; `state` keeps the
     row's mask and call counter between calls."""
     b, k = num_tokens.shape[0], config.budget_blocks
@@ -143,7 +143,8 @@ def _steered(num_tokens: torch.Tensor, overlap: float, rows: int, state: dict, *
     return select_blocks_fused(bounds, num_tokens, config, mask=state["mask"],
                                table=torch.empty((b, rows, k), dtype=torch.int32),
                                context_lens=torch.empty((b, rows), dtype=torch.int32), block_tables=tables, hot=hot,
-                               steer=Steering(overlap, state["calls"], seed=seed, layer=layer, rewarm=rewarm))
+                               steer=Steering(overlap, state["calls"], seed=seed, layer=layer, rewarm=rewarm,
+                                              ahead=ahead, prefetched=prefetched))
 
 
 @pytest.mark.parametrize("overlap", [0.0, 0.3, 0.85, 1.0])
@@ -234,6 +235,40 @@ def test_rewarmed_hot_sets_recall_what_the_real_model_did_through_them(mode: Spa
         assert want < profile.recall_fraction[profile.layers.index(at)]      # (what one budget recalls)
 
 
+@pytest.mark.parametrize("brought", [True, False])
+def test_ahead_finds_its_share_of_the_recall_among_the_blocks_a_prediction_brought(brought: bool) -> None:
+    """Each step a prediction (random scores, as random weights give, keeping the previous selection as the step does,
+    its state in scratch) is planned into the hot set first, as `OffloadBatch.prefetch` does; then the step, steered
+    with `ahead`, recalls (1 - ahead) of what the same steps recall without it. A prediction that brought nothing
+    (its mask zeroed) saves nothing: the share comes only from the blocks it brought."""
+    profile = packaged_profile("qwen2.5-coder-0.5b", SparseMode.SOLOHEAD, 1024, context_len=8192)
+    config = SparseConfig(mode=SparseMode.SOLOHEAD, token_budget=1024)
+    k, b, layer, ahead = config.budget_blocks, 4, 12, 0.72
+    nb = (profile.context_len + 64) // 16 + 1
+    overlap, rewarm = profile.overlap_for(24, 0)[layer], profile.rewarm_for(24, 0, 1.5)[layer]
+    fetched = {}
+    for prefetching in (False, True):
+        hot, state, fetched[prefetching] = _hot_set(b, 1, nb, k, math.ceil(1.5 * k)), {}, 0
+        guess: dict = {"gen": torch.Generator().manual_seed(7)}
+        for step in range(50):                 # 20 steps fill the hot set, 30 are counted
+            tokens = torch.full((b,), profile.context_len + 1 + step)
+            if prefetching:
+                guess.update(mask=state["mask"].clone() if "mask" in state else None,
+                             calls=state["calls"].clone() if "calls" in state else None)
+                guess = {key: v for key, v in guess.items() if v is not None}
+                _steered(tokens, overlap, 1, guess, config=config, nb=nb, layer=layer, hot=hot)
+                if not brought:
+                    guess["mask"].zero_()
+            hot.count.zero_()
+            _steered(tokens, overlap, 1, state, config=config, nb=nb, layer=layer, hot=hot, rewarm=rewarm,
+                     ahead=ahead if prefetching else 0.0, prefetched=guess.get("mask") if prefetching else None)
+            fetched[prefetching] += int(hot.count) if step >= 20 else 0
+    if brought:
+        assert fetched[True] / fetched[False] == pytest.approx(1 - ahead, abs=0.06), fetched
+    else:
+        assert fetched[True] == pytest.approx(fetched[False], rel=0.06), fetched
+
+
 def test_least_recently_selected_entries_leave_first() -> None:
     """A hot set of 4 entries, K = 3 (the last block local, 2 middle slots): a block to recall takes an empty entry,
     else the one whose block was selected longest ago, whatever its index (lowest index first would differ at
@@ -310,14 +345,20 @@ def test_select_states_what_it_takes() -> None:
     with pytest.raises(ValueError, match=r"^table must be \[B, S, K\] = \[2, 1, 4\] int32"):
         select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8),
                             **dict(out, table=torch.zeros((2, 1, 4), dtype=torch.long)))
-    with pytest.raises(ValueError, match=r"^Steering wants calls \[B, S\] = \[2, 1\], an overlap and a rewarm in "
-                                         r"\[0, 1\], got \[2, 1\], 1.5 and 0.0$"):
+    with pytest.raises(ValueError, match=r"^Steering wants calls \[B, S\] = \[2, 1\], an overlap, a rewarm and an "
+                                         r"ahead in \[0, 1\], got \[2, 1\], 1.5, 0.0 and 0.0$"):
         select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8), **out,
                             steer=Steering(1.5, torch.zeros((2, 1), dtype=torch.long)))
     with pytest.raises(ValueError, match=r"^Steering.rewarm \(0.5\) brings blocks back from a hot set: HOT mode only"):
         select_blocks_fused(bounds, torch.tensor([5, 9]), config, block_tables=torch.zeros(2, 8), **out,
                             steer=Steering(0.5, torch.zeros((2, 1), dtype=torch.long), rewarm=0.5))
     hot = _hot_set(2, 1, 8, 4, 4)
+    for prefetched in (None, torch.zeros((2, 1, 7), dtype=torch.uint8)):
+        with pytest.raises(ValueError, match=r"^Steering.ahead \(0.5\) refills from the blocks a prediction recalled "
+                                             r"into a hot set: HOT mode, with prefetched \[B, S, NBW\] = \[2, 1, 8\]"):
+            select_blocks_fused(bounds, torch.tensor([5, 9]), config, **out, hot=hot,
+                                steer=Steering(0.5, torch.zeros((2, 1), dtype=torch.long), ahead=0.5,
+                                               prefetched=prefetched))
     with pytest.raises(ValueError, match=r"^HotRecall wants .* \[B, S, H\] with H >= K = 4 \(got hot \[2, 1, 3\]"):
         select_blocks_fused(bounds, torch.tensor([5, 9]), config, **out,
                             hot=replace(hot, hot=hot.hot[..., :3], owner=hot.owner[..., :3], age=hot.age[..., :3]))
@@ -362,6 +403,8 @@ def _assert_case(name: str, spec, result: dict) -> None:  # noqa: ANN001
         assert result["stats"]["reselected"] > 0, result["stats"]
     if spec.mode == "hot" and (spec.hot or 0) > spec.budget:
         assert result["stats"]["kept_unselected"] > 0, result["stats"]
+    if spec.ahead:
+        assert result["stats"]["prefetched_hits"] > 0, result["stats"]
 
 
 # ---- on a GPU -------------------------------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 # Session 36 (2026-12-05, CPU): how much of a decode step's recall a selection made one layer early (and two) would
 # have fetched in time, on the real models the presets' locality was measured on (SoloHead with the heads of
 # `../locality-2026-11-30-cpu/`, Quest per KV head for comparison); then the serving forecast of one forward a round
-# (`--ride`, built) and of that forward with the recall prefetched a layer early (`--ahead`, not built), at the
-# H200's rates and at the H100's. Repository root: `bash <this file>` (about 40 minutes on 2 cores).
+# (`--ride`, built) and of that forward with the recall prefetched a layer early (`--ahead`; built in session 37 as
+# `--ride --ahead`, the forecast's mode renamed then: the files here keep the name they were written with), at
+# the H200's rates and at the H100's. Repository root: `bash <this file>` (about 40 minutes on 2 cores).
 set -euo pipefail
 D=${1:-benchmarks/results/speculative-2026-12-05-cpu}
 H=benchmarks/results/locality-2026-11-30-cpu/heads_qwen2.5-coder-0.5b.json
@@ -25,7 +26,7 @@ MOON40="--duration 40 --time-scale 0.15"
 SG="--trace servegen-mix --start 600 --duration 60 --time-scale 0.05"
 COMMON="--budget 1024 --threshold 2048 --host-kv-gib 64 --need 3"
 H100="--copy-gbps 3014.5 --link-gbps 44.24 --efficiency pulseinfer=1.478"
-MODES=(vanilla pulseinfer "pulseinfer --halves" "pulseinfer --ride" "pulseinfer --ahead")
+MODES=(vanilla pulseinfer "pulseinfer --halves" "pulseinfer --ride" "pulseinfer --ride --ahead")
 fc() {  # file, then the forecast's options
   local out=$D/$1; shift
   { echo "\$ $F $*"; $F "$@"; } > "$out"
@@ -33,7 +34,7 @@ fc() {  # file, then the forecast's options
 fc h200-mooncake-40s.txt $MOON40 $COMMON --modes "${MODES[@]}"
 fc h200-servegen.txt $SG $COMMON --modes "${MODES[@]}"
 fc h100-mooncake-40s.txt $MOON40 $COMMON $H100 --modes "${MODES[@]}"
-HOT=(pulseinfer "pulseinfer --ride" "pulseinfer --ahead")
+HOT=(pulseinfer "pulseinfer --ride" "pulseinfer --ride --ahead")
 for h in 1.5 2; do
   fc h200-mooncake-40s-hot$h.txt $MOON40 $COMMON --hot-cache $h --modes vanilla "${HOT[@]}"
   fc h200-servegen-hot$h.txt $SG $COMMON --hot-cache $h --modes vanilla "${HOT[@]}"
