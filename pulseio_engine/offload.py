@@ -108,8 +108,10 @@ class OffloadStatistics:
     requests: int                # offload requests holding host units now
     host_units_free: int
     hot_slots_free: int
-    recalls: int                 # recall requests sent to the runtime (one per offloaded layer and step)
+    recalls: int                 # recall requests sent to the runtime (one per offloaded layer and step, and
+                                 # with `ahead` one more per offloaded layer after the first)
     bytes_recalled: int
+    bytes_ahead: int = 0         # of them, recalled ahead (`ahead`), as far as the steps' ends have seen them land
 
 
 class Offloader:
@@ -282,7 +284,8 @@ class Offloader:
             return OffloadStatistics(self.layout.unit_bytes, self.layout.heads_per_unit, len(self.seqs), 0, 0, 0, 0)
         rt = self.runtime.statistics()
         return OffloadStatistics(self.layout.unit_bytes, self.layout.heads_per_unit, len(self.seqs),
-                                 self.store.units_free, self.store.slots_free, rt.submitted, rt.bytes_moved)
+                                 self.store.units_free, self.store.slots_free, rt.submitted, rt.bytes_moved,
+                                 0 if self.recaller is None else self.recaller.ahead_bytes)
 
     def close(self) -> None:
         if self.runtime is not None:

@@ -52,7 +52,7 @@ import torch
 
 from .attention import paged_decode_attention
 from .kv.cache import KVCache
-from .kv.recall import PendingRecall
+from .kv.recall import AHEAD_TAG, PendingRecall
 from .model.batch_state import BatchState, DecodeAttention
 from .model.llama import CausalLM
 
@@ -400,13 +400,14 @@ class OffloadStepGraph:
         q = self.model.selection_query(stream, positions, layer, None if batch.head is None else batch.head[layer])
         ids, dst, count = batch.prefetch(layer, q)
         self._live.append(q)
+        tag = layer | AHEAD_TAG
         if recalls is None:
-            self._shared["waits"][layer] = self.offloader.recaller.post(ids, dst, count, tag=layer).wait_device
+            self._shared["waits"][layer] = self.offloader.recaller.post(ids, dst, count, tag=tag).wait_device
             return
         main, side = torch.cuda.current_stream(), self._side_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+            index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=tag, wait=False)
         self._shared["waits"][layer] = lambda: recalls.wait_device(index)
 
     def _resident(self, piece: int) -> None:

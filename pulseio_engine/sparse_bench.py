@@ -153,6 +153,10 @@ class TimedRecaller:
     def captures(self) -> bool:
         return self.inner.captures
 
+    @property
+    def ahead_bytes(self) -> int:
+        return self.inner.ahead_bytes
+
     def recall_graph(self) -> Any:
         return self.inner.recall_graph()
 

@@ -34,6 +34,14 @@ class RecallError(EngineError, RuntimeError):
     """A recall did not land (pulseio reported it failed, or it timed out)."""
 
 
+AHEAD_TAG = 1 << 30   # in a recall's tag beside its layer: a recall ahead (`OffloadConfig.ahead`), counted apart
+
+
+def tag_name(tag: int) -> str:
+    """What a recall's tag says in messages: 'layer 7', or 'layer 7 (ahead)'."""
+    return f"layer {tag & ~AHEAD_TAG}" + (" (ahead)" if tag & AHEAD_TAG else "")
+
+
 def compact(host_units: torch.Tensor, slots: torch.Tensor, need: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """host_units, slots: [R, K] int64; need: [R, K] bool -> (ids [R*K], dst [R*K], count [1]) int64
@@ -50,6 +58,7 @@ class Recaller:
         self.mode = mode
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
+        self.ahead_bytes = 0     # bytes the doorbell recalls tagged AHEAD_TAG moved, as check_landed saw them land
         self._posted: list[tuple[int, Any]] = []     # (layer, completion) of the doorbell recalls since check_landed
 
     @property
@@ -98,14 +107,17 @@ class Recaller:
     def check_landed(self) -> None:
         """After a step's results reached the host: raise RecallError if a doorbell recall since the last
         check failed (its layer attended slots that were not written). One whose completion pulseio has not
-        marked yet (its data is in place: the step is over) is looked at again next time."""
+        marked yet (its data is in place: the step is over) is looked at again next time. Counts the bytes of those
+        recalled ahead (`ahead_bytes`)."""
         posted = self._posted
-        self._posted = [(layer, done) for layer, done in posted if not done.done()]
-        failed = [(layer, done.exception()) for layer, done in posted if done.done() and done.exception()]
+        self._posted = [(tag, done) for tag, done in posted if not done.done()]
+        failed = [(tag, done.exception()) for tag, done in posted if done.done() and done.exception()]
+        self.ahead_bytes += sum(done.nbytes or 0 for tag, done in posted
+                                if tag is not None and tag & AHEAD_TAG and done.done() and not done.exception())
         if failed:
-            layer, error = failed[0]
+            tag, error = failed[0]
             raise RecallError(f"{len(failed)} recalls of this step failed, so its output is wrong; the first, "
-                              f"for layer {layer}: {error}") from error
+                              f"for {tag_name(tag)}: {error}") from error
 
     def _sync(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, tag: int) -> Any:
         """Waits for the ids (a device sync) and for the copy (counted in blocked_ns)."""
@@ -123,10 +135,10 @@ class Recaller:
         try:
             done.wait(self.timeout_s)
         except pulseio.WaitTimeout as exc:
-            raise RecallError(f"a synchronous recall of {n} units for layer {tag} did not land within "
+            raise RecallError(f"a synchronous recall of {n} units for {tag_name(tag)} did not land within "
                               f"{self.timeout_s} s") from exc
         except pulseio.PulseError as exc:
-            raise RecallError(f"the recall for layer {tag} failed: {exc}") from exc
+            raise RecallError(f"the recall for {tag_name(tag)} failed: {exc}") from exc
         return done
 
 
@@ -154,5 +166,5 @@ class PendingRecall:
             self._waiter()                     # type: ignore[misc]  # raises a request that failed already
         done = self.handle
         if done is not None and done.done() and done.exception() is not None:
-            raise RecallError(f"the recall for layer {self.tag} failed: {done.exception()}") from done.exception()
+            raise RecallError(f"the recall for {tag_name(self.tag)} failed: {done.exception()}") from done.exception()
         return done

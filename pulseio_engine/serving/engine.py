@@ -415,12 +415,12 @@ class ServingEngine:
         built = sum(eng.runner.step_graphs_built for eng in (self.normal, self.offload) if eng is not None)
         return built - self._graphs_before
 
-    def recall_statistics(self) -> tuple[int, int]:
-        """(recall requests, bytes recalled) of the offload engine so far."""
+    def recall_statistics(self) -> tuple[int, int, int]:
+        """(recall requests, bytes recalled, of them bytes recalled ahead) of the offload engine so far."""
         if self.offload is None or self.offload.offloader is None:
-            return 0, 0
+            return 0, 0, 0
         stats = self.offload.offloader.statistics()
-        return stats.recalls, stats.bytes_recalled
+        return stats.recalls, stats.bytes_recalled, stats.bytes_ahead
 
     def host_pool_bytes(self) -> int:
         """The offload engine's host pool (pinned host memory), 0 without one."""

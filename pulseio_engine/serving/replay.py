@@ -232,7 +232,7 @@ def _fits(serving: ServingEngine, sizes: dict[KVClass, int], tokens: int) -> boo
 class _Baseline:
     """pulseio's counters after the warm-up, so the report counts the replay's recalls only."""
 
-    recalls: tuple[int, int]           # (requests, bytes), from `ServingEngine.recall_statistics`
+    recalls: tuple[int, int, int]      # (requests, bytes, ahead bytes), from `ServingEngine.recall_statistics`
     pulse: dict | None                 # from `_settled_runtime`
 
     def since(self, pulse: dict | None) -> dict | None:
@@ -429,7 +429,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
     records = [rec.requests[rid].to_dict() for rid in sorted(rec.requests)]
     tokens = sum(r["tokens"] for r in records)
     span = rec.span_s()
-    recalls, recalled = (now - before for now, before in zip(serving.recall_statistics(), base.recalls))
+    recalls, recalled, ahead = (now - before for now, before in zip(serving.recall_statistics(), base.recalls))
     stats = serving.inner.stats
     sizes, fp = serving.sizes, serving.footprint
     pools = sizes.device_bytes(fp)
@@ -457,7 +457,8 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
                     "gpu_busy_fraction": rec.busy, "recalls": recalls,
-                    "recalled_bytes": recalled, "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
+                    "recalled_bytes": recalled, "ahead_bytes": ahead, "rounds": serving.rounds,
+                    "warming_rounds": serving.warming_rounds,
                     "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds,
                     "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built(),
                     "normal_steps_mean": counter_mean(serving.normal_step_counts)},

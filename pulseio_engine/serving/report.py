@@ -29,7 +29,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     10: ("pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s"),
     11: ("config.halves", "summary.halves_rounds"),
     12: ("config.ride", "summary.ridden_rounds"),
-    13: ("config.ahead",),
+    13: ("config.ahead", "summary.ahead_bytes"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -53,7 +53,7 @@ SCHEMA: dict[str, Any] = {
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
                 "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM, "halves_rounds": int,
-                "ridden_rounds": int},
+                "ridden_rounds": int, "ahead_bytes": int},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),
@@ -197,6 +197,8 @@ def table(reports: list[dict]) -> str:
     row("normal steps a round (mean)", lambda r: "-" if r["summary"].get("normal_steps_mean") is None
         else f"{r['summary']['normal_steps_mean']:.2f}")
     row("recalled GiB", lambda r: f"{r['summary']['recalled_bytes'] / 2**30:.3f}")
+    row("of them recalled ahead GiB", lambda r: f"{r['summary']['ahead_bytes'] / 2**30:.3f}"
+        if "ahead_bytes" in r["summary"] else "-")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
         else f"{r['m']['mean']:.2f} ({r['m']['device_waits']}/{r['m']['recalls']})")

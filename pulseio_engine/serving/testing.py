@@ -34,6 +34,10 @@ class LateRecaller:
     def blocked_ns(self) -> int:
         return self.inner.blocked_ns
 
+    @property
+    def ahead_bytes(self) -> int:
+        return self.inner.ahead_bytes
+
     def post(self, ids: torch.Tensor, dst: torch.Tensor, count: torch.Tensor, *, tag: int) -> _LatePending:
         return _LatePending(self, (ids, dst, count, tag), self._rng.randint(0, self.max_checks))
 

@@ -165,7 +165,7 @@ def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_re
         alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, irq=False, seed=seed)[0])
     assert both == alone and all(len(both[r]) == 10 + r % 5 for r in classes)
     stats = serving.inner.stats
-    recalls, _ = serving.recall_statistics()
+    recalls, _, _ = serving.recall_statistics()
     assert stats.recalls == sum(stats.m.values()) > 0                  # rounds with both batches interleave
     assert stats.recalls <= recalls                                     # an offload batch alone runs whole
     assert serving.offload.offloader.recaller.held_checks > 0, "no recall landed late"   # type: ignore[union-attr]

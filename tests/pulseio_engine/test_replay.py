@@ -225,6 +225,8 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
     assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
                      flags=re.M), "no link measured on a CPU: the rate alone"
+    _step_back(report, 12, "config.ahead", "summary.ahead_bytes")
+    assert re.search(r"^of them recalled ahead GiB\s+-\s+0\.000$", table([report, other]), flags=re.M)
     _step_back(report, 10, "config.halves", "summary.halves_rounds")
     assert re.search(r"^rounds as halves\s+-\s+0$", table([report, other]), flags=re.M)
     assert labels([report, {**other, "config": {**other["config"], "halves": True}}])[0].endswith(" halves=-")
@@ -382,6 +384,8 @@ def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(t
     layers = ride["summary"]["recalls"] // steps["ride"]                   # offloaded: one recall each a step
     assert layers >= 2 and ride["summary"]["recalls"] == steps["ride"] * layers
     assert ahead["summary"]["recalls"] == steps["ahead"] * (2 * layers - 1)   # and a prefetch for all but the first
+    assert ride["summary"]["ahead_bytes"] == 0 < ahead["summary"]["ahead_bytes"] < ahead["summary"]["recalled_bytes"]
+    assert re.search(r"^of them recalled ahead GiB\s+0\.000\s+0\.\d{3}$", table([ride, ahead]), flags=re.M)
 
 
 def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str, dict], tmp_path: Path) -> None:
