@@ -23,8 +23,8 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   `benchmarks/speculative_selection.py` measures the prediction on real models):
   `max(e * bytes / copy, p * recall / link) + x * recall / link`, `p` the prefetch's traffic and `x` what the step
   still recalls after its own query, both as fractions of today's recall (`--ahead-traffic`, `--ahead-exposed`;
-  by default the real models' 1.18 and 0.26). A random-weight replay's steering prefetches one recall's worth and
-  leaves `1 - sparse_bench.AHEAD_HITS` exposed, so `--fit` takes those.
+  by default the real models' 1.18 and 0.26). A random-weight replay's steering leaves `1 - sparse_bench.AHEAD_HITS`
+  exposed, so `--fit` takes that, and the prefetch's traffic from the report's bytes recalled ahead.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -280,6 +280,14 @@ SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
 
 
+def _steered_ahead(report: dict) -> tuple[float, float]:
+    """A random-weight `--ride --ahead` replay's (prefetch traffic, exposed), in today's recalls: its steering
+    leaves 1 - AHEAD_HITS exposed, and the prefetch moved the report's ahead bytes against that."""
+    summary = report["summary"]
+    exposed = 1.0 - AHEAD_HITS
+    return exposed * summary["ahead_bytes"] / max(1, summary["recalled_bytes"] - summary["ahead_bytes"]), exposed
+
+
 def serving_config(mode: str, *, gpu_kv_gib: float, host_kv_gib: float, offload_threshold: int, token_budget: int,
                    normal_steps: int) -> ServingConfig:
     """`mode` as `pulseio-engine replay --mode` names it, with these options (normal steps: pulseinfer's IRQ only)."""
@@ -389,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                            int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0),
                            halves=halves, hide_efficiency=args.hide_efficiency,
                            efficiency=rates("pulseinfer").efficiency,
-                           ahead=(1.0, 1.0 - AHEAD_HITS) if cfg.get("ahead") else (0.0, 1.0) if cfg.get("ride")
+                           ahead=_steered_ahead(report) if cfg.get("ahead") else (0.0, 1.0) if cfg.get("ride")
                            else None)
         print(f"{path}: {report['mode']}{' --halves' if halves else ''} {measured:.1f} tok/s -> "
               + ("halves rounds' " if halves else "") + "efficiency "
