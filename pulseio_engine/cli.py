@@ -128,6 +128,9 @@ def _bench(args: argparse.Namespace) -> int:
     if args.hot_cache != 1.0 and not offload:
         raise UsageError(prog, f"--hot-cache sizes offload requests' hot sets, and --mode {args.mode} holds none; "
                                "use --mode offload-doorbell or offload-sync")
+    if args.ahead and (args.mode != SparseBenchMode.OFFLOAD_DOORBELL.value or args.hot_cache <= 1.0):
+        raise UsageError(prog, "--ahead recalls each layer's predicted blocks into its hot set's spare entries: "
+                               "--mode offload-doorbell with --hot-cache above 1 (e.g. 1.5)")
     if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
         raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
                                "(all-on-gpu, offload-sync, offload-doorbell)")
@@ -158,14 +161,17 @@ def _bench(args: argparse.Namespace) -> int:
                 SparseMode(args.selection), args.token_budget, args.locality_context),
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
             dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
-            compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm, hot_cache=args.hot_cache)
+            compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm, hot_cache=args.hot_cache,
+            ahead=args.ahead)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
                 "unit_bytes", "link_peak_gbps", "recall_floor_ms", "publish_gbps", "publish_fraction_of_peak",
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
-                "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "vanilla_ratio", "all_on_gpu_step_ms",
+                "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "ahead", "ahead_units_per_step",
+                "vanilla_ratio",
+                "all_on_gpu_step_ms",
                 "recall_bound_ms", "recall_bound_ratio")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +287,10 @@ def _parser() -> argparse.ArgumentParser:
                         "blocks, the least recently selected evicted (more GPU memory, fewer recalls; the steering "
                         "refills from it as the locality record's simulated hot caches found; default 1: the last "
                         "selection only)")
+    b.add_argument("--ahead", action="store_true",
+                   help="offload-doorbell with --hot-cache above 1: each offloaded layer after the first is also "
+                        "recalled during the layer before, from its weights' query of that layer's stream, so it "
+                        "recalls after its own selection only what that missed (steered: AHEAD_HITS of it prefetched)")
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")

@@ -281,6 +281,8 @@ class SparseBenchResult:
     all_on_gpu_step_ms: float | None = None   # the all-on-GPU step of the same batch, this process
     all_on_gpu_error: str | None = None       # why compare_all_on_gpu got no such step
     hot_cache: float = 1.0                    # offload modes: hot sets of this many budgets (OffloadConfig.hot_cache)
+    ahead: bool = False                       # offload-doorbell: each layer recalled ahead too (OffloadConfig.ahead)
+    ahead_units_per_step: float = 0.0         # of units_per_step, those recalled ahead
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -323,7 +325,7 @@ class SparseBenchResult:
                    f"of the link) = {self.recall_bound_ms:.2f} ms -> {self.recall_bound_ratio:.2f}x")
         recall = "" if not self.units_per_step else \
             f", {self.recalled_mib_per_step:.1f} MiB/step recalled in {self.unit_bytes >> 10} KiB units{rate}"
-        hot = "" if self.hot_cache == 1.0 else f" hot set={self.hot_cache:g} budgets"
+        hot = ("" if self.hot_cache == 1.0 else f" hot set={self.hot_cache:g} budgets") + " ahead" * self.ahead
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}{hot}: {self.step_ms:.2f} ms/step ({self.tokens_per_s:,.0f} tok/s){roof}"
                 f"{kernels}{recall}, main thread {self.host_ms_per_step:.2f} ms/step "
@@ -337,12 +339,14 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
                      compare_vanilla: bool = False, compare_all_on_gpu: bool = False,
-                     skinny_gemm: bool = True, hot_cache: float = 1.0) -> SparseBenchResult:
+                     skinny_gemm: bool = True, hot_cache: float = 1.0, ahead: bool = False) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there, and their timeline beside it as a
     gzipped Chrome trace (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
     `hot_cache` (offload modes): hot sets of this many budgets (`OffloadConfig.hot_cache`), the steering refilling
-    from them as the locality record's simulated hot caches found (`LocalityProfile.rewarm_for`).
+    from them as the locality record's simulated hot caches found (`LocalityProfile.rewarm_for`); `ahead`
+    (offload-doorbell, hot_cache > 1): each offloaded layer after the first also recalled a layer early
+    (`OffloadConfig.ahead`), steered to find `AHEAD_HITS` of the rest of its recall there.
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
     (`result.vanilla`, `result.vanilla_ratio`). `compare_all_on_gpu` (offload modes): then the all-on-GPU mode
     with the same selection, for the offload step's bound (`result.recall_bound_ms`, `recall_bound_ratio`).
@@ -359,7 +363,8 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         bench_status(progress, "measuring the device's copy bandwidth (2 GiB copies)")
         bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
     result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
-                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm, hot_cache)
+                         locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm, hot_cache,
+                         ahead)
     if compare_all_on_gpu:
         _release(dev)
         bench_status(progress, f"all-on-gpu at the same batch and context, for the bound ({batch_size} x "
@@ -367,7 +372,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         try:
             on_gpu = _run_sparse(source, SparseBenchMode.ALL_ON_GPU, batch_size, context_len, steps, token_budget,
                                  selection, warmup, device, locality, progress, seed, None, use_cuda_graphs, None,
-                                 bandwidth, skinny_gemm, 1.0)
+                                 bandwidth, skinny_gemm, 1.0, False)
             result = replace(result, all_on_gpu_step_ms=on_gpu.step_ms)
         except (torch.OutOfMemoryError, EngineError) as exc:     # the offload result stands; say why there is no bound
             bench_status(progress, f"all-on-gpu did not run: {exc}")
@@ -391,7 +396,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
                 token_budget: int, selection: SparseMode, warmup: int, device: str,
                 locality: LocalityProfile | None, progress: bool, seed: int, profile: Path | None,
                 use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None,
-                skinny_gemm: bool, hot_cache: float) -> SparseBenchResult:
+                skinny_gemm: bool, hot_cache: float, ahead: bool) -> SparseBenchResult:
     dev = torch.device(device)
     m, bs = source.config, CacheConfig().block_size
     max_len = decode_len(context_len, warmup, steps)
@@ -401,9 +406,9 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     groups = m.num_kv_heads if selection is SparseMode.QUEST else 1
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
-                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache)
+                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache, ahead=ahead)
     locality = locality or default_profile(selection, token_budget, context_len)
-    steering = steering_profile(locality, m.num_layers, offload.dense_layers, hot_cache, seed)
+    steering = steering_profile(locality, m.num_layers, offload.dense_layers, hot_cache, seed, ahead=ahead)
     bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
                            f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
@@ -496,7 +501,8 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
-            skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache)
+            skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache, ahead=ahead,
+            ahead_units_per_step=(after.bytes_ahead - before.bytes_ahead) / counted / off.layout.unit_bytes)
 
 
 def _release(device: torch.device) -> None:
@@ -508,11 +514,13 @@ def _release(device: torch.device) -> None:
 
 def _settled_statistics(off: Any, before: Any, timeout_s: float = 5.0) -> Any:
     """The offloader's statistics once pulseio has counted every recall the device has finished (its threads
-    finish completions a moment after the data lands)."""
+    finish completions a moment after the data lands), the recaller's count of those recalled ahead included."""
     deadline = time.monotonic() + timeout_s
     while True:
-        after = off.statistics()
         rt = None if off.runtime is None else off.runtime.statistics()
+        if off.recaller is not None:
+            off.recaller.check_landed()
+        after = off.statistics()
         if rt is None or rt.in_flight == 0 or time.monotonic() > deadline:
             return after
         time.sleep(1e-3)

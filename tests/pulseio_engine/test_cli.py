@@ -76,12 +76,20 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
     hot_slots = 2 * 2 * 64 * 2 * 16 * 32 * 4      # 2 offloaded layers, 2 KV heads, 64 blocks, 4 KiB units
     assert two["gpu_bytes_per_request"] - one["gpu_bytes_per_request"] == hot_slots
     assert "hot set=2 budgets" in capsys.readouterr().out
+    assert main([*offload, "--hot-cache", "2", "--ahead", "--json", str(path)]) == 0      # the same, recalled ahead
+    ahead = json.loads(path.read_text())
+    assert (two["ahead"], ahead["ahead"]) == (False, True) and "hot set=2 budgets ahead" in capsys.readouterr().out
+    assert ahead["ahead_units_per_step"] > 0 == two["ahead_units_per_step"]     # the prefetch's units, counted
     for argv, says in (([*common, "--mode", "all-on-gpu", "--hot-cache", "2"],
                         "--hot-cache sizes offload requests' hot sets, and --mode all-on-gpu holds none"),
                        ([*offload, "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
                        ([*offload, "--hot-cache", "inf"], "OffloadConfig.hot_cache must be a finite number >= 1.0"),
                        ([*common, "--mode", "offload-sync", "--locality-context", "4096", "--hot-cache", "2"],
-                        "context 4096 simulated no hot cache larger than the budget, so it cannot steer one of 2")):
+                        "context 4096 simulated no hot cache larger than the budget, so it cannot steer one of 2"),
+                       ([*offload, "--ahead"], "--ahead recalls each layer's predicted blocks into its hot set's spare "
+                                               "entries: --mode offload-doorbell with --hot-cache above 1"),
+                       ([*common, "--mode", "offload-sync", "--hot-cache", "2", "--ahead"],
+                        "--mode offload-doorbell with --hot-cache above 1")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
