@@ -23,8 +23,10 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   `benchmarks/speculative_selection.py` measures the prediction on real models):
   `max(e * bytes / copy, p * recall / link) + x * recall / link`, `p` the prefetch's traffic and `x` what the step
   still recalls after its own query, both as fractions of today's recall (`--ahead-traffic`, `--ahead-exposed`;
-  by default the real models' 1.18 and 0.26). A random-weight replay's steering leaves `1 - sparse_bench.AHEAD_HITS`
-  exposed, so `--fit` takes that, and the prefetch's traffic from the report's bytes recalled ahead.
+  by default 1.43 and 0.39, the engine's on Qwen2.5-Coder-0.5B at 8K with hot sets of 1.5 budgets,
+  `benchmarks/results/recall-ahead-2026-12-05-cpu/`). A random-weight replay's steering leaves
+  `1 - sparse_bench.AHEAD_HITS` exposed, so `--fit` takes that, and the prefetch's traffic from the report's bytes
+  recalled ahead.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -275,7 +277,7 @@ MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
 HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ride --ahead"   # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
 HALVES_EFFICIENCY = 1.73                          # the halves rounds', fitted to an H100 replay (module doc)
-AHEAD_TRAFFIC, AHEAD_EXPOSED = 1.18, 0.26         # pulseinfer --ride --ahead, in today's recalls (module doc)
+AHEAD_TRAFFIC, AHEAD_EXPOSED = 1.43, 0.39         # pulseinfer --ride --ahead, in today's recalls (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
          "offload_threshold": "threshold", "normal_steps": "normal steps"}                 # as a line names them
 
@@ -363,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                              "fitted to a replay with --halves on an H100)")
     parser.add_argument("--ahead-traffic", type=float, default=AHEAD_TRAFFIC, metavar="P",
                         help="pulseinfer --ride --ahead: the prefetch's link traffic, a fraction of today's recall "
-                             "(default: measured on Qwen2.5-Coder-0.5B at 8K, budget 1024)")
+                             "(default: the engine's on Qwen2.5-Coder-0.5B at 8K, budget 1024, hot sets of 1.5)")
     parser.add_argument("--ahead-exposed", type=float, default=AHEAD_EXPOSED, metavar="X",
                         help="pulseinfer --ride --ahead: what a step still recalls after its own query, a fraction of "
                              "today's recall (default: as --ahead-traffic)")

@@ -100,12 +100,12 @@ def default_profile(selection: SparseMode, token_budget: int, context_len: int |
                                                    abs(p.token_budget - token_budget), distance(p), -p.context_len))
 
 
-# Of a layer's recall, the share a selection made a layer early from its own weights fetched before its query, on
-# Qwen2.5-Coder-0.5B with SoloHead at budget 1024: 0.74 at 8K, 0.72 at 16K, 0.68 at 32K (1 - exposed / recalled in
-# benchmarks/results/speculative-2026-12-05-cpu/). 16K's stands for the serving traces' contexts. A steered
-# prediction takes all its unkept slots from outside the hot set, so on random weights the prefetch moves more than
-# a real model's (about 1.4 against 1.18 times the recall it replaces, in test_fused_selection's simulation).
-AHEAD_HITS = 0.72
+# Of what a layer still recalls past its hot set, the share the engine's recall ahead brought in time, on
+# Qwen2.5-Coder-0.5B with SoloHead at 8K, budget 1024, hot sets of 1.5 budgets (1 - 0.393 exposed, for 1.43x the
+# traffic; Quest 0.368 and 1.40x, SmolLM2 at 4K 0.333 and 1.12x: benchmarks/results/recall-ahead-2026-12-05-cpu/).
+# Against a hot set of one budget the share is larger (0.74 at 8K, 0.68 at 32K: speculative-2026-12-05-cpu): a larger
+# hot set already holds the blocks easiest to predict.
+AHEAD_HITS = 0.61
 
 
 def steering_profile(locality: LocalityProfile, num_layers: int, dense_layers: int, hot_cache: float,
