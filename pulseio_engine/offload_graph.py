@@ -136,6 +136,8 @@ class OffloadStepGraph:
         self._advance_graph: torch.cuda.CUDAGraph | None = None     # split, captured: `advance_nowait`
         self._recall_graph: Any = None          # pulseio.RecallGraph when the recalls are captured
         self._recalls: list[tuple[int, tuple[torch.Tensor, ...] | None]] = []   # (layer, compacted recall)
+        # per piece as `_recalls`: the next layer's recall ahead to plan after it (layer, stream, positions), or None
+        self._aheads: list[tuple[int, torch.Tensor, torch.Tensor] | None] = []
         self._live: list[object] = []                                            # what the pieces share
         self._shared: dict[str, Any] = {}                                        # the state pieces pass on
         self._eager: list[Callable[[], None]] = []     # split, before capture: this step's pieces
@@ -213,6 +215,7 @@ class OffloadStepGraph:
             logits = self.logits
         else:
             for piece, graph in enumerate(self._graphs):
+                self._wait_ahead(piece)                  # in these graphs no piece waits for its recall ahead
                 graph.replay()
                 self._recall(piece, resident=False)
             logits = self.logits
@@ -358,20 +361,19 @@ class OffloadStepGraph:
         the publish's PCIe fences (the publish reads only the plan, the attention no slot the recall writes).
         -> the post's index in `recalls` (None: no post)."""
         planned = recalls is not None and piece < len(self._recalls) and self._recalls[piece][1] is not None
+        ahead = recalls is not None and piece < len(self._aheads) and self._aheads[piece] is not None
         index = None
-        main = torch.cuda.current_stream()
         if planned:
-            side = self._side_stream()
+            main, side = torch.cuda.current_stream(), self._side_stream()
             side.wait_stream(main)
             layer, (ids, dst, count) = self._recalls[piece]                   # type: ignore[misc]
             with torch.cuda.stream(side):
                 index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
-        ahead = recalls is not None and "ahead" in self._shared
         if ahead:
-            self._prefetch(recalls)                    # its kernels here, its publish on the side stream too
+            self._prefetch(piece, recalls)             # its kernels here, its publish on the side stream too
         self._resident(piece)
         if planned or ahead:
-            main.wait_stream(self._side_stream())
+            torch.cuda.current_stream().wait_stream(self._side_stream())
         return index
 
     def _side_stream(self) -> torch.cuda.Stream:
@@ -386,13 +388,14 @@ class OffloadStepGraph:
         if piece < len(self._recalls):
             layer, args = self._recalls[piece]
             self._shared["batch"].recall_around_resident(layer, self._shared["own"][0], args, resident=resident,
-                                                         after_post=lambda: self._prefetch(None))
+                                                         after_post=lambda: self._prefetch(piece, None))
 
-    def _prefetch(self, recalls: Any) -> None:
-        """`OffloadConfig.ahead`: the recall of the next layer's predicted blocks (`OffloadBatch.prefetch`), from
-        the stream `_begin` kept, posted through `recalls` (a RecallGraph being captured; None: the recaller, now).
-        Its device wait is left for that layer's `_begin`, before its own selection."""
-        plan = self._shared.pop("ahead", None)
+    def _prefetch(self, piece: int, recalls: Any) -> None:
+        """`OffloadConfig.ahead`, after piece `piece`'s recall: the recall of the next layer's predicted blocks
+        (`OffloadBatch.prefetch`), from the stream that piece's `_begin` kept, posted through `recalls` (a
+        RecallGraph being captured; None: the recaller, now). Its device wait is left for that layer's `_begin`,
+        before its own selection (or, pieces captured apart, for `_wait_ahead` before its piece)."""
+        plan = self._aheads[piece] if piece < len(self._aheads) else None
         if plan is None:
             return
         layer, stream, positions = plan
@@ -410,6 +413,13 @@ class OffloadStepGraph:
             index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=tag, wait=False)
         self._shared["waits"][layer] = lambda: recalls.wait_device(index)
 
+    def _wait_ahead(self, piece: int) -> None:
+        """Before piece `piece` runs as a graph of its own: the device wait of its layer's recall ahead, if posted."""
+        if piece < len(self._recalls):
+            wait = self._shared["waits"].pop(self._recalls[piece][0], None)
+            if wait is not None:
+                wait()
+
     def _resident(self, piece: int) -> None:
         """The attention of the layer whose recall piece `piece` posted, over its blocks already on the GPU:
         between the recall's publish and its device wait (`_SparseBatch.attend_resident`)."""
@@ -423,6 +433,7 @@ class OffloadStepGraph:
         bs = self.kv.block_size
         shared: dict[str, Any] = {}
         self._recalls = []
+        self._aheads = []
         self._live = [shared]
         self._shared = shared
 
@@ -461,15 +472,15 @@ class OffloadStepGraph:
             if wait is not None:
                 wait()
             args = shared["batch"].prepare(layer, *own)
-            if ahead and layer + 1 < layers:               # the next layer's, from the stream entering this one
-                rows = kinds[0].rows
-                shared["ahead"] = (layer + 1, state.hidden[rows], state.positions[rows])
             if riding:
                 rows = kinds[1].rows
                 shared["q"], shared["riders"] = q, tuple(x[rows] for x in (q, k, v))
                 kinds[1].batch.prepare(layer, *shared["riders"])       # all on the GPU: nothing to recall
             self._live.append(args)
             self._recalls.append((layer, args))
+            mine = kinds[0].rows                 # the next layer's recall ahead, from the stream entering this one
+            self._aheads.append((layer + 1, state.hidden[mine], state.positions[mine])
+                                if ahead and layer + 1 < layers else None)
 
         def _finish(layer: int) -> None:
             state: BatchState = shared["state"]
