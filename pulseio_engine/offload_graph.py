@@ -28,6 +28,12 @@ and the caller waits on the device, or sees it landed on the host, before the ne
 one graph per piece, a doorbell publish captured at each piece's end (`RecallGraph.post(wait=False)`), one
 `arm` before piece 0 and an eager `RecallGraph.wait_device` only for a recall the host has not seen land.
 
+Recall ahead (`OffloadConfig.ahead`, unsplit steps only): each piece that begins a layer keeps the stream entering
+it, and after that layer's recall is posted the next layer's predicted blocks are planned and posted too
+(`_prefetch`: captured beside the layer's own publish, on the same side stream). The next layer's `_begin` waits
+for that recall on the device before it selects; pieces captured as graphs of their own (recalls from the host)
+wait for it before the piece is replayed (`_wait_ahead`), as no Python runs inside a replay.
+
 Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (the serving loop's normal batch)
 may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
 logits, so a round reads the weights once for both; each kind of row attends to its own cache: the riders through
