@@ -67,7 +67,9 @@ class SteeringProfile:
     `overlap[layer]` of each row's middle blocks stay from the previous step; `seed` seeds its randomness.
     `rewarm[layer]`: of the middle slots not kept, the fraction refilled from blocks the hot set still holds
     (offload batches only: a hot set larger than the budget finds blocks selected earlier, as on real models;
-    `LocalityProfile.rewarm_for`); empty: none anywhere (a hot set of one budget holds the last selection only)."""
+    `LocalityProfile.rewarm_for`); empty: none anywhere (a hot set of one budget holds the last selection only).
+    `ahead`: with `OffloadConfig.ahead`, of the middle slots a layer has left after its rewarm, the fraction refilled
+    from the blocks its recall ahead brought (`sparse_bench.AHEAD_HITS`)."""
 
     overlap: tuple[float, ...]     # one fraction in [0, 1] per model layer
     seed: int = 0
