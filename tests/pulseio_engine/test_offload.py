@@ -26,6 +26,7 @@ from pulseio_engine.errors import OffloadCapacityError
 from pulseio_engine.kv.block_table import blocks_for
 from pulseio_engine.kv.offload_layout import offload_footprint
 from pulseio_engine.model.checkpoint import load_checkpoint
+from pulseio_engine.serving.testing import LateRecaller
 
 BS = 8
 MODES = [(m, r) for m in SparseMode for r in RecallMode]
@@ -128,14 +129,19 @@ def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tens
     return [k.clone() for k, _ in pairs], [v.clone() for _, v in pairs]
 
 
-@pytest.mark.parametrize("hot_cache,ahead", [(1.0, False), (2.0, False), (2.0, True)], ids=["hot1", "hot2", "ahead"])
+@pytest.mark.parametrize("hot_cache,ahead,late", [(1.0, False, False), (2.0, False, False), (2.0, True, False),
+                                                  (2.0, True, True)], ids=["hot1", "hot2", "ahead", "ahead-late"])
 @pytest.mark.parametrize("mode", list(SparseMode))
-def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache, ahead) -> None:
+def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache, ahead, late) -> None:
     """Every block the hot set holds (with two budgets, blocks selected earlier too; `ahead`, blocks a prediction
-    recalled a layer early, the block being written among them) equals its host copy."""
+    recalled a layer early, the block being written among them) equals its host copy. `late`: recalls are posted
+    only at their wait or after some landing checks (`LateRecaller`), so a recall ahead the step never waited for
+    never lands, and its blocks would differ."""
     path = str(tiny_qwen3[0])
     with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1, hot_cache=hot_cache,
                  ahead=ahead) as engine:
+        if late:
+            engine.offloader.recaller = LateRecaller(engine.offloader.recaller, max_checks=6, seed=3)
         prompt = PROMPTS[0]
         rid = engine.add_request(prompt, SamplingParams(max_new_tokens=9, ignore_eos=True), offload=True)
         engine.step()
