@@ -408,11 +408,11 @@ class OffloadStepGraph:
         batch = self._shared["batch"]
         q = self.model.selection_query(stream, positions, layer, None if batch.head is None else batch.head[layer])
         ids, dst, count = batch.prefetch(layer, q)
-        self._live.append(q)
         tag = layer | AHEAD_TAG
         if recalls is None:
             self._shared["waits"][layer] = self.offloader.recaller.post(ids, dst, count, tag=tag).wait_device
             return
+        self._live.append(q)      # captured, kept with the graph (eagerly, per replay, it would pile up here)
         main, side = torch.cuda.current_stream(), self._side_stream()
         side.wait_stream(main)
         with torch.cuda.stream(side):
