@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from ..config import GroupScore, SparseConfig
-from .steering import keep_threshold, steer_key
+from .steering import AHEAD_SALT, keep_threshold, steer_key
 
 if TYPE_CHECKING:
     from .fused_selection import HotRecall, Steering
@@ -171,7 +171,7 @@ def _select_kernel(
     HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, AHEAD: tl.constexpr, WRITE_KV: tl.constexpr,
     SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
-    PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr,
+    PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -239,7 +239,7 @@ def _select_kernel(
             pool_a = warm & ~back & (pref != 0)
             n_pool = tl.sum(pool_a.to(tl.int32), axis=0)
             limit_a = (ahead * (m - n_kept - n_back).to(tl.float32) * 16777216.0).to(tl.int64)
-            v = (_mix32(u.to(tl.uint32) ^ tl.full([BLOCK], 0x2545F491, tl.uint32)) >> 8).to(tl.int64)
+            v = (_mix32(u.to(tl.uint32) ^ tl.full([BLOCK], SALT, tl.uint32)) >> 8).to(tl.int64)
             early = pool_a & (v * n_pool.to(tl.int64) < limit_a)
             n_early = tl.sum(early.to(tl.int32), axis=0)
         cold = fresh & ~warm
@@ -431,7 +431,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         AHEAD=pref is not None, WRITE_KV=new is not None,
         SPLIT=arrivals is not None, HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d,
         MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
-        PER_THREAD_H=max(1, hb // (32 * warps)), num_warps=warps,
+        PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps,
     )  # fmt: skip
 
 
