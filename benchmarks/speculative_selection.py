@@ -46,7 +46,6 @@ from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.kv.selection import block_scores, select_blocks
 from pulseio_engine.model.batch_state import DecodeAttention
 from pulseio_engine.model.checkpoint import load_checkpoint
-from pulseio_engine.model.layers import pre_attention
 from pulseio_engine.request import SamplingParams
 
 
@@ -109,12 +108,9 @@ class Recorder:
         return q, k, v
 
     def predicted_query(self, layer: int, ahead: int) -> torch.Tensor:
-        """Layer `layer`'s query of the stream entering layer `layer - ahead`."""
-        cfg, w, st = self.model.config, self.model.weights.layers[layer], self.state
-        _, q, _, _ = pre_attention(self.streams[layer - ahead], None, st.positions, self.model.rotary.cos,
-                                   self.model.rotary.sin, w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm,
-                                   cfg.rms_norm_eps, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
-        return q
+        """Layer `layer`'s query of the stream entering layer `layer - ahead` (the engine's
+        `CausalLM.selection_query`, every head)."""
+        return self.model.selection_query(self.streams[layer - ahead], self.state.positions, layer, None)
 
     def digests(self, layer: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (max, min [1, NB, Hkv, D] of the request's keys per block, num_tokens [1])."""
