@@ -45,14 +45,12 @@ from pulseio_engine.engine import Engine  # noqa: E402
 from pulseio_engine.fetch import MODELS, fetch_model, fetch_shakespeare  # noqa: E402
 from pulseio_engine.kv.block_table import blocks_for  # noqa: E402
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads  # noqa: E402
-from pulseio_engine.model.checkpoint import load_checkpoint  # noqa: E402
+from pulseio_engine.model.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
 from pulseio_engine.request import SamplingParams  # noqa: E402
 
 
-def run(args: argparse.Namespace, ahead: bool, window: list[int]) -> dict:
+def run(args: argparse.Namespace, ckpt: Checkpoint, ahead: bool, window: list[int]) -> dict:
     """One decode of `window` as an offload request -> its per-step bytes and logits."""
-    ckpt = load_checkpoint(str(fetch_model(args.model)) if args.model in MODELS else args.model,
-                           dtype=torch.float32, device="cpu")
     m = ckpt.config
     mode = SparseMode.QUEST if args.heads is None else SparseMode.SOLOHEAD
     heads = None if args.heads is None else RetrievalHeads.load(Path(args.heads))
@@ -96,12 +94,12 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     start = time.monotonic()
-    tokenizer = load_checkpoint(str(fetch_model(args.model)) if args.model in MODELS else args.model,
-                                dtype=torch.float32, device="cpu").tokenizer
-    assert tokenizer is not None
-    window = calibration_prompts(tokenizer.encode(fetch_shakespeare().read_text()), 1,
+    ckpt = load_checkpoint(str(fetch_model(args.model)) if args.model in MODELS else args.model,
+                           dtype=torch.float32, device="cpu")
+    assert ckpt.tokenizer is not None
+    window = calibration_prompts(ckpt.tokenizer.encode(fetch_shakespeare().read_text()), 1,
                                  args.context_len + args.steps)[0]
-    without, with_ahead = run(args, False, window), run(args, True, window)
+    without, with_ahead = run(args, ckpt, False, window), run(args, ckpt, True, window)
     a, b = without.pop("logits"), with_ahead.pop("logits")
     diff = float((a - b).abs().max() / a.abs().max())
     same = bool(torch.equal(a.argmax(-1), b.argmax(-1))) and diff < 1e-4
