@@ -170,9 +170,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
                 "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "ahead", "ahead_units_per_step",
-                "vanilla_ratio",
-                "all_on_gpu_step_ms",
-                "recall_bound_ms", "recall_bound_ratio")
+                "vanilla_ratio", "all_on_gpu_step_ms", "recall_bound_ms", "recall_bound_ratio")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
