@@ -66,7 +66,7 @@ SHAPES = [
     Shape("qwen3-14b sparse b32 k128", 32, 40, 8, 128, 2048, 128, "full"),
     # Quest's per-head selection at 8 x 32K: each KV head its own 128 of the request's 2048 pages, read through
     # its own table, in the engine's token-major pages and in head-major ones (a head's page one 4 KiB run)
-    Shape("qwen3-14b quest b8 k128 rows", 8, 40, 8, 128, 2048, 128, "splits", row_pages=2048),
+    Shape("qwen3-14b quest b8 k128 rows", 8, 40, 8, 128, 2048, 128, "full", row_pages=2048),
     Shape("qwen3-14b quest b8 k128 rows head-major", 8, 40, 8, 128, 2048, 128, "splits", row_pages=2048,
           head_major=True),
     Shape("qwen3-14b sparse b8 k128 head-major", 8, 40, 8, 128, 2048, 128, "splits", head_major=True),
