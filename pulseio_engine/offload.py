@@ -396,18 +396,18 @@ class _SparseBatch:
 
     def recall_around_resident(self, layer: int, q: torch.Tensor,
                                recall: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, *,
-                               resident: bool = True, after_post: Callable[[], None] | None = None) -> None:
-        """Post `layer`'s recall (None: nothing to bring), then `after_post` (the next layer's recall ahead), then
-        (`resident`) its attention to the blocks already on the GPU while the recall flies, then the device wait
-        for it."""
+                               in_flight: Callable[[], None] | None = None) -> None:
+        """Post `layer`'s recall (None: nothing to bring), then the work that reads no slot it writes while it
+        flies (`in_flight`; default: the layer's attention to the blocks already on the GPU), then its device
+        wait."""
         pending = None
         if recall is not None:
             with record_function("offload.recall"):
                 pending = self.owner.recaller.post(*recall, tag=layer)      # type: ignore[union-attr]
-        if after_post is not None:
-            after_post()
-        if resident:
+        if in_flight is None:
             self.attend_resident(layer, q)
+        else:
+            in_flight()
         if pending is not None:
             with record_function("offload.recall"):
                 pending.wait_device()

@@ -37,7 +37,8 @@ wait for it before the piece is replayed (`_wait_ahead`), as no Python runs insi
 Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (the serving loop's normal batch)
 may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
 logits, so a round reads the weights once for both; each kind of row attends to its own cache: the riders through
-their engine's `DeviceSparseBatch` (the paged cache, in place), or paged attention in the dense layers. Their
+their engine's `DeviceSparseBatch` (the paged cache, in place), or paged attention in the dense layers. In an
+offloaded layer the riders' store, selection and attention run while the batch's recall flies (`_resident`). Their
 inputs are uploaded with the batch's (`upload` takes every row); `logits` holds every row's.
 
 Pieces are captured once per batch (the same requests in the same order) into one memory pool; each reads
@@ -389,12 +390,16 @@ class OffloadStepGraph:
         return self._publish_stream
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
-        """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`), the next layer's recall
-        ahead posted after it."""
+        """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`): while it flies, the next
+        layer's recall ahead posted, then (`resident`) the work that reads no slot it writes (`_resident`)."""
         if piece < len(self._recalls):
             layer, args = self._recalls[piece]
-            self._shared["batch"].recall_around_resident(layer, self._shared["own"][0], args, resident=resident,
-                                                         after_post=lambda: self._prefetch(piece, None))
+
+            def in_flight() -> None:
+                self._prefetch(piece, None)
+                if resident:
+                    self._resident(piece)
+            self._shared["batch"].recall_around_resident(layer, self._shared["own"][0], args, in_flight=in_flight)
 
     def _prefetch(self, piece: int, recalls: Any) -> None:
         """`OffloadConfig.ahead`, after piece `piece`'s recall: the recall of the next layer's predicted blocks
@@ -427,10 +432,17 @@ class OffloadStepGraph:
                 wait()
 
     def _resident(self, piece: int) -> None:
-        """The attention of the layer whose recall piece `piece` posted, over its blocks already on the GPU:
-        between the recall's publish and its device wait (`_SparseBatch.attend_resident`)."""
+        """The layer whose recall piece `piece` posted, between that recall's publish and its device wait: the
+        batch's attention over its selected blocks already resident (`_SparseBatch.attend_resident`), and the
+        riders' whole attention (their store, selection and attention to their own cache), as none of it reads a
+        slot the recall writes."""
         if piece < len(self._recalls):
-            self._shared["batch"].attend_resident(self._recalls[piece][0], self._shared["own"][0])
+            layer, shared = self._recalls[piece][0], self._shared
+            shared["batch"].attend_resident(layer, shared["own"][0])
+            if len(self._kinds) > 1:
+                riders = self._kinds[1]
+                riders.batch.prepare(layer, *shared["riders"])                 # all on the GPU: nothing to recall
+                riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
 
     def _pieces(self) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step."""
@@ -478,10 +490,9 @@ class OffloadStepGraph:
             if wait is not None:
                 wait()
             args = shared["batch"].prepare(layer, *own)
-            if riding:
+            if riding:                              # each kind of row attends into its rows of one output
                 rows = kinds[1].rows
-                shared["q"], shared["riders"] = q, tuple(x[rows] for x in (q, k, v))
-                kinds[1].batch.prepare(layer, *shared["riders"])       # all on the GPU: nothing to recall
+                shared["attn"], shared["riders"] = torch.empty_like(q), tuple(x[rows] for x in (q, k, v))
             self._live.append(args)
             self._recalls.append((layer, args))
             mine = kinds[0].rows                 # the next layer's recall ahead, from the stream entering this one
@@ -492,10 +503,9 @@ class OffloadStepGraph:
             state: BatchState = shared["state"]
             if not riding:
                 attn = shared["batch"].finish(layer, *shared["own"])
-            else:                                               # each kind of row attends into its rows of one output
-                attn = torch.empty_like(shared["q"])
+            else:                                               # the riders' rows written by `_resident`
+                attn = shared["attn"]
                 shared["batch"].finish(layer, *shared["own"], out=attn[kinds[0].rows])
-                kinds[1].batch.finish(layer, *shared["riders"], out=attn[kinds[1].rows])
             model.layer_end(state, layer, attn)
 
         def middle(layer: int) -> Callable[[], None]:

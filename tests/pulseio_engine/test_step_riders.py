@@ -12,8 +12,10 @@ import torch
 
 from pulseio_engine.config import DType
 from pulseio_engine.kv.handoff import RandomKV
+from pulseio_engine.kv.recall import PendingRecall, Recaller
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint
+from pulseio_engine.offload import DeviceSparseBatch
 from pulseio_engine.offload_graph import StepRiders
 from pulseio_engine.request import Sequence
 from pulseio_engine.runner import RiderSeqs, rider_rows
@@ -84,6 +86,32 @@ def test_riders_get_the_logits_of_their_own_engines_step_for_steps_in_a_row(tiny
         assert riding.offload.runner.step_graphs_built == 1, "one graph, reused with its riders every step"
         recalled = [e.offload.offloader.statistics().bytes_recalled for e in (alone, riding)]   # type: ignore[union-attr]
         assert recalled[0] == recalled[1] > 0
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_riders_attend_while_the_batchs_recall_flies(tiny_qwen3, monkeypatch, split: bool) -> None:
+    """A ridden layer's riders store, select and attend between the batch's recall post and its device wait: none
+    of it reads a slot the recall writes, so it hides the recall instead of following it."""
+    path = str(tiny_qwen3[0])
+    events: list[tuple[str, int]] = []
+    post, wait = Recaller.post, PendingRecall.wait_device
+    monkeypatch.setattr(Recaller, "post", lambda self, *a, tag, **k: events.append(("post", tag)) or post(
+        self, *a, tag=tag, **k))
+    monkeypatch.setattr(PendingRecall, "wait_device", lambda self: events.append(("wait", self.tag)) or wait(self))
+    for name in ("prepare", "finish"):
+        method = getattr(DeviceSparseBatch, name)
+        monkeypatch.setattr(DeviceSparseBatch, name, lambda self, layer, *a, _m=method, _n=name, **k: events.append(
+            (_n, layer)) or _m(self, layer, *a, **k))
+    with _serving(path) as riding:
+        assert riding.offload is not None
+        normal, offload = _decoding(riding)
+        riders = RiderSeqs(riding.normal.kv, riding.normal.offloader, normal)
+        riding.offload.runner.offload_step(offload, riding.offload.offloader, split=split, riders=riders).run()
+    posted = [tag for kind, tag in events if kind == "post"]
+    assert len(posted) == riding.offload.runner.model.config.num_layers - 1, events      # every offloaded layer
+    for layer in posted:
+        at = {kind: events.index((kind, layer)) for kind in ("post", "prepare", "finish", "wait")}
+        assert at["post"] < at["prepare"] < at["finish"] < at["wait"], (layer, events)
 
 
 def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer_and_a_second_batch_its_rows(
