@@ -30,8 +30,10 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
-window and 1.45 on the ServeGen one at budget 1024 with `h` 1.21, --no-irq 1.39; on an H100, pulseinfer 1.48 and
-`e_h` 1.73 on the Mooncake window), `copy` and `link` the rates the
+window and 1.45 on the ServeGen one at budget 1024 with `h` 1.21, --no-irq 1.39; on an H100, pulseinfer 1.46-1.48,
+`e_h` 1.73, `--ride` 1.82 on the Mooncake window with hot sets of 1.5 budgets, and `--ride --ahead` 1.95 there and
+1.67 on the ServeGen one, 1.81 their mean; IRQ's fits agreeing across the two cards, the H100's stand for both),
+`copy` and `link` the rates the
 device measured (the recall at 0.8 of the link's peak, as the copier lands it). An offload request's recall is its
 hot sets filled once, then per offloaded layer and step the selected blocks its hot set missed, at the locality the
 presets are steered to (`sparse_bench.default_profile`). Prefill, the cost of moving a request between classes and
@@ -275,7 +277,8 @@ MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "pulseinfer --ride": (ServeMode.PULSEINFER, False),
          "pulseinfer --ride --ahead": (ServeMode.PULSEINFER, False)}
 HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ride --ahead"   # see the module doc
-EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39}   # fitted to H200 replays (module doc)
+EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39,    # fitted to H200 replays,
+              "pulseinfer --ride": 1.82, "pulseinfer --ride --ahead": 1.81}          # these to H100 ones (module doc)
 HALVES_EFFICIENCY = 1.73                          # the halves rounds', fitted to an H100 replay (module doc)
 AHEAD_TRAFFIC, AHEAD_EXPOSED = 1.43, 0.39         # pulseinfer --ride --ahead, in today's recalls (module doc)
 SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host GiB",   # the options' fields,
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the recall's rate over the link, GB/s (default: 0.8 of the H200's 55.2)")
     parser.add_argument("--efficiency", nargs="+", type=mode_efficiency, default=[],
                         help="MODE=E: a mode's rounds over this model's time (default: `EFFICIENCY`, fits to replays "
-                             "on the H200); a mode not named takes its first word's, else pulseinfer's")
+                             "on the H200 and an H100); a mode not named takes its first word's, else pulseinfer's")
     parser.add_argument("--hide-efficiency", type=float, default=EFFICIENCY["vanilla"], metavar="H",
                         help="under IRQ, the normal pieces' rate over their bytes where they hide a recall (default: "
                              "vanilla's efficiency, as they run beside it)")
