@@ -94,14 +94,18 @@ def test_riders_attend_while_the_batchs_recall_flies(tiny_qwen3, monkeypatch, sp
     of it reads a slot the recall writes, so it hides the recall instead of following it."""
     path = str(tiny_qwen3[0])
     events: list[tuple[str, int]] = []
-    post, wait = Recaller.post, PendingRecall.wait_device
-    monkeypatch.setattr(Recaller, "post", lambda self, *a, tag, **k: events.append(("post", tag)) or post(
-        self, *a, tag=tag, **k))
-    monkeypatch.setattr(PendingRecall, "wait_device", lambda self: events.append(("wait", self.tag)) or wait(self))
-    for name in ("prepare", "finish"):
-        method = getattr(DeviceSparseBatch, name)
-        monkeypatch.setattr(DeviceSparseBatch, name, lambda self, layer, *a, _m=method, _n=name, **k: events.append(
-            (_n, layer)) or _m(self, layer, *a, **k))
+
+    def logged(name: str, method, tag_of):
+        def call(self, *args, **kwargs):
+            events.append((name, tag_of(self, args, kwargs)))
+            return method(self, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(Recaller, "post", logged("post", Recaller.post, lambda _, a, k: k["tag"]))
+    monkeypatch.setattr(PendingRecall, "wait_device", logged("wait", PendingRecall.wait_device, lambda s, a, k: s.tag))
+    for name in ("prepare", "finish"):                     # the riders' batch: every block on the GPU
+        monkeypatch.setattr(DeviceSparseBatch, name, logged(name, getattr(DeviceSparseBatch, name),
+                                                            lambda _, a, k: a[0]))
     with _serving(path) as riding:
         assert riding.offload is not None
         normal, offload = _decoding(riding)
