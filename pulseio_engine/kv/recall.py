@@ -37,8 +37,10 @@ class RecallError(EngineError, RuntimeError):
 AHEAD_TAG = 1 << 30   # in a recall's tag beside its layer: a recall ahead (`OffloadConfig.ahead`), counted apart
 
 
-def tag_name(tag: int) -> str:
-    """What a recall's tag says in messages: 'layer 7', or 'layer 7 (ahead)'."""
+def tag_name(tag: int | None) -> str:
+    """What a recall's tag says in messages: 'layer 7', 'layer 7 (ahead)', or 'no layer' (untagged)."""
+    if tag is None:
+        return "no layer"
     return f"layer {tag & ~AHEAD_TAG}" + (" (ahead)" if tag & AHEAD_TAG else "")
 
 
@@ -59,7 +61,7 @@ class Recaller:
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
         self.ahead_bytes = 0     # bytes the doorbell recalls tagged AHEAD_TAG moved, as check_landed saw them land
-        self._posted: list[tuple[int, Any]] = []     # (layer, completion) of the doorbell recalls since check_landed
+        self._posted: list[tuple[int | None, Any]] = []     # (tag, completion) of doorbell recalls since check_landed
 
     @property
     def captures(self) -> bool:
@@ -109,11 +111,15 @@ class Recaller:
         check failed (its layer attended slots that were not written). One whose completion pulseio has not
         marked yet (its data is in place: the step is over) is looked at again next time. Counts the bytes of those
         recalled ahead (`ahead_bytes`)."""
-        posted = self._posted
-        self._posted = [(tag, done) for tag, done in posted if not done.done()]
-        failed = [(tag, done.exception()) for tag, done in posted if done.done() and done.exception()]
-        self.ahead_bytes += sum(done.nbytes or 0 for tag, done in posted
-                                if tag is not None and tag & AHEAD_TAG and done.done() and not done.exception())
+        pending, failed = [], []
+        for tag, done in self._posted:
+            if not done.done():
+                pending.append((tag, done))
+            elif (error := done.exception()) is not None:
+                failed.append((tag, error))
+            elif tag is not None and tag & AHEAD_TAG:
+                self.ahead_bytes += done.nbytes or 0
+        self._posted = pending
         if failed:
             tag, error = failed[0]
             raise RecallError(f"{len(failed)} recalls of this step failed, so its output is wrong; the first, "
