@@ -441,7 +441,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         for _ in range(warmup):
             step()
         blocked0 = _blocked_ns(off)
-        before = off.statistics()
+        before = _settled_statistics(off)            # the warm-up's recalls counted before the clock, ahead ones too
         if timed is not None:
             timed.host_ns = 0
             timed.take_publish_to_landed()
@@ -466,7 +466,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         kernels = count_kernels_per_step(step, dev, PROFILED_STEPS - 1)
         if off.recaller is not None:
             off.recaller.check_landed()            # the device is idle: raises if a recall failed
-        after = _settled_statistics(off, before)
+        after = _settled_statistics(off)
         published = StampTotals() if timed is None else timed.take_publish_to_landed()
         moved = after.bytes_recalled - before.bytes_recalled
         counted = steps + PROFILED_STEPS             # the profiled steps recalled too
@@ -512,7 +512,7 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _settled_statistics(off: Any, before: Any, timeout_s: float = 5.0) -> Any:
+def _settled_statistics(off: Any, timeout_s: float = 5.0) -> Any:
     """The offloader's statistics once pulseio has counted every recall the device has finished (its threads
     finish completions a moment after the data lands), the recaller's count of those recalled ahead included."""
     deadline = time.monotonic() + timeout_s

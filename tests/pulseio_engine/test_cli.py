@@ -80,6 +80,7 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
     ahead = json.loads(path.read_text())
     assert (two["ahead"], ahead["ahead"]) == (False, True) and "hot set=2 budgets ahead" in capsys.readouterr().out
     assert ahead["ahead_units_per_step"] > 0 == two["ahead_units_per_step"]     # the prefetch's units, counted
+    assert ahead["ahead_units_per_step"] < ahead["units_per_step"]               # of the timed steps' units only
     for argv, says in (([*common, "--mode", "all-on-gpu", "--hot-cache", "2"],
                         "--hot-cache sizes offload requests' hot sets, and --mode all-on-gpu holds none"),
                        ([*offload, "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
