@@ -10,7 +10,8 @@ last programs still run. Its programs open with `await_predecessor`:
 
 Every engine kernel calls it before its first memory access, so the results do not depend on PDL;
 what PDL saves is the launch of each kernel behind its predecessor's tail. Kernels from elsewhere
-(cuBLAS, Inductor) launch as before; a PDL kernel after one of them simply starts when it ends.
+(cuBLAS, Inductor) launch as before, and so do `skinny_linear` calls inside `torch.compile` (Inductor
+launches them); a PDL kernel after one of them simply starts when it ends.
 
 `PULSEIO_ENGINE_PDL=0` turns it off, for A/B benchmarks.
 """

@@ -268,7 +268,8 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
     args = (x, weight, out, part, count, m, n, k, splits, tiles_per_split,
             x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides)
     pad = triton.next_power_of_2(m)
-    pdl = dependent_launch(x.device)
+    # inside torch.compile the call is Inductor's to launch, which takes no launch_pdl: without PDL there
+    pdl = not torch.compiler.is_compiling() and dependent_launch(x.device)
     meta = dict(M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
                 EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
