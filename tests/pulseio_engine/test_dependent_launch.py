@@ -7,17 +7,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pulseio_engine.dependent_launch import ENV, dependent_launch, launch_options
+pytestmark = pytest.mark.needs_package("triton")   # the module imports it inside its tests
+
+ENV = "PULSEIO_ENGINE_PDL"
 
 
 @pytest.fixture
 def fresh_decision():
+    from pulseio_engine.dependent_launch import dependent_launch
+
     dependent_launch.cache_clear()
-    yield
+    yield dependent_launch
     dependent_launch.cache_clear()
 
 
-def test_off_on_cpu_and_with_the_switch(monkeypatch: pytest.MonkeyPatch, fresh_decision: None) -> None:
+def test_off_on_cpu_and_with_the_switch(monkeypatch: pytest.MonkeyPatch, fresh_decision) -> None:  # noqa: ANN001
+    from pulseio_engine.dependent_launch import launch_options
+
+    dependent_launch = fresh_decision
     assert dependent_launch(torch.device("cpu")) is False
     monkeypatch.setenv(ENV, "0")
     assert dependent_launch(torch.device("cuda")) is False      # decided before any CUDA call
@@ -51,7 +58,8 @@ def _chain(x: torch.Tensor, weights: list[torch.Tensor], graphs: bool) -> torch.
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
 def test_a_kernel_chain_gives_the_same_bits_with_and_without_it(
-        monkeypatch: pytest.MonkeyPatch, fresh_decision: None, graphs: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, fresh_decision, graphs: bool) -> None:  # noqa: ANN001
+    dependent_launch = fresh_decision
     gen = torch.Generator(device="cuda").manual_seed(0)
     dims = [2048, 8192, 1024, 8192, 2048, 4096, 512]    # wide and narrow N: split-K and not
     weights = [torch.randn((n, k), device="cuda", dtype=torch.bfloat16, generator=gen) / k ** 0.5
