@@ -33,8 +33,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..dependent_launch import await_predecessor
-
 
 @triton.jit
 def _page_ids(bt_row, tok, limit, stride_btn, PAGE_SIZE: tl.constexpr):
@@ -123,9 +121,7 @@ def _paged_decode_split_kernel(
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
     PRIOR: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    await_predecessor(PDL)
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2)
@@ -226,9 +222,7 @@ def _reduce_splits_kernel(
     stride_od,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    await_predecessor(PDL)
     head = tl.program_id(0)
     b = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)

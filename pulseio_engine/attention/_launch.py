@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..dependent_launch import dependent_launch, launch_options
 from . import _kernel
 
 _TILE_BYTES = 16384  # bytes of one K (or V) tile per loop iteration: 64 tokens at D=128 in bf16
@@ -197,7 +196,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         assert prior_part.stride(3) == 1 and prior_lse.stride(2) == 1, "prior partials must be contiguous"
         prior_count = prior_part.shape[2]
         prior_strides = (*prior_part.stride()[:3], *prior_lse.stride()[:2])
-    pdl = dependent_launch(q.device)
     _kernel._paged_decode_split_kernel[(hkv, config.num_splits, batch)](
         q,
         k_cache,
@@ -230,10 +228,8 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         HEADS_PER_ROW=hkv // rows,
         CACHE_HEADS=cache_heads,
         PRIOR=prior_count,
-        PDL=pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **launch_options(pdl),
     )
 
 
@@ -241,7 +237,6 @@ def launch_reduce(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> N
     """Merge part [B, Hq, P, D] fp32 by lse [B, Hq, P] (base 2; at least one finite a head) into out [B, Hq, D]."""
     batch, hq, splits, head_dim = part.shape
     splits_pad = max(2, _next_pow2(splits))
-    pdl = dependent_launch(part.device)
     _kernel._reduce_splits_kernel[(hq, batch)](
         part,
         lse,
@@ -252,7 +247,5 @@ def launch_reduce(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> N
         *out.stride(),
         SPLITS_PAD=splits_pad,
         HEAD_DIM=head_dim,
-        PDL=pdl,
         num_warps=4 if splits_pad * head_dim <= 4096 else 8,
-        **launch_options(pdl),
     )

@@ -39,7 +39,6 @@ import triton
 import triton.language as tl
 
 from ..config import GroupScore, SparseConfig
-from ..dependent_launch import await_predecessor, dependent_launch, launch_options
 from .steering import AHEAD_SALT, keep_threshold, steer_key
 
 if TYPE_CHECKING:
@@ -54,8 +53,7 @@ def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, hea
                   stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
                   stride_ob, stride_os, stride_oc,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
-                  HAS_COUNT: tl.constexpr, PDL: tl.constexpr):
-    await_predecessor(PDL)
+                  HAS_COUNT: tl.constexpr):
     tile = tl.program_id(0)
     s = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -174,9 +172,7 @@ def _select_kernel(
     SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
-    await_predecessor(PDL)
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
@@ -367,13 +363,12 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
     width = dmax.shape[1]
     head0 = 0 if head is None else head
     col0, col_step = (0, 1) if head is None else ((0 if width == 1 else head), 0)
-    pdl = dependent_launch(q.device)
     _score_kernel[(triton.cdiv(nb, tile), s, b)](
         q, dmax, dmin, block_tables, out, count if count is not None else out, nb, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=hq // num_kv_heads, HEAD_DIM=d, TILE=tile, MAX_NORM=max_norm, HAS_COUNT=count is not None,
-        PDL=pdl, num_warps=num_warps or (8 if tile * d >= 8192 else 4), **launch_options(pdl),
+        num_warps=num_warps or (8 if tile * d >= 8192 else 4),
     )  # fmt: skip
 
 
@@ -420,7 +415,6 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     pref = steer.prefetched if steer is not None and steer.ahead > 0 else None
     if pref is not None and pref.stride(-1) != 1:
         raise ValueError("select_blocks_fused wants Steering.prefetched contiguous along its last dimension")
-    pdl = dependent_launch(bounds.device)
     _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, age, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
@@ -437,8 +431,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         AHEAD=pref is not None, WRITE_KV=new is not None,
         SPLIT=arrivals is not None, HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d,
         MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
-        PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, PDL=pdl, num_warps=warps,
-        **launch_options(pdl),
+        PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps,
     )  # fmt: skip
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..dependent_launch import await_predecessor, dependent_launch, launch_options
-
 
 @triton.jit
 def _store_tokens_kernel(
@@ -23,9 +21,7 @@ def _store_tokens_kernel(
     stride_ut, stride_us, stride_off, stride_db,
     stride_dn, stride_dw,
     HEADS_PER_UNIT: tl.constexpr, HEAD_DIM: tl.constexpr, DIGEST: tl.constexpr, ALL_HEADS_DIGESTED: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
-    await_predecessor(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -59,7 +55,6 @@ def launch_store_tokens(pool, units, offsets, k, v, digest) -> None:  # noqa: AN
     else:
         dmax, dmin, dblock, head = digest
         strides, all_heads = (dmax.stride(0), dmax.stride(1)), head < 0
-    pdl = dependent_launch(k.device)
     _store_tokens_kernel[(t, hkv)](
         k, v, pool, units, offsets, dmax, dmin, dblock, max(head, 0),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -67,5 +62,5 @@ def launch_store_tokens(pool, units, offsets, k, v, digest) -> None:  # noqa: AN
         units.stride(0), units.stride(1), offsets.stride(0), dblock.stride(0),
         *strides,
         HEADS_PER_UNIT=hg, HEAD_DIM=d, DIGEST=digest is not None, ALL_HEADS_DIGESTED=all_heads,
-        PDL=pdl, num_warps=1, **launch_options(pdl),
+        num_warps=1,
     )  # fmt: skip

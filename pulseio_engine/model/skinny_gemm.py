@@ -33,8 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dependent_launch import await_predecessor, dependent_launch, launch_options
-
 MAX_ROWS = 32  # rows of x one call takes
 MIN_DOT_ROWS = 16  # tl.dot's smallest side: fewer rows are padded to it
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -120,9 +118,8 @@ def _skinny_gemm_kernel(
     M, N, K, split_k, tiles_per_split,
     stride_xm, stride_wn, stride_om, stride_on, stride_ps, stride_pm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr, PDL: tl.constexpr,
+    SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
 ):  # fmt: skip
-    await_predecessor(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -268,10 +265,8 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
     args = (x, weight, out, part, count, m, n, k, splits, tiles_per_split,
             x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides)
     pad = triton.next_power_of_2(m)
-    # inside torch.compile the call is Inductor's to launch, which takes no launch_pdl: without PDL there
-    pdl = not torch.compiler.is_compiling() and dependent_launch(x.device)
     meta = dict(M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
                 EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
-                PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, **launch_options(pdl))
+                num_warps=config.num_warps, num_stages=config.num_stages)
     return (triton.cdiv(n, config.block_n), splits), args, meta
