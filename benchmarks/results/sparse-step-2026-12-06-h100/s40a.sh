@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Session 40 (PDL jobs; PDL=0|1 sets PULSEIO_ENGINE_PDL for the rest): jobs named on the command line, in order, on one machine: `bash s40a.sh SHA JOB[@LIMIT_S]...`.
-# JOB: gpu-ride (the GPU tests of --ride and --ahead), b8 | b8ahead | b16ahead (bench rows), or {mc,sg}-{irq,ride,ridehot,ahead,noirqhot,halves,vanilla}[-tl]  (mc: Mooncake 40 s x0.15; sg: ServeGen mix 600 s + 60 s x0.05; -tl: timelines,
+# JOB: tests-pdl (GPU tests with PDL on), pdl-{quest,solo,b8,quest32} (a bench row with PDL off, on, on with
+# Inductor's), tests-ahead | gpu-ride (the GPU tests of --ride and --ahead), b{8,16}[hot<budgets>][ahead] (offload
+# bench rows, hot sets of 2 by default), or {mc,sg}-{irq,ride,ridehot,ahead,noirqhot,halves,vanilla}[-tl]  (mc: Mooncake 40 s x0.15; sg: ServeGen mix 600 s + 60 s x0.05; -tl: timelines,
 # read on the device by replay-gaps --kernels 30). Budget 1024, threshold 2048, 64 GiB host, --max-offload 24, 6 GiB.
 set -u
 W=/tmp/s37; mkdir -p $W
