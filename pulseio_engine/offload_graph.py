@@ -11,7 +11,8 @@ step is written as pieces, each ending where a layer's recall is posted:
 
 After each piece's recall is posted and before its device wait, the layer attends to its selected blocks
 that were resident already (`_resident`), so that part of attention runs while the recall is in flight.
-Captured, the publish is a branch of its own beside that attention (`_post_beside_resident`).
+Captured, the publish, the riders' attention and the prediction of a recall ahead are branches of their own
+beside that attention (`_post_beside_resident`).
 
 How the recalls run between pieces decides how the step is captured:
 
@@ -30,9 +31,9 @@ one graph per piece, a doorbell publish captured at each piece's end (`RecallGra
 
 Recall ahead (`OffloadConfig.ahead`, unsplit steps only): each piece that begins a layer keeps the stream entering
 it, and after that layer's recall is posted the next layer's predicted blocks are planned and posted too
-(`_prefetch`: captured beside the layer's own publish, on the same side stream). The next layer's `_begin` waits
-for that recall on the device before it selects; pieces captured as graphs of their own (recalls from the host)
-wait for it before the piece is replayed (`_wait_ahead`), as no Python runs inside a replay.
+(`_prefetch`: captured as a branch of its own, its publish after the layer's own). The next layer's `_begin` joins
+that branch and waits for the recall on the device before it selects; pieces captured as graphs of their own
+(recalls from the host) wait for it before the piece is replayed (`_wait_ahead`), as no Python runs inside a replay.
 
 Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (the serving loop's normal batch)
 may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
@@ -79,6 +80,15 @@ class StepRiders:
                              "a rider's attention cannot wait for a recall")
         if not self.request_ids:
             raise ValueError("StepRiders need at least one request")
+
+
+@dataclass(frozen=True)
+class _Branches:
+    """The side streams of a captured layer's window (`OffloadStepGraph._post_beside_resident`)."""
+
+    publish: torch.cuda.Stream     # doorbell publishes, in post order
+    predict: torch.cuda.Stream     # the next layer's predicted selection (`OffloadConfig.ahead`)
+    riders: torch.cuda.Stream      # the riders' store, selection and attention
 
 
 class _Rows:
@@ -154,7 +164,7 @@ class OffloadStepGraph:
         self._follower: OffloadStepGraph | None = None   # halves: the second half, captured with this one (`pair`)
         self._leader: OffloadStepGraph | None = None     # halves: the first half, whose arm covers these posts
         self._pending: PendingRecall | None = None     # split: the last piece's recall
-        self._publish_stream: torch.cuda.Stream | None = None   # captured doorbell publishes: their branch's stream
+        self._branch_streams: _Branches | None = None   # captured: a layer's side streams (`_post_beside_resident`)
 
     def _seat_generations(self) -> tuple[int, ...]:
         return tuple(seats.generation for seats in self._seats)
@@ -308,7 +318,7 @@ class OffloadStepGraph:
         recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
         if recalls is not None:
             for step in steps:
-                step._side_stream()
+                step._branches()
         pools = [torch.cuda.graph_pool_handle() for _ in steps]
         pieces = [step._pieces() for step in steps]
         graphs: list[list[torch.cuda.CUDAGraph]] = [[] for _ in steps]
@@ -342,7 +352,7 @@ class OffloadStepGraph:
         if recaller is None or recaller.captures:
             recalls = None if recaller is None else recaller.recall_graph()
             if recalls is not None:
-                self._side_stream()
+                self._branches()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 for i, piece in enumerate(pieces):
@@ -362,32 +372,52 @@ class OffloadStepGraph:
         self._graphs = graphs
 
     def _post_beside_resident(self, recalls: Any, piece: int) -> int | None:
-        """While capturing: piece `piece`'s doorbell publish (if it plans a recall and `recalls`, a RecallGraph,
-        is given) on a side stream forked after the piece, and the layer's resident attention on the capturing
-        stream, joined after both: in the graph they are parallel branches, so the attention does not wait for
-        the publish's PCIe fences (the publish reads only the plan, the attention no slot the recall writes).
-        -> the post's index in `recalls` (None: no post)."""
+        """While capturing, after piece `piece` (which ends with its layer's selection): the layer's window between its
+        recall's publish and its device wait, as parallel branches of the graph, each forked from the capturing stream:
+
+            publish stream   the layer's doorbell publish (if it plans a recall and `recalls`, a RecallGraph, is given),
+                             then the next layer's recall ahead, once the prediction branch planned it
+            predict stream   `OffloadConfig.ahead`: the next layer's predicted selection and plan (`_prefetch`)
+            riders' stream   the riders' store, selection and attention (`_riders`)
+            capturing        the batch's attention over its selected blocks already resident
+
+        None of them reads what another writes (the publishes read plans, the attentions no slot a recall writes), so
+        none waits for another's kernels or the publishes' PCIe fences. The capturing stream joins the layer's own
+        publish and the riders before returning (the device wait and the attention to the recalled blocks come next);
+        the recall ahead is joined where it is waited for, in the next layer's `_begin`, so the prediction runs under
+        the rest of this layer. -> the post's index in `recalls` (None: no post)."""
         planned = recalls is not None and piece < len(self._recalls) and self._recalls[piece][1] is not None
         ahead = recalls is not None and piece < len(self._aheads) and self._aheads[piece] is not None
-        index = None
+        main, index = torch.cuda.current_stream(), None
         if planned:
-            main, side = torch.cuda.current_stream(), self._side_stream()
-            side.wait_stream(main)
+            publish = self._branches().publish
+            publish.wait_stream(main)
             layer, (ids, dst, count) = self._recalls[piece]                   # type: ignore[misc]
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(publish):
                 index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
+                published = publish.record_event()
         if ahead:
-            self._prefetch(piece, recalls)             # its kernels here, its publish on the side stream too
-        self._resident(piece)
-        if planned or ahead:
-            torch.cuda.current_stream().wait_stream(self._side_stream())
+            self._prefetch(piece, recalls)             # on the predict stream, its publish on the publish stream
+        if recalls is None or len(self._kinds) == 1:
+            self._resident(piece)
+        else:
+            riders = self._branches().riders
+            riders.wait_stream(main)
+            with torch.cuda.stream(riders):
+                self._riders(piece)
+            self._attend_resident(piece)
+            main.wait_stream(riders)
+        if planned:
+            main.wait_event(published)
         return index
 
-    def _side_stream(self) -> torch.cuda.Stream:
-        """The publishes' stream, made before the first capture that posts (not inside one)."""
-        if self._publish_stream is None:
-            self._publish_stream = torch.cuda.Stream(self.model.device)
-        return self._publish_stream
+    def _branches(self) -> _Branches:
+        """The streams of a layer's branches (`_post_beside_resident`), made before the first capture that posts (not
+        inside one)."""
+        if self._branch_streams is None:
+            dev = self.model.device
+            self._branch_streams = _Branches(*(torch.cuda.Stream(dev) for _ in range(3)))
+        return self._branch_streams
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
         """Piece `piece`'s recall from the host (`_SparseBatch.recall_around_resident`): while it flies, the next
@@ -411,18 +441,26 @@ class OffloadStepGraph:
             return
         layer, stream, positions = plan
         batch = self._shared["batch"]
-        q = self.model.selection_query(stream, positions, layer, None if batch.head is None else batch.head[layer])
-        ids, dst, count = batch.prefetch(layer, q)
+        head = None if batch.head is None else batch.head[layer]
         tag = layer | AHEAD_TAG
         if recalls is None:
+            ids, dst, count = batch.prefetch(layer, self.model.selection_query(stream, positions, layer, head))
             self._shared["waits"][layer] = self.offloader.recaller.post(ids, dst, count, tag=tag).wait_device
             return
+        branches = self._branches()
+        branches.predict.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(branches.predict):
+            q = self.model.selection_query(stream, positions, layer, head)
+            ids, dst, count = batch.prefetch(layer, q)
         self._live.append(q)      # captured, kept with the graph (eagerly, per replay, it would pile up here)
-        main, side = torch.cuda.current_stream(), self._side_stream()
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
+        branches.publish.wait_stream(branches.predict)          # after the layer's own publish: seqs in post order
+        with torch.cuda.stream(branches.publish):
             index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=tag, wait=False)
-        self._shared["waits"][layer] = lambda: recalls.wait_device(index)
+
+        def wait() -> None:                       # the branches join where the recall is waited for
+            torch.cuda.current_stream().wait_stream(branches.publish)
+            recalls.wait_device(index)
+        self._shared["waits"][layer] = wait
 
     def _wait_ahead(self, piece: int) -> None:
         """Before piece `piece` runs as a graph of its own: the device wait of its layer's recall ahead, if posted."""
@@ -433,16 +471,25 @@ class OffloadStepGraph:
 
     def _resident(self, piece: int) -> None:
         """The layer whose recall piece `piece` posted, between that recall's publish and its device wait: the
-        batch's attention over its selected blocks already resident (`_SparseBatch.attend_resident`), and the
-        riders' whole attention (their store, selection and attention to their own cache), as none of it reads a
-        slot the recall writes."""
+        batch's attention over its selected blocks already resident and the riders' whole attention, as none of it
+        reads a slot the recall writes."""
+        self._attend_resident(piece)
+        self._riders(piece)
+
+    def _attend_resident(self, piece: int) -> None:
+        """The batch's attention over the selected blocks of piece `piece`'s layer already resident
+        (`_SparseBatch.attend_resident`)."""
         if piece < len(self._recalls):
             layer, shared = self._recalls[piece][0], self._shared
             shared["batch"].attend_resident(layer, shared["own"][0])
-            if len(self._kinds) > 1:
-                riders = self._kinds[1]
-                riders.batch.prepare(layer, *shared["riders"])                 # all on the GPU: nothing to recall
-                riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
+
+    def _riders(self, piece: int) -> None:
+        """The riders' store, selection and attention to their own cache in piece `piece`'s layer, into their rows
+        of the step's attention output (nothing to recall: their blocks stay on the GPU)."""
+        if piece < len(self._recalls) and len(self._kinds) > 1:
+            layer, shared, riders = self._recalls[piece][0], self._shared, self._kinds[1]
+            riders.batch.prepare(layer, *shared["riders"])
+            riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
 
     def _pieces(self) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step."""

@@ -11,7 +11,8 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 served alone
     ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
     ahead                       ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
-                                budgets): each class's tokens served alone
+                                budgets): each class's tokens served alone; captured, the prediction, the riders and
+                                the resident attention on three streams (branches of the graph)
     nosync ROUNDS [overlap] [two-streams] [halves | ride | ahead]
                                 steady-state IRQ rounds, halves or ridden ones (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
@@ -26,12 +27,14 @@ CASE_DEVICE=cpu runs a case on the CPU (the tokens and replay cases check themse
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -40,6 +43,7 @@ from pulseio_engine.config import DType
 from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint, open_model
+from pulseio_engine.offload import DeviceSparseBatch, OffloadBatch
 from pulseio_engine.serving.batches import DecodeBatch, HostTokens, pinned_tokens
 from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
@@ -148,9 +152,12 @@ def riders(kind: str, ahead: bool = False) -> dict:
             (f"{kind} late", 6, None, False), (f"{kind} overlapped", None, None, True),
             (f"{kind} late overlapped", 6, None, True)):
         riding = which is None
-        runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
-                            irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
-                            **{kind: riding})
+        with _captured_streams() as streams:
+            runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
+                                irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
+                                **{kind: riding})
+        if name == kind and ahead and DEVICE == "cuda":
+            runs[name]["streams"] = {k: sorted(v) for k, v in streams.items()}
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     ridden = [k for k in runs if k.startswith(kind)]
     differ = [k for k in ridden if runs[k]["tokens"] != alone]
@@ -158,7 +165,35 @@ def riders(kind: str, ahead: bool = False) -> dict:
     counter = "halves_rounds" if kind == "halves" else "ridden_rounds"
     ok = ok and all(0 < runs[k][counter] for k in ridden)
     ok = ok and _recalls_clean(runs)
+    if "streams" in runs[kind]:      # captured, three branches of the graph: no stream holds two of them
+        streams = runs[kind]["streams"]
+        ok = ok and all(streams.values()) and sum(map(len, streams.values())) == len(set().union(*streams.values()))
     return {"ok": ok, "differ": differ, **_without_tokens(runs)}
+
+
+@contextlib.contextmanager
+def _captured_streams() -> Iterator[dict[str, set[int]]]:
+    """While open: the streams that a capture enqueued each captured layer's prediction (`OffloadBatch.prefetch`),
+    riders' selection (`DeviceSparseBatch.prepare`) and resident attention (`OffloadBatch.attend_resident`) on."""
+    streams: dict[str, set[int]] = {"prediction": set(), "riders": set(), "resident": set()}
+    methods = {"prediction": (OffloadBatch, "prefetch"), "riders": (DeviceSparseBatch, "prepare"),
+               "resident": (OffloadBatch, "attend_resident")}
+    saved = {name: getattr(cls, attr) for name, (cls, attr) in methods.items()}
+
+    def spy(name: str) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if DEVICE == "cuda" and torch.cuda.is_current_stream_capturing():
+                streams[name].add(torch.cuda.current_stream().cuda_stream)
+            return saved[name](self, *args, **kwargs)
+        return call
+
+    for name, (cls, attr) in methods.items():
+        setattr(cls, attr, spy(name))
+    try:
+        yield streams
+    finally:
+        for name, (cls, attr) in methods.items():
+            setattr(cls, attr, saved[name])
 
 
 def vanilla() -> dict:
