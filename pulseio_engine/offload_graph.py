@@ -39,8 +39,9 @@ Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (
 may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
 logits, so a round reads the weights once for both; each kind of row attends to its own cache: the riders through
 their engine's `DeviceSparseBatch` (the paged cache, in place), or paged attention in the dense layers. In an
-offloaded layer the riders' store, selection and attention run while the batch's recall flies (`_resident`). Their
-inputs are uploaded with the batch's (`upload` takes every row); `logits` holds every row's.
+offloaded layer the riders' store, selection and attention run while the batch's recall flies (`_resident`);
+captured, on a branch of their own forked before the batch's selection. Their inputs are uploaded with the
+batch's (`upload` takes every row); `logits` holds every row's.
 
 Pieces are captured once per batch (the same requests in the same order) into one memory pool; each reads
 the tensors the one before wrote, kept alive by this object. A step uploads token ids, positions, block
@@ -316,11 +317,8 @@ class OffloadStepGraph:
         steps = (self, *partners)
         recaller = self.offloader.recaller
         recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
-        if recalls is not None:
-            for step in steps:
-                step._branches()
         pools = [torch.cuda.graph_pool_handle() for _ in steps]
-        pieces = [step._pieces() for step in steps]
+        pieces = [step._pieces(None if recalls is None else step._branches()) for step in steps]
         graphs: list[list[torch.cuda.CUDAGraph]] = [[] for _ in steps]
         posts: list[dict[int, int]] = [{} for _ in steps]
         for i in range(self.num_pieces):
@@ -348,11 +346,9 @@ class OffloadStepGraph:
     def _capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         recaller = self.offloader.recaller
-        pieces = self._pieces()
         if recaller is None or recaller.captures:
             recalls = None if recaller is None else recaller.recall_graph()
-            if recalls is not None:
-                self._branches()
+            pieces = self._pieces(None if recalls is None else self._branches())
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 for i, piece in enumerate(pieces):
@@ -363,6 +359,7 @@ class OffloadStepGraph:
             self._graphs, self._recall_graph = [graph], recalls
             return
         graphs = []
+        pieces = self._pieces()
         for i, piece in enumerate(pieces):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -378,7 +375,8 @@ class OffloadStepGraph:
             publish stream   the layer's doorbell publish (if it plans a recall and `recalls`, a RecallGraph, is given),
                              then the next layer's recall ahead, once the prediction branch planned it
             predict stream   `OffloadConfig.ahead`: the next layer's predicted selection and plan (`_prefetch`)
-            riders' stream   the riders' store, selection and attention (`_riders`)
+            riders' stream   the riders' store and selection (forked in `_begin`, beside the batch's own), then
+                             their attention (`_riders`)
             capturing        the batch's attention over its selected blocks already resident
 
         None of them reads what another writes (the publishes read plans, the attentions no slot a recall writes), so
@@ -398,15 +396,14 @@ class OffloadStepGraph:
                 published = publish.record_event()
         if ahead:
             self._prefetch(piece, recalls)             # on the predict stream, its publish on the publish stream
-        if recalls is None or len(self._kinds) == 1:
+        branches = self._shared["branches"]
+        if branches is None or len(self._kinds) == 1:
             self._resident(piece)
-        else:
-            riders = self._branches().riders
-            riders.wait_stream(main)
-            with torch.cuda.stream(riders):
-                self._riders(piece)
+        else:                                       # the riders' selection is on their stream already (`_begin`)
+            with torch.cuda.stream(branches.riders):
+                self._riders(piece, select=False)
             self._attend_resident(piece)
-            main.wait_stream(riders)
+            main.wait_stream(branches.riders)
         if planned:
             main.wait_event(published)
         return index
@@ -483,16 +480,19 @@ class OffloadStepGraph:
             layer, shared = self._recalls[piece][0], self._shared
             shared["batch"].attend_resident(layer, shared["own"][0])
 
-    def _riders(self, piece: int) -> None:
-        """The riders' store, selection and attention to their own cache in piece `piece`'s layer, into their rows
-        of the step's attention output (nothing to recall: their blocks stay on the GPU)."""
+    def _riders(self, piece: int, *, select: bool = True) -> None:
+        """The riders' store and selection (unless `select` is False: done already) and attention to their own cache
+        in piece `piece`'s layer, into their rows of the step's attention output (nothing to recall: their blocks
+        stay on the GPU)."""
         if piece < len(self._recalls) and len(self._kinds) > 1:
             layer, shared, riders = self._recalls[piece][0], self._shared, self._kinds[1]
-            riders.batch.prepare(layer, *shared["riders"])
+            if select:
+                riders.batch.prepare(layer, *shared["riders"])
             riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
 
-    def _pieces(self) -> list[Callable[[], None]]:
-        """The step's pieces as closures; running them in order (with the recalls between) is the step."""
+    def _pieces(self, branches: _Branches | None = None) -> list[Callable[[], None]]:
+        """The step's pieces as closures; running them in order (with the recalls between) is the step. `branches`:
+        captured with doorbell recalls, each layer's window as branches (`_post_beside_resident`)."""
         model, off = self.model, self.offloader
         dense, layers = off.dense, model.config.num_layers
         bs = self.kv.block_size
@@ -506,6 +506,7 @@ class OffloadStepGraph:
         riding = len(kinds) > 1
         ahead = off.offload.ahead
         shared["waits"] = {}          # layer -> the device wait of its recall ahead, posted during the layer before
+        shared["branches"] = branches
 
         def first() -> None:
             pos = self.positions
@@ -533,13 +534,17 @@ class OffloadStepGraph:
             q, k, v = model.layer_begin(state, layer)
             own = (q, k, v) if not riding else tuple(x[kinds[0].rows] for x in (q, k, v))
             shared["own"] = own
+            if riding:                              # each kind of row attends into its rows of one output
+                rows = kinds[1].rows
+                shared["attn"], shared["riders"] = torch.empty_like(q), tuple(x[rows] for x in (q, k, v))
+                if branches is not None:            # their selection beside the batch's (joined after its window)
+                    branches.riders.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(branches.riders):
+                        kinds[1].batch.prepare(layer, *shared["riders"])
             wait = shared["waits"].pop(layer, None)        # this layer's recall ahead: landed before it selects
             if wait is not None:
                 wait()
             args = shared["batch"].prepare(layer, *own)
-            if riding:                              # each kind of row attends into its rows of one output
-                rows = kinds[1].rows
-                shared["attn"], shared["riders"] = torch.empty_like(q), tuple(x[rows] for x in (q, k, v))
             self._live.append(args)
             self._recalls.append((layer, args))
             mine = kinds[0].rows                 # the next layer's recall ahead, from the stream entering this one

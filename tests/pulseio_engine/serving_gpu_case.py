@@ -44,6 +44,7 @@ from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import load_checkpoint, open_model
 from pulseio_engine.offload import DeviceSparseBatch, OffloadBatch
+from pulseio_engine.offload_graph import OffloadStepGraph
 from pulseio_engine.serving.batches import DecodeBatch, HostTokens, pinned_tokens
 from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
@@ -152,12 +153,12 @@ def riders(kind: str, ahead: bool = False) -> dict:
             (f"{kind} late", 6, None, False), (f"{kind} overlapped", None, None, True),
             (f"{kind} late overlapped", 6, None, True)):
         riding = which is None
-        with _captured_streams() as streams:
+        with _captured_streams() as captures:
             runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
                                 irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
                                 **{kind: riding})
         if name == kind and ahead and DEVICE == "cuda":
-            runs[name]["streams"] = {k: sorted(v) for k, v in streams.items()}
+            runs[name]["streams"] = [{k: sorted(v) for k, v in c.items()} for c in captures]
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     ridden = [k for k in runs if k.startswith(kind)]
     differ = [k for k in ridden if runs[k]["tokens"] != alone]
@@ -165,32 +166,45 @@ def riders(kind: str, ahead: bool = False) -> dict:
     counter = "halves_rounds" if kind == "halves" else "ridden_rounds"
     ok = ok and all(0 < runs[k][counter] for k in ridden)
     ok = ok and _recalls_clean(runs)
-    if "streams" in runs[kind]:      # captured, three branches of the graph: no stream holds two of them
-        streams = runs[kind]["streams"]
-        ok = ok and all(streams.values()) and sum(map(len, streams.values())) == len(set().union(*streams.values()))
+    if "streams" in runs[kind]:      # each ridden capture: three branches of the graph, no stream holds two of them
+        captured = runs[kind]["streams"]
+        ok = ok and bool(captured) and all(
+            all(c.values()) and sum(map(len, c.values())) == len(set().union(*c.values())) for c in captured)
     return {"ok": ok, "differ": differ, **_without_tokens(runs)}
 
 
 @contextlib.contextmanager
-def _captured_streams() -> Iterator[dict[str, set[int]]]:
-    """While open: the streams that a capture enqueued each captured layer's prediction (`OffloadBatch.prefetch`),
-    riders' selection (`DeviceSparseBatch.prepare`) and resident attention (`OffloadBatch.attend_resident`) on."""
-    streams: dict[str, set[int]] = {"prediction": set(), "riders": set(), "resident": set()}
+def _captured_streams() -> Iterator[list[dict[str, set[int]]]]:
+    """While open: for each capture of a ridden step (`OffloadStepGraph._capture` with riders), the streams it
+    enqueued its layers' predictions (`OffloadBatch.prefetch`), riders' selections (`DeviceSparseBatch.prepare`) and
+    resident attention (`OffloadBatch.attend_resident`) on. Per capture: torch hands streams out of a pool, so two
+    steps' streams may be the same."""
+    captures: list[dict[str, set[int]]] = []
     methods = {"prediction": (OffloadBatch, "prefetch"), "riders": (DeviceSparseBatch, "prepare"),
-               "resident": (OffloadBatch, "attend_resident")}
+               "resident": (OffloadBatch, "attend_resident"), "capture": (OffloadStepGraph, "_capture")}
     saved = {name: getattr(cls, attr) for name, (cls, attr) in methods.items()}
+    capturing: list[dict[str, set[int]] | None] = [None]     # the ridden capture under way, if one is
 
     def spy(name: str) -> Any:
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if DEVICE == "cuda" and torch.cuda.is_current_stream_capturing():
-                streams[name].add(torch.cuda.current_stream().cuda_stream)
+            if name == "capture":
+                ridden = getattr(self, "rider_batch", None) is not None
+                capturing[0] = {"prediction": set(), "riders": set(), "resident": set()} if ridden else None
+                try:
+                    return saved[name](self, *args, **kwargs)
+                finally:
+                    if capturing[0] is not None:
+                        captures.append(capturing[0])
+                    capturing[0] = None
+            if capturing[0] is not None and torch.cuda.is_current_stream_capturing():
+                capturing[0][name].add(torch.cuda.current_stream().cuda_stream)
             return saved[name](self, *args, **kwargs)
         return call
 
     for name, (cls, attr) in methods.items():
         setattr(cls, attr, spy(name))
     try:
-        yield streams
+        yield captures
     finally:
         for name, (cls, attr) in methods.items():
             setattr(cls, attr, saved[name])
