@@ -387,8 +387,9 @@ class OffloadStepGraph:
         planned = recalls is not None and piece < len(self._recalls) and self._recalls[piece][1] is not None
         ahead = recalls is not None and piece < len(self._aheads) and self._aheads[piece] is not None
         main, index = torch.cuda.current_stream(), None
+        branches = self._shared["branches"]                 # given with `recalls` (`_pieces`)
         if planned:
-            publish = self._branches().publish
+            publish = branches.publish
             publish.wait_stream(main)
             layer, (ids, dst, count) = self._recalls[piece]                   # type: ignore[misc]
             with torch.cuda.stream(publish):
@@ -396,7 +397,6 @@ class OffloadStepGraph:
                 published = publish.record_event()
         if ahead:
             self._prefetch(piece, recalls)             # on the predict stream, its publish on the publish stream
-        branches = self._shared["branches"]
         if branches is None or len(self._kinds) == 1:
             self._resident(piece)
         else:                                       # the riders' selection is on their stream already (`_begin`)
