@@ -158,7 +158,8 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         description="Read the timelines replay --timeline-dir wrote: the GPU's idle time between the "
                                     "model's kernels, by gap length and by the kernels around them, the model's "
                                     "kernels by run time, the longest gaps with the host calls that overlap them "
-                                    "most, and the device waits for recalls against their publishes.")
+                                    "most, the device waits for recalls against their publishes, and each layer's "
+                                    "window from its selection to its recall's wait.")
     tg.add_argument("timelines", nargs="+", type=Path, metavar="PATH",
                     help="timeline files, or folders of them (rounds-*.json)")
     tg.add_argument("--longest", type=int_at_least(1), default=5, help="gaps listed a timeline (default: 5)")

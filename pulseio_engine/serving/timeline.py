@@ -10,7 +10,9 @@ the model kernels on either side of them, with the pulseio kernels that ran insi
 the same pair of kernels once a layer or once a round says which boundary loses the time. The busy time is summed
 by kernel name too, which says what the GPU spends its rounds on. Last, each device wait
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
-that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait.
+that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait;
+and each selection against the first device wait after it on its stream: a layer's window, from choosing its
+blocks to attending to those its recall brought.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class WindowGaps:
     boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
     recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
     kernels: dict[str, tuple[float, int]] = field(default_factory=dict)   # model kernels' us and launches, by name
+    windows: tuple[tuple[float, float], ...] = ()     # `_selection_windows`: us to each wait's start and end
 
     @property
     def idle_us(self) -> float:
@@ -106,6 +109,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     events = [e for e in json.loads(text)["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     kernels = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"])) for e in events
                if e.get("cat") == "kernel"]
+    streams = [e.get("args", {}).get("stream") for e in events if e.get("cat") == "kernel"]
     copies = [(float(e["ts"]), float(e["ts"]) + float(e["dur"]), str(e["name"]).split(" ", 1)[0]) for e in events
               if str(e.get("cat", "")) in ("gpu_memset", "gpu_memcpy")]
     model = [(lo, hi) for lo, hi, name in kernels if not is_pulseio_kernel(name)]
@@ -128,7 +132,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
                       len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered),
-                      _by_kernel(kernels))
+                      _by_kernel(kernels), _selection_windows(kernels, streams))
 
 
 def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
@@ -165,6 +169,28 @@ def _recall_waits(kernels: list[tuple[float, float, str]],
         chain = publishes[after] - hi if after < len(publishes) else None
         out.append(RecallWait(hi - published, (lo - published) - idle(published, lo), idle(lo, hi), chain))
     return tuple(out)
+
+
+def _selection_windows(kernels: list[tuple[float, float, str]],
+                       streams: list[object]) -> tuple[tuple[float, float], ...]:
+    """Each device wait that is the first on its stream after a selection (`_select_kernel`) there -> (us from the
+    selection's end to the wait's start, to its end): the layer's window, filled by what runs beside its recall. A
+    layer's recall is waited for on the stream that selected its blocks (in a graph's replay, the chain its kernels
+    form), before the next layer's wait for a recall ahead; selections on other streams (a prediction's, the
+    riders') have no wait after them there."""
+    by_stream: defaultdict[object, list[tuple[float, float, str]]] = defaultdict(list)
+    for kernel, stream in zip(kernels, streams, strict=True):
+        by_stream[stream].append(kernel)
+    out = []
+    for chain in by_stream.values():
+        selected = None
+        for lo, hi, name in sorted(chain):
+            if "_select_kernel" in name:
+                selected = hi
+            elif selected is not None and any(w in name for w in DEVICE_WAITS):
+                out.append((lo - selected, hi - selected))
+                selected = None
+    return tuple(sorted(out))
 
 
 def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float, float]],
@@ -248,11 +274,13 @@ def _describe_kernels(windows: list[WindowGaps], span_us: float, top: int) -> li
 
 
 def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
-    """The device waits for recalls: how many, the idle inside them, their p50 / p90 of each part over all windows,
-    then each window's p50s (a window is a few rounds: the batches of one stretch of the run)."""
+    """The device waits for recalls: how many, the idle inside them, their p50 / p90 of each part over all windows and
+    of the layers' windows (`_selection_windows`), then each window's p50s (a window is a few rounds: the batches of
+    one stretch of the run)."""
     recalls = [r for w in windows for r in w.recalls]
     if not recalls:
         return []
+    selections = [s for w in windows for s in w.windows]
 
     def parts(rs: list[RecallWait]) -> list[list[float]]:
         chains = [r.chain_us for r in rs if r.chain_us is not None]
@@ -266,6 +294,11 @@ def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
              "  per wait, p50 / p90 us: " + "; ".join("{} {:.1f} / {:.1f}".format(name, *np.percentile(v, [50, 90]))
                                                       for name, v in zip(names, parts(recalls), strict=True)),
              f"  {'timeline':<28} {'waits':>6}  p50 us: " + " / ".join(names)]
+    if selections:
+        start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in (0, 1))
+        lines.insert(2, f"  a layer's window, from its selection to the first wait on its stream, p50 / p90 us: to the "
+                        f"wait's start {start[0]:.1f} / {start[1]:.1f}, to its end {end[0]:.1f} / {end[1]:.1f} "
+                        f"({len(selections)} windows)")
     for w in windows:
         if w.recalls:
             p50 = " / ".join(f"{np.percentile(v, 50):.1f}" for v in parts(list(w.recalls)))
