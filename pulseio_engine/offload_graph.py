@@ -85,11 +85,20 @@ class StepRiders:
 
 @dataclass(frozen=True)
 class _Branches:
-    """The side streams of a captured layer's window (`OffloadStepGraph._post_beside_resident`)."""
+    """The streams of a step captured with doorbell recalls: the one it is captured on, and the side streams of each
+    layer's window (`OffloadStepGraph._post_beside_resident`). Taken together from torch's pool, which hands out its
+    32 streams round-robin, so none is another; torch's shared capture stream, taken apart, could be one of them, and
+    a branch on the capturing stream runs in line with it."""
 
+    capture: torch.cuda.Stream     # the capturing stream: the step's own chain
     publish: torch.cuda.Stream     # doorbell publishes, in post order
     predict: torch.cuda.Stream     # the next layer's predicted selection (`OffloadConfig.ahead`)
     riders: torch.cuda.Stream      # the riders' store, selection and attention
+
+
+def _capturing(branches: _Branches | None) -> torch.cuda.Stream | None:
+    """The stream to capture a step on: its branches' own, or torch's shared one (None) for a step without."""
+    return None if branches is None else branches.capture
 
 
 class _Rows:
@@ -318,13 +327,14 @@ class OffloadStepGraph:
         recaller = self.offloader.recaller
         recalls = recaller.recall_graph() if recaller is not None and recaller.captures else None
         pools = [torch.cuda.graph_pool_handle() for _ in steps]
-        pieces = [step._pieces(None if recalls is None else step._branches()) for step in steps]
+        branches = [None if recalls is None else step._branches() for step in steps]
+        pieces = [step._pieces(b) for step, b in zip(steps, branches, strict=True)]
         graphs: list[list[torch.cuda.CUDAGraph]] = [[] for _ in steps]
         posts: list[dict[int, int]] = [{} for _ in steps]
         for i in range(self.num_pieces):
             for h, step in enumerate(steps):
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pools[h]):
+                with torch.cuda.graph(graph, pool=pools[h], stream=_capturing(branches[h])):
                     pieces[h][i]()
                     index = step._post_beside_resident(recalls, i)   # a recall run from the host comes after the
                     if index is not None:                             # resident attention (safe: it reads no slot
@@ -348,9 +358,10 @@ class OffloadStepGraph:
         recaller = self.offloader.recaller
         if recaller is None or recaller.captures:
             recalls = None if recaller is None else recaller.recall_graph()
-            pieces = self._pieces(None if recalls is None else self._branches())
+            branches = None if recalls is None else self._branches()
+            pieces = self._pieces(branches)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=_capturing(branches)):
                 for i, piece in enumerate(pieces):
                     piece()
                     index = self._post_beside_resident(recalls, i)
@@ -409,11 +420,11 @@ class OffloadStepGraph:
         return index
 
     def _branches(self) -> _Branches:
-        """The streams of a layer's branches (`_post_beside_resident`), made before the first capture that posts (not
-        inside one)."""
+        """The streams this step is captured on and branches to (`_Branches`), made before its first capture that posts
+        (not inside one)."""
         if self._branch_streams is None:
             dev = self.model.device
-            self._branch_streams = _Branches(*(torch.cuda.Stream(dev) for _ in range(3)))
+            self._branch_streams = _Branches(*(torch.cuda.Stream(dev) for _ in range(4)))
         return self._branch_streams
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
