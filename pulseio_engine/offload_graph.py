@@ -455,7 +455,7 @@ class OffloadStepGraph:
             ids, dst, count = batch.prefetch(layer, self.model.selection_query(stream, positions, layer, head))
             self._shared["waits"][layer] = self.offloader.recaller.post(ids, dst, count, tag=tag).wait_device
             return
-        branches = self._branches()
+        branches = self._shared["branches"]
         branches.predict.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(branches.predict):
             q = self.model.selection_query(stream, positions, layer, head)
@@ -498,8 +498,12 @@ class OffloadStepGraph:
         if piece < len(self._recalls) and len(self._kinds) > 1:
             layer, shared, riders = self._recalls[piece][0], self._shared, self._kinds[1]
             if select:
-                riders.batch.prepare(layer, *shared["riders"])
+                self._select_riders(layer)
             riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
+
+    def _select_riders(self, layer: int) -> None:
+        """The riders' store and selection in `layer`."""
+        self._kinds[1].batch.prepare(layer, *self._shared["riders"])
 
     def _pieces(self, branches: _Branches | None = None) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step. `branches`:
@@ -551,7 +555,7 @@ class OffloadStepGraph:
                 if branches is not None:            # their selection beside the batch's (joined after its window)
                     branches.riders.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(branches.riders):
-                        kinds[1].batch.prepare(layer, *shared["riders"])
+                        self._select_riders(layer)
             wait = shared["waits"].pop(layer, None)        # this layer's recall ahead: landed before it selects
             if wait is not None:
                 wait()
