@@ -394,9 +394,13 @@ class OffloadStepGraph:
         none waits for another's kernels or the publishes' PCIe fences. The capturing stream joins the layer's own
         publish and the riders before returning (the device wait and the attention to the recalled blocks come next);
         the recall ahead is joined where it is waited for, in the next layer's `_begin`, so the prediction runs under
-        the rest of this layer. -> the post's index in `recalls` (None: no post)."""
-        planned = recalls is not None and piece < len(self._recalls) and self._recalls[piece][1] is not None
-        ahead = recalls is not None and piece < len(self._aheads) and self._aheads[piece] is not None
+        the rest of this layer. The last piece (after the last layer) has no window: nothing forks or joins there, as
+        a step captured piece by piece (`_capture_split`) must not join a branch stream whose last work was captured
+        into another piece's graph. -> the post's index in `recalls` (None: no post)."""
+        if piece >= len(self._recalls):
+            return None
+        planned = recalls is not None and self._recalls[piece][1] is not None
+        ahead = recalls is not None and self._aheads[piece] is not None
         main, index = torch.cuda.current_stream(), None
         branches = self._shared["branches"]                 # given with `recalls` (`_pieces`)
         if planned:
