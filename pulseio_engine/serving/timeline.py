@@ -11,8 +11,8 @@ the same pair of kernels once a layer or once a round says which boundary loses 
 by kernel name too, which says what the GPU spends its rounds on. Last, each device wait
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
 that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait;
-and each selection against the first device wait after it on its stream: a layer's window, from choosing its
-blocks to attending to those its recall brought.
+and each selection on the main chain against the first device wait after it there: a layer's window, from choosing
+its blocks to attending to those its recall brought.
 """
 
 from __future__ import annotations
@@ -173,23 +173,27 @@ def _recall_waits(kernels: list[tuple[float, float, str]],
 
 def _selection_windows(kernels: list[tuple[float, float, str]],
                        streams: list[object]) -> tuple[tuple[float, float], ...]:
-    """Each device wait that is the first on its stream after a selection (`_select_kernel`) there -> (us from the
-    selection's end to the wait's start, to its end): the layer's window, filled by what runs beside its recall. A
-    layer's recall is waited for on the stream that selected its blocks (in a graph's replay, the chain its kernels
-    form), before the next layer's wait for a recall ahead; selections on other streams (a prediction's, the
-    riders') have no wait after them there."""
-    by_stream: defaultdict[object, list[tuple[float, float, str]]] = defaultdict(list)
-    for kernel, stream in zip(kernels, streams, strict=True):
-        by_stream[stream].append(kernel)
+    """On the main chain, the stream running the most model-kernel time: each device wait that is the first after a
+    selection (`_select_kernel`) there -> (us from the selection's end to the wait's start, to its end), the layer's
+    window, filled by what runs beside its recall. The batch's own selection and the wait for its recall are both on
+    the stream a step is captured on, which a replay keeps as the stream it is launched on; the branches of a captured
+    graph (the prediction, the riders, the publishes, with their selections and waits for recalls ahead) run on
+    streams the driver picks, so their selection -> wait pairs are not a layer's window and are left out."""
+    busy: defaultdict[object, float] = defaultdict(float)
+    for (lo, hi, name), stream in zip(kernels, streams, strict=True):
+        if not is_pulseio_kernel(name):
+            busy[stream] += hi - lo
+    if not busy:
+        return ()
+    main = max(busy, key=busy.__getitem__)
     out = []
-    for chain in by_stream.values():
-        selected = None
-        for lo, hi, name in sorted(chain):
-            if "_select_kernel" in name:
-                selected = hi
-            elif selected is not None and any(w in name for w in DEVICE_WAITS):
-                out.append((lo - selected, hi - selected))
-                selected = None
+    selected = None
+    for lo, hi, name in sorted(k for k, stream in zip(kernels, streams, strict=True) if stream == main):
+        if "_select_kernel" in name:
+            selected = hi
+        elif selected is not None and any(w in name for w in DEVICE_WAITS):
+            out.append((lo - selected, hi - selected))
+            selected = None
     return tuple(sorted(out))
 
 
@@ -296,9 +300,9 @@ def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
              f"  {'timeline':<28} {'waits':>6}  p50 us: " + " / ".join(names)]
     if selections:
         start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in (0, 1))
-        lines.insert(2, f"  a layer's window, from its selection to the first wait on its stream, p50 / p90 us: to the "
-                        f"wait's start {start[0]:.1f} / {start[1]:.1f}, to its end {end[0]:.1f} / {end[1]:.1f} "
-                        f"({len(selections)} windows)")
+        lines.insert(2, "  a layer's window, from its selection to the first wait after it on the main chain, "
+                        f"p50 / p90 us: to the wait's start {start[0]:.1f} / {start[1]:.1f}, "
+                        f"to its end {end[0]:.1f} / {end[1]:.1f} ({len(selections)} windows)")
     for w in windows:
         if w.recalls:
             p50 = " / ".join(f"{np.percentile(v, 50):.1f}" for v in parts(list(w.recalls)))

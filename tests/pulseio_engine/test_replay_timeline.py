@@ -115,20 +115,21 @@ def test_each_device_wait_is_read_against_the_publish_before_it(tmp_path: Path) 
     assert "\n  rounds-0-4.json                   2  310.0 / 142.5 / 160.0 / 100.0\n" in text, text
 
 
-def test_a_layers_window_runs_from_its_selection_to_the_first_wait_after_it_on_its_stream(tmp_path: Path) -> None:
-    """Stream 7 selects at 1000-1010 and waits 1100-1130 (a window of 90 us to the wait, 120 to its end), then waits
-    again at 1300 with no selection between (a recall ahead: not a window); stream 9's selection (a prediction's) has
-    no wait after it there; the next layer selects at 1400-1410 and waits 1450-1460."""
+def test_a_layers_window_runs_from_its_selection_to_the_first_wait_after_it_on_the_main_chain(tmp_path: Path) -> None:
+    """Stream 7, which runs the weights (the main chain), selects at 1000-1010 and waits 1100-1130 (a window of 90 us to
+    the wait, 120 to its end), then waits again at 1300 with no selection between (a recall ahead: not a window); the
+    next layer selects at 1400-1410 and waits 1450-1460. Stream 9, a graph branch, selects (the riders', or a
+    prediction's) and later waits for a recall ahead: not a layer's window."""
     def on(stream: int, event: dict) -> dict:
         return {**event, "args": {"stream": stream}}
 
     events = [on(7, _kernel("_select_kernel", 1000, 10)), on(9, _kernel("_select_kernel", 1005, 10)),
-              on(7, _kernel("_publish_kernel", 1010, 10)), on(7, _kernel("attn", 1020, 80)),
+              on(9, _kernel("_publish_kernel", 1010, 10)), on(7, _kernel("attn", 1020, 80)),
               on(7, _kernel("wait_seq", 1100, 30)), on(7, _kernel("gemm", 1130, 170)),
-              on(7, _kernel("wait_seq", 1300, 5)), on(7, _kernel("_select_kernel", 1400, 10)),
-              on(7, _kernel("_publish_kernel", 1410, 10)), on(7, _kernel("wait_seq", 1450, 10)),
-              on(7, _kernel("attn", 1460, 40))]
+              on(7, _kernel("wait_seq", 1300, 5)), on(9, _kernel("wait_seq", 1390, 5)),
+              on(7, _kernel("_select_kernel", 1400, 10)), on(9, _kernel("_publish_kernel", 1410, 10)),
+              on(7, _kernel("wait_seq", 1450, 10)), on(7, _kernel("attn", 1460, 40))]
     w = read_window(_write(tmp_path / "rounds-0-4.json", events))
     assert w.windows == ((40, 50), (90, 120))
-    assert ("a layer's window, from its selection to the first wait on its stream, p50 / p90 us: to the wait's start "
-            "65.0 / 85.0, to its end 85.0 / 113.0 (2 windows)") in describe([w])
+    assert ("a layer's window, from its selection to the first wait after it on the main chain, p50 / p90 us: to the "
+            "wait's start 65.0 / 85.0, to its end 85.0 / 113.0 (2 windows)") in describe([w])
