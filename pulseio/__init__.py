@@ -24,6 +24,7 @@ from .errors import PulseInternalError as PulseInternalError
 from .errors import TransferError as TransferError
 from .errors import WaitTimeout as WaitTimeout
 from .errors import WouldBlock as WouldBlock
+from .gil import gil_switch_interval as gil_switch_interval
 from .handle import Handle as Handle
 from .host_backend import HostBackend as HostBackend
 from .interrupts import Completion as Completion

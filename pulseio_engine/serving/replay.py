@@ -17,12 +17,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+import pulseio
 from pulseio.machine import gib, memory_budget
 
 from ..bench import measure_copy_bandwidth_sync, measure_upload_bandwidth
@@ -56,7 +58,9 @@ class ReplayOptions:
     starts, as a server warms up before it takes traffic; `timeline_dir`: write those windows' timelines there
     (`BusyMeter`); `skinny_gemm`: `EngineConfig.skinny_gemm` (False: every projection through cuBLAS);
     `locality_context`: a random-weight preset's selection is steered to the shipped locality measured nearest
-    this context (None: nearest the trace's median prompt; `steering_context`)."""
+    this context (None: nearest the trace's median prompt; `steering_context`); `gil_switch_s`: the interpreter's
+    GIL switch interval while the engine serves (`pulseio.gil_switch_interval`: the main loop's Python holds
+    recalls back for up to it; None: the interpreter's as it is)."""
 
     device: str = "cpu"
     clock: ClockKind | None = None
@@ -68,6 +72,7 @@ class ReplayOptions:
     timeline_dir: Path | None = None
     skinny_gemm: bool = True
     locality_context: int | None = None
+    gil_switch_s: float | None = 1e-4
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -90,9 +95,10 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
         f"{size(config.gpu_kv_bytes)}" + (f", host pool {size(config.host_kv_bytes)}" if config.has_offload else ""))
     ckpt = load_checkpoint(source, dtype=TORCH_DTYPES[dtype], device=device, seed=options.seed)
     wall0 = time.perf_counter()
-    with ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
-                       heads=heads, use_cuda_graphs=options.use_cuda_graphs,
-                       skinny_gemm=options.skinny_gemm) as serving:
+    switch = nullcontext() if options.gil_switch_s is None else pulseio.gil_switch_interval(options.gil_switch_s)
+    with switch, ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
+                               heads=heads, use_cuda_graphs=options.use_cuda_graphs,
+                               skinny_gemm=options.skinny_gemm) as serving:
         if steering is not None:
             serving.set_steering(steering[0])
         warmup_s = 0.0
@@ -452,7 +458,8 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
                    "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride, "ahead": config.ahead,
                    "copier_ctas": None if copier is None else copier[0],
-                   "copier_idle_us": None if copier is None else copier[1]},
+                   "copier_idle_us": None if copier is None else copier[1],
+                   "gil_switch_us": None if options.gil_switch_s is None else round(options.gil_switch_s * 1e6, 3)},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,

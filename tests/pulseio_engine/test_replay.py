@@ -91,7 +91,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/13"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/14"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -225,15 +225,18 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
     assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
                      flags=re.M), "no link measured on a CPU: the rate alone"
+    _step_back(report, 13, "config.gil_switch_us")
+    assert labels([report, other])[0].endswith(" gil_us=-")
     _step_back(report, 12, "config.ahead", "summary.ahead_bytes")
     assert re.search(r"^of them recalled ahead GiB\s+-\s+0\.000$", table([report, other]), flags=re.M)
     _step_back(report, 10, "config.halves", "summary.halves_rounds")
     assert re.search(r"^rounds as halves\s+-\s+0$", table([report, other]), flags=re.M)
-    assert labels([report, {**other, "config": {**other["config"], "halves": True}}])[0].endswith(" halves=-")
+    assert labels([report, {**other, "config": {**other["config"], "halves": True}}])[0].endswith(" halves=- gil_us=-")
     _step_back(report, 9, "pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
     assert re.search(r"^recall publish->landed GB/s \(of link\)\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 8, "config.hot_cache")
-    assert labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0].endswith(" hot=- halves=-")
+    hot = labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0]
+    assert hot.endswith(" hot=- halves=- gil_us=-"), hot
     _step_back(report, 7, "config.two_streams", "roofline")
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
@@ -241,8 +244,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
                      table([report, other]), flags=re.M)
     _step_back(report, 5, "config.skinny_gemm")
     first, second = labels([report, other])
-    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=-"), (first, second)
-    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False"), (first, second)
+    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=- gil_us=-"), (first, second)
+    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False gil_us=100.0"), (first,
+                                                                                                        second)
     _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
     assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
     _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
@@ -255,10 +259,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/13', "
-                                          r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
-                                          r"'pulseio-replay/9', "
-                                          r"'pulseio-replay/8', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/14', "
+                                          r"'pulseio-replay/13', 'pulseio-replay/12', 'pulseio-replay/11', "
+                                          r"'pulseio-replay/10', 'pulseio-replay/9', 'pulseio-replay/8', "
                                           r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
                                           r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
                                           r"'pulseio-replay/1'$"):
@@ -760,3 +763,29 @@ def test_overlapped_rounds_lose_nothing(tmp_path: Path) -> None:
     assert all(r["tokens"] == r["output_len"] for r in report["requests"])
     assert {r["class"] for r in report["requests"]} == {"normal", "offload"}
     assert report["pulseio"]["submitted"] == report["pulseio"]["completed"] == s["recalls"] > 0
+
+
+def test_the_gil_switch_interval_is_the_replays_while_it_serves_and_the_interpreters_after() -> None:
+    """The main loop's Python holds pulseio's poller off the GIL for up to the switch interval
+    (`pulseio.gil_switch_interval`): a replay shortens it while the engine serves, and only then."""
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 22, host_kv_bytes=1 << 28, token_budget=128,
+                           offload_threshold=256)
+    trace = open_trace(TraceOptions("mooncake-sample", max_requests=4, max_input=512, max_output=4))
+    report = replay(trace, open_model("tiny"), config, ReplayOptions(gil_switch_s=3e-4, warmup=False),
+                    progress=lambda done, info: seen.append(sys.getswitchinterval()))
+    assert report["summary"]["complete"] and seen, "progress is reported while the engine serves"
+    assert seen == pytest.approx([3e-4] * len(seen), abs=2e-6)
+    assert sys.getswitchinterval() == before
+    assert report["config"]["gil_switch_us"] == pytest.approx(300)
+
+
+def test_the_gil_switch_interval_left_alone_and_a_bad_one_refused(reports: dict[str, dict],
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    assert reports["mooncake"]["config"]["gil_switch_us"] == pytest.approx(100)     # the command's default
+    argv = ["replay", *SLICES["servegen"], *COMMON, "--mode", "vanilla", "--gil-switch-us"]
+    assert main([*argv, "2e6"]) == 2
+    assert "--gil-switch-us 2e+06 is over a second; the interpreter's default is 5000" in capsys.readouterr().err
+    assert main([*argv, "-1"]) == 2
+    assert "--gil-switch-us" in capsys.readouterr().err
