@@ -68,7 +68,7 @@ class DeviceWaits:
         self._publisher, self._words, self._poller, self._workers = publisher, words, poller, workers
         self._timeout = timeout_s
         self._stacks_logged = False  # the first expiry logs every thread's stack: who kept the request back
-        self._watchdog = Watchdog(landed=lambda c: words.reached(c.seq), expire=self._expire)
+        self._watchdog = Watchdog(landed=lambda c: words.reached(c.seq), expire=self._expire, timeout_s=timeout_s)
 
     @property
     def expired(self) -> int:
@@ -88,7 +88,7 @@ class DeviceWaits:
         if completion.strategy is Strategy.RESIDENT:
             seq, word = completion.seq, self._words.address(completion.seq)
             self._copier(seq).serve_for(stream, word, seq)
-            self._watchdog.arm(seq, timeout, completion)
+            self._watchdog.arm(seq, completion)
             self._publisher.wait_word(stream, word, seq)
             return
         if not completion.wait_issued(timeout):
@@ -110,7 +110,7 @@ class DeviceWaits:
             last[completion.seq % len(self._workers)] = completion
         for completion in last.values():
             self._copier(completion.seq).serve_for(stream, self._words.address(completion.seq), completion.seq)
-        self._watchdog.arm_all([(c.seq, c) for c in completions], self._timeout)
+        self._watchdog.arm_all([(c.seq, c) for c in completions])
 
     def _copier(self, seq: int) -> Any:
         return self._workers[seq % len(self._workers)].resident
