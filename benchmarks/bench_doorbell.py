@@ -21,6 +21,11 @@ How each figure is taken:
 * blocked: per decode-like step (a GEMM as the "layer", scores, top-k, recall, consume), the time the
   submitting thread spends inside the recall calls: post_recall + device_wait (doorbell) vs
   ids.cpu() + recall + device_wait (sync path).
+* busy host (--busy-host-us N, the resident route): two requests a step, published 0.3 and 0.5 ms after the
+  step is enqueued, while the submitting thread runs N us of pure Python (holding the GIL, as a serving loop's
+  bookkeeping does); publish->landed of each, at the interpreter's switch interval of 5 ms and of 100 us
+  (`pulseio.gil_switch_interval`). The poller's fast lane takes the first request without the GIL; it takes
+  the GIL back before it looks for the second, which waits for it.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from pulseio.bench.records import git_sha  # noqa: E402
 BLOCK = 8 << 10
 STRATEGIES = [Strategy.RESIDENT, Strategy.ZERO_COPY, Strategy.GATHER_DMA, Strategy.BATCHED, Strategy.AUTO]
 BLOCKED_STRATEGIES = (Strategy.RESIDENT, Strategy.AUTO)
+BUSY_SWITCH_S = (5e-3, 1e-4)  # the interpreter's default GIL switch interval, and the serving loop's
 
 
 def pct(values: list[float]) -> dict[str, float]:
@@ -233,6 +239,43 @@ def blocked(rt: pulseio.Runtime, steps: int, k: int) -> dict:
     return out
 
 
+def busy_host(rt: pulseio.Runtime, steps: int, k: int, busy_us: float, switch_s: float) -> dict:
+    _, _, stamp = gpu_kernels()
+    from numba import cuda
+
+    stream = torch.cuda.Stream()
+    nstream = cuda.external_stream(stream.cuda_stream)
+    stamps = torch.zeros(2 * steps, dtype=torch.int64, device="cuda")
+    ids_all = torch.stack([torch.randperm(rt.host_pool.num_blocks, device="cuda")[:k] for _ in range(2 * steps)])
+    slots = torch.arange(2 * k, device="cuda").view(2, k)
+    torch.cuda.synchronize()
+    posted: list[list] = [[], []]
+    with pulseio.gil_switch_interval(switch_s):
+        for i in range(-3, steps):
+            step = []
+            for j, sleep in enumerate((600_000, 400_000)):          # ~0.3 ms, then ~0.2 ms more
+                with torch.cuda.stream(stream):
+                    torch.cuda._sleep(sleep)
+                done = rt.post_recall(host_ids=ids_all[2 * max(i, 0) + j], device_slots=slots[j], stream=stream,
+                                      tag=2 * i + j)
+                done.device_wait(stream)
+                if i >= 0:
+                    stamp[1, 1, nstream](stamps, 2 * i + j)
+                step.append(done)
+            until = time.perf_counter() + busy_us * 1e-6
+            spins = 0
+            while time.perf_counter() < until:                      # pure Python: the GIL held throughout
+                spins += 1
+            for j, done in enumerate(step):
+                done.wait(timeout=10)
+                if i >= 0:
+                    posted[j].append(done)
+            stream.synchronize()
+    landed = stamps.cpu().numpy()
+    return {f"request_{j}_publish_to_landed_us": pct([(landed[2 * i + j] - d.published_ns) / 1e3
+                                                      for i, d in enumerate(posted[j])]) for j in (0, 1)}
+
+
 def section(results: dict, name: str, fn, *args) -> None:
     print(f"--- {name}", flush=True)
     t = time.perf_counter()
@@ -255,13 +298,17 @@ def main() -> None:
                         help="the latency section's request, blocks x bytes per block (default 64x8192)")
     parser.add_argument("--ctas", type=int, default=DmaConfig.zero_copy_ctas,
                         help="CTA budget of the copy kernels, DmaConfig.zero_copy_ctas (default %(default)s)")
+    parser.add_argument("--busy-host-us", type=float, default=0.0, metavar="US",
+                        help="also time two requests a step while the submitting thread runs this long in pure "
+                             "Python, at GIL switch intervals of 5 ms and 100 us (resident route; default: skip)")
     args = parser.parse_args()
     n_lat, n_bw, n_blk = (60, 10, 20) if args.quick else (400, 40, 100)
     sha = git_sha()
     results: dict = {"meta": {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now().isoformat(),
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
                               "recall_blocks": args.recall[0], "block_bytes": args.recall[1], "quick": args.quick,
-                              "strategies": [s.value for s in args.strategies], "ctas": args.ctas}}
+                              "strategies": [s.value for s in args.strategies], "ctas": args.ctas,
+                              "busy_host_us": args.busy_host_us}}
     section(results, "clock", calibrate_clock)
     for strategy in args.strategies:
         rt = open_rt(strategy, args.recall[1], args.ctas)
@@ -275,6 +322,10 @@ def main() -> None:
             if strategy in BLOCKED_STRATEGIES:
                 for k in (64, 1024):
                     section(results, f"blocked_per_step_k{k}_{strategy.value}", blocked, rt, n_blk, k)
+            if args.busy_host_us > 0 and strategy is Strategy.RESIDENT:
+                for switch_s in BUSY_SWITCH_S:
+                    section(results, f"busy_host_{switch_s * 1e6:.0f}us", busy_host, rt, n_blk, args.recall[0],
+                            args.busy_host_us, switch_s)
             results[f"runtime_stats_{strategy.value}"] = repr(rt.statistics())
         finally:
             rt.close()
@@ -315,6 +366,17 @@ def print_summary(r: dict) -> None:
             taken, copy, whole = lat["publish_to_task_taken_us"], lat["copy_gbps"], lat["publish_to_task_landed_gbps"]
             print(f"{'':>10}  publish->copier's start p50 {taken['p50']:6.1f} us, then {copy['p50']:5.1f} GB/s p50;"
                   f" publish->landed {whole['p50']:5.1f} GB/s p50")
+    for switch_s in BUSY_SWITCH_S:
+        b = r.get(f"busy_host_{switch_s * 1e6:.0f}us")
+        if b is None:
+            continue
+        if "error" in b:
+            print(f"busy host, switch interval {switch_s * 1e6:.0f} us: ERROR")
+            continue
+        first, second = b["request_0_publish_to_landed_us"], b["request_1_publish_to_landed_us"]
+        print(f"busy host {meta['busy_host_us']:.0f} us, switch interval {switch_s * 1e6:5.0f} us: publish->landed "
+              f"p50 / p99, first request {first['p50']:7.1f} / {first['p99']:7.1f} us, second {second['p50']:7.1f} / "
+              f"{second['p99']:7.1f} us")
     for s in (s for s in BLOCKED_STRATEGIES if s in measured):
         for k in (64, 1024):
             b = r.get(f"blocked_per_step_k{k}_{s.value}", {})
