@@ -52,6 +52,7 @@ from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
 from .evaluation.cli import add_parsers as add_eval_parsers
 from .fetch import MODELS, fetch_model, fetch_smollm2
+from .gil_option import add_gil_switch_option, gil_switch, gil_switch_s
 from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
@@ -142,7 +143,24 @@ def _bench(args: argparse.Namespace) -> int:
             OffloadConfig(sparse=SparseConfig(token_budget=args.token_budget), hot_cache=args.hot_cache)
         except ValueError as exc:       # the budget's and the hot cache's rules, stated by the configs' messages
             raise EngineError(str(exc)) from exc
+    switch_s = gil_switch_s(prog, args.gil_switch_us)
     source = _open(args.model, args.progress)
+    with gil_switch(switch_s):
+        result, keys = _run_bench(args, source, device)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        record = {**result.to_dict(), "gil_switch_us": None if switch_s is None else round(switch_s * 1e6, 3)}
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+    for key in keys:
+        print(f"{key:>24}: {_fmt(getattr(result, key))}")
+    print(f"{'gil_switch_us':>24}: {_fmt(None if switch_s is None else round(switch_s * 1e6, 3))}")
+    print(result.summary())
+    return 0
+
+
+def _run_bench(args: argparse.Namespace, source: ModelSource,
+               device: str) -> tuple[BenchResult | SparseBenchResult, tuple[str, ...]]:
+    """`bench`'s run in its mode -> the result, and the fields printed of it."""
     if args.mode == BenchMode.VANILLA.value:
         result: BenchResult | SparseBenchResult = run_bench(
             source, mode=BenchMode.VANILLA, batch_size=args.batch_size, context_len=args.context_len,
@@ -171,13 +189,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
                 "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "ahead", "ahead_units_per_step",
                 "vanilla_ratio", "all_on_gpu_step_ms", "recall_bound_ms", "recall_bound_ratio")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
-    for key in keys:
-        print(f"{key:>24}: {_fmt(getattr(result, key))}")
-    print(result.summary())
-    return 0
+    return result, keys
 
 
 def _fmt(value: object) -> str:
@@ -308,6 +320,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="sparse modes: write a torch.profiler table of the timed steps here, their timeline beside it "
                         "(PATH.trace.json.gz)")
     add_copier_options(b)
+    add_gil_switch_option(b)
     _common(b)
     b.set_defaults(func=_bench, prog=b.prog)
 

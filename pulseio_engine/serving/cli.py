@@ -35,6 +35,7 @@ from pulseio.machine import memory_budget
 
 from ..config import SparseMode
 from ..copier_options import add_copier_options
+from ..gil_option import add_gil_switch_option, gil_switch_s
 from ..model.checkpoint import open_model
 from ..trace import SAMPLES, TraceFormat, TraceOptions, open_trace
 from .clock import ClockKind
@@ -140,10 +141,7 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
     r.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="start the clock at once: the first requests pay for compiling kernels and capturing steps "
                         "(by default a few short requests warm the engine up first, as a server does)")
-    r.add_argument("--gil-switch-us", type=float_at_least(0.0), default=100.0, metavar="US",
-                   help="the interpreter's GIL switch interval while the engine serves: pulseio's poller takes the "
-                        "GIL between recalls, so the main loop's Python holds a recall back for up to this long "
-                        "(0: leave the interpreter's, 5000 by default; default: 100)")
+    add_gil_switch_option(r)
     r.add_argument("--device", type=device_name(allow_auto=True), default="auto",
                    help="cpu, cuda or cuda:N; auto = cuda when torch sees a GPU, else cpu")
     r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -186,7 +184,7 @@ def _replay(args: argparse.Namespace) -> int:
             raise UsageError(prog, "--timeline-dir writes the windows --gpu-busy-every profiles, and "
                                    "--gpu-busy-every 0 profiles none; give it a period (say 200)")
     config = _serving_config(prog, args)
-    gil_switch_s = _gil_switch_s(prog, args.gil_switch_us)
+    switch_s = gil_switch_s(prog, args.gil_switch_us)
     trace = open_trace(TraceOptions(args.trace, TraceFormat(args.format), args.seed, args.start, args.duration,
                                     args.requests, args.time_scale, args.max_input, args.max_output))
     device = require_device(prog, args.device)
@@ -199,7 +197,7 @@ def _replay(args: argparse.Namespace) -> int:
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
                             use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup,
                             timeline_dir=args.timeline_dir, skinny_gemm=not args.no_skinny_gemm,
-                            locality_context=args.locality_context, gil_switch_s=gil_switch_s)
+                            locality_context=args.locality_context, gil_switch_s=switch_s)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
     status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows
@@ -228,13 +226,6 @@ def _replay(args: argparse.Namespace) -> int:
               f"wrote no timeline to {args.timeline_dir}: the replay ran fewer than --gpu-busy-every "
               f"{args.gpu_busy_every} rounds")
     return 0 if report["summary"]["complete"] else 1
-
-
-def _gil_switch_s(prog: str, us: float) -> float | None:
-    if us > 1e6:
-        raise UsageError(prog, f"--gil-switch-us {us:g} is over a second; the interpreter's default is 5000 and the "
-                               "serving loop's 100 (0 leaves the interpreter's)")
-    return None if us == 0 else us * 1e-6
 
 
 STATUS_EVERY_S = 10.0

@@ -17,20 +17,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-import pulseio
 from pulseio.machine import gib, memory_budget
 
 from ..bench import measure_copy_bandwidth_sync, measure_upload_bandwidth
 from ..config import DType, OffloadConfig, SparseMode
 from ..engine import TORCH_DTYPES
 from ..errors import EngineError, PromptTooLongError
+from ..gil_option import GIL_SWITCH_US, gil_switch
 from ..kv.handoff import RandomKV
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import ModelSource, load_checkpoint
@@ -72,7 +71,7 @@ class ReplayOptions:
     timeline_dir: Path | None = None
     skinny_gemm: bool = True
     locality_context: int | None = None
-    gil_switch_s: float | None = 1e-4
+    gil_switch_s: float | None = GIL_SWITCH_US * 1e-6
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -95,10 +94,10 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
         f"{size(config.gpu_kv_bytes)}" + (f", host pool {size(config.host_kv_bytes)}" if config.has_offload else ""))
     ckpt = load_checkpoint(source, dtype=TORCH_DTYPES[dtype], device=device, seed=options.seed)
     wall0 = time.perf_counter()
-    switch = nullcontext() if options.gil_switch_s is None else pulseio.gil_switch_interval(options.gil_switch_s)
-    with switch, ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
-                               heads=heads, use_cuda_graphs=options.use_cuda_graphs,
-                               skinny_gemm=options.skinny_gemm) as serving:
+    with gil_switch(options.gil_switch_s), \
+            ServingEngine(config, ckpt, device=device, dtype=dtype, max_model_len=max_len, seed=options.seed,
+                          heads=heads, use_cuda_graphs=options.use_cuda_graphs,
+                          skinny_gemm=options.skinny_gemm) as serving:
         if steering is not None:
             serving.set_steering(steering[0])
         warmup_s = 0.0

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pulseio_engine import fetch
+from pulseio_engine import cli, fetch
 from pulseio_engine.cli import main
 from pulseio_engine.offload import RECALL_COPY_CTAS
 
@@ -36,6 +37,30 @@ def test_bench_tiny_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert result["bytes_per_step"] == result["weight_bytes"] + result["kv_bytes"] > 0
     assert result["roofline_ratio"] == pytest.approx(result["step_ms"] / result["roofline_ms"])
     assert "roofline_ratio" in capsys.readouterr().out
+
+
+def test_bench_runs_at_the_gil_switch_interval_it_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`--gil-switch-us` (default 100) holds while the bench runs, and the JSON says which; 0 leaves Python's."""
+    before, seen = sys.getswitchinterval(), []
+    real = cli.run_bench
+
+    def watched(*args: object, **kwargs: object) -> object:
+        seen.append(sys.getswitchinterval())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "run_bench", watched)
+    path = tmp_path / "bench.json"
+    common = ["bench", "--model", "tiny", "--batch-size", "2", "--context-len", "40", "--steps", "2", "--warmup", "1",
+              "--no-progress", "--device", "cpu", "--json", str(path)]
+    assert main(common) == 0
+    assert json.loads(path.read_text())["gil_switch_us"] == 100 and seen == [pytest.approx(1e-4, abs=2e-6)]
+    assert main([*common, "--gil-switch-us", "0"]) == 0
+    assert json.loads(path.read_text())["gil_switch_us"] is None and seen[1] == before
+    assert sys.getswitchinterval() == before
+    capsys.readouterr()
+    assert main([*common, "--gil-switch-us", "3e6"]) == 2
+    assert "--gil-switch-us 3e+06 is over a second" in capsys.readouterr().err
 
 
 def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
