@@ -15,6 +15,9 @@ This measures how well they can be: at each decode step and layer l (the model's
     prefetch = |P - H| / K      what the prefetch moves over the link (wasted where not in T)
     overlap  = |middle(T) & P| / |middle(T)|, the blocks outside sink and local windows
 
+With `--overfetch F ...`, P is also selected at F times the budget (tallied as "<ahead>x<F>"): a prediction that
+fetches more than the step will attend to, so that less is left for after the query, for more traffic.
+
 The selection is the engine's (`block_scores`, `select_blocks`) over digests of the KV cache's keys, SoloHead through
 the calibrated heads (`--heads`) or Quest per KV head. Usage (repo root, ~2 min a 4K window on 2 cores):
 
@@ -25,6 +28,7 @@ the calibrated heads (`--heads`) or Quest per KV head. Usage (repo root, ~2 min 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -149,7 +153,13 @@ def measure(args: argparse.Namespace) -> dict:
                     ckpt.weights, tokenizer=ckpt.tokenizer)
     rec = Recorder(engine.model)
     first = max(args.dense_layers, *args.ahead)
-    tallies: dict[int | str, Tally] = {ahead: Tally.zeros(m.num_layers) for ahead in args.ahead}
+    tallies: dict[int | str, Tally] = {}
+    predictors: dict[int | str, tuple[int, SparseConfig]] = {}      # tally -> (layers ahead, the prediction's budget)
+    for ahead in args.ahead:
+        for factor in args.overfetch:
+            name: int | str = ahead if factor == 1 else f"{ahead}x{factor:g}"
+            tallies[name] = Tally.zeros(m.num_layers)
+            predictors[name] = ahead, dataclasses.replace(sparse, token_budget=round(args.token_budget * factor))
     if args.previous_layer:
         tallies["previous-layer"] = Tally.zeros(m.num_layers)
     for w, window in enumerate(windows):
@@ -174,8 +184,9 @@ def measure(args: argparse.Namespace) -> dict:
                                 continue
                             pred = this_step[layer - 1]
                         else:
-                            pred = _select(rec.predicted_query(layer, int(ahead)), m.num_kv_heads, head, digests,
-                                           sparse)
+                            layers_ahead, predicting = predictors[ahead]
+                            pred = _select(rec.predicted_query(layer, layers_ahead), m.num_kv_heads, head, digests,
+                                           predicting)
                         tally.add(layer, true, previous[layer], pred, sparse)
                 previous[layer] = true
             step += 1
@@ -183,6 +194,7 @@ def measure(args: argparse.Namespace) -> dict:
     layers = range(first, m.num_layers)
     return {"model": args.model, "mode": mode.value, "context_len": args.context_len, "steps": args.steps,
             "samples": args.samples, "token_budget": args.token_budget, "group_score": args.group_score,
+            "overfetch": args.overfetch,
             "layers": list(layers), "seconds": round(time.monotonic() - start, 1),
             "ahead": {ahead: {**{f"mean_{name}": tally.mean(name, layers) for name in NAMES},
                               **{name: tally.per_layer(name)[first:] for name in NAMES}}
@@ -203,6 +215,8 @@ def main() -> int:
     parser.add_argument("--group-score", default="sum", choices=[g.value for g in GroupScore])
     parser.add_argument("--ahead", type=int, nargs="+", default=[1],
                         help="layers early the prediction is made, one tally each (default: 1)")
+    parser.add_argument("--overfetch", type=float, nargs="+", default=[1.0],
+                        help="the prediction's budget in budgets, one tally each (default: 1)")
     parser.add_argument("--previous-layer", action="store_true",
                         help="also tally the selection the layer before made this step, as the prediction")
     parser.add_argument("--dense-layers", type=int, default=2, help="layers that never select (default: 2)")
