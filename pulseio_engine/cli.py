@@ -52,7 +52,7 @@ from .engine import TORCH_DTYPES, Engine
 from .errors import EngineError
 from .evaluation.cli import add_parsers as add_eval_parsers
 from .fetch import MODELS, fetch_model, fetch_smollm2
-from .gil_option import add_gil_switch_option, gil_switch, gil_switch_s
+from .gil_option import add_gil_switch_option, gil_switch, gil_switch_s, gil_switch_us
 from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
@@ -149,11 +149,11 @@ def _bench(args: argparse.Namespace) -> int:
         result, keys = _run_bench(args, source, device)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        record = {**result.to_dict(), "gil_switch_us": None if switch_s is None else round(switch_s * 1e6, 3)}
+        record = {**result.to_dict(), "gil_switch_us": gil_switch_us(switch_s)}
         args.json.write_text(json.dumps(record, indent=2) + "\n")
     for key in keys:
         print(f"{key:>24}: {_fmt(getattr(result, key))}")
-    print(f"{'gil_switch_us':>24}: {_fmt(None if switch_s is None else round(switch_s * 1e6, 3))}")
+    print(f"{'gil_switch_us':>24}: {_fmt(gil_switch_us(switch_s))}")
     print(result.summary())
     return 0
 

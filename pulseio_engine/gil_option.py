@@ -29,6 +29,11 @@ def gil_switch_s(prog: str, us: float) -> float | None:
     return None if us == 0 else us * 1e-6
 
 
+def gil_switch_us(seconds: float | None) -> float | None:
+    """The interval as a run's record states it: microseconds, rounded to a nanosecond (None: the interpreter's)."""
+    return None if seconds is None else round(seconds * 1e6, 3)
+
+
 def gil_switch(seconds: float | None) -> AbstractContextManager[None]:
     """`pulseio.gil_switch_interval(seconds)`, or nothing for None."""
     return nullcontext() if seconds is None else pulseio.gil_switch_interval(seconds)

@@ -29,7 +29,7 @@ from ..bench import measure_copy_bandwidth_sync, measure_upload_bandwidth
 from ..config import DType, OffloadConfig, SparseMode
 from ..engine import TORCH_DTYPES
 from ..errors import EngineError, PromptTooLongError
-from ..gil_option import GIL_SWITCH_US, gil_switch
+from ..gil_option import GIL_SWITCH_US, gil_switch, gil_switch_us
 from ..kv.handoff import RandomKV
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import ModelSource, load_checkpoint
@@ -458,7 +458,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride, "ahead": config.ahead,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1],
-                   "gil_switch_us": None if options.gil_switch_s is None else round(options.gil_switch_s * 1e6, 3)},
+                   "gil_switch_us": gil_switch_us(options.gil_switch_s)},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
