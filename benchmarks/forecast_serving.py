@@ -25,8 +25,8 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   still recalls after its own query, both as fractions of today's recall (`--ahead-traffic`, `--ahead-exposed`;
   by default 1.43 and 0.39, the engine's on Qwen2.5-Coder-0.5B at 8K with hot sets of 1.5 budgets,
   `benchmarks/results/recall-ahead-2026-12-05-cpu/`). A random-weight replay's steering leaves
-  `1 - sparse_bench.AHEAD_HITS` exposed, so `--fit` takes that, and the prefetch's traffic from the report's bytes
-  recalled ahead.
+  `1 - sparse_bench.ahead_hits(budget)` exposed, so `--fit` takes that, and the prefetch's traffic from the report's
+  bytes recalled ahead.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -70,7 +70,7 @@ from pulseio_engine.serving.metrics import Recorder  # noqa: E402
 from pulseio_engine.serving.outer import OuterScheduler  # noqa: E402
 from pulseio_engine.serving.pools import plan_pools  # noqa: E402
 from pulseio_engine.serving.replay import steering_context  # noqa: E402
-from pulseio_engine.sparse_bench import AHEAD_HITS, default_profile  # noqa: E402
+from pulseio_engine.sparse_bench import ahead_hits, default_profile  # noqa: E402
 from pulseio_engine.step_bytes import StepShape, step_bytes  # noqa: E402
 from pulseio_engine.trace import Trace  # noqa: E402
 from pulseio_engine.trace.load import TraceOptions, open_trace  # noqa: E402
@@ -287,9 +287,10 @@ SWEPT = {"token_budget": "budget", "gpu_kv_gib": "GPU GiB", "host_kv_gib": "host
 
 def _steered_ahead(report: dict) -> tuple[float, float]:
     """A random-weight `--ride --ahead` replay's (prefetch traffic, exposed), in today's recalls: its steering
-    leaves 1 - AHEAD_HITS exposed, and the prefetch moved the report's ahead bytes against that."""
+    leaves 1 - `ahead_hits` of its prediction's budget exposed, and the prefetch moved the report's ahead bytes
+    against that."""
     summary = report["summary"]
-    exposed = 1.0 - AHEAD_HITS
+    exposed = 1.0 - ahead_hits(report.get("config", {}).get("ahead_budget", 1.0))
     return exposed * summary["ahead_bytes"] / max(1, summary["recalled_bytes"] - summary["ahead_bytes"]), exposed
 
 

@@ -3,17 +3,18 @@ own query, with and without `OffloadConfig.ahead`, and what the prefetch moves.
 
 `speculative_selection.py` measures the prediction outside the engine; this runs it inside: an offload request
 (SoloHead through the calibrated heads, or Quest) is prefilled with a window of Shakespeare, then fed its next
-`--steps` tokens one per decode step, once with `ahead` and once without, hot sets of `--hot-cache` budgets in both.
+`--steps` tokens one per decode step, once without `ahead` and once with it for each `--ahead-budget` (the
+prediction's own budget, `OffloadConfig.ahead_budget`), hot sets of `--hot-cache` budgets in every run.
 Per step and offloaded layer, in units of the budget (K blocks a selecting row):
 
     recalled  what the step recalls without `ahead` (all of it after each layer's query)
     exposed   with `ahead`, what it still recalls after the query (its total less what was recalled ahead)
     ahead     with `ahead`, what the prefetch moved (a layer early)
 
-and whether the two runs agree (they must: the selection is the layer's own either way; only where each block's
+and whether the runs agree (they must: the selection is the layer's own either way; only where each block's
 attention is summed moves, resident or recalled, so the logits agree to rounding and the greedy tokens exactly). The
-first decode
-step, which fills the hot sets, is left out of the counts. Usage (repo root, ~3 min a 4K window on 2 cores):
+first decode step, which fills the hot sets, is left out of the counts. Usage (repo root, ~3 min a 4K window on 2
+cores):
 
     python benchmarks/recall_ahead.py --model qwen2.5-coder-0.5b --heads HEADS.json --context-len 4096 \
         --steps 16 --token-budget 1024 --json out.json
@@ -49,8 +50,9 @@ from pulseio_engine.model.checkpoint import Checkpoint, load_checkpoint  # noqa:
 from pulseio_engine.request import SamplingParams  # noqa: E402
 
 
-def run(args: argparse.Namespace, ckpt: Checkpoint, ahead: bool, window: list[int]) -> dict:
-    """One decode of `window` as an offload request -> its per-step bytes and logits."""
+def run(args: argparse.Namespace, ckpt: Checkpoint, ahead: float | None, window: list[int]) -> dict:
+    """One decode of `window` as an offload request, recalled ahead at a prediction of `ahead` budgets (None: not
+    ahead) -> its per-step bytes and logits."""
     m = ckpt.config
     mode = SparseMode.QUEST if args.heads is None else SparseMode.SOLOHEAD
     heads = None if args.heads is None else RetrievalHeads.load(Path(args.heads))
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace, ckpt: Checkpoint, ahead: bool, window: list[in
     blocks = blocks_for(len(window) + 1, cache.block_size)
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=args.token_budget), max_seqs=1,
                             host_blocks=m.num_layers * blocks * m.num_kv_heads, dense_layers=args.dense_layers,
-                            hot_cache=args.hot_cache, ahead=ahead)
+                            hot_cache=args.hot_cache, ahead=ahead is not None, ahead_budget=ahead or 1.0)
     config = EngineConfig(m, CacheConfig(num_blocks=1 + blocks), device="cpu", dtype=DType.FLOAT32,
                           max_model_len=min(blocks * cache.block_size, m.max_position_embeddings), offload=offload)
     engine = Engine(config, ckpt.weights, tokenizer=ckpt.tokenizer, retrieval_heads=heads)
@@ -91,6 +93,9 @@ def main() -> int:
     parser.add_argument("--token-budget", type=int, default=1024)
     parser.add_argument("--dense-layers", type=int, default=2)
     parser.add_argument("--hot-cache", type=float, default=1.5, help="hot sets in budgets, both runs (> 1)")
+    parser.add_argument("--ahead-budget", type=float, nargs="+", default=[1.0],
+                        help="the prediction's budget(s), in budgets (OffloadConfig.ahead_budget): one run with ahead "
+                             "each, against the one run without")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     start = time.monotonic()
@@ -99,16 +104,23 @@ def main() -> int:
     assert ckpt.tokenizer is not None
     window = calibration_prompts(ckpt.tokenizer.encode(fetch_shakespeare().read_text()), 1,
                                  args.context_len + args.steps)[0]
-    without, with_ahead = run(args, ckpt, False, window), run(args, ckpt, True, window)
-    a, b = without.pop("logits"), with_ahead.pop("logits")
-    diff = float((a - b).abs().max() / a.abs().max())
-    same = bool(torch.equal(a.argmax(-1), b.argmax(-1))) and diff < 1e-4
+    without = run(args, ckpt, None, window)
+    a = without.pop("logits")
+    rows, same = [], True
+    for budget in args.ahead_budget:
+        with_ahead = run(args, ckpt, budget, window)
+        b = with_ahead.pop("logits")
+        diff = float((a - b).abs().max() / a.abs().max())
+        equal = bool(torch.equal(a.argmax(-1), b.argmax(-1))) and diff < 1e-4
+        same = same and equal
+        rows.append({"ahead_budget": budget, "exposed": with_ahead["exposed"], "ahead": with_ahead["ahead"],
+                     "exposed_share": round(with_ahead["exposed"] / without["total"], 3),
+                     "traffic": round(with_ahead["total"] / without["total"], 3), "greedy_equal": equal,
+                     "logits_max_diff": diff})
     out = {"model": args.model, "mode": "quest" if args.heads is None else "solohead",
            "context_len": args.context_len, "steps": args.steps, "token_budget": args.token_budget,
-           "hot_cache": args.hot_cache, "recalled": without["total"], "exposed": with_ahead["exposed"],
-           "ahead": with_ahead["ahead"], "exposed_share": round(with_ahead["exposed"] / without["total"], 3),
-           "traffic": round(with_ahead["total"] / without["total"], 3), "greedy_equal": same,
-           "logits_max_diff": diff,
+           "hot_cache": args.hot_cache, "recalled": without["total"],
+           **(rows[0] if len(rows) == 1 else {"by_ahead_budget": rows}),
            "seconds": round(time.monotonic() - start, 1)}
     print(json.dumps(out))
     if args.json is not None:

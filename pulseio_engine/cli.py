@@ -57,7 +57,7 @@ from .model.checkpoint import ModelSource, model_names, open_model
 from .preflight import check_fits, estimate, fixes_for
 from .request import FinishReason, SamplingParams
 from .serving.cli import add_parsers as add_serving_parsers
-from .sparse_bench import SparseBenchMode, SparseBenchResult, default_profile, run_sparse_bench
+from .sparse_bench import SparseBenchMode, SparseBenchResult, ahead_hits, default_profile, run_sparse_bench
 
 PROG = "pulseio-engine"
 
@@ -132,6 +132,8 @@ def _bench(args: argparse.Namespace) -> int:
     if args.ahead and (args.mode != SparseBenchMode.OFFLOAD_DOORBELL.value or args.hot_cache <= 1.0):
         raise UsageError(prog, "--ahead recalls each layer's predicted blocks into its hot set's spare entries: "
                                "--mode offload-doorbell with --hot-cache above 1 (e.g. 1.5)")
+    if args.ahead_budget != 1.0 and not args.ahead:
+        raise UsageError(prog, "--ahead-budget sizes the prediction of --ahead: give --ahead too")
     if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
         raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
                                "(all-on-gpu, offload-sync, offload-doorbell)")
@@ -140,8 +142,11 @@ def _bench(args: argparse.Namespace) -> int:
                                "offloads nothing; use --mode offload-doorbell or offload-sync")
     if args.mode != BenchMode.VANILLA.value:
         try:
-            OffloadConfig(sparse=SparseConfig(token_budget=args.token_budget), hot_cache=args.hot_cache)
-        except ValueError as exc:       # the budget's and the hot cache's rules, stated by the configs' messages
+            OffloadConfig(sparse=SparseConfig(token_budget=args.token_budget), hot_cache=args.hot_cache,
+                          ahead=args.ahead, ahead_budget=args.ahead_budget)
+            if args.ahead:
+                ahead_hits(args.ahead_budget)          # a random-weight model is steered at the budgets measured
+        except ValueError as exc:       # the budget's, the hot cache's and the prediction's rules, in their words
             raise EngineError(str(exc)) from exc
     switch_s = gil_switch_s(prog, args.gil_switch_us)
     source = _open(args.model, args.progress)
@@ -180,15 +185,15 @@ def _run_bench(args: argparse.Namespace, source: ModelSource,
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
             dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
             compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm, hot_cache=args.hot_cache,
-            ahead=args.ahead)
+            ahead=args.ahead, ahead_budget=args.ahead_budget)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
                 "unit_bytes", "link_peak_gbps", "recall_floor_ms", "publish_gbps", "publish_fraction_of_peak",
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
-                "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "ahead", "ahead_units_per_step",
-                "vanilla_ratio", "all_on_gpu_step_ms", "recall_bound_ms", "recall_bound_ratio")
+                "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "ahead", "ahead_budget",
+                "ahead_units_per_step", "vanilla_ratio", "all_on_gpu_step_ms", "recall_bound_ms", "recall_bound_ratio")
     return result, keys
 
 
@@ -301,6 +306,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="offload-doorbell with --hot-cache above 1: each offloaded layer after the first is also "
                         "recalled during the layer before, from its weights' query of that layer's stream, so it "
                         "recalls after its own selection only what that missed (steered: AHEAD_HITS of it prefetched)")
+    b.add_argument("--ahead-budget", type=float_at_least(1.0), default=1.0, metavar="F",
+                   help="with --ahead: the prediction selects F token budgets of blocks (at most --hot-cache), so less "
+                        "is left to recall after a layer's own selection, for more traffic ahead of it (default 1; "
+                        "steered at the budgets measured: AHEAD_HITS)")
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")

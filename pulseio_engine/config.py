@@ -232,7 +232,11 @@ class OffloadConfig:
     only); its selection is planned against layer l's hot set and recalled into its least recently selected
     entries while layer l - 1 runs. Layer l then selects from its own query as always, and recalls only what the
     prediction missed. Tokens do not change; the link carries the mispredicted blocks too. The prefetch evicts
-    like any recall, so it wants a hot set larger than the budget (`hot_cache` > 1), and doorbell recalls."""
+    like any recall, so it wants a hot set larger than the budget (`hot_cache` > 1), and doorbell recalls.
+
+    `ahead_budget`: the prediction's own budget, in budgets (`ahead_blocks` = ceil(ahead_budget x budget_blocks)
+    blocks a selecting row, at most `hot_blocks`). A prediction larger than the budget misses less of what the
+    layer then selects, so less is left to recall after the layer's own query, for more traffic ahead of it."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL
@@ -246,6 +250,7 @@ class OffloadConfig:
     kept_step_graphs: int = 32
     hot_cache: float = 1.0
     ahead: bool = False
+    ahead_budget: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -273,12 +278,29 @@ class OffloadConfig:
             raise ValueError(f"OffloadConfig.ahead recalls each layer's predicted blocks into its hot set's spare "
                              f"entries while the layer before runs: it needs doorbell recalls and hot_cache > 1 "
                              f"(got recall {self.recall.value!r}, hot_cache {self.hot_cache!r})")
+        if (isinstance(self.ahead_budget, bool) or not isinstance(self.ahead_budget, (int, float))
+                or not math.isfinite(self.ahead_budget) or self.ahead_budget < 1.0):
+            raise ValueError(f"OffloadConfig.ahead_budget must be a finite number >= 1.0 (the prediction's budget in "
+                             f"budgets), got {self.ahead_budget!r}")
+        if self.ahead_budget != 1.0 and not self.ahead:
+            raise ValueError(f"OffloadConfig.ahead_budget ({self.ahead_budget!r}) sizes the prediction of "
+                             "OffloadConfig.ahead, which is off: turn ahead on or leave ahead_budget at 1.0")
+        if self.ahead_blocks > self.hot_blocks:
+            raise ValueError(f"OffloadConfig.ahead_budget ({self.ahead_budget!r}: {self.ahead_blocks} blocks a row) "
+                             f"exceeds the hot set ({self.hot_cache!r} budgets: {self.hot_blocks} entries), which must "
+                             "hold the whole prediction: raise hot_cache or lower ahead_budget")
 
     @property
     def hot_blocks(self) -> int:
         """Hot-set entries per selecting row and offloaded layer: ceil(hot_cache x budget_blocks), the product
         rounded to a millionth first (1.1 x 10 blocks is 11, not the 12 of its float)."""
         return math.ceil(round(self.hot_cache * self.sparse.budget_blocks, 6))
+
+    @property
+    def ahead_blocks(self) -> int:
+        """Blocks a selecting row's prediction selects (`ahead_budget`): ceil(ahead_budget x budget_blocks), rounded
+        as `hot_blocks` is."""
+        return math.ceil(round(self.ahead_budget * self.sparse.budget_blocks, 6))
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ class SteeringProfile:
     (offload batches only: a hot set larger than the budget finds blocks selected earlier, as on real models;
     `LocalityProfile.rewarm_for`); empty: none anywhere (a hot set of one budget holds the last selection only).
     `ahead`: with `OffloadConfig.ahead`, of the middle slots a layer has left after its rewarm, the fraction refilled
-    from the blocks its recall ahead brought (`sparse_bench.AHEAD_HITS`)."""
+    from the blocks its recall ahead brought (`sparse_bench.ahead_hits`)."""
 
     overlap: tuple[float, ...]     # one fraction in [0, 1] per model layer
     seed: int = 0
@@ -129,6 +129,8 @@ class Offloader:
                              "retrieval_heads=RetrievalHeads.load(path) (write one with `pulseio-engine calibrate`)")
         selecting = None if heads is None else heads.heads_for(sparse.mode)
         self.offload, self.sparse, self.scale = offload, sparse, scale
+        # the prediction's selection (`OffloadConfig.ahead_budget`): the same rules at its own budget
+        self.ahead_sparse = replace(sparse, token_budget=offload.ahead_blocks * sparse.block_size)
         self.dense = offload.dense_layers
         self.layout = UnitLayout.for_mode(model, offload, torch.empty((), dtype=dtype).element_size())
         num_layers = model.num_layers - self.dense
@@ -298,7 +300,8 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
                     ) -> pulseio.RuntimeConfig:
     """Pools of transfer units: `host_blocks` on the host; on the device every offload request's hot
     sets, `hot_blocks` per row (+1: slot 0 is never handed out). One recall moves at most a batch's rows x
-    budget units: only selected blocks are recalled, however large the hot set.
+    budget units (the prediction's budget, `ahead_blocks`, if larger): only selected blocks are recalled, however large
+    the hot set.
 
     Recalls come once per layer (twice with `ahead`: its prefetch), a fraction of a millisecond apart, so on a
     GPU the poller spins (GIL-free, `poll_spin_iterations`) through that gap before it sleeps, and a resident copier
@@ -313,7 +316,8 @@ def _runtime_config(offload: OffloadConfig, layout: UnitLayout, num_layers: int,
                           if on_gpu else pulseio.DmaConfig())
     return pulseio.RuntimeConfig(
         device=device, host_blocks=offload.host_blocks, device_slots=num_layers * rows * offload.hot_blocks + 1,
-        block_bytes=layout.unit_bytes, max_blocks_per_request=rows * offload.sparse.budget_blocks,
+        block_bytes=layout.unit_bytes, max_blocks_per_request=rows * max(offload.sparse.budget_blocks,
+                                                                        offload.ahead_blocks),
         ring_slots=max(64, STEPS_AHEAD * posts), max_outstanding=max(1024, 2 * STEPS_AHEAD * posts),
         spin_iterations=offload.poll_spin_iterations if on_gpu else 1, poll_sleep_s=offload.poll_sleep_s,
         dma=dma)
@@ -503,7 +507,7 @@ class OffloadBatch(_SparseBatch):
         self.arrivals = Arrivals(torch.zeros((b, s, k), dtype=torch.int32, device=dev),    # the recalled blocks'
                                  torch.zeros((b, s), dtype=torch.int32, device=dev))       # table (`table`: the rest)
         self.partials: DecodePartials | None = None     # the attention's two parts, built by the first step
-        self.ahead = _Prefetch(self.mask.shape[1:], k, dev) if owner.offload.ahead else None
+        self.ahead = _Prefetch(self.mask.shape[1:], owner.offload.ahead_blocks, dev) if owner.offload.ahead else None
 
     def start(self, state: BatchState) -> None:
         super().start(state)
@@ -562,7 +566,7 @@ class OffloadBatch(_SparseBatch):
                 p.mask.copy_(self.mask[li])
                 p.calls.copy_(self.calls[li])
                 steer = Steering(o.steering.overlap[layer], p.calls, seed=o.steering.seed, layer=layer)
-            select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=p.mask, table=p.table,
+            select_blocks_fused(self.bounds, self.num_tokens, o.ahead_sparse, mask=p.mask, table=p.table,
                                 context_lens=p.context_lens, steer=steer, out=p.selected, hot=hot)
         return p.ids, p.dst, p.count
 

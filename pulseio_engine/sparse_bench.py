@@ -100,22 +100,35 @@ def default_profile(selection: SparseMode, token_budget: int, context_len: int |
                                                    abs(p.token_budget - token_budget), distance(p), -p.context_len))
 
 
-# Of what a layer still recalls past its hot set, the share the engine's recall ahead brought in time, on
-# Qwen2.5-Coder-0.5B with SoloHead at 8K, budget 1024, hot sets of 1.5 budgets (1 - 0.393 exposed, for 1.43x the
-# traffic; Quest 0.368 and 1.40x, SmolLM2 at 4K 0.333 and 1.12x: benchmarks/results/recall-ahead-2026-12-05-cpu/).
-# Against a hot set of one budget the share is larger (0.74 at 8K, 0.68 at 32K: speculative-2026-12-05-cpu): a larger
-# hot set already holds the blocks easiest to predict.
-AHEAD_HITS = 0.61
+# Of what a layer still recalls past its hot set, the share the engine's recall ahead brought in time, by the
+# prediction's budget (`OffloadConfig.ahead_budget`), on Qwen2.5-Coder-0.5B with SoloHead at 8K, budget 1024, hot sets
+# of 1.5 budgets: one minus the exposed share of benchmarks/results/recall-ahead-2026-12-05-cpu/ (one budget: 0.393,
+# for 1.43x the traffic; Quest 0.368 and 1.40x, SmolLM2 at 4K 0.333 and 1.12x) and of
+# recall-ahead-overfetch-2026-12-06-cpu/ (1.25 budgets: 0.263, 2.01x; 1.5: 0.252, 3.00x). Against a hot set of one
+# budget the share is larger (0.74 at 8K, 0.68 at 32K: speculative-2026-12-05-cpu): a larger hot set already holds the
+# blocks easiest to predict.
+AHEAD_HITS: dict[float, float] = {1.0: 0.61, 1.25: 0.74, 1.5: 0.75}
+
+
+def ahead_hits(ahead_budget: float) -> float:
+    """The steering's share of a layer's recall its prediction brought (`AHEAD_HITS`), at a prediction of
+    `ahead_budget` budgets; only the measured budgets are steered."""
+    if ahead_budget not in AHEAD_HITS:
+        raise ValueError(f"a random-weight model's recall ahead is steered to the share measured on a real model, at "
+                         f"a prediction of {', '.join(f'{b:g}' for b in sorted(AHEAD_HITS))} budgets; "
+                         f"{ahead_budget:g} was not measured")
+    return AHEAD_HITS[ahead_budget]
 
 
 def steering_profile(locality: LocalityProfile, num_layers: int, dense_layers: int, hot_cache: float,
-                     seed: int, *, ahead: bool = False) -> SteeringProfile:
+                     seed: int, *, ahead: bool = False, ahead_budget: float = 1.0) -> SteeringProfile:
     """A random-weight model's steering from a locality record: its overlap per layer and, for hot sets of
     `hot_cache` budgets, the rewarm its simulated hot caches give (`LocalityProfile.rewarm_for`); `ahead`
-    (`OffloadConfig.ahead`): `AHEAD_HITS` of what a layer still recalls was prefetched by its prediction."""
+    (`OffloadConfig.ahead`, the prediction at `ahead_budget` budgets): `ahead_hits` of what a layer still recalls
+    was prefetched by its prediction."""
     return SteeringProfile(locality.overlap_for(num_layers, dense_layers), seed=seed,
                            rewarm=locality.rewarm_for(num_layers, dense_layers, hot_cache),
-                           ahead=AHEAD_HITS if ahead else 0.0)
+                           ahead=ahead_hits(ahead_budget) if ahead else 0.0)
 
 
 def describe(profile: LocalityProfile) -> str:
@@ -283,6 +296,7 @@ class SparseBenchResult:
     hot_cache: float = 1.0                    # offload modes: hot sets of this many budgets (OffloadConfig.hot_cache)
     ahead: bool = False                       # offload-doorbell: each layer recalled ahead too (OffloadConfig.ahead)
     ahead_units_per_step: float = 0.0         # of units_per_step, those recalled ahead
+    ahead_budget: float = 1.0                 # the prediction's budget, in budgets (OffloadConfig.ahead_budget)
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -326,6 +340,7 @@ class SparseBenchResult:
         recall = "" if not self.units_per_step else \
             f", {self.recalled_mib_per_step:.1f} MiB/step recalled in {self.unit_bytes >> 10} KiB units{rate}"
         hot = ("" if self.hot_cache == 1.0 else f" hot set={self.hot_cache:g} budgets") + " ahead" * self.ahead
+        hot += f" (prediction {self.ahead_budget:g} budgets)" * (self.ahead_budget != 1.0)
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}{hot}: {self.step_ms:.2f} ms/step ({self.tokens_per_s:,.0f} tok/s){roof}"
                 f"{kernels}{recall}, main thread {self.host_ms_per_step:.2f} ms/step "
@@ -339,14 +354,16 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      progress: bool = True, seed: int = 0, profile: Path | None = None,
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
                      compare_vanilla: bool = False, compare_all_on_gpu: bool = False,
-                     skinny_gemm: bool = True, hot_cache: float = 1.0, ahead: bool = False) -> SparseBenchResult:
+                     skinny_gemm: bool = True, hot_cache: float = 1.0, ahead: bool = False,
+                     ahead_budget: float = 1.0) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there, and their timeline beside it as a
     gzipped Chrome trace (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
     `hot_cache` (offload modes): hot sets of this many budgets (`OffloadConfig.hot_cache`), the steering refilling
     from them as the locality record's simulated hot caches found (`LocalityProfile.rewarm_for`); `ahead`
     (offload-doorbell, hot_cache > 1): each offloaded layer after the first also recalled a layer early
-    (`OffloadConfig.ahead`), steered to find `AHEAD_HITS` of the rest of its recall there.
+    (`OffloadConfig.ahead`, its prediction at `ahead_budget` budgets), steered to find `ahead_hits` of the rest of its
+    recall there.
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
     (`result.vanilla`, `result.vanilla_ratio`). `compare_all_on_gpu` (offload modes): then the all-on-GPU mode
     with the same selection, for the offload step's bound (`result.recall_bound_ms`, `recall_bound_ratio`).
@@ -364,7 +381,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
     result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
                          locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm, hot_cache,
-                         ahead)
+                         ahead, ahead_budget)
     if compare_all_on_gpu:
         _release(dev)
         bench_status(progress, f"all-on-gpu at the same batch and context, for the bound ({batch_size} x "
@@ -372,7 +389,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         try:
             on_gpu = _run_sparse(source, SparseBenchMode.ALL_ON_GPU, batch_size, context_len, steps, token_budget,
                                  selection, warmup, device, locality, progress, seed, None, use_cuda_graphs, None,
-                                 bandwidth, skinny_gemm, 1.0, False)
+                                 bandwidth, skinny_gemm, 1.0, False, 1.0)
             result = replace(result, all_on_gpu_step_ms=on_gpu.step_ms)
         except (torch.OutOfMemoryError, EngineError) as exc:     # the offload result stands; say why there is no bound
             bench_status(progress, f"all-on-gpu did not run: {exc}")
@@ -396,7 +413,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
                 token_budget: int, selection: SparseMode, warmup: int, device: str,
                 locality: LocalityProfile | None, progress: bool, seed: int, profile: Path | None,
                 use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None,
-                skinny_gemm: bool, hot_cache: float, ahead: bool) -> SparseBenchResult:
+                skinny_gemm: bool, hot_cache: float, ahead: bool, ahead_budget: float) -> SparseBenchResult:
     dev = torch.device(device)
     m, bs = source.config, CacheConfig().block_size
     max_len = decode_len(context_len, warmup, steps)
@@ -406,9 +423,11 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     groups = m.num_kv_heads if selection is SparseMode.QUEST else 1
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
-                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache, ahead=ahead)
+                            max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache, ahead=ahead,
+                            ahead_budget=ahead_budget)
     locality = locality or default_profile(selection, token_budget, context_len)
-    steering = steering_profile(locality, m.num_layers, offload.dense_layers, hot_cache, seed, ahead=ahead)
+    steering = steering_profile(locality, m.num_layers, offload.dense_layers, hot_cache, seed, ahead=ahead,
+                                ahead_budget=ahead_budget)
     bench_status(progress, f"building {source.spec}, {mode.value} ({selection.value}): {batch_size} x {max_len} "
                            f"tokens, budget {token_budget}")
     engine = Engine.from_model(source, device=device, max_model_len=max_len, use_cuda_graphs=use_cuda_graphs,
@@ -501,7 +520,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             copy_rate, None if copy_rate is None or peak is None else copy_rate / peak,
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
-            skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache, ahead=ahead,
+            skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache, ahead=ahead, ahead_budget=ahead_budget,
             ahead_units_per_step=(after.bytes_ahead - before.bytes_ahead) / counted / off.layout.unit_bytes)
 
 

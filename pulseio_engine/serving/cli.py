@@ -111,6 +111,10 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         "layer before, into the hot set's spare entries (give --hot-cache above 1), so after its own "
                         "selection a layer recalls only what the prediction missed; a random-weight preset's "
                         "steering finds that share of its recall prefetched (`sparse_bench.AHEAD_HITS`)")
+    r.add_argument("--ahead-budget", type=float_at_least(1.0), default=1.0, metavar="F",
+                   help="with --ahead: the prediction selects F token budgets of blocks (at most --hot-cache), so less "
+                        "is left to recall after a layer's own selection, for more traffic ahead of it (default 1; a "
+                        "random-weight preset is steered at the budgets measured: `sparse_bench.AHEAD_HITS`)")
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -267,6 +271,8 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
     if args.ahead and not (mode is ServeMode.PULSEINFER and (args.ride or args.no_irq)):
         raise UsageError(prog, "--ahead recalls each layer's blocks during the layer before, within one step: "
                                "--mode pulseinfer with --ride or --no-irq")
+    if args.ahead_budget != 1.0 and not args.ahead:
+        raise UsageError(prog, "--ahead-budget sizes the prediction of --ahead: give --ahead too")
     if args.ahead and args.hot_cache <= 1.0:
         raise UsageError(prog, "--ahead recalls into the hot sets' spare entries: give --hot-cache above 1 (e.g. 1.5)")
     if args.selection is not None and mode is ServeMode.VANILLA:
@@ -284,7 +290,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
                              two_streams=args.two_streams, hot_cache=args.hot_cache, halves=args.halves,
-                             ride=args.ride, ahead=args.ahead)
+                             ride=args.ride, ahead=args.ahead, ahead_budget=args.ahead_budget)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

@@ -44,7 +44,8 @@ class ServingConfig:
     with both batches is one step of the offload batch with the normal requests riding in it (`StepRiders`): one
     forward reads the weights once for both, and the recall is not hidden. `ahead`: the offload engine recalls each
     layer's predicted blocks during the layer before (`OffloadConfig.ahead`), so only what the prediction missed is
-    recalled after the layer's own selection; coupled steps only (`ride`, or irq=False), hot sets above one budget."""
+    recalled after the layer's own selection; coupled steps only (`ride`, or irq=False), hot sets above one budget.
+    `ahead_budget`: the prediction's own budget, in budgets (`OffloadConfig.ahead_budget`)."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -67,6 +68,7 @@ class ServingConfig:
     halves: bool = False
     ride: bool = False
     ahead: bool = False
+    ahead_budget: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -120,7 +122,12 @@ class ServingConfig:
                              f"offload batch; {self.describe()} runs it in IRQ's pieces (use ride, or irq=False)")
         if self.has_offload:
             assert self.recall is not None                                  # (every offload mode recalls)
-            OffloadConfig(hot_cache=self.hot_cache, ahead=self.ahead, recall=self.recall)   # its rules, in its words
+            OffloadConfig(sparse=self.sparse_config() if self.sparse is not None else SparseConfig(),
+                          hot_cache=self.hot_cache, ahead=self.ahead, ahead_budget=self.ahead_budget,
+                          recall=self.recall)                                   # its rules, in its words
+        elif self.ahead_budget != 1.0:
+            raise ValueError(f"{self.mode.value} offloads no request, so it has no prediction for ahead_budget="
+                             f"{self.ahead_budget!r} to size (leave it 1.0)")
 
     def check_device(self, device: str, use_cuda_graphs: bool) -> None:
         """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the
@@ -177,4 +184,5 @@ class ServingConfig:
             name = self.mode.value + " --ride"
         else:
             name = self.mode.value + (" --no-irq" if self.mode is ServeMode.PULSEINFER and not self.interleaves else "")
-        return name + " --ahead" * self.ahead
+        budget = f" --ahead-budget {self.ahead_budget:g}" * (self.ahead_budget != 1.0)
+        return name + " --ahead" * self.ahead + budget

@@ -384,9 +384,10 @@ def _steering(source: ModelSource, config: ServingConfig, seed: int, context: in
 
     profile = default_profile(config.sparse, config.token_budget, context)
     steering = steering_profile(profile, source.config.num_layers, config.dense_layers, config.hot_cache, seed,
-                                ahead=config.ahead)
+                                ahead=config.ahead, ahead_budget=config.ahead_budget)
     hot = "" if config.hot_cache == 1.0 else f"; hot sets of {config.hot_cache:g} budgets refilled as it simulated"
     ahead = f"; {steering.ahead:g} of each later layer's recall prefetched a layer early" * config.ahead
+    ahead += f" by a prediction of {config.ahead_budget:g} budgets" * (config.ahead_budget != 1.0)
     return steering, describe(profile) + hot + ahead
 
 
@@ -456,6 +457,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
                    "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride, "ahead": config.ahead,
+                   "ahead_budget": config.ahead_budget,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1],
                    "gil_switch_us": gil_switch_us(options.gil_switch_s)},

@@ -31,6 +31,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     12: ("config.ride", "summary.ridden_rounds"),
     13: ("config.ahead", "summary.ahead_bytes"),
     14: ("config.gil_switch_us",),
+    15: ("config.ahead_budget",),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"

@@ -10,9 +10,10 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 half's step, captured recalls and late ones, overlapped or not: each class's tokens
                                 served alone
     ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
-    ahead                       ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
-                                budgets): each class's tokens served alone; captured, the prediction, the riders and
-                                the resident attention on three streams (branches of the graph)
+    ahead [F]                   ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
+                                budgets, a prediction of F budgets: `ahead_budget`, default 1): each class's tokens
+                                served alone; captured, the prediction, the riders and the resident attention on
+                                three streams (branches of the graph)
     nosync ROUNDS [overlap] [two-streams] [halves | ride | ahead]
                                 steady-state IRQ rounds, halves or ridden ones (no admission, no capture) under
                                 torch.cuda.set_sync_debug_mode("error")
@@ -58,7 +59,8 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256, normal_steps: int = 1,
             overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER, two_streams: bool = False,
-            halves: bool = False, ride: bool = False, ahead: bool = False) -> ServingEngine:
+            halves: bool = False, ride: bool = False, ahead: bool = False, ahead_budget: float = 1.0
+            ) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
@@ -68,7 +70,8 @@ def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 25
                            token_budget=budget, max_batch=64, normal_steps=normal_steps,
                            max_offload_seqs=None if mode is ServeMode.VANILLA else 32,
                            overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda", halves=halves,
-                           ride=ride, ahead=ahead, hot_cache=1.5 if ahead else 1.0)
+                           ride=ride, ahead=ahead, ahead_budget=ahead_budget if ahead else 1.0,
+                           hot_cache=1.5 if ahead else 1.0)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)
 
@@ -141,11 +144,12 @@ def _without_tokens(runs: dict[str, dict]) -> dict[str, dict]:
     return {k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}
 
 
-def riders(kind: str, ahead: bool = False) -> dict:
+def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0) -> dict:
     """The normal requests riding in the offload batch's step: `kind` "halves", the offload batch in two halves whose
     pieces are captured into one RecallGraph (IRQ), or "ride", one whole step a round (`ahead`: each layer's blocks
-    also recalled during the layer before, into hot sets of 1.5 budgets). With captured recalls and recalls made to
-    land late (eager posts), rounds overlapped or not: every request's tokens are its class's served alone."""
+    also recalled during the layer before, into hot sets of 1.5 budgets, predicted at `ahead_budget`). With captured
+    recalls and recalls made to land late (eager posts), rounds overlapped or not: every request's tokens are its
+    class's served alone."""
     classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF, 5: OFF}
     runs = {}
     for name, late, which, overlap in (
@@ -156,6 +160,7 @@ def riders(kind: str, ahead: bool = False) -> dict:
         with _captured_streams() as captures:
             runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
                                 irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
+                                ahead_budget=ahead_budget,
                                 **{kind: riding})
         if name == kind and ahead and DEVICE == "cuda":
             runs[name]["streams"] = [{k: sorted(v) for k, v in c.items()} for c in captures]
@@ -333,7 +338,8 @@ def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
     cases = {"tokens": tokens, "halves": lambda: riders("halves"), "ride": lambda: riders("ride"),
-             "ahead": lambda: riders("ride", ahead=True), "vanilla": vanilla,
+             "ahead": lambda: riders("ride", ahead=True, ahead_budget=float(args[0]) if args else 1.0),
+             "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
                                       "halves" in args[1:], "ride" in args[1:], "ahead" in args[1:]),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}

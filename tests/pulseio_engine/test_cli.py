@@ -106,6 +106,10 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
     assert (two["ahead"], ahead["ahead"]) == (False, True) and "hot set=2 budgets ahead" in capsys.readouterr().out
     assert ahead["ahead_units_per_step"] > 0 == two["ahead_units_per_step"]     # the prefetch's units, counted
     assert ahead["ahead_units_per_step"] < ahead["units_per_step"]               # of the timed steps' units only
+    assert main([*offload, "--hot-cache", "2", "--ahead", "--ahead-budget", "1.5", "--json", str(path)]) == 0
+    over = json.loads(path.read_text())                   # a prediction of 1.5 budgets (96 of the 128 entries)
+    assert (ahead["ahead_budget"], over["ahead_budget"]) == (1.0, 1.5)
+    assert "ahead (prediction 1.5 budgets)" in capsys.readouterr().out
     for argv, says in (([*common, "--mode", "all-on-gpu", "--hot-cache", "2"],
                         "--hot-cache sizes offload requests' hot sets, and --mode all-on-gpu holds none"),
                        ([*offload, "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
@@ -115,7 +119,13 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
                        ([*offload, "--ahead"], "--ahead recalls each layer's predicted blocks into its hot set's spare "
                                                "entries: --mode offload-doorbell with --hot-cache above 1"),
                        ([*common, "--mode", "offload-sync", "--hot-cache", "2", "--ahead"],
-                        "--mode offload-doorbell with --hot-cache above 1")):
+                        "--mode offload-doorbell with --hot-cache above 1"),
+                       ([*offload, "--hot-cache", "2", "--ahead-budget", "1.5"],
+                        "--ahead-budget sizes the prediction of --ahead: give --ahead too"),
+                       ([*offload, "--hot-cache", "2", "--ahead", "--ahead-budget", "2.5"],
+                        "OffloadConfig.ahead_budget (2.5: 160 blocks a row) exceeds the hot set"),
+                       ([*offload, "--hot-cache", "2", "--ahead", "--ahead-budget", "1.1"],
+                        "1.1 was not measured")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err

@@ -177,11 +177,14 @@ def test_a_ridden_round_reads_the_weights_once_and_an_ahead_round_hides_its_pref
 
 
 def test_a_steered_ahead_replay_is_fitted_with_its_own_prefetch_traffic() -> None:
-    """`--fit` of a random-weight `--ride --ahead` replay: 1 - AHEAD_HITS of today's recall exposed (its steering),
-    and the prefetch's traffic in today's recalls from the bytes the report says moved ahead."""
+    """`--fit` of a random-weight `--ride --ahead` replay: 1 - AHEAD_HITS of today's recall exposed (its steering, at
+    its prediction's budget), and the prefetch's traffic in today's recalls from the bytes the report says moved
+    ahead."""
     from pulseio_engine.sparse_bench import AHEAD_HITS
 
-    report = {"summary": {"recalled_bytes": 3_000, "ahead_bytes": 2_000}}
-    traffic, exposed = forecast_serving._steered_ahead(report)
-    assert exposed == pytest.approx(1 - AHEAD_HITS)
-    assert traffic == pytest.approx(2 * exposed)            # twice the exposed bytes moved ahead
+    for budget, hits in AHEAD_HITS.items():
+        config = {} if budget == 1.0 else {"ahead_budget": budget}      # (reports before schema 15 have none)
+        report = {"summary": {"recalled_bytes": 3_000, "ahead_bytes": 2_000}, "config": config}
+        traffic, exposed = forecast_serving._steered_ahead(report)
+        assert exposed == pytest.approx(1 - hits)
+        assert traffic == pytest.approx(2 * exposed)            # twice the exposed bytes moved ahead

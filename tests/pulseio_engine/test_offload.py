@@ -40,12 +40,12 @@ def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
 
 def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
             local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, hot_cache: float = 1.0,
-            ahead: bool = False, **kw) -> Engine:
+            ahead: bool = False, ahead_budget: float = 1.0, **kw) -> Engine:
     m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
                                                 local_blocks=local, group_score=group),
                             recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense, hot_cache=hot_cache,
-                            ahead=ahead)
+                            ahead=ahead, ahead_budget=ahead_budget)
     return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
                              retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
 
@@ -129,17 +129,18 @@ def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tens
     return [k.clone() for k, _ in pairs], [v.clone() for _, v in pairs]
 
 
-@pytest.mark.parametrize("hot_cache,ahead,late", [(1.0, False, False), (2.0, False, False), (2.0, True, False),
-                                                  (2.0, True, True)], ids=["hot1", "hot2", "ahead", "ahead-late"])
+@pytest.mark.parametrize("hot_cache,ahead,late", [(1.0, 0, False), (2.0, 0, False), (2.0, 1, False), (2.0, 1, True),
+                                                  (2.0, 2, False)],
+                         ids=["hot1", "hot2", "ahead", "ahead-late", "ahead-2-budgets"])
 @pytest.mark.parametrize("mode", list(SparseMode))
 def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache, ahead, late) -> None:
-    """Every block the hot set holds (with two budgets, blocks selected earlier too; `ahead`, blocks a prediction
-    recalled a layer early, the block being written among them) equals its host copy. `late`: recalls are posted
-    only at their wait or after some landing checks (`LateRecaller`), so a recall ahead the step never waited for
-    never lands, and its blocks would differ."""
+    """Every block the hot set holds (with two budgets, blocks selected earlier too; `ahead` (the prediction's
+    budgets), blocks a prediction recalled a layer early, the block being written among them) equals its host copy.
+    `late`: recalls are posted only at their wait or after some landing checks (`LateRecaller`), so a recall ahead
+    the step never waited for never lands, and its blocks would differ."""
     path = str(tiny_qwen3[0])
     with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1, hot_cache=hot_cache,
-                 ahead=ahead) as engine:
+                 ahead=ahead > 0, ahead_budget=max(ahead, 1)) as engine:
         if late:
             engine.offloader.recaller = LateRecaller(engine.offloader.recaller, max_checks=6, seed=3)
         prompt = PROMPTS[0]
@@ -280,21 +281,25 @@ def test_a_larger_hot_set_decodes_the_same_tokens_and_recalls_no_more(tiny_qwen3
 @pytest.mark.parametrize("mode", list(SparseMode))
 def test_recalling_ahead_decodes_the_same_tokens(tiny_qwen3, mode) -> None:
     """`ahead`: each layer's predicted blocks recalled during the layer before. The selection is still the layer's
-    own, so the tokens are those without it (contexts of 13 and 9 blocks, hot sets of 5); the prefetch posts a
-    recall for every offloaded layer but the first, and moves blocks."""
+    own, so the tokens are those without it (contexts of 13 and 9 blocks, hot sets of 5), at a prediction of one
+    budget (3 blocks) and of 5/3 (5 blocks); the prefetch posts a recall for every offloaded layer but the first,
+    and moves blocks, the larger prediction more."""
     path = str(tiny_qwen3[0])
     sampling = SamplingParams(max_new_tokens=16, ignore_eos=True)
     tokens, stats = {}, {}
-    for ahead in (False, True):
+    for ahead in (0.0, 1.0, 5 / 3):
         with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1, hot_cache=1.5,
-                     ahead=ahead) as engine:
+                     ahead=ahead > 0, ahead_budget=max(ahead, 1.0)) as engine:
             tokens[ahead] = _run(engine, [list(range(20, 120)), list(range(130, 200))], sampling, [True, True])
             stats[ahead] = engine.offloader.statistics()
             layers = engine.kv.num_layers
-    assert tokens[True] == tokens[False]
-    steps = stats[False].recalls // (layers - 1)                        # one recall a step and offloaded layer
-    assert stats[True].recalls == steps * (2 * (layers - 1) - 1)       # and a prefetch for all but the first
-    assert stats[True].bytes_recalled != stats[False].bytes_recalled
+            assert engine.offloader.offload.ahead_blocks == (5 if ahead > 1 else 3)
+    assert tokens[1.0] == tokens[0.0] == tokens[5 / 3]
+    steps = stats[0.0].recalls // (layers - 1)                          # one recall a step and offloaded layer
+    for ahead in (1.0, 5 / 3):
+        assert stats[ahead].recalls == steps * (2 * (layers - 1) - 1)  # and a prefetch for all but the first
+        assert stats[ahead].bytes_recalled != stats[0.0].bytes_recalled
+    assert stats[5 / 3].bytes_ahead > stats[1.0].bytes_ahead
 
 
 def test_recalling_ahead_needs_doorbell_recalls_a_larger_hot_set_and_the_step_pieces(tiny_qwen3) -> None:
@@ -302,6 +307,16 @@ def test_recalling_ahead_needs_doorbell_recalls_a_larger_hot_set_and_the_step_pi
     for bad in ({"hot_cache": 1.0}, {"hot_cache": 2.0, "recall": RecallMode.SYNC}):
         with pytest.raises(ValueError, match=rule):
             OffloadConfig(ahead=True, **bad)      # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^OffloadConfig.ahead_budget \(2.5: 5 blocks a row\) exceeds the hot set "
+                                         r"\(2.0 budgets: 4 entries\)"):
+        OffloadConfig(sparse=SparseConfig(token_budget=2 * BS, block_size=BS, local_blocks=1), hot_cache=2.0,
+                      ahead=True, ahead_budget=2.5)
+    with pytest.raises(ValueError, match=r"^OffloadConfig.ahead_budget \(1.5\) sizes the prediction of "
+                                         r"OffloadConfig.ahead, which is off"):
+        OffloadConfig(hot_cache=2.0, ahead_budget=1.5)
+    for bad in (0.5, float("nan"), True):
+        with pytest.raises(ValueError, match=r"^OffloadConfig.ahead_budget must be a finite number >= 1.0"):
+            OffloadConfig(hot_cache=2.0, ahead=True, ahead_budget=bad)
     with pytest.raises(ValueError, match="which use_cuda_graphs=False does not run"):
         _engine(str(tiny_qwen3[0]), SparseMode.SOLOHEAD, RecallMode.DOORBELL, budget=3 * BS, hot_cache=2.0,
                 ahead=True, use_cuda_graphs=False)

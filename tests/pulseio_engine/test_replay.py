@@ -91,7 +91,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/14"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/15"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -259,12 +259,12 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/14', "
-                                          r"'pulseio-replay/13', 'pulseio-replay/12', 'pulseio-replay/11', "
-                                          r"'pulseio-replay/10', 'pulseio-replay/9', 'pulseio-replay/8', "
-                                          r"'pulseio-replay/7', 'pulseio-replay/6', 'pulseio-replay/5', "
-                                          r"'pulseio-replay/4', 'pulseio-replay/3', 'pulseio-replay/2', "
-                                          r"'pulseio-replay/1'$"):
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/15', "
+                                          r"'pulseio-replay/14', 'pulseio-replay/13', 'pulseio-replay/12', "
+                                          r"'pulseio-replay/11', 'pulseio-replay/10', 'pulseio-replay/9', "
+                                          r"'pulseio-replay/8', 'pulseio-replay/7', 'pulseio-replay/6', "
+                                          r"'pulseio-replay/5', 'pulseio-replay/4', 'pulseio-replay/3', "
+                                          r"'pulseio-replay/2', 'pulseio-replay/1'$"):
         check_report(report, source="r")
 
 
@@ -369,9 +369,10 @@ def test_hot_cache_gives_offload_requests_larger_hot_sets_steered_to_refill_from
 
 def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(tmp_path: Path) -> None:
     """--ride --ahead --hot-cache 2: every request completes; each offloaded layer after the first posts a second
-    recall a step (its prefetch), and the steering says what share of a layer's recall its prediction brought."""
-    runs = {}
-    for name, extra in (("ride", []), ("ahead", ["--ahead"])):
+    recall a step (its prefetch), and the steering says what share of a layer's recall its prediction brought. A
+    prediction of more than one budget (`--ahead-budget`, the largest measured) moves more ahead."""
+    runs, over = {}, max(AHEAD_HITS)
+    for name, extra in (("ride", []), ("ahead", ["--ahead"]), ("over", ["--ahead", "--ahead-budget", str(over)])):
         out = tmp_path / f"{name}.json"
         assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
                      "--requests", "12", "--max-output", "8", "--gpu-kv-gib", "0.01", "--token-budget", "1024",
@@ -382,13 +383,35 @@ def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(t
     assert ride["summary"]["complete"] and ahead["summary"]["complete"]
     assert (ride["mode"], ahead["mode"]) == ("pulseinfer --ride", "pulseinfer --ride --ahead")
     assert (ride["config"]["ahead"], ahead["config"]["ahead"]) == (False, True)
-    assert f"; {AHEAD_HITS:g} of each later layer's recall prefetched a layer early" in ahead["config"]["steering"]
+    assert f"; {AHEAD_HITS[1.0]:g} of each later layer's recall prefetched a layer early" in ahead["config"]["steering"]
+    assert runs["over"]["mode"] == f"pulseinfer --ride --ahead --ahead-budget {over:g}"
+    assert (ahead["config"]["ahead_budget"], runs["over"]["config"]["ahead_budget"]) == (1.0, over)
+    assert (f"; {AHEAD_HITS[over]:g} of each later layer's recall prefetched a layer early by a prediction of "
+            f"{over:g} budgets") in runs["over"]["config"]["steering"]
+    assert runs["over"]["summary"]["complete"]
+    assert runs["over"]["summary"]["ahead_bytes"] > ahead["summary"]["ahead_bytes"]
     steps = {name: sum(n for size, n in run["batches"]["offload"].items() if int(size)) for name, run in runs.items()}
     layers = ride["summary"]["recalls"] // steps["ride"]                   # offloaded: one recall each a step
     assert layers >= 2 and ride["summary"]["recalls"] == steps["ride"] * layers
     assert ahead["summary"]["recalls"] == steps["ahead"] * (2 * layers - 1)   # and a prefetch for all but the first
     assert ride["summary"]["ahead_bytes"] == 0 < ahead["summary"]["ahead_bytes"] < ahead["summary"]["recalled_bytes"]
     assert re.search(r"^of them recalled ahead GiB\s+0\.000\s+0\.\d{3}$", table([ride, ahead]), flags=re.M)
+
+
+def test_an_ahead_budget_is_refused_without_ahead_beyond_the_hot_set_or_where_no_share_was_measured(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25", "--requests", "2",
+            "--gpu-kv-gib", "0.01", "--token-budget", "1024", "--locality-context", "8192", "--ride",
+            "--hot-cache", "2"]
+    unmeasured = 1.0 + sum(AHEAD_HITS) / 1000              # no measured budget
+    for extra, why in ((["--ahead-budget", "1.5"], "--ahead-budget sizes the prediction of --ahead: give --ahead too"),
+                       (["--ahead", "--ahead-budget", "2.5"], "OffloadConfig.ahead_budget (2.5: 160 blocks a row) "
+                                                          "exceeds the hot set (2.0 budgets: 128 entries)"),
+                       (["--ahead", "--ahead-budget", str(unmeasured)],
+                        f"at a prediction of {', '.join(f'{b:g}' for b in sorted(AHEAD_HITS))} budgets; "
+                        f"{unmeasured:g} was not measured")):
+        assert main([*base, *extra]) == 2
+        assert why in capsys.readouterr().err
 
 
 def test_the_steering_follows_the_traces_prompts_or_the_option(reports: dict[str, dict], tmp_path: Path) -> None:

@@ -53,9 +53,12 @@ def test_ridden_rounds_tokens_equal_each_class_alone_with_captured_and_late_reca
     _case("ride")
 
 
-def test_ridden_rounds_recalling_ahead_give_each_class_its_tokens_alone_with_captured_and_late_recalls() -> None:
-    """Also: captured, each layer's prediction, riders and resident attention are branches on streams of their own."""
-    result = _case("ahead")
+@pytest.mark.parametrize("ahead_budget", ["1", "1.5"])
+def test_ridden_rounds_recalling_ahead_give_each_class_its_tokens_alone_with_captured_and_late_recalls(
+        ahead_budget: str) -> None:
+    """Also: captured, each layer's prediction, riders and resident attention are branches on streams of their own.
+    With a prediction of 1.5 budgets it fills the hot set."""
+    result = _case("ahead", ahead_budget)
     assert result["ride"]["streams"], "no ridden step was captured"
 
 
