@@ -294,6 +294,12 @@ def _steered_ahead(report: dict) -> tuple[float, float]:
     return exposed * summary["ahead_bytes"] / max(1, summary["recalled_bytes"] - summary["ahead_bytes"]), exposed
 
 
+def mode_of(report: dict) -> str:
+    """A replay report's mode as `MODES` names it: the prediction's budget (` --ahead-budget F`) is its steering's
+    (`_steered_ahead`), not a mode of its own."""
+    return re.sub(r" --ahead-budget \S+", "", report["mode"])
+
+
 def serving_config(mode: str, *, gpu_kv_gib: float, host_kv_gib: float, offload_threshold: int, token_budget: int,
                    normal_steps: int) -> ServingConfig:
     """`mode` as `pulseio-engine replay --mode` names it, with these options (normal steps: pulseinfer's IRQ only)."""
@@ -393,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.fit:
         report = json.loads(path.read_text())
         cfg = report["config"]
-        config = serving_config(report["mode"], gpu_kv_gib=cfg["gpu_kv_gib"], host_kv_gib=cfg["host_kv_gib"] or 1.0,
+        config = serving_config(mode_of(report), gpu_kv_gib=cfg["gpu_kv_gib"], host_kv_gib=cfg["host_kv_gib"] or 1.0,
                                 offload_threshold=cfg["offload_threshold"] or 4096, token_budget=cfg["token_budget"],
                                 normal_steps=cfg["normal_steps"])
         measured = report["summary"]["decode_throughput_tok_s"]

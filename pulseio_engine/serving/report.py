@@ -50,7 +50,7 @@ SCHEMA: dict[str, Any] = {
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
-               "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM},
+               "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,

@@ -188,3 +188,5 @@ def test_a_steered_ahead_replay_is_fitted_with_its_own_prefetch_traffic() -> Non
         traffic, exposed = forecast_serving._steered_ahead(report)
         assert exposed == pytest.approx(1 - hits)
         assert traffic == pytest.approx(2 * exposed)            # twice the exposed bytes moved ahead
+    assert forecast_serving.mode_of({"mode": "pulseinfer --ride --ahead --ahead-budget 1.25"}) in forecast_serving.MODES
+    assert forecast_serving.mode_of({"mode": "pulseinfer --ride --ahead"}) == "pulseinfer --ride --ahead"

@@ -225,6 +225,7 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
     assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
                      flags=re.M), "no link measured on a CPU: the rate alone"
+    _step_back(report, 14, "config.ahead_budget")
     _step_back(report, 13, "config.gil_switch_us")
     assert labels([report, other])[0].endswith(" gil_us=-")
     _step_back(report, 12, "config.ahead", "summary.ahead_bytes")
