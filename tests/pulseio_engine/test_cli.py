@@ -110,6 +110,7 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
     over = json.loads(path.read_text())                   # a prediction of 1.5 budgets (96 of the 128 entries)
     assert (ahead["ahead_budget"], over["ahead_budget"]) == (1.0, 1.5)
     assert "ahead (prediction 1.5 budgets)" in capsys.readouterr().out
+    assert 0 < over["ahead_units_per_step"] < over["units_per_step"]          # it prefetched, of the steps' units
     for argv, says in (([*common, "--mode", "all-on-gpu", "--hot-cache", "2"],
                         "--hot-cache sizes offload requests' hot sets, and --mode all-on-gpu holds none"),
                        ([*offload, "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
