@@ -64,7 +64,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                    help="vanilla / quest: every KV on the GPU (dense / Quest); offload-sync: long requests offloaded, "
                         "recalled with a host sync, one coupled batch (ArkVale-like); pulseinfer: doorbell recalls, "
                         "SoloHead, the two batches interleaved layer by layer (IRQ)")
-    r.add_argument("--no-irq", action="store_true", help="pulseinfer with its two batches coupled, not interleaved")
+    r.add_argument("--no-irq", action="store_true",
+                   help="pulseinfer with its two batches coupled, not interleaved: each batch's whole step in turn, "
+                        "two forwards a round (one forward for both: --ride)")
     r.add_argument("--gpu-kv-gib", type=float_at_least(1e-6), required=True,
                    help="GPU memory every mode may hold for KV (and digests, hot sets), GiB")
     r.add_argument("--host-kv-gib", type=float_at_least(1e-6), default=None,
