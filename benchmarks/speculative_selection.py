@@ -41,7 +41,15 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run without PYTHONPATH too
 
 from pulseio_engine.calibration import calibration_prompts
-from pulseio_engine.config import CacheConfig, DType, EngineConfig, GroupScore, SparseConfig, SparseMode
+from pulseio_engine.config import (
+    CacheConfig,
+    DType,
+    EngineConfig,
+    GroupScore,
+    SparseConfig,
+    SparseMode,
+    blocks_in_budgets,
+)
 from pulseio_engine.engine import Engine
 from pulseio_engine.evaluation.locality import middle_overlap
 from pulseio_engine.fetch import MODELS, fetch_model, fetch_shakespeare
@@ -159,7 +167,8 @@ def measure(args: argparse.Namespace) -> dict:
         for factor in args.overfetch:
             name: int | str = ahead if factor == 1 else f"{ahead}x{factor:g}"
             tallies[name] = Tally.zeros(m.num_layers)
-            predictors[name] = ahead, dataclasses.replace(sparse, token_budget=round(args.token_budget * factor))
+            blocks = blocks_in_budgets(factor, sparse.budget_blocks)          # as OffloadConfig.ahead_blocks
+            predictors[name] = ahead, dataclasses.replace(sparse, token_budget=blocks * sparse.block_size)
     if args.previous_layer:
         tallies["previous-layer"] = Tally.zeros(m.num_layers)
     for w, window in enumerate(windows):

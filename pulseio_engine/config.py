@@ -197,6 +197,12 @@ class RecallMode(Enum):
                                     # and attention reads the selected ones there; saves no memory
 
 
+def blocks_in_budgets(budgets: float, budget_blocks: int) -> int:
+    """`budgets` token budgets of `budget_blocks` blocks each, in whole blocks: the product rounded to a millionth,
+    then up (1.1 x 10 blocks is 11, not the 12 of its float)."""
+    return math.ceil(round(budgets * budget_blocks, 6))
+
+
 @dataclass(frozen=True)
 class OffloadConfig:
     """Offload requests: their full KV lives in a host pool (`host_blocks` transfer units); the device
@@ -292,15 +298,13 @@ class OffloadConfig:
 
     @property
     def hot_blocks(self) -> int:
-        """Hot-set entries per selecting row and offloaded layer: ceil(hot_cache x budget_blocks), the product
-        rounded to a millionth first (1.1 x 10 blocks is 11, not the 12 of its float)."""
-        return math.ceil(round(self.hot_cache * self.sparse.budget_blocks, 6))
+        """Hot-set entries per selecting row and offloaded layer: `hot_cache` budgets (`blocks_in_budgets`)."""
+        return blocks_in_budgets(self.hot_cache, self.sparse.budget_blocks)
 
     @property
     def ahead_blocks(self) -> int:
-        """Blocks a selecting row's prediction selects (`ahead_budget`): ceil(ahead_budget x budget_blocks), rounded
-        as `hot_blocks` is."""
-        return math.ceil(round(self.ahead_budget * self.sparse.budget_blocks, 6))
+        """Blocks a selecting row's prediction selects: `ahead_budget` budgets (`blocks_in_budgets`)."""
+        return blocks_in_budgets(self.ahead_budget, self.sparse.budget_blocks)
 
 
 @dataclass(frozen=True)

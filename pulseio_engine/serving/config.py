@@ -122,9 +122,8 @@ class ServingConfig:
                              f"offload batch; {self.describe()} runs it in IRQ's pieces (use ride, or irq=False)")
         if self.has_offload:
             assert self.recall is not None                                  # (every offload mode recalls)
-            OffloadConfig(sparse=self.sparse_config() if self.sparse is not None else SparseConfig(),
-                          hot_cache=self.hot_cache, ahead=self.ahead, ahead_budget=self.ahead_budget,
-                          recall=self.recall)                                   # its rules, in its words
+            OffloadConfig(sparse=self.sparse_config(), hot_cache=self.hot_cache, ahead=self.ahead,   # its rules, in
+                          ahead_budget=self.ahead_budget, recall=self.recall)                # its words
         elif self.ahead_budget != 1.0:
             raise ValueError(f"{self.mode.value} offloads no request, so it has no prediction for ahead_budget="
                              f"{self.ahead_budget!r} to size (leave it 1.0)")
