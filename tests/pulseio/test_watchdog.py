@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import closing
 
 from pulseio._watchdog import Watchdog
 
@@ -38,14 +39,14 @@ class QuietWatchdog(Watchdog):
                 self._cond.wait()
 
 
-def _quiet(items: Items, timeout_s: float) -> Watchdog:
-    return QuietWatchdog(landed=items.is_landed, expire=items.expire, timeout_s=timeout_s)
+def _quiet(items: Items, timeout_s: float) -> closing[Watchdog]:
+    """A `QuietWatchdog` over `items`, closed on leaving the block."""
+    return closing(QuietWatchdog(landed=items.is_landed, expire=items.expire, timeout_s=timeout_s))
 
 
 def test_a_look_forgets_the_landed_front_and_stops_at_the_first_item_neither_landed_nor_due() -> None:
     items = Items()
-    dog = _quiet(items, timeout_s=60.0)
-    try:
+    with _quiet(items, timeout_s=60.0) as dog:
         dog.arm_all([(k, k) for k in range(1, 1001)])
         items.landed |= {1, 2, 3, 5}
         dog._look(time.monotonic())
@@ -55,28 +56,22 @@ def test_a_look_forgets_the_landed_front_and_stops_at_the_first_item_neither_lan
         dog._look(time.monotonic())
         assert list(dog._armed)[0] == 6, "4 and 5 (which landed before) go, 6 stops the look"
         assert dog.expired == 0
-    finally:
-        dog.close()
 
 
 def test_an_item_not_landed_by_its_deadline_is_expired_and_the_ones_behind_it_looked_at_in_turn() -> None:
     items = Items()
-    dog = _quiet(items, timeout_s=0.05)
-    try:
+    with _quiet(items, timeout_s=0.05) as dog:
         dog.arm_all([(1, 1), (2, 2), (3, 3)])
         items.landed.add(2)
         dog._look(time.monotonic())
         assert items.expired == [] and list(dog._armed) == [1, 2, 3], "nothing due yet, 1 not landed"
         dog._look(time.monotonic() + 1.0)
         assert items.expired == [1, 3] and dog.expired == 2 and not dog._armed, "1 and 3 due, 2 landed"
-    finally:
-        dog.close()
 
 
 def test_an_item_armed_again_moves_to_the_end_with_its_new_deadline() -> None:
     items = Items()
-    dog = _quiet(items, timeout_s=10.0)
-    try:
+    with _quiet(items, timeout_s=10.0) as dog:
         dog.arm_all([(1, 1), (2, 2)])
         first = dog._armed[1][0]
         time.sleep(0.01)
@@ -84,14 +79,11 @@ def test_an_item_armed_again_moves_to_the_end_with_its_new_deadline() -> None:
         assert list(dog._armed) == [2, 1] and dog._armed[1][0] > first
         dog._look(first + 1e-3)                 # 2 is due then (first: its deadline); 1, armed again later, is not
         assert items.expired == [2] and list(dog._armed) == [1]
-    finally:
-        dog.close()
 
 
 def test_its_own_thread_expires_an_item_that_never_lands() -> None:
     items = Items()
-    dog = Watchdog(landed=items.is_landed, expire=items.expire, timeout_s=0.02, poll_s=1e-3)
-    try:
+    with closing(Watchdog(landed=items.is_landed, expire=items.expire, timeout_s=0.02, poll_s=1e-3)) as dog:
         dog.arm_all([(7, 7), (8, 8)])
         items.landed.add(8)
         deadline = time.monotonic() + 5.0
@@ -101,5 +93,3 @@ def test_its_own_thread_expires_an_item_that_never_lands() -> None:
         while dog._armed and time.monotonic() < deadline:
             time.sleep(1e-3)
         assert not dog._armed, "8 landed and was forgotten"
-    finally:
-        dog.close()
