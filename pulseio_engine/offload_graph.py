@@ -29,11 +29,14 @@ and the caller waits on the device, or sees it landed on the host, before the ne
 one graph per piece, a doorbell publish captured at each piece's end (`RecallGraph.post(wait=False)`), one
 `arm` before piece 0 and an eager `RecallGraph.wait_device` only for a recall the host has not seen land.
 
-Recall ahead (`OffloadConfig.ahead`, unsplit steps only): each piece that begins a layer keeps the stream entering
-it, and after that layer's recall is posted the next layer's predicted blocks are planned and posted too
-(`_prefetch`: captured as a branch of its own, its publish after the layer's own). The next layer's `_begin` joins
-that branch and waits for the recall on the device before it selects; pieces captured as graphs of their own
-(recalls from the host) wait for it before the piece is replayed (`_wait_ahead`), as no Python runs inside a replay.
+Recall ahead (`OffloadConfig.ahead`): each piece that begins a layer keeps the stream entering it, and after that
+layer's recall is posted the next layer's predicted blocks are planned and posted too (`_prefetch`: captured as a
+branch of its own, its publish after the layer's own). The next layer's `_begin` waits for that recall on the device
+before it selects. A whole step joins the branch there, so the prediction runs under the rest of the layer; a split
+step's piece joins it before the piece ends (a graph may not join a branch another graph forked), and the wait is
+captured into the next piece's graph (`RecallGraph.wait_device`), so the caller's own landing check stays the layer's
+recall. Pieces captured as graphs of their own because their recalls run from the host wait for it before the piece
+is replayed (`_wait_ahead`), as no Python runs inside a replay.
 
 Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (the serving loop's normal batch)
 may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
@@ -137,9 +140,6 @@ class OffloadStepGraph:
         engine's rows after the batch's own (see the module doc); every buffer below then covers both.
         `first_row`: the batch's requests sit in the offloader's seats from that row (`Offloader.begin`)."""
         b = len(request_ids)
-        if split and offloader.offload.ahead:
-            raise ValueError("OffloadConfig.ahead recalls each layer's blocks during the layer before, within one "
-                             "step: a split step (IRQ's pieces, halves) does not take it")
         self.capture, self.split = capture, split
         self.model, self.kv, self.offloader, self.riders = model, kv, offloader, riders
         self.batch = offloader.begin(request_ids, first_row=first_row)   # its seats' rows; the graph updates them
@@ -272,6 +272,7 @@ class OffloadStepGraph:
             self._eager[piece]()
         self._pending = self._posted(piece)
         if not self._graphs:
+            self._prefetch(piece, None)
             self._resident(piece)
         if piece == self.num_pieces - 1 and not self._graphs:
             self._ran_eagerly, self._eager = True, []
@@ -393,10 +394,11 @@ class OffloadStepGraph:
         None of them reads what another writes (the publishes read plans, the attentions no slot a recall writes), so
         none waits for another's kernels or the publishes' PCIe fences. The capturing stream joins the layer's own
         publish and the riders before returning (the device wait and the attention to the recalled blocks come next);
-        the recall ahead is joined where it is waited for, in the next layer's `_begin`, so the prediction runs under
-        the rest of this layer. The last piece (after the last layer) has no window: nothing forks or joins there, as
-        a step captured piece by piece (`_capture_split`) must not join a branch stream whose last work was captured
-        into another piece's graph. -> the post's index in `recalls` (None: no post)."""
+        a whole step joins the recall ahead where it is waited for, in the next layer's `_begin`, so the prediction
+        runs under the rest of this layer, and a split step joins it here, its piece's graph ending. The last piece
+        (after the last layer) has no window: nothing forks or joins there, as a step captured piece by piece
+        (`_capture_split`) must not join a branch stream whose last work was captured into another piece's graph.
+        -> the post's index in `recalls` (None: no post)."""
         if piece >= len(self._recalls):
             return None
         planned = recalls is not None and self._recalls[piece][1] is not None
@@ -419,7 +421,9 @@ class OffloadStepGraph:
                 self._riders(piece, select=False)
             self._attend_resident(piece)
             main.wait_stream(branches.riders)
-        if planned:
+        if ahead and self.split:            # a piece's graph joins every branch it forked (see `_prefetch`)
+            main.wait_stream(branches.publish)
+        elif planned:
             main.wait_event(published)
         return index
 
@@ -469,8 +473,9 @@ class OffloadStepGraph:
         with torch.cuda.stream(branches.publish):
             index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=tag, wait=False)
 
-        def wait() -> None:                       # the branches join where the recall is waited for
-            torch.cuda.current_stream().wait_stream(branches.publish)
+        def wait() -> None:     # whole steps join the branches where the recall is waited for; split ones
+            if not self.split:  # joined them at their piece's end (`_post_beside_resident`)
+                torch.cuda.current_stream().wait_stream(branches.publish)
             recalls.wait_device(index)
         self._shared["waits"][layer] = wait
 

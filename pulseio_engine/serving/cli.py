@@ -109,10 +109,11 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                    help="pulseinfer without IRQ: the normal requests ride in the offload batch's step, one forward a "
                         "round that reads the weights once for both (the recall is not hidden)")
     r.add_argument("--ahead", action="store_true",
-                   help="pulseinfer with --ride or --no-irq: each layer's predicted blocks are recalled during the "
-                        "layer before, into the hot set's spare entries (give --hot-cache above 1), so after its own "
-                        "selection a layer recalls only what the prediction missed; a random-weight preset's "
-                        "steering finds that share of its recall prefetched (`sparse_bench.AHEAD_HITS`)")
+                   help="pulseinfer: each layer's predicted blocks are recalled during the layer before, into the "
+                        "hot set's spare entries (give --hot-cache above 1), so after its own selection a layer "
+                        "recalls only what the prediction missed (under IRQ, the normal layers hide that rest); a "
+                        "random-weight preset's steering finds that share of its recall prefetched "
+                        "(`sparse_bench.AHEAD_HITS`)")
     r.add_argument("--ahead-budget", type=float_at_least(1.0), default=1.0, metavar="F",
                    help="with --ahead: the prediction selects F token budgets of blocks (at most --hot-cache), so less "
                         "is left to recall after a layer's own selection, for more traffic ahead of it (default 1; a "
@@ -270,9 +271,9 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
     if args.hot_cache != 1.0 and not offload:
         raise UsageError(prog, f"--hot-cache sizes the offload modes' hot sets; --mode {mode.value} offloads no "
                                "request")
-    if args.ahead and not (mode is ServeMode.PULSEINFER and (args.ride or args.no_irq)):
-        raise UsageError(prog, "--ahead recalls each layer's blocks during the layer before, within one step: "
-                               "--mode pulseinfer with --ride or --no-irq")
+    if args.ahead and mode is not ServeMode.PULSEINFER:
+        raise UsageError(prog, f"--ahead recalls each layer's predicted blocks during the layer before, through "
+                               f"pulseinfer's doorbell; --mode {mode.value} has no such recall")
     if args.ahead_budget != 1.0 and not args.ahead:
         raise UsageError(prog, "--ahead-budget sizes the prediction of --ahead: give --ahead too")
     if args.ahead and args.hot_cache <= 1.0:

@@ -44,7 +44,8 @@ class ServingConfig:
     with both batches is one step of the offload batch with the normal requests riding in it (`StepRiders`): one
     forward reads the weights once for both, and the recall is not hidden. `ahead`: the offload engine recalls each
     layer's predicted blocks during the layer before (`OffloadConfig.ahead`), so only what the prediction missed is
-    recalled after the layer's own selection; coupled steps only (`ride`, or irq=False), hot sets above one budget.
+    recalled after the layer's own selection (under IRQ, that rest is what the normal layers hide); hot sets above
+    one budget.
     `ahead_budget`: the prediction's own budget, in budgets (`OffloadConfig.ahead_budget`)."""
 
     mode: ServeMode
@@ -117,9 +118,9 @@ class ServingConfig:
         if self.hot_cache != 1.0 and not self.has_offload:
             raise ValueError(f"{self.mode.value} offloads no request, so it has no hot sets for hot_cache="
                              f"{self.hot_cache!r} to size (leave it 1.0)")
-        if self.ahead and (self.mode is not ServeMode.PULSEINFER or self.interleaves):
-            raise ValueError(f"ahead recalls each layer's blocks during the layer before, within one step of the "
-                             f"offload batch; {self.describe()} runs it in IRQ's pieces (use ride, or irq=False)")
+        if self.ahead and self.mode is not ServeMode.PULSEINFER:
+            raise ValueError(f"ahead recalls each layer's predicted blocks during the layer before, through "
+                             f"pulseinfer's doorbell; {self.mode.value} has no such recall")
         if self.has_offload:
             assert self.recall is not None                                  # (every offload mode recalls)
             OffloadConfig(sparse=self.sparse_config(), hot_cache=self.hot_cache, ahead=self.ahead,   # its rules, in

@@ -1,22 +1,23 @@
 """One GPU serving case in its own process (run by test_serving_gpu.py under a hard timeout, with a thread dump
 before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 0 when the case holds.
 
-    tokens                      the tiny preset in bf16: each batch alone (coupled), both coupled, both under IRQ
+    tokens [ahead]              the tiny preset in bf16: each batch alone (coupled), both coupled, both under IRQ
                                 with captured recalls, and IRQ with recalls made to land late, in one stream and
-                                in two (`two_streams`): the same tokens
+                                in two (`two_streams`): the same tokens (`ahead`: every run also recalls each
+                                layer's predicted blocks during the layer before, into hot sets of 1.5 budgets)
     vanilla                     vanilla's rounds overlapped, the GPU held back so the host enqueues rounds ahead of
                                 it: the tokens of rounds run one at a time
-    halves                      the offload batch as two halves (`halves`), the normal requests riding in the first
+    halves [ahead]              the offload batch as two halves (`halves`), the normal requests riding in the first
                                 half's step, captured recalls and late ones, overlapped or not: each class's tokens
-                                served alone
+                                served alone (`ahead`: recalling ahead too)
     ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
     ahead [F]                   ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
                                 budgets, a prediction of F budgets: `ahead_budget`, default 1): each class's tokens
                                 served alone; captured, the prediction, the riders and the resident attention on
                                 three streams (branches of the graph)
-    nosync ROUNDS [overlap] [two-streams] [halves | ride | ahead]
-                                steady-state IRQ rounds, halves or ridden ones (no admission, no capture) under
-                                torch.cuda.set_sync_debug_mode("error")
+    nosync ROUNDS [overlap] [two-streams] [halves | ride] [ahead]
+                                steady-state IRQ rounds, halves or ridden ones (no admission, no capture), recalling
+                                ahead or not, under torch.cuda.set_sync_debug_mode("error")
     cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
                                 with) against without it, each the best of two runs in the order whole, irq,
                                 irq, whole; and in per-layer pieces, reported (us a piece)
@@ -96,7 +97,7 @@ def _run(serving: ServingEngine, hold_cycles: int = 0) -> dict[int, list[int]]:
     return out
 
 
-def tokens() -> dict:
+def tokens(ahead: bool = False) -> dict:
     classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}
     runs = {}
     # the 3-step rounds first, in a process that has launched no kernel yet: their advances between steps must
@@ -111,7 +112,7 @@ def tokens() -> dict:
             ("irq late two streams", True, 6, None, 1, True, True),
             ("irq 3 steps late two streams", True, 6, None, 3, True, True)):
         runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late, irq=irq,
-                            normal_steps=steps, overlap=overlap, two_streams=streams)
+                            normal_steps=steps, overlap=overlap, two_streams=streams, ahead=ahead)
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     ok = all(runs[k]["tokens"] == alone for k in runs if k not in ("normal alone", "offload alone"))
     ok = ok and max(runs["irq 3 steps late"]["m"], default=0) > 1       # a late recall spans several normal layers
@@ -162,7 +163,7 @@ def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0) -> dict:
                                 irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
                                 ahead_budget=ahead_budget,
                                 **{kind: riding})
-        if name == kind and ahead and DEVICE == "cuda":
+        if name == kind == "ride" and ahead and DEVICE == "cuda":   # (halves are captured piece by piece)
             runs[name]["streams"] = [{k: sorted(v) for k, v in c.items()} for c in captures]
     alone = {**runs["normal alone"]["tokens"], **runs["offload alone"]["tokens"]}
     ridden = [k for k in runs if k.startswith(kind)]
@@ -231,7 +232,6 @@ def vanilla() -> dict:
 
 def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False,
            ride: bool = False, ahead: bool = False) -> dict:
-    ride = ride or ahead
     with _engine("tiny", irq=not ride, overlap=overlap, two_streams=two_streams, halves=halves, ride=ride,
                  ahead=ahead) as serving:
         _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}, 900, rounds + 8, 256)
@@ -337,7 +337,8 @@ def _runtime(serving: ServingEngine) -> dict | None:
 def main() -> int:
     faulthandler.dump_traceback_later(float(os.environ.get("CASE_DUMP_AFTER_S", "280")), exit=True)
     case, args = sys.argv[1], sys.argv[2:]
-    cases = {"tokens": tokens, "halves": lambda: riders("halves"), "ride": lambda: riders("ride"),
+    cases = {"tokens": lambda: tokens("ahead" in args), "halves": lambda: riders("halves", ahead="ahead" in args),
+             "ride": lambda: riders("ride"),
              "ahead": lambda: riders("ride", ahead=True, ahead_budget=float(args[0]) if args else 1.0),
              "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],

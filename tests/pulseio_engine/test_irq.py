@@ -130,12 +130,14 @@ HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
 
 
 def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: int | None = None, seed: int = 0,
-           moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1
+           moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1, ahead: bool = False
            ) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
-    """Requests of random lengths, all arriving at once in the given classes; `moves`: round -> {rid: class}."""
+    """Requests of random lengths, all arriving at once in the given classes; `moves`: round -> {rid: class};
+    `ahead`: each layer's predicted blocks recalled during the layer before, into hot sets of 1.5 budgets."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
-                           token_budget=64, block_size=16, dense_layers=1, max_batch=16, normal_steps=normal_steps)
+                           token_budget=64, block_size=16, dense_layers=1, max_batch=16, normal_steps=normal_steps,
+                           ahead=ahead, hot_cache=1.5 if ahead else 1.0)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         if late is not None:
@@ -168,6 +170,27 @@ def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_re
     recalls, _, _ = serving.recall_statistics()
     assert stats.recalls == sum(stats.m.values()) > 0                  # rounds with both batches interleave
     assert stats.recalls <= recalls                                     # an offload batch alone runs whole
+    assert serving.offload.offloader.recaller.held_checks > 0, "no recall landed late"   # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_irq_recalling_ahead_keeps_each_batch_s_tokens_alone_with_late_recalls(tiny_qwen3, seed: int) -> None:
+    """`ahead` under IRQ: each offload piece also posts the next layer's predicted recall, and the next piece waits
+    for it before its selection. The selection stays the layer's own, so every request's tokens are its class's
+    served alone without it; the prefetch moved bytes, and the layers' own recalls still went through IRQ."""
+    path = str(tiny_qwen3[0])
+    rng = random.Random(10 + seed)
+    classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(3, 6))}
+    classes[0], classes[1] = NRM, OFF
+    both, serving = _serve(path, classes, late=rng.randint(1, 6), seed=seed, ahead=True)
+    alone = {}
+    for kv_class in (NRM, OFF):
+        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, irq=False, seed=seed)[0])
+    assert both == alone and all(len(both[r]) == 10 + r % 5 for r in classes)
+    stats = serving.inner.stats
+    recalls, recalled, ahead = serving.recall_statistics()
+    assert stats.recalls == sum(stats.m.values()) > 0
+    assert 0 < ahead < recalled and stats.recalls < recalls          # the prefetches are recalls IRQ never waits on
     assert serving.offload.offloader.recaller.held_checks > 0, "no recall landed late"   # type: ignore[union-attr]
 
 

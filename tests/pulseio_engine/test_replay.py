@@ -371,13 +371,15 @@ def test_hot_cache_gives_offload_requests_larger_hot_sets_steered_to_refill_from
 def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(tmp_path: Path) -> None:
     """--ride --ahead --hot-cache 2: every request completes; each offloaded layer after the first posts a second
     recall a step (its prefetch), and the steering says what share of a layer's recall its prediction brought. A
-    prediction of more than one budget (`--ahead-budget`, the largest measured) moves more ahead."""
+    prediction of more than one budget (`--ahead-budget`, the largest measured) moves more ahead. Without --ride
+    (IRQ's pieces) the same prefetches are posted."""
     runs, over = {}, max(AHEAD_HITS)
-    for name, extra in (("ride", []), ("ahead", ["--ahead"]), ("over", ["--ahead", "--ahead-budget", str(over)])):
+    for name, extra in (("ride", ["--ride"]), ("ahead", ["--ride", "--ahead"]),
+                        ("over", ["--ride", "--ahead", "--ahead-budget", str(over)]), ("irq", ["--ahead"])):
         out = tmp_path / f"{name}.json"
         assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
                      "--requests", "12", "--max-output", "8", "--gpu-kv-gib", "0.01", "--token-budget", "1024",
-                     "--locality-context", "8192", "--hot-cache", "2", "--ride", *extra, "--no-warmup",
+                     "--locality-context", "8192", "--hot-cache", "2", *extra, "--no-warmup",
                      "--json", str(out)]) == 0
         runs[name] = load_report(out)
     ride, ahead = runs["ride"], runs["ahead"]
@@ -395,6 +397,9 @@ def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(t
     layers = ride["summary"]["recalls"] // steps["ride"]                   # offloaded: one recall each a step
     assert layers >= 2 and ride["summary"]["recalls"] == steps["ride"] * layers
     assert ahead["summary"]["recalls"] == steps["ahead"] * (2 * layers - 1)   # and a prefetch for all but the first
+    irq = runs["irq"]
+    assert irq["mode"] == "pulseinfer --ahead" and irq["summary"]["complete"]
+    assert irq["summary"]["recalls"] == steps["irq"] * (2 * layers - 1)     # (test_irq: IRQ's interleaving with it)
     assert ride["summary"]["ahead_bytes"] == 0 < ahead["summary"]["ahead_bytes"] < ahead["summary"]["recalled_bytes"]
     assert re.search(r"^of them recalled ahead GiB\s+0\.000\s+0\.\d{3}$", table([ride, ahead]), flags=re.M)
 
@@ -569,8 +574,10 @@ def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytes
     (["--mode", "pulseinfer", "--hot-cache", "2", "--requests", "2"],
      "budget 2048 context 4096 simulated no hot cache larger than the budget, so it cannot steer one of 2 budgets"),
     (["--mode", "pulseinfer", "--copier-idle-us", "0"], "argument --copier-idle-us: must be >= 1, got 0"),
-    (["--mode", "pulseinfer", "--hot-cache", "2", "--ahead"],
-     "--ahead recalls each layer's blocks during the layer before, within one step: --mode pulseinfer with --ride"),
+    (["--mode", "quest", "--ahead"],
+     "--ahead recalls each layer's predicted blocks during the layer before, through pulseinfer's doorbell; --mode "
+     "quest has no such recall"),
+    (["--mode", "pulseinfer", "--ahead"], "--ahead recalls into the hot sets' spare entries: give --hot-cache"),
     (["--mode", "pulseinfer", "--ride", "--ahead"],
      "--ahead recalls into the hot sets' spare entries: give --hot-cache"),
     (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),

@@ -1,9 +1,9 @@
 """The serving loop on a real GPU, each case in a child process with a hard timeout and a thread dump before it
 (serving_gpu_case.py): IRQ with captured per-layer pieces and publish-only recalls gives each batch's tokens, also
 with recalls landing late and with the two batches on two streams; so does the offload batch run as two halves with
-the normal requests riding in the first, or as one step with them riding in it (and each layer's blocks recalled a
-layer early, `ahead`); vanilla's rounds overlapped keep their tokens with the GPU behind the host; steady-state
-rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and what its
+the normal requests riding in the first, or as one step with them riding in it (in each form, each layer's blocks
+recalled a layer early too, `ahead`); vanilla's rounds overlapped keep their tokens with the GPU behind the host;
+steady-state rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and what its
 per-layer pieces cost is reported); a replay of the Mooncake sample loses nothing."""
 
 from __future__ import annotations
@@ -39,13 +39,17 @@ def _case(*argv: str) -> dict:
     return result
 
 
-def test_irq_tokens_equal_each_batch_alone_with_captured_and_late_recalls() -> None:
-    result = _case("tokens")
+@pytest.mark.parametrize("ahead", ["", "ahead"])
+def test_irq_tokens_equal_each_batch_alone_with_captured_and_late_recalls(ahead: str) -> None:
+    """Also recalling each layer's predicted blocks during the layer before (`ahead`): its wait captured into the
+    next piece's graph."""
+    result = _case("tokens", *filter(None, [ahead]))
     assert result["irq"]["m"], "IRQ recorded no m"
 
 
-def test_halves_tokens_equal_each_class_alone_with_captured_and_late_recalls() -> None:
-    result = _case("halves")
+@pytest.mark.parametrize("ahead", ["", "ahead"])
+def test_halves_tokens_equal_each_class_alone_with_captured_and_late_recalls(ahead: str) -> None:
+    result = _case("halves", *filter(None, [ahead]))
     assert result["halves"]["warming_rounds"] > 0, "a new pair's first round runs eagerly, then both are captured"
 
 
@@ -69,10 +73,11 @@ def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> No
 @pytest.mark.parametrize("overlap,two_streams,riders", [(False, False, ""), (True, False, ""), (True, True, ""),
                                                         (False, False, "halves"), (True, False, "halves"),
                                                         (False, False, "ride"), (True, False, "ride"),
-                                                        (True, False, "ahead")])
+                                                        (True, False, "ride ahead"), (True, False, "ahead"),
+                                                        (True, True, "ahead"), (True, False, "halves ahead")])
 def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: bool, riders: str) -> None:
     _case("nosync", "16", *(["overlap"] if overlap else []), *(["two-streams"] if two_streams else []),
-          *([riders] if riders else []))
+          *riders.split())
 
 
 @pytest.mark.parametrize("model,batch,context", [("qwen3-8b", 32, 4096)])

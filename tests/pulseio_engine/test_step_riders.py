@@ -229,15 +229,16 @@ def test_ride_is_pulseinfer_without_irq() -> None:
         ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 20, host_kv_bytes=1 << 20, ride=True, halves=True)
 
 
-def test_ahead_runs_in_coupled_steps_only() -> None:
-    """`ahead` recalls within one step: ride, or pulseinfer without IRQ; not IRQ's pieces, not offload-sync."""
+def test_ahead_is_pulseinfer_s_in_every_form_and_no_other_mode_s() -> None:
+    """`ahead` recalls through pulseinfer's doorbell: ridden, coupled, IRQ's pieces or halves; not offload-sync."""
     kw = {"gpu_kv_bytes": 1 << 20, "host_kv_bytes": 1 << 20, "hot_cache": 1.5, "ahead": True}
     assert ServingConfig(ServeMode.PULSEINFER, ride=True, **kw).describe() == "pulseinfer --ride --ahead"
     assert ServingConfig(ServeMode.PULSEINFER, irq=False, **kw).describe() == "pulseinfer --no-irq --ahead"
-    for bad in ({"mode": ServeMode.PULSEINFER}, {"mode": ServeMode.OFFLOAD_SYNC}):
-        with pytest.raises(ValueError, match="ahead recalls each layer's blocks during the layer before, within one "
-                                             "step of the offload batch"):
-            ServingConfig(**bad, **kw)    # type: ignore[arg-type]
+    assert ServingConfig(ServeMode.PULSEINFER, **kw).describe() == "pulseinfer --ahead"
+    assert ServingConfig(ServeMode.PULSEINFER, halves=True, **kw).ahead
+    with pytest.raises(ValueError, match="^ahead recalls each layer's predicted blocks during the layer before, "
+                                         "through pulseinfer's doorbell; offload-sync has no such recall$"):
+        ServingConfig(ServeMode.OFFLOAD_SYNC, **kw)    # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"needs doorbell recalls and hot_cache > 1 \(got recall 'offload-doorbell', "
                                          r"hot_cache 1.0\)"):
         ServingConfig(ServeMode.PULSEINFER, ride=True, **{**kw, "hot_cache": 1.0})
