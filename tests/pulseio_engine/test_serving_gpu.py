@@ -3,8 +3,8 @@
 with recalls landing late and with the two batches on two streams; so does the offload batch run as two halves with
 the normal requests riding in the first, or as one step with them riding in it (in each form, each layer's blocks
 recalled a layer early too, `ahead`); vanilla's rounds overlapped keep their tokens with the GPU behind the host;
-steady-state rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and what its
-per-layer pieces cost is reported); a replay of the Mooncake sample loses nothing."""
+steady-state rounds never sync the host; a normal batch alone under IRQ costs at most 5% more than without it (and
+what its per-layer pieces cost is reported); a replay of the Mooncake sample loses nothing."""
 
 from __future__ import annotations
 
