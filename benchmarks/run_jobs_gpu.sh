@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# The device jobs of a session, in order on one machine:
+#   CALL_S=<s> TAG=<tag> [KERNEL_CACHE=DIR] OUT=DIR bash benchmarks/run_jobs_gpu.sh SHA JOB[@LIMIT_S]...
+# Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
+# h200:JOB / h100:JOB runs only on that card. SHA is the tree's full commit (the reports record it). Output in
+# $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
+# $OUT/$TAG-live.log. JOB:
+#   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
+#                        steady rounds of IRQ and of ride recalling ahead), side by side (~2.5 min cold; 3-6 GiB each)
+#   dw-chains            the device-wait chains and interleaved cases (44, ~90 s warm)
+#   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
+#                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
+#   offload-gpu          the offload / fused-selection GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
+#   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
+#                        than one call)
+#   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
+#   attn-quest           Quest's per-head attention configurations at 8 x 32K
+#   gpu-ride             the GPU tests of --ride and --ahead
+#   b{8,16}[hot<X>][ahead[125|15]]   offload bench rows (hot sets of 2 by default; b16 adds --compare-vanilla;
+#                        ahead125 / ahead15: --ahead-budget 1.25 / 1.5)
+#   {mc,sg}-KIND[-tl]    replays: mc the Mooncake sample's first 40 s x0.15, sg the ServeGen mix from 600 s, 60 s x0.05;
+#                        -tl with timelines, read on the device by replay-gaps --kernels 30. qwen3-14b, budget 1024,
+#                        threshold 2048, 64 GiB host, --max-offload 24, 6 GiB of GPU KV. KIND: vanilla; irq, irqhot
+#                        (IRQ, hot sets of 1.5 budgets); ride, ridehot; ahead, ahead125, ahead5ms (--ride --ahead, a
+#                        prediction of 1.25 budgets, the interpreter's 5 ms GIL switch interval); noirqhot (--no-irq);
+#                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
+#                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
+#                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
+# Compiled kernels kept across machines: KERNEL_CACHE/cache.txz.* (default .devrun, carried to the machine: an earlier
+# call's $OUT/cache.txz.*, xz split in parts under the 16 MiB a returned file may hold) seeds the Triton and Inductor
+# caches of a cold machine; each call hands the caches back the same way.
+set -u
+W=${WORK:-/tmp/pulseio-jobs}; mkdir -p $W
+C=/tmp/pulseio-kernel-cache
+K=${KERNEL_CACHE:-.devrun}
+if [ ! -d $C ] && ls $K/cache.txz.* > /dev/null 2>&1; then mkdir -p $C && cat $K/cache.txz.* | xz -d | tar xf - -C $C; fi
+mkdir -p $C/triton $C/inductor
+export TRITON_CACHE_DIR=$C/triton TORCHINDUCTOR_CACHE_DIR=$C/inductor
+T0=$(date +%s)
+TAG=${TAG:-jobs}
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $W/$TAG.log >> $OUT/$TAG-live.log; }
+finish() {
+  for d in $W/*-r/timelines-*; do [ -d $d ] || continue
+    keep=$(ls $d | sort -t- -k2 -n | sed -n 5p); [ -n "$keep" ] && gzip -c $d/$keep > $d.$keep.gz; rm -rf $d; done
+  rm -f $W/*/serving.tgz; tar czf $OUT/$TAG.tgz -C $W .
+  tar cf - -C $C . | xz -T0 -6 > /tmp/cache.txz && [ $(stat -c %s /tmp/cache.txz) -lt 45000000 ] && \
+    split -b 15000000 -d /tmp/cache.txz $OUT/cache.txz.
+  echo "cache $(du -sh $C | cut -f1), packed $(stat -c %s /tmp/cache.txz) bytes" >> $OUT/$TAG-live.log
+}
+trap finish EXIT
+SHA=$1; shift
+export PULSEIO_GIT_SHA=$SHA PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+log "start $SHA $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) jobs: $*"
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+for spec in "$@"; do
+  case $spec in   # h200:JOB runs only on an H200, h100:JOB only on an H100
+    h200:*) spec=${spec#h200:}; case $GPU in *H200*) ;; *) log "skip $spec (not an H200)"; continue;; esac;;
+    h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
+  esac
+  job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
+  if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
+    [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    for c in "tokens ahead" "halves ahead" ahead tokens "nosync 16 overlap ahead" "nosync 16 overlap ride ahead"; do f=case-${c// /-}
+      ( CASE_DUMP_AFTER_S=220 timeout 250 python tests/pulseio_engine/serving_gpu_case.py $c > $W/$f.out 2>&1; echo "rc=$?" >> $W/$f.out ) &
+    done
+    wait
+    for f in case-tokens-ahead case-halves-ahead case-ahead case-tokens case-nosync-16-overlap-ahead case-nosync-16-overlap-ride-ahead; do
+      log "$f $(grep -E '^\{' $W/$f.out | tail -1 | cut -c1-300) $(tail -1 $W/$f.out)"; done
+    continue
+  fi
+  if [ "$job" = offload-gpu ]; then
+    [ $(( $(date +%s) - T0 + 200 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    timeout 200 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_offload_gpu.py \
+      tests/pulseio_engine/test_fused_selection.py > $W/offload-gpu.out 2>&1; echo "rc=$?" >> $W/offload-gpu.out
+    log "offload-gpu $(grep -E 'passed|failed' $W/offload-gpu.out | tail -2 | tr '\n' ' ') $(tail -1 $W/offload-gpu.out)"
+    continue
+  fi
+  if [ "$job" = pulseio-gpu ]; then
+    [ $(( $(date +%s) - T0 + 240 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    timeout 230 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio/test_runtime_gpu.py \
+      tests/pulseio/test_recall_graph_gpu.py tests/pulseio/test_device_wait_patterns_gpu.py > $W/pulseio-gpu.out 2>&1
+    echo "rc=$?" >> $W/pulseio-gpu.out
+    log "pulseio-gpu $(grep -E 'passed|failed' $W/pulseio-gpu.out | tail -2 | tr '\n' ' ') $(tail -1 $W/pulseio-gpu.out)"
+    continue
+  fi
+  if [ "$job" = dw-chains ]; then   # the device-wait chains (the watchdog's short timeout) and the engine's shape
+    [ $(( $(date +%s) - T0 + 200 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    DEVICE_WAIT_RESULTS=$W/dw-chains.jsonl timeout 190 python -m pytest -q -rfE -p no:cacheprovider -m gpu \
+      tests/pulseio/test_device_wait_patterns_gpu.py -k "cold-4 or interleaved" > $W/dw-chains.out 2>&1
+    log "$job rc=$? $(tail -1 $W/dw-chains.out)"; continue
+  fi
+  if [ "$job" = rows28 ]; then
+    [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    PARTS=bench CONFIGS="8x32768 32x8192" SPECS="all-on-gpu:quest+vanilla all-on-gpu:solohead" R=$W/rows28 OUT=$W/rows28-out \
+      timeout ${LIM:-360} bash benchmarks/run_sparse_gpu.sh > $W/rows28.out 2>&1
+    log "$job rc=$? $(grep -h -E 'ms/step' $W/rows28/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
+  fi
+  if [ "$job" = doorbell-busy ]; then
+    [ $(( $(date +%s) - T0 + 130 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    timeout 120 python benchmarks/bench_doorbell.py --quick --strategies resident --busy-host-us 1500 \
+      --out $W/doorbell-busy.json > $W/doorbell-busy.log 2>&1
+    log "$job rc=$? $(grep -E '^busy host|resident:' $W/doorbell-busy.log | tr '\n' ' ')"; continue
+  fi
+  if [ "$job" = attn-quest ]; then   # Quest's per-head attention at 8 x 32K: tiles and splits against the heuristic
+    [ $(( $(date +%s) - T0 + 100 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    mkdir -p $W/attn; timeout 100 python benchmarks/bench_attention.py --budget-s 70 --shapes "quest b8 k128 rows" --out $W/attn > $W/attn/log.txt 2>&1
+    log "$job rc=$? $(grep -A4 SUMMARY $W/attn/log.txt | tail -3)"; continue
+  fi
+  if [ "$job" = gpu-ride ]; then   # the GPU tests of --ride and --ahead: tokens, steady rounds never sync the host
+    [ $(( $(date +%s) - T0 + 330 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    timeout 320 python -m pytest -q -rA -p no:cacheprovider tests/pulseio_engine/test_serving_gpu.py -k "ride or ahead" \
+      tests/pulseio_engine/test_fused_selection.py -m gpu \
+      > $W/gpu-ride.out 2>&1
+    log "$job rc=$? $(grep -E "passed|failed|PASSED|FAILED" $W/gpu-ride.out | tail -6 | tr '\n' ' ')"; continue
+  fi
+  case $job in b8*|b16*)   # the sparse-step issue's offload rows: b{8,16}[hot<budgets>][ahead], hot sets of 2 by default
+    [ $(( $(date +%s) - T0 + 120 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    bsz=8; case $job in b16*) bsz=16;; esac; extra=""
+    case $job in *ahead) extra="--ahead";; *ahead125) extra="--ahead --ahead-budget 1.25";; *ahead15) extra="--ahead --ahead-budget 1.5";; esac
+    hot=2; case $job in *hot*) hot=${job#*hot}; hot=${hot%ahead*};; esac
+    van=""; [ $bsz = 16 ] && van="--compare-vanilla"
+    timeout 120 python -m pulseio_engine.cli bench --model qwen3-14b --mode offload-doorbell --batch-size $bsz \
+      --context-len 32768 --steps 20 --warmup 3 --compare-all-on-gpu $van --hot-cache $hot $extra --no-progress \
+      --json $W/$job.json > $W/$job.log 2>&1
+    log "$job rc=$? $(tail -c 900 $W/$job.log | tr '\n' ' ')"; continue;;
+  esac
+  base=${job%-tl}; win=${base%%-*}; kind=${base#*-}; limit=300; TL=""; [ "$job" != "$base" ] && TL="TIMELINES=1"
+  case $win in
+    mc) WENV="DURATION=40 TIME_SCALE=0.15";;
+    sg) WENV="TRACE=servegen-mix START=600 DURATION=60 TIME_SCALE=0.05";;
+  esac
+  case $kind in
+    irq) EXTRA="--max-offload 24"; limit=260;;
+    irqhot) EXTRA="--max-offload 24 --hot-cache 1.5"; limit=260;;
+    vanilla) EXTRA=""; limit=280;;
+    ride) EXTRA="--max-offload 24 --ride";;
+    ridehot) EXTRA="--max-offload 24 --ride --hot-cache 1.5";;
+    ahead) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5";;
+    ahead125) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --ahead-budget 1.25";;
+    ahead5ms) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --gil-switch-us 0";;
+    noirqhot) EXTRA="--max-offload 24 --no-irq --hot-cache 1.5";;
+    halves) EXTRA="--max-offload 24 --halves";;
+    irqahead) EXTRA="--max-offload 24 --ahead --hot-cache 1.5"; limit=260;;
+    irqahead125) EXTRA="--max-offload 24 --ahead --hot-cache 1.5 --ahead-budget 1.25"; limit=260;;
+    irqahead3) EXTRA="--max-offload 24 --ahead --hot-cache 1.5 --normal-steps 3"; limit=260;;
+    irqahead2s) EXTRA="--max-offload 24 --ahead --hot-cache 1.5 --two-streams"; limit=260;;
+    halvesahead) EXTRA="--max-offload 24 --halves --ahead --hot-cache 1.5"; limit=260;;
+  esac
+  [ -n "$LIM" ] && limit=$LIM
+  [ $(( $(date +%s) - T0 + limit )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+  rm -rf $W/$job $W/$job-r; mkdir -p $W/$job
+  mode=pulseinfer; [ $kind = vanilla ] && mode=vanilla
+  env PARTS=replay MODES=$mode $WENV GPU_KV_GIB=6 BUDGET=1024 THRESHOLD=2048 HOST_KV_GIB=64 $TL \
+    REPLAY_ARGS="$EXTRA" REPLAY_TIMEOUT_S=$((limit - 15)) R=$W/$job-r OUT=$W/$job \
+    timeout $limit bash benchmarks/run_serving_gpu.sh > $W/$job.out 2>&1
+  log "$job rc=$? $(grep -h -E 'completed|tok/s' $W/$job-r/progress.log 2>/dev/null | tail -2 | tr '\n' ' ')"
+  [ -d $W/$job-r/timelines-$mode ] && timeout 60 python -m pulseio_engine.cli replay-gaps \
+    $W/$job-r/timelines-$mode --kernels 30 > $W/$job-r/gaps-kernels.txt 2>&1
+  grep -h -E "roofline|decode tok/s|GPU busy|TPOT p50/p99 <8K|rounds ridden|step graphs|warm-up|host ms|publish->landed GB/s" \
+    $W/$job-r/table.txt $W/$job-r/*.log 2>/dev/null | sort -u | tee -a $W/$TAG.log
+done
+log done
