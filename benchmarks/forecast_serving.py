@@ -26,7 +26,10 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   by default 1.43 and 0.39, the engine's on Qwen2.5-Coder-0.5B at 8K with hot sets of 1.5 budgets,
   `benchmarks/results/recall-ahead-2026-12-05-cpu/`). A random-weight replay's steering leaves
   `1 - sparse_bench.ahead_hits(budget)` exposed, so `--fit` takes that, and the prefetch's traffic from the report's
-  bytes recalled ahead.
+  bytes recalled ahead;
+- `pulseinfer --ahead` (`replay --ahead`, IRQ's pieces): IRQ's rounds with the same prefetch, `max(e * bytes / copy,
+  p * recall / link) + max(0, x * recall / link - h * normal bytes / copy)`; with `--halves`, the halves' rounds hide
+  `x * recall` behind the other half instead.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -141,13 +144,15 @@ def recall_per_token(config: ServingConfig, model_config: ModelConfig, shape: St
 
 def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, dtype: DType = DType.BFLOAT16,
              locality_context: int | None = None, hot_cache: float = 1.0, halves: bool = False,
-             ahead: tuple[float, float] | None = None) -> Forecast:
+             ride: bool = False, ahead: tuple[float, float] | None = None) -> Forecast:
     """Replay `trace` as `config` would, each round timed by its bytes (see the module doc); the recall at the
     locality `replay` steers to (`locality_context` as its option); `hot_cache`: offload requests hold that many
     budgets of hot slots (`recall_per_token`), the GPU bytes they are charged with them as the replay's engine
     allocates them (`ServingConfig.hot_cache`; modes without offload requests hold none). `halves`: the what-if
-    of the module doc, under IRQ, for offload batches of two requests or more. `ahead` (prefetch traffic, exposed
-    recall), each a fraction of the recall: the one-batch what-if of the module doc."""
+    of the module doc, under IRQ, for offload batches of two requests or more. `ride`: one forward a round, the
+    weights read once for both batches. `ahead` (prefetch traffic, exposed recall), each a fraction of the recall:
+    the prefetch flies behind the round's work and only the exposed part is left to recall (hidden under IRQ behind
+    the normal steps, under halves behind the other half, as the recall is without it)."""
     model_config = open_model(model).config
     if config.has_offload:
         config = replace(config, hot_cache=hot_cache)
@@ -209,19 +214,20 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
             for rid in offload:
                 recall += fill if running[rid].cold else warm_recall
                 running[rid].cold = False
-        if ahead is not None and both:        # one forward: the weights read once for both batches
+        if ride and both:                     # one forward: the weights read once for both batches
             normal_bytes -= b.weights
             weight_bytes -= b.weights
-        compute = e * (normal_bytes + offload_bytes) / copy
+        as_halves = halves and both and config.interleaves and len(offload) >= 2    # as `ServingEngine` runs them
+        compute = (e_halves if as_halves else e) * (normal_bytes + offload_bytes) / copy
+        left = recall                         # to recall after each layer's own selection
         if ahead is not None:                 # the prefetch flies behind the round's work, the rest is exposed
-            compute, exposed = max(compute, ahead[0] * recall / link), ahead[1] * recall / link
+            compute, left = max(compute, ahead[0] * recall / link), ahead[1] * recall
+        if as_halves:
+            exposed = max(0.0, left / link - compute)
         elif both and config.interleaves:
-            exposed = max(0.0, recall / link - hide * normal_bytes / copy)
+            exposed = max(0.0, left / link - hide * normal_bytes / copy)
         else:
-            exposed = recall / link
-        if halves and both and config.interleaves and len(offload) >= 2:      # as `ServingEngine` runs halves
-            compute = e_halves * (normal_bytes + offload_bytes) / copy
-            exposed = max(0.0, recall / link - compute)
+            exposed = left / link
         dt = compute + exposed
         t += dt
         rounds += 1
@@ -248,7 +254,8 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
                    throughput: float, locality_context: int | None = None, hot_cache: float = 1.0,
                    halves: bool = False, hide_efficiency: float | None = None,
-                   efficiency: float | None = None, ahead: tuple[float, float] | None = None) -> float | None:
+                   efficiency: float | None = None, ride: bool = False,
+                   ahead: tuple[float, float] | None = None) -> float | None:
     """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
     None where even e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'.
     `halves`: the halves rounds' `e_h` instead, the other rounds at `efficiency`."""
@@ -260,7 +267,7 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
         rates = Rates(copy_gbps, link_gbps, x, hide_efficiency) if not halves else \
             Rates(copy_gbps, link_gbps, others, hide_efficiency, halves_efficiency=x)
         return forecast(trace, model, config, rates, locality_context=locality_context, hot_cache=hot_cache,
-                        halves=halves, ahead=ahead).throughput
+                        halves=halves, ride=ride, ahead=ahead).throughput
 
     lo, hi = 0.5, 5.0
     if at(lo) < throughput:
@@ -275,7 +282,7 @@ MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
          "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None),
          "pulseinfer --ride": (ServeMode.PULSEINFER, False),
-         "pulseinfer --ride --ahead": (ServeMode.PULSEINFER, False)}
+         "pulseinfer --ride --ahead": (ServeMode.PULSEINFER, False), "pulseinfer --ahead": (ServeMode.PULSEINFER, None)}
 HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ride --ahead"   # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39,    # fitted to H200 replays,
               "pulseinfer --ride": 1.82, "pulseinfer --ride --ahead": 1.81}          # these to H100 ones (module doc)
@@ -408,9 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         e = fit_efficiency(trace, report["model"], config, args.copy_gbps, args.link_gbps, measured,
                            int(steered.group(1)) if steered else None, cfg.get("hot_cache", 1.0),
                            halves=halves, hide_efficiency=args.hide_efficiency,
-                           efficiency=rates("pulseinfer").efficiency,
-                           ahead=_steered_ahead(report) if cfg.get("ahead") else (0.0, 1.0) if cfg.get("ride")
-                           else None)
+                           efficiency=rates("pulseinfer").efficiency, ride=bool(cfg.get("ride")),
+                           ahead=_steered_ahead(report) if cfg.get("ahead") else None)
         print(f"{path}: {report['mode']}{' --halves' if halves else ''} {measured:.1f} tok/s -> "
               + ("halves rounds' " if halves else "") + "efficiency "
               + ("below 0.5" if e is None else f"{e:.3f}"))
@@ -431,9 +437,10 @@ def main(argv: list[str] | None = None) -> int:
                 key = (mode, options["gpu_kv_gib"])
                 if key in vanillas:
                     continue
-            ahead = {AHEAD: (args.ahead_traffic, args.ahead_exposed), RIDE: (0.0, 1.0)}.get(mode)
+            ride = mode in (RIDE, AHEAD)
+            ahead = (args.ahead_traffic, args.ahead_exposed) if mode.endswith(" --ahead") else None
             f = forecast(trace, args.model, config, rates(mode), locality_context=args.locality_context,
-                         hot_cache=args.hot_cache, halves=mode == HALVES, ahead=ahead)
+                         hot_cache=args.hot_cache, halves=mode == HALVES, ride=ride, ahead=ahead)
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
@@ -442,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                 need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
                                       args.need * base.throughput, args.locality_context, args.hot_cache,
                                       halves=mode == HALVES, hide_efficiency=args.hide_efficiency,
-                                      efficiency=rates(mode).efficiency, ahead=ahead)
+                                      efficiency=rates(mode).efficiency, ride=ride, ahead=ahead)
             print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
     return 0
 

@@ -13,6 +13,7 @@ import pytest
 from pulseio_engine.cli import main
 from pulseio_engine.config import DType
 from pulseio_engine.model.checkpoint import open_model
+from pulseio_engine.serving.config import ServingConfig
 from pulseio_engine.serving.pools import plan_pools
 from pulseio_engine.serving.report import load_report
 from pulseio_engine.step_bytes import StepShape, step_bytes
@@ -148,9 +149,9 @@ def test_halves_rounds_hide_the_recall_behind_all_of_their_work_at_their_own_eff
 
 
 def test_a_ridden_round_reads_the_weights_once_and_an_ahead_round_hides_its_prefetch_behind_its_work() -> None:
-    """One cold round of a normal request and two offload ones: ridden (`ahead` (0, 1)), its bytes less one read of
-    the weights at `e` plus the whole recall; ahead, the prefetch's traffic hidden behind the work, what it missed
-    exposed; alone, a batch's round is the same in every mode."""
+    """One cold round of a normal request and two offload ones: ridden, its bytes less one read of the weights at
+    `e` plus the whole recall; ahead, the prefetch's traffic hidden behind the work, what it missed exposed (under
+    IRQ, hidden behind the normal step where it can be); alone, a batch's round is the same in every mode."""
     model = open_model("tiny").config
     rates = forecast_serving.Rates(copy_gbps=50.0, link_gbps=2.0, efficiency=1.5)
     config = forecast_serving.serving_config("pulseinfer --ride", gpu_kv_gib=1.0, host_kv_gib=1.0,
@@ -163,17 +164,23 @@ def test_a_ridden_round_reads_the_weights_once_and_an_ahead_round_hides_its_pref
     normal = step_bytes(shape, [300])
     work, recall = 1.5 * (normal.total - normal.weights + offload.total) / 50e9, 2 * fill / 2e9
 
-    def dt(ahead: tuple[float, float] | None) -> float:
-        (r,) = forecast_serving.forecast(trace, "tiny", config, rates, ahead=ahead).recorder.rounds
-        return r.dt_s
+    def dt(ahead: tuple[float, float] | None, ride: bool = True, within: ServingConfig = config,
+           on: Trace = trace) -> list[float]:
+        return [r.dt_s for r in forecast_serving.forecast(on, "tiny", within, rates, ride=ride,
+                                                          ahead=ahead).recorder.rounds]
 
-    assert dt((0.0, 1.0)) == pytest.approx(work + recall, rel=1e-9)
-    assert dt((1.2, 0.25)) == pytest.approx(max(work, 1.2 * recall) + 0.25 * recall, rel=1e-9)
+    assert dt(None) == pytest.approx([work + recall], rel=1e-9)
+    assert dt((1.2, 0.25)) == pytest.approx([max(work, 1.2 * recall) + 0.25 * recall], rel=1e-9)
     coupled = 1.5 * (normal.total + offload.total) / 50e9 + recall
-    assert dt(None) == pytest.approx(coupled, rel=1e-9) and coupled > dt((0.0, 1.0))
+    assert dt(None, ride=False) == pytest.approx([coupled], rel=1e-9) and coupled > work + recall
+    irq = replace(config, irq=None)                                     # `pulseinfer --ahead`: IRQ's pieces
+    assert irq.interleaves
+    both = 1.5 * (normal.total + offload.total) / 50e9
+    for p, x in ((1.2, 0.25), (0.1, 0.9)):
+        want = max(both, p * recall) + max(0.0, x * recall - 1.5 * normal.total / 50e9)
+        assert dt((p, x), ride=False, within=irq) == pytest.approx([want], rel=1e-9)
     alone = Trace((TraceRequest(0.0, 4000, 1, "a"),), "t", "mooncake")
-    assert [r.dt_s for r in forecast_serving.forecast(alone, "tiny", config, rates, ahead=(0.0, 1.0)).recorder.rounds] \
-        == pytest.approx([r.dt_s for r in forecast_serving.forecast(alone, "tiny", config, rates).recorder.rounds])
+    assert dt(None, on=alone) == pytest.approx(dt(None, ride=False, on=alone))
 
 
 def test_a_steered_ahead_replay_is_fitted_with_its_own_prefetch_traffic() -> None:
