@@ -232,3 +232,21 @@ def test_recall_graph_needs_a_cuda_device() -> None:
                                                     block_bytes=64)) as rt:
         with pytest.raises(pulseio.ConfigError, match="needs a CUDA device: the host backend has no graphs"):
             rt.recall_graph()
+
+
+def test_a_runtime_too_large_for_the_ids_mirror_says_so_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Past the mirror's bytes the resident copier reads ids over PCIe, a slower path: warned once per runtime, so a
+    user with no logging set up sees it; within them the mirror holds a row per outstanding request, silently."""
+    from pulseio.runtime import IDS_MIRROR_MAX_BYTES, _ids_mirror_rows
+
+    class _Copier:
+        reads_ids_mirror = True
+
+    small = RuntimeConfig(max_outstanding=64, max_blocks_per_request=256)
+    rows = IDS_MIRROR_MAX_BYTES // (2 * 8 * 4096) + 1                   # one row past the bytes at 4096 blocks
+    large = RuntimeConfig(max_outstanding=rows, max_blocks_per_request=4096)
+    with caplog.at_level("INFO", logger="pulseio"):
+        assert _ids_mirror_rows(small, _Copier()) == 64 and not caplog.records
+        assert _ids_mirror_rows(large, _Copier()) == 0
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "no device mirror of doorbell ids" in record.getMessage()
