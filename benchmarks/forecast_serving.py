@@ -29,7 +29,8 @@ decode steps must read (`step_bytes`, as the replay's roofline counts it) and wh
   bytes recalled ahead;
 - `pulseinfer --ahead` (`replay --ahead`, IRQ's pieces): IRQ's rounds with the same prefetch, `max(e * bytes / copy,
   p * recall / link) + max(0, x * recall / link - h * normal bytes / copy)`; with `--halves`, the halves' rounds hide
-  `x * recall` behind the other half instead.
+  `x * recall` behind the other half instead; `--no-irq --ahead`, the coupled steps, expose it. A round recalling
+  ahead is never shorter than the link's `(p + x) * recall / link`.
 
 `e` is a mode's rounds over this model's time, fitted to a replay on the device (`--fit REPORT`: the `e` at which the
 forecast gives the report's throughput; on the H200, vanilla 1.21 on both windows, pulseinfer 1.49 on the Mooncake
@@ -229,6 +230,8 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
         else:
             exposed = left / link
         dt = compute + exposed
+        if ahead is not None:                 # the link carries both: the round is never shorter than that
+            dt = max(dt, (ahead[0] + ahead[1]) * recall / link)
         t += dt
         rounds += 1
         weights_s += weight_bytes / copy
@@ -282,7 +285,8 @@ MODES = {"vanilla": (ServeMode.VANILLA, None), "quest": (ServeMode.QUEST, None),
          "offload-sync": (ServeMode.OFFLOAD_SYNC, None), "pulseinfer": (ServeMode.PULSEINFER, None),
          "pulseinfer --no-irq": (ServeMode.PULSEINFER, False), "pulseinfer --halves": (ServeMode.PULSEINFER, None),
          "pulseinfer --ride": (ServeMode.PULSEINFER, False),
-         "pulseinfer --ride --ahead": (ServeMode.PULSEINFER, False), "pulseinfer --ahead": (ServeMode.PULSEINFER, None)}
+         "pulseinfer --ride --ahead": (ServeMode.PULSEINFER, False), "pulseinfer --ahead": (ServeMode.PULSEINFER, None),
+         "pulseinfer --no-irq --ahead": (ServeMode.PULSEINFER, False)}
 HALVES, RIDE, AHEAD = "pulseinfer --halves", "pulseinfer --ride", "pulseinfer --ride --ahead"   # see the module doc
 EFFICIENCY = {"vanilla": 1.21, "pulseinfer": 1.47, "pulseinfer --no-irq": 1.39,    # fitted to H200 replays,
               "pulseinfer --ride": 1.82, "pulseinfer --ride --ahead": 1.81}          # these to H100 ones (module doc)

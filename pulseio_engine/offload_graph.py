@@ -266,13 +266,18 @@ class OffloadStepGraph:
                 self._armed = self._leader._armed                # armed with the first half's piece 0, just before
             elif self._recall_graph is not None:
                 self._armed = self.offloader.recaller.arm(self._recall_graph)
+        recaller = self.offloader.recaller                      # eager, or captured with recalls the host posts
+        host_recalls = not self._graphs or (recaller is not None and not recaller.captures)
         if self._graphs:
-            self._graphs[piece].replay()          # its recall's publish and resident attention captured in it
+            if host_recalls:
+                self._wait_ahead(piece)           # no Python runs inside a replay
+            self._graphs[piece].replay()          # its resident attention (and publishes, if captured) in it
         else:
             self._eager[piece]()
         self._pending = self._posted(piece)
-        if not self._graphs:
+        if host_recalls:
             self._prefetch(piece, None)
+        if not self._graphs:
             self._resident(piece)
         if piece == self.num_pieces - 1 and not self._graphs:
             self._ran_eagerly, self._eager = True, []

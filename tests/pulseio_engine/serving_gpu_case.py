@@ -117,6 +117,7 @@ def tokens(ahead: bool = False) -> dict:
     ok = all(runs[k]["tokens"] == alone for k in runs if k not in ("normal alone", "offload alone"))
     ok = ok and max(runs["irq 3 steps late"]["m"], default=0) > 1       # a late recall spans several normal layers
     ok = ok and _recalls_clean(runs)
+    ok = ok and all((runs[k]["ahead_bytes"] > 0) == ahead for k in runs if k != "normal alone")   # every step too
     return {"ok": ok, **_without_tokens(runs)}
 
 
@@ -131,7 +132,7 @@ def _serve(classes: dict[int, KVClass], late: int | None, **engine: Any) -> dict
         stats = serving.inner.stats
         return {"tokens": _run(serving), "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
                 "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds, "m": dict(stats.m),
-                "device_waits": stats.device_waits,
+                "device_waits": stats.device_waits, "ahead_bytes": serving.recall_statistics()[2],
                 "runtime": _runtime(serving)}
 
 
@@ -171,6 +172,7 @@ def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0) -> dict:
     ok = not differ and sorted(len(t) for t in alone.values()) == [24] * len(classes)
     counter = "halves_rounds" if kind == "halves" else "ridden_rounds"
     ok = ok and all(0 < runs[k][counter] for k in ridden)
+    ok = ok and all((runs[k]["ahead_bytes"] > 0) == ahead for k in ridden)     # captured and late steps prefetched
     ok = ok and _recalls_clean(runs)
     if "streams" in runs[kind]:      # each ridden capture: three branches of the graph, no stream holds two of them
         captured = runs[kind]["streams"]

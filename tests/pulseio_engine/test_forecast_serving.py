@@ -176,9 +176,11 @@ def test_a_ridden_round_reads_the_weights_once_and_an_ahead_round_hides_its_pref
     irq = replace(config, irq=None)                                     # `pulseinfer --ahead`: IRQ's pieces
     assert irq.interleaves
     both = 1.5 * (normal.total + offload.total) / 50e9
-    for p, x in ((1.2, 0.25), (0.1, 0.9)):
+    for p, x in ((1.2, 0.25), (0.1, 0.9), (1.43, 0.39)):
         want = max(both, p * recall) + max(0.0, x * recall - 1.5 * normal.total / 50e9)
-        assert dt((p, x), ride=False, within=irq) == pytest.approx([want], rel=1e-9)
+        assert dt((p, x), ride=False, within=irq) == pytest.approx([max(want, (p + x) * recall)], rel=1e-9)
+    assert max(both, 1.43 * recall) + max(0.0, 0.39 * recall - 1.5 * normal.total / 50e9) < 1.82 * recall, \
+        "the link's bound binds in one of these rounds"
     alone = Trace((TraceRequest(0.0, 4000, 1, "a"),), "t", "mooncake")
     assert dt(None, on=alone) == pytest.approx(dt(None, ride=False, on=alone))
 
@@ -197,3 +199,5 @@ def test_a_steered_ahead_replay_is_fitted_with_its_own_prefetch_traffic() -> Non
         assert traffic == pytest.approx(2 * exposed)            # twice the exposed bytes moved ahead
     assert forecast_serving.mode_of({"mode": "pulseinfer --ride --ahead --ahead-budget 1.25"}) in forecast_serving.MODES
     assert forecast_serving.mode_of({"mode": "pulseinfer --ride --ahead"}) == "pulseinfer --ride --ahead"
+    for mode in ("pulseinfer --ahead --ahead-budget 1.25", "pulseinfer --no-irq --ahead"):   # IRQ's, coupled
+        assert forecast_serving.mode_of({"mode": mode}) in forecast_serving.MODES

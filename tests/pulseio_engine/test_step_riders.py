@@ -183,16 +183,21 @@ def _served_alone(path: str, classes: dict[int, KVClass], seed: int) -> dict[int
     return alone
 
 
-@pytest.mark.parametrize(("seed", "overlap", "requests"), [(0, False, 8), (1, True, 8), (2, True, 8),
-                                                         (3, True, 24)])
-def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool, requests: int) -> None:
+@pytest.mark.parametrize(("seed", "overlap", "requests", "ahead"), [(0, False, 8, False), (1, True, 8, False),
+                                                                  (2, True, 8, False), (3, True, 24, False),
+                                                                  (4, True, 8, True), (5, False, 12, True)])
+def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool, requests: int,
+                                                   ahead: bool) -> None:
     """The offload batch in two halves, the normal requests riding in the first (in padded rows): every request's
     tokens are its tokens served by its class alone, rounds overlapped or not, as requests finish and the halves
-    change size."""
+    change size; also with each half's layers recalled a layer early (hot sets of 1.5 budgets), which moves bytes."""
     path = str(tiny_qwen3[0])
     classes = _classes(seed, requests, {0: NRM, 1: OFF, 2: OFF, 3: OFF})      # halves of two and more, always
-    out, serving = _serve(path, classes, halves=True, overlap=overlap, seed=seed)
+    out, serving = _serve(path, classes, halves=True, overlap=overlap, seed=seed, ahead=ahead,
+                          hot_cache=1.5 if ahead else 1.0)
     assert out == _served_alone(path, classes, seed) and all(len(out[r]) == 6 + r % 5 for r in classes)
+    _, recalled, prefetched = serving.recall_statistics()
+    assert (0 < prefetched < recalled) if ahead else prefetched == 0
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload >= 2)
     assert 0 < serving.halves_rounds == both, "halves where both batches run, the offload one of 2 or more"
     assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
