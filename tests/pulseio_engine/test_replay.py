@@ -400,6 +400,7 @@ def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(t
     irq = runs["irq"]
     assert irq["mode"] == "pulseinfer --ahead" and irq["summary"]["complete"]
     assert irq["summary"]["recalls"] == steps["irq"] * (2 * layers - 1)     # (test_irq: IRQ's interleaving with it)
+    assert 0 < irq["summary"]["ahead_bytes"] < irq["summary"]["recalled_bytes"]
     assert ride["summary"]["ahead_bytes"] == 0 < ahead["summary"]["ahead_bytes"] < ahead["summary"]["recalled_bytes"]
     assert re.search(r"^of them recalled ahead GiB\s+0\.000\s+0\.\d{3}$", table([ride, ahead]), flags=re.M)
 
