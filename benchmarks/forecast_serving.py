@@ -45,6 +45,7 @@ the overlap of rounds are not modelled (the replay hands every prompt's KV in; `
 
     python benchmarks/forecast_serving.py --duration 20 --time-scale 0.3          # session 27's Mooncake window
     python benchmarks/forecast_serving.py --duration 20 --time-scale 0.3 --budget 1024 2048 --threshold 2048 8192
+    python benchmarks/forecast_serving.py --duration 40 --time-scale 0.15 --need 3 --need-tpot 1.1  # e for each target
 
 Each mode prints one line: decode tok/s and its ratio to vanilla's, TPOT p50 / p99 of the < 8K requests and the p99's
 ratio to vanilla's, the mean batch sizes (normal + offload) and the time the rounds spend reading weights, the rest of
@@ -55,6 +56,7 @@ pulseinfer line against vanilla at its GPU KV cap.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import re
@@ -255,29 +257,36 @@ def forecast(trace: Trace, model: str, config: ServingConfig, rates: Rates, *, d
 
 
 def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: float, link_gbps: float,
-                   throughput: float, locality_context: int | None = None, hot_cache: float = 1.0,
+                   throughput: float | None, locality_context: int | None = None, hot_cache: float = 1.0,
                    halves: bool = False, hide_efficiency: float | None = None,
                    efficiency: float | None = None, ride: bool = False,
-                   ahead: tuple[float, float] | None = None) -> float | None:
-    """The `e` in [0.5, 5] at which the forecast gives `throughput` (bisection: the forecast slows as `e` grows);
-    None where even e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'.
-    `halves`: the halves rounds' `e_h` instead, the other rounds at `efficiency`."""
+                   ahead: tuple[float, float] | None = None, short_p99_ms: float | None = None) -> float | None:
+    """The `e` in [0.5, 5] at which the forecast gives `throughput`, or (`short_p99_ms` instead) the largest at which
+    the < 8K requests' TPOT p99 stays within it (bisection: the forecast slows as `e` grows); None where even
+    e = 0.5 falls short (the recall alone bounds the rounds). `hide_efficiency`: as `Rates`'. `halves`: the halves
+    rounds' `e_h` instead, the other rounds at `efficiency`."""
+    if (throughput is None) == (short_p99_ms is None):
+        raise ValueError("fit_efficiency fits one target: give throughput or short_p99_ms")
     if halves and efficiency is None:
         raise ValueError("fitting the halves rounds' efficiency needs the other rounds' (efficiency=)")
     others = efficiency or 0.0                           # the other rounds' e, held (halves)
 
-    def at(x: float) -> float:
+    def slack(x: float) -> float:                     # > 0: the target still holds at e = x
         rates = Rates(copy_gbps, link_gbps, x, hide_efficiency) if not halves else \
             Rates(copy_gbps, link_gbps, others, hide_efficiency, halves_efficiency=x)
-        return forecast(trace, model, config, rates, locality_context=locality_context, hot_cache=hot_cache,
-                        halves=halves, ride=ride, ahead=ahead).throughput
+        f = forecast(trace, model, config, rates, locality_context=locality_context, hot_cache=hot_cache,
+                     halves=halves, ride=ride, ahead=ahead)
+        if throughput is not None:
+            return f.throughput - throughput
+        p99 = f.short_tpot_ms()[1]
+        return float("inf") if p99 is None else short_p99_ms - p99     # type: ignore[operator]
 
     lo, hi = 0.5, 5.0
-    if at(lo) < throughput:
+    if slack(lo) < 0:
         return None
     for _ in range(24):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if at(mid) > throughput else (lo, mid)
+        lo, hi = (mid, hi) if slack(mid) > 0 else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -321,8 +330,9 @@ def serving_config(mode: str, *, gpu_kv_gib: float, host_kv_gib: float, offload_
                          token_budget=token_budget, normal_steps=normal_steps if interleaves else 1)
 
 
-def line(name: str, f: Forecast, vanilla: Forecast | None, need: float | None | bool = False) -> str:
-    """One mode's forecast; `need`: the efficiency its target needs (None: unreachable; False: not asked)."""
+def line(name: str, f: Forecast, vanilla: Forecast | None, *needs: float | None | bool) -> str:
+    """One mode's forecast; `needs`: the efficiency each target asked needs (None: unreachable; False: not this
+    mode's: vanilla's line)."""
     p50, p99 = f.short_tpot_ms()
     ratio = "" if vanilla is None else f"({f.throughput / vanilla.throughput:.2f}x)"
     tpot = "-" if p50 is None else f"{p50:.1f} / {p99:.1f}"
@@ -330,7 +340,8 @@ def line(name: str, f: Forecast, vanilla: Forecast | None, need: float | None | 
     short = "" if base is None or p99 is None else f"({p99 / base:.2f}x)"
     return (f"{name:<64} {f.throughput:7.1f} {ratio:>8}  {tpot:>13} {short:>8}  {f.normal_mean:5.2f} + "
             f"{f.offload_mean:5.2f}  {f.weights_s:5.1f} / {f.kv_s:4.1f} / {f.exposed_recall_s:4.1f} s"
-            + ("" if need is False else f"  {'< 0.5' if need is None else f'{need:.2f}':>6}"))
+            + "".join(f"  {'' if need is False else '< 0.5' if need is None else f'{need:.2f}':>{NEED_WIDTH}}"
+                      for need in needs))
 
 
 def mode_efficiency(text: str) -> tuple[str, float]:
@@ -345,6 +356,7 @@ def mode_efficiency(text: str) -> tuple[str, float]:
     return mode, e
 
 
+NEED_WIDTH = 16                                   # the `--need` / `--need-tpot` columns
 HEADER = (f"{'mode, options':<64} {'tok/s':>7} {'x van.':>8}  {'TPOT <8K ms':>13} {'x van.':>8}  "
           f"{'batches':>13}  weights / KV / exposed recall")
 
@@ -393,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--need", type=float, default=None, metavar="X",
                         help="also print the efficiency at which each offload mode would decode X times vanilla's "
                              "tokens a second")
+    parser.add_argument("--need-tpot", type=float, default=None, metavar="R",
+                        help="also print the efficiency up to which each offload mode keeps its < 8K requests' "
+                             "TPOT p99 within R times vanilla's")
     parser.add_argument("--fit", nargs="+", type=Path, default=[],
                         help="replay reports of this trace window: the efficiency at which the forecast gives each "
                              "one's throughput")
@@ -427,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         return 0
 
-    print(HEADER + ("" if args.need is None else f"  e for {args.need:g}x"))
+    asked = [title for value, title in ((args.need, "e for {:g}x"), (args.need_tpot, "e for TPOT {:g}x"))
+             if value is not None for title in [title.format(value)]]
+    print(HEADER + "".join(f"  {title:>{NEED_WIDTH}}" for title in asked))
     vanillas: dict[tuple, Forecast] = {}
     for values in itertools.product(*(getattr(args, name) for name in SWEPT)):
         options = dict(zip(SWEPT, values))
@@ -448,13 +465,17 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "vanilla":
                 vanillas[key] = f
             base = vanillas.get(("vanilla", options["gpu_kv_gib"]))
-            need: float | None | bool = False
-            if args.need is not None and base is not None and config.has_offload:
-                need = fit_efficiency(trace, args.model, config, args.copy_gbps, args.link_gbps,
-                                      args.need * base.throughput, args.locality_context, args.hot_cache,
-                                      halves=mode == HALVES, hide_efficiency=args.hide_efficiency,
-                                      efficiency=rates(mode).efficiency, ride=ride, ahead=ahead)
-            print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, need))
+            fit = functools.partial(fit_efficiency, trace, args.model, config, args.copy_gbps, args.link_gbps,
+                                    locality_context=args.locality_context, hot_cache=args.hot_cache,
+                                    halves=mode == HALVES, hide_efficiency=args.hide_efficiency,
+                                    efficiency=rates(mode).efficiency, ride=ride, ahead=ahead)
+            needs: list[float | None | bool] = []
+            if args.need is not None:
+                needs.append(base is not None and config.has_offload and fit(args.need * base.throughput))
+            if args.need_tpot is not None:
+                p99 = None if base is None else base.short_tpot_ms()[1]
+                needs.append(p99 is not None and config.has_offload and fit(None, short_p99_ms=args.need_tpot * p99))
+            print(line(f"{mode}{', ' + swept if swept else ''}", f, None if mode == "vanilla" else base, *needs))
     return 0
 
 

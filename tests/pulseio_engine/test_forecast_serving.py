@@ -95,6 +95,24 @@ def test_the_fitted_efficiency_gives_back_the_throughput_it_was_fitted_to() -> N
         forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, made, halves=True)
 
 
+def test_the_efficiency_a_short_tpot_needs_gives_back_that_tpot() -> None:
+    """`short_p99_ms`: the largest `e` whose < 8K requests' TPOT p99 stays within the target; a target below what
+    the recall alone allows is out of reach; one target at a time."""
+    trace = _two(300, 4000, 20)
+    config = forecast_serving.serving_config("pulseinfer", gpu_kv_gib=1.0, host_kv_gib=1.0, offload_threshold=1024,
+                                             token_budget=256, normal_steps=1)
+
+    def p99(e: float) -> float:
+        return forecast_serving.forecast(trace, "tiny", config, forecast_serving.Rates(50.0, 2.0, e)).short_tpot_ms()[1]
+
+    e = forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, None, short_p99_ms=p99(1.37))
+    assert e == pytest.approx(1.37, rel=1e-5) and p99(e) <= p99(1.37) * (1 + 1e-6) < p99(1.01 * e)
+    assert forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, None, short_p99_ms=0.99 * p99(0.5)) \
+        is None, "out of reach"
+    with pytest.raises(ValueError, match="fits one target"):
+        forecast_serving.fit_efficiency(trace, "tiny", config, 50.0, 2.0, 100.0, short_p99_ms=p99(1.37))
+
+
 def test_a_larger_hot_cache_recalls_less_and_fits_fewer_offload_requests() -> None:
     """Hot sets two budgets large, on the shipped 16K record (it simulates 1.5, 2 and 4 budgets): the recall the
     replay steers to (`rewarm_for`), the GPU bytes its engine allocates (`plan_pools`)."""
