@@ -49,8 +49,10 @@ the overlap of rounds are not modelled (the replay hands every prompt's KV in; `
 
 Each mode prints one line: decode tok/s and its ratio to vanilla's, TPOT p50 / p99 of the < 8K requests and the p99's
 ratio to vanilla's, the mean batch sizes (normal + offload) and the time the rounds spend reading weights, the rest of
-their bytes and waiting for recalls (before `e`). Options given several values are swept (every combination), each
-pulseinfer line against vanilla at its GPU KV cap.
+their bytes and waiting for recalls (before `e`); `--need X` and `--need-tpot R` add the largest `e` at which an
+offload mode still decodes X times vanilla's tokens a second, and keeps its < 8K requests' TPOT p99 within R times
+vanilla's. Options given several values are swept (every combination), each pulseinfer line against vanilla at its
+GPU KV cap.
 """
 
 from __future__ import annotations
