@@ -21,8 +21,9 @@
 #   {mc,sg}-KIND[-tl]    replays: mc the Mooncake sample's first 40 s x0.15, sg the ServeGen mix from 600 s, 60 s x0.05;
 #                        -tl with timelines, read on the device by replay-gaps --kernels 30. qwen3-14b, budget 1024,
 #                        threshold 2048, 64 GiB host, --max-offload 24, 6 GiB of GPU KV. KIND: vanilla; irq, irqhot
-#                        (IRQ, hot sets of 1.5 budgets); ride, ridehot; ahead, ahead125, ahead5ms (--ride --ahead, a
-#                        prediction of 1.25 budgets, the interpreter's 5 ms GIL switch interval); noirqhot (--no-irq);
+#                        (IRQ, hot sets of 1.5 budgets); ride, ridehot; ahead, ahead125, ahead5ms, ahead3 (--ride
+#                        --ahead; a prediction of 1.25 budgets; the interpreter's 5 ms GIL switch interval; hot sets of
+#                        3 budgets, forecast-tpot-2026-12-06-cpu's configuration); noirqhot (--no-irq);
 #                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
 #                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
 #                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
@@ -137,6 +138,7 @@ for spec in "$@"; do
     ridehot) EXTRA="--max-offload 24 --ride --hot-cache 1.5";;
     ahead) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5";;
     ahead125) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --ahead-budget 1.25";;
+    ahead3) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3";;
     ahead5ms) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --gil-switch-us 0";;
     noirqhot) EXTRA="--max-offload 24 --no-irq --hot-cache 1.5";;
     halves) EXTRA="--max-offload 24 --halves";;
