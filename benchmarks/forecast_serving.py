@@ -280,8 +280,9 @@ def fit_efficiency(trace: Trace, model: str, config: ServingConfig, copy_gbps: f
                      halves=halves, ride=ride, ahead=ahead)
         if throughput is not None:
             return f.throughput - throughput
+        assert short_p99_ms is not None
         p99 = f.short_tpot_ms()[1]
-        return float("inf") if p99 is None else short_p99_ms - p99     # type: ignore[operator]
+        return float("inf") if p99 is None else short_p99_ms - p99
 
     lo, hi = 0.5, 5.0
     if slack(lo) < 0:
@@ -444,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         return 0
 
-    asked = [title for value, title in ((args.need, "e for {:g}x"), (args.need_tpot, "e for TPOT {:g}x"))
-             if value is not None for title in [title.format(value)]]
+    asked = [f"e for {args.need:g}x"] if args.need is not None else []
+    asked += [f"e for TPOT {args.need_tpot:g}x"] if args.need_tpot is not None else []
     print(HEADER + "".join(f"  {title:>{NEED_WIDTH}}" for title in asked))
     vanillas: dict[tuple, Forecast] = {}
     for values in itertools.product(*(getattr(args, name) for name in SWEPT)):
