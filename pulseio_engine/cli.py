@@ -44,6 +44,7 @@ from pulseio.cliargs import (
 )
 from pulseio.machine import MEMORY_LIMIT_ENV
 
+from .ahead_option import add_ahead_budget_option, check_ahead_budget
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, PromptKind, calibrate_checkpoint
 from .config import CacheConfig, DType, OffloadConfig, SparseConfig, SparseMode
@@ -132,8 +133,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.ahead and (args.mode != SparseBenchMode.OFFLOAD_DOORBELL.value or args.hot_cache <= 1.0):
         raise UsageError(prog, "--ahead recalls each layer's predicted blocks into its hot set's spare entries: "
                                "--mode offload-doorbell with --hot-cache above 1 (e.g. 1.5)")
-    if args.ahead_budget != 1.0 and not args.ahead:
-        raise UsageError(prog, "--ahead-budget sizes the prediction of --ahead: give --ahead too")
+    check_ahead_budget(prog, args.ahead, args.ahead_budget)
     if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
         raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
                                "(all-on-gpu, offload-sync, offload-doorbell)")
@@ -306,10 +306,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="offload-doorbell with --hot-cache above 1: each offloaded layer after the first is also "
                         "recalled during the layer before, from its weights' query of that layer's stream, so it "
                         "recalls after its own selection only what that missed (steered: AHEAD_HITS of it prefetched)")
-    b.add_argument("--ahead-budget", type=float_at_least(1.0), default=1.0, metavar="F",
-                   help="with --ahead: the prediction selects F token budgets of blocks (at most --hot-cache), so less "
-                        "is left to recall after a layer's own selection, for more traffic ahead of it (default 1; "
-                        "steered at the budgets measured: AHEAD_HITS)")
+    add_ahead_budget_option(b)
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")
