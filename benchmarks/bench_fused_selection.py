@@ -3,7 +3,7 @@ replace, at the shape of the issue (qwen3-14b: 40 q / 8 KV heads, head_dim 128; 
 block 16: NB = 2048; budget 2048 tokens: K = 128).
 
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
-    [--parts score,select,torch]
+    [--parts score,select,torch] [--only "S=8 paged sum"]
 
 Workload: bf16 queries and digests with random values (speed does not depend on them; the top-K does not
 either: the threshold search runs 16 steps whatever the keys), block tables of shuffled physical ids, every
@@ -95,13 +95,16 @@ def bench_score(layer: Layer, copy_gbps: float) -> None:
                   f"{nbytes / 2**20:6.1f} MiB {gbps:7.0f} GB/s ({gbps / copy_gbps:4.0%} of the copy)", flush=True)
 
 
-def bench_select(layer: Layer) -> None:
+def bench_select(layer: Layer, only: list[str]) -> None:
+    """only: substrings of the lines' labels ("S=8 paged sum") to run; empty runs every configuration."""
     config = layer.config
     maxnorm = SparseConfig(token_budget=config.token_budget, block_size=BS, group_score=GroupScore.MAX_NORM)
     for s in (HKV, 1):
         for label, mode, cfg, c in (("paged sum", "paged", config, 1), ("hot sum", "hot", config, 1),
                                     ("hot sum steered", "steer", config, 1),
                                     ("hot max-norm steered", "steer", maxnorm, HQ // HKV)):
+            if only and not any(o in f"S={s} {label}" for o in only):
+                continue
             for warps in (None, 4, 8):
                 bounds = layer.bounds(s, c)
                 hot, outs = layer.hot(s)
@@ -150,6 +153,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--parts", default="score,select,torch", help="comma-separated: score, select, torch")
+    parser.add_argument("--only", default="", help="select lines whose label holds one of these comma-separated "
+                        "substrings (\"S=8 paged sum,S=1 hot sum steered\"); default: every line")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(torch.cuda.get_device_name(0), torch.__version__, select_kernels.triton.__version__, flush=True)
@@ -159,7 +164,7 @@ def main() -> None:
     if "score" in parts:
         bench_score(layer, copy_gbps)
     if "select" in parts:
-        bench_select(layer)
+        bench_select(layer, [o for o in args.only.split(",") if o])
     if "torch" in parts:
         bench_torch_path(layer)
 

@@ -15,6 +15,8 @@
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
 #   attn-quest           Quest's per-head attention configurations at 8 x 32K
+#   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
+#                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
 #   gpu-ride             the GPU tests of --ride and --ahead
 #   b{8,16}[hot<X>][ahead[125|15]]   offload bench rows (hot sets of 2 by default; b16 adds --compare-vanilla;
 #                        ahead125 / ahead15: --ahead-budget 1.25 / 1.5)
@@ -106,6 +108,24 @@ for spec in "$@"; do
     [ $(( $(date +%s) - T0 + 100 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     mkdir -p $W/attn; timeout 100 python benchmarks/bench_attention.py --budget-s 70 --shapes "quest b8 k128 rows" --out $W/attn > $W/attn/log.txt 2>&1
     log "$job rc=$? $(grep -A4 SUMMARY $W/attn/log.txt | tail -3)"; continue
+  fi
+  if [ "$job" = ncu-select ]; then   # hardware counters (Nsight Compute) of the step's sparse kernels, one launch each
+    [ $(( $(date +%s) - T0 + 300 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    mkdir -p $W/ncu
+    prof() {   # NAME KERNEL_REGEX COMMAND...: the report, its details page and its per-SASS-line source page (csv)
+      local name=$1 kernel=$2; shift 2
+      timeout 150 ncu --clock-control none -k regex:$kernel --launch-count 1 --set full --import-source yes -f \
+        -o $W/ncu/$name "$@" > $W/ncu/$name.run.log 2>&1
+      ncu -i $W/ncu/$name.ncu-rep --page details > $W/ncu/$name.details.txt 2>&1
+      ncu -i $W/ncu/$name.ncu-rep --page source --csv --print-source sass > $W/ncu/$name.sass.csv 2>&1
+      ncu -i $W/ncu/$name.ncu-rep --page source --csv --print-source cuda > $W/ncu/$name.src.csv 2>&1
+      log "ncu $name $(grep -E '^ +Duration' $W/ncu/$name.details.txt | head -1)"
+    }
+    prof select-quest _select_kernel python benchmarks/bench_fused_selection.py --context 32800 --parts select --only "S=8 paged sum"
+    prof select-hot _select_kernel python benchmarks/bench_fused_selection.py --context 32800 --parts select --only "S=1 hot sum steered"
+    prof score-quest _score_kernel python benchmarks/bench_fused_selection.py --context 32800 --parts score
+    prof attn-quest _paged_decode_split_kernel python benchmarks/bench_attention.py --budget-s 5 --shapes "quest b8 k128 rows" --out $W/ncu
+    continue
   fi
   if [ "$job" = gpu-ride ]; then   # the GPU tests of --ride and --ahead: tokens, steady rounds never sync the host
     [ $(( $(date +%s) - T0 + 330 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
