@@ -5,10 +5,10 @@ block 16: NB = 2048; budget 2048 tokens: K = 128).
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
     [--parts score,select,torch] [--only "S=8 paged sum"]
 
-Workload: bf16 queries and digests with random values (speed does not depend on them; the top-K does not
-either: the threshold search runs 16 steps whatever the keys), block tables of shuffled physical ids, every
-request at the full context. Each line is the median of 15 CUDA-graph replays of 10 back-to-back calls
-(what a captured decode step sees), per call. Score lines give the digest bytes read (max and min of every
+Workload: bf16 queries and digests with random values, block tables of shuffled physical ids, every
+request at the full context; the select runs on the score kernel's bounds of them (the threshold search's
+steps depend on the keys: it skips the digits every member shares). Each line is the median of 15 CUDA-graph
+replays of 10 back-to-back calls (what a captured decode step sees), per call. Score lines give the digest bytes read (max and min of every
 block column of every selecting row) per second, and that against a 1 GiB device copy (read + write bytes,
 `bench_attention.measure_copy_gbps`) timed in the same process. HOT select runs steered (overlap 0.9) so each
 call recalls ~a tenth of K, as real models do; its recall buffers are sized so the replays never run past them.
@@ -56,7 +56,12 @@ class Layer:
         self.config = SparseConfig(token_budget=budget, block_size=BS)
 
     def bounds(self, s: int, c: int) -> torch.Tensor:
-        return torch.randn((self.b, s, c, self.nb), device="cuda")
+        """The score kernel's bounds for S selecting rows (Quest's 8, or SoloHead's head 3) by C heads."""
+        out = torch.empty((self.b, s, c, self.nb), device="cuda")
+        dmax, dmin, head = (self.dmax, self.dmin, None) if s == HKV else (self.solo_max, self.solo_min, 3)
+        select_kernels.launch_score(self.q, dmax, dmin, self.tables, out, None, num_kv_heads=HKV, head=head,
+                                    max_norm=c > 1)
+        return out
 
     def hot(self, s: int, calls: int = 256) -> tuple[HotRecall, dict[str, torch.Tensor]]:
         b, k, nb, dev = self.b, self.k, self.nb, "cuda"
