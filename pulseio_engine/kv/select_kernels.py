@@ -102,28 +102,33 @@ def _mix32(x):
 
 
 @triton.jit
-def _top(key, member, need, PER_THREAD: tl.constexpr, SMALL: tl.constexpr):
+def _max_min(a_max, a_min, b_max, b_min):
+    return tl.maximum(a_max, b_max), tl.minimum(a_min, b_min)
+
+
+@triton.jit
+def _top(key, member, need, PER_THREAD: tl.constexpr):
     """key: [BLOCK] int32 order keys; member: [BLOCK] bool; need: int32 -> [BLOCK] bool, the `need` members
     of largest key, ties to the lower index. PER_THREAD: BLOCK / threads, the elements a thread holds (at most
-    1023: a thread's counts are summed in 10-bit fields before they are widened). SMALL: every member's key is
-    >= 0 (ages), so the search starts at 0 and at the first digit the largest member key has.
+    1023: a thread's counts are summed in 10-bit fields before they are widened).
 
-    The search stops at the first threshold above exactly `need` members: the members at or above it are the
-    answer, with no tie at the boundary to break. Scores summed in fp32 get there in about 9 of the 16 steps;
-    without such a threshold (the need-th key tied with the next) the search runs to its last step and the ties
-    at the need-th key go to the lowest ids. Small keys, often tied, skip the steps above their largest: ages
-    below 64 take 3 steps, not 16."""
+    The search starts below the members' smallest key at the first digit where it and the largest differ: the
+    digits above are every member's, so the steps that would pick them are skipped (scores of one sign share
+    their sign and top exponent bits; ages below 64 take 3 steps, not 16). It stops at the first threshold
+    above exactly `need` members: the members at or above it are the answer, with no tie at the boundary to
+    break. Without such a threshold (the need-th key tied with the next) the search runs to its last step and
+    the ties at the need-th key go to the lowest ids."""
     need64 = need.to(tl.int64)
     counted = tl.where(member, key, -2147483648)    # every threshold tried is above INT32_MIN: never counted
-    t = tl.zeros([], tl.int64)                   # threshold so far, in unsigned key space [0, 2^32)
-    step = tl.zeros([], tl.int32)
-    if SMALL:  # every member is at or above signed 0; bits: the largest key's bit length, or one more (fp32 rounds
-        # up, never below a power of two), from its fp32 exponent. Past 30 bits the search starts at the top as
-        # any does (from signed 0, its first step's thresholds would pass 2^32)
-        hi = tl.max(tl.where(member, key, 0), axis=0)
-        bits = tl.where(hi > 0, (hi.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126, 0)
-        t += tl.where(bits <= 30, 2147483648, 0)
-        step += tl.where(bits <= 30, 16 - (bits + 1) // 2, 0)
+    hi, lo = tl.reduce((counted, tl.where(member, key, 2147483647)), 0, _max_min)
+    lo_u = lo.to(tl.int64) + 2147483648          # the smallest member key in unsigned key space [0, 2^32)
+    diff = (hi.to(tl.int64) + 2147483648) ^ lo_u    # no members: hi < lo, a difference in the top bit
+    # bits: the highest differing bit's position + 1, from diff's fp32 exponent (rounding up can add one: a
+    # step earlier, never later); the search starts at the step whose digit holds that bit
+    bits = tl.where(diff > 0, (diff.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 126, 0)
+    step = tl.maximum(16 - (bits + 1) // 2, 0)    # (2^32 - 1 may round up to 33 bits)
+    low = (32 - 2 * step).to(tl.int64)               # bits below the start: cleared
+    t = (lo_u >> low) << low                     # threshold so far, in unsigned key space
     exact = tl.zeros([], tl.int1)                # no threshold has been counted yet
     while (step < 16) & (exact == 0):           # 2 bits a step, high first: t -> the need-th largest key
         digit = tl.full([], 1, tl.int64) << (30 - 2 * step).to(tl.int64)
@@ -166,7 +171,7 @@ def _select_kernel(
     stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
     stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
     stride_atb, stride_ats, stride_acb, stride_acs, stride_pfb, stride_pfs,
-    K: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    K: tl.constexpr, KB: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
     HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, AHEAD: tl.constexpr, WRITE_KV: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -259,7 +264,7 @@ def _select_kernel(
         whole = ids < 0
         member = middle
         need = tl.zeros([], tl.int32) + m
-    picked = _top(key, member, need, PER_THREAD, False) | whole
+    picked = _top(key, member, need, PER_THREAD) | whole
     chosen = tl.where(n > K, forced | picked, real)
 
     if HOT:  # the chosen blocks and those of them to recall, counted in one scan and one sum: 16 bits each,
@@ -275,10 +280,11 @@ def _select_kernel(
     else:
         pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
         n_sel = tl.sum(chosen.to(tl.int32), axis=0)
-    pad = (ids >= n_sel) & (ids < K)
+    kids = tl.arange(0, KB)                                   # the K output columns: padding is written there
+    pad = (kids >= n_sel) & (kids < K)
     s_row = sel_ptr + b * stride_selb + s * stride_sels
     tl.store(s_row + pos, ids.to(tl.int64), mask=chosen)
-    tl.store(s_row + ids, tl.full([BLOCK], -1, tl.int64), mask=pad)
+    tl.store(s_row + kids, tl.full([KB], -1, tl.int64), mask=pad)
     tl.debug_barrier()                                          # every thread has read its previous mask
     tl.store(m_row + ids, chosen.to(tl.uint8), mask=ids < nbw)
     for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
@@ -295,7 +301,7 @@ def _select_kernel(
         n_empty = (n_free & 0xFFFF).to(tl.int32)
         n_victims = n_need - n_empty
         if (n_victims > 0) & (n_victims < (n_free >> 16).to(tl.int32)):      # only the oldest go
-            victim = _top(age, victim, n_victims, PER_THREAD_H, True)
+            victim = _top(age, victim, n_victims, PER_THREAD_H)
         free = empty.to(tl.uint32) + (victim.to(tl.uint32) << 16)          # both counted in one scan
         free_ranks = tl.cumsum(free, axis=0)
         free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
@@ -311,7 +317,7 @@ def _select_kernel(
         tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
         dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
         last = ids == n - 1                                     # the block being written
-        pad_slot = tl.load(hot_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32)
+        pad_slot = tl.load(hot_row).to(tl.int32) + tl.zeros([KB], tl.int32)
         if SPLIT:  # the resident blocks in the table, the recalled ones in the arrivals' table, each ascending
             present = chosen & ~need_it
             n_pres = n_sel - n_need
@@ -320,14 +326,14 @@ def _select_kernel(
             last_need = tl.sum((last & need_it).to(tl.int32), axis=0)
             a_row = atab_ptr + b * stride_atb + s * stride_ats
             tl.store(t_row + pos - rank - 1, dev.to(tl.int32), mask=present)
-            tl.store(t_row + ids, pad_slot, mask=(ids >= n_pres) & (ids < K))
+            tl.store(t_row + kids, pad_slot, mask=(kids >= n_pres) & (kids < K))
             tl.store(a_row + rank, dev.to(tl.int32), mask=need_it)
-            tl.store(a_row + ids, pad_slot, mask=(ids >= n_need) & (ids < K))
+            tl.store(a_row + kids, pad_slot, mask=(kids >= n_need) & (kids < K))
             tl.store(ctx_ptr + b * stride_cb + s * stride_cs, n_pres * BLOCK_SIZE - last_pres * missing)
             tl.store(actx_ptr + b * stride_acb + s * stride_acs, n_need * BLOCK_SIZE - last_need * missing)
         else:
             tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
-            tl.store(t_row + ids, pad_slot, mask=pad)
+            tl.store(t_row + kids, pad_slot, mask=pad)
         tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
         at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
         tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
@@ -344,7 +350,7 @@ def _select_kernel(
             tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
     else:
         tl.store(t_row + pos, phys, mask=chosen)
-        tl.store(t_row + ids, tl.load(bt_row).to(tl.int32) + tl.zeros([BLOCK], tl.int32), mask=pad)
+        tl.store(t_row + kids, tl.load(bt_row).to(tl.int32) + tl.zeros([KB], tl.int32), mask=pad)
 
 
 def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
@@ -425,7 +431,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(age), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
         *_s2(atab), *_s2(actx), *((0, 0) if pref is None else _s2(pref)),
-        K=k, SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
+        K=k, KB=triton.next_power_of_2(k), SINK=config.sink_blocks, LOCAL=config.local_blocks, BLOCK_SIZE=config.block_size, BLOCK=block,
         GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
         STEER=steer is not None, REWARM=steer is not None and (steer.rewarm > 0 or steer.ahead > 0),
         AHEAD=pref is not None, WRITE_KV=new is not None,
