@@ -9,7 +9,8 @@ Why they look the way they do:
   over D. The grid (tiles, rows, requests) fills the GPU; nothing is gathered or converted beforehand.
 - Select: one program per row with every block column in registers (BLOCK = next power of two of
   max(NB, K)). The top-K is a selection, not a sort: scores become order-preserving int32 keys (-0.0 is
-  0.0 first, as the sort sees them), a radix-4 search of at most 16 steps finds the need-th largest key (each
+  0.0 first, as the sort sees them), a radix-4 search of at most 16 steps, started at the first digit where
+  the members' smallest and largest keys differ, finds the need-th largest key (each
   step counts three candidate thresholds at once: packed in one int32 per element and summed over a thread's
   elements, then widened to one int64 for the CTA reduction; a row is one CTA on one SM, so the search is a
   chain of latencies and every instruction per element counts). It stops at the first threshold with exactly
@@ -21,8 +22,8 @@ Why they look the way they do:
   makes the program's own global writes visible to its threads), gathers through it: whether each hot
   index's owner is still selected, then the rank -> free hot index match through a small scratch row. With
   more hot entries than the recall needs freed (a hot set larger than the budget), the victims are the
-  oldest by age, found by the same threshold search the selection uses, started at the largest age's top digit
-  (skipped when every evictable entry goes); every entry's age is rewritten (0 where a chosen block sits, one
+  oldest by age, found by the same threshold search the selection uses (skipped when every evictable entry
+  goes); every entry's age is rewritten (0 where a chosen block sits, one
   more elsewhere).
   The recall pairs are appended at an offset reserved by one `tl.atomic_add` per program on `count`,
   which the score kernel's first program zeroed earlier in stream order. With arrivals (SPLIT), a chosen
