@@ -154,18 +154,15 @@ def _paged_decode_split_kernel(
     limit = tl.minimum(ctx, tile_hi * BLOCK_N)  # tokens of this split end here
     tok = tile_lo * BLOCK_N + offs_n
     if PREFETCH:  # registers hold tile i+1 while tile i is computed; used with num_stages=1
-        # page ids run one tile ahead of the K/V loads: a warp issues in order, so K/V loads whose
-        # addresses wait on an id load of the same iteration would hold up the tile's compute as well
         page = _page_ids(bt_row, tok, limit, stride_btn, PAGE_SIZE)
-        page_next = _page_ids(bt_row, tok + BLOCK_N, limit, stride_btn, PAGE_SIZE)
         k, v = _load_kv(k_head, v_head, page, tok, limit, offs_d,
                         stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE)  # fmt: skip
         for _ in range(tile_lo, tile_hi):
             tok_next = tok + BLOCK_N
+            page_next = _page_ids(bt_row, tok_next, limit, stride_btn, PAGE_SIZE)
             k_next, v_next = _load_kv(k_head, v_head, page_next, tok_next, limit, offs_d,
                                       stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd,
                                       PAGE_SIZE)  # fmt: skip
-            page_next = _page_ids(bt_row, tok_next + BLOCK_N, limit, stride_btn, PAGE_SIZE)
             m_i, l_i, acc = _attend_tile(q, k, v, tok < limit, m_i, l_i, acc, scale_log2, DOT_PRECISION)
             k, v, tok = k_next, v_next, tok_next
     else:
