@@ -1,5 +1,5 @@
 # As run in session 45 (call s45b) on tree 35b4f29 with the select and attention changes in the working tree;
-# ab/select.patch and ab/attn.patch are kept here as s45ab/select.patch and s45ab/attn-prefetch.patch.
+# ab/select.patch was the change of 60b1fb4 to select_kernels.py, ab/attn.patch the one of 92979fd to attention/_kernel.py.
 # A/B of the working tree's select and attention changes against the tree without them (ab/*.patch), one process
 # each, on one machine: bench_fused_selection's select lines and bench_attention's sweep of the sparse shapes.
 set -u
