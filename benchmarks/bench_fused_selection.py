@@ -8,10 +8,11 @@ Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--ba
 Workload: bf16 queries and digests with random values, block tables of shuffled physical ids, every
 request at the full context; the select runs on the score kernel's bounds of them (the threshold search's
 steps depend on the keys: it skips the digits every member shares). Each line is the median of 15 CUDA-graph
-replays of 10 back-to-back calls (what a captured decode step sees), per call. Score lines give the digest bytes read (max and min of every
-block column of every selecting row) per second, and that against a 1 GiB device copy (read + write bytes,
-`bench_attention.measure_copy_gbps`) timed in the same process. HOT select runs steered (overlap 0.9) so each
-call recalls ~a tenth of K, as real models do; its recall buffers are sized so the replays never run past them.
+replays of 10 back-to-back calls (what a captured decode step sees), per call. Score lines give the digest
+bytes read (max and min of every block column of every selecting row) per second, and that against a 1 GiB
+device copy (read + write bytes, `bench_attention.measure_copy_gbps`) timed in the same process. HOT select runs
+steered (overlap 0.9) so each call recalls ~a tenth of K, as real models do; its recall buffers are sized so the
+replays never run past them.
 `--context 32800` gives a table of 2050 blocks, whose select runs 4096 columns wide, as in the engine's step.
 """
 
