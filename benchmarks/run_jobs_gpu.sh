@@ -14,7 +14,8 @@
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
-#   attn-quest           Quest's per-head attention configurations at 8 x 32K
+#   attn-quest           the sparse attention's configurations at 8 x 32K, Quest's per-head tables and SoloHead's shared
+#                        one (split_pages first)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
 #                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
 #   gpu-ride             the GPU tests of --ride and --ahead
@@ -104,9 +105,10 @@ for spec in "$@"; do
       --out $W/doorbell-busy.json > $W/doorbell-busy.log 2>&1
     log "$job rc=$? $(grep -E '^busy host|resident:' $W/doorbell-busy.log | tr '\n' ' ')"; continue
   fi
-  if [ "$job" = attn-quest ]; then   # Quest's per-head attention at 8 x 32K: tiles and splits against the heuristic
-    [ $(( $(date +%s) - T0 + 100 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    mkdir -p $W/attn; timeout 100 python benchmarks/bench_attention.py --budget-s 70 --shapes "quest b8 k128 rows" --out $W/attn > $W/attn/log.txt 2>&1
+  if [ "$job" = attn-quest ]; then   # the sparse attention at 8 x 32K: tiles and splits against the heuristic
+    [ $(( $(date +%s) - T0 + 160 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    mkdir -p $W/attn; timeout 160 python benchmarks/bench_attention.py --budget-s 130 --shapes "quest b8 k128 rows,sparse b8 k128" \
+      --out $W/attn > $W/attn/log.txt 2>&1
     log "$job rc=$? $(grep -A4 SUMMARY $W/attn/log.txt | tail -3)"; continue
   fi
   if [ "$job" = ncu-select ]; then   # hardware counters (Nsight Compute) of the step's sparse kernels, one launch each
