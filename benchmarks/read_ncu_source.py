@@ -27,6 +27,18 @@ def read_rows(path: str) -> tuple[list[str], list[list[str]]]:
     return rows[header], [r for r in rows[header + 1:] if len(r) == len(rows[header])]
 
 
+def runs(executed: list[int], samples: list[int]) -> list[tuple[int, int, float, float]]:
+    """Maximal runs of consecutive instructions executed equally often: (first, last, executions a warp, share of
+    the samples). Executions a warp count against the first instruction's, which every warp runs once."""
+    total, warps = sum(samples) or 1, executed[0] or 1
+    out, start = [], 0
+    for i in range(1, len(executed) + 1):
+        if i == len(executed) or executed[i] != executed[start]:
+            out.append((start, i - 1, executed[start] / warps, sum(samples[start:i]) / total))
+            start = i
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", help="ncu source page, per SASS instruction (.csv or .csv.gz)")
@@ -43,13 +55,9 @@ def main() -> None:
     by_reason = collections.Counter({n: sum(int(r[col[n]] or 0) for r in rows) for n in reasons})
     print("stalls: " + ", ".join(f"{n[6:]} {v / total:.0%}" for n, v in by_reason.most_common(8) if v))
     print("runs (first-last instruction, count, executions a warp, share of samples):")
-    start = 0
-    for i in range(1, len(rows) + 1):
-        if i == len(rows) or executed[i] != executed[start]:
-            share = sum(samples[start:i]) / total
-            if executed[start] and (share >= 0.01 or i - start >= 50):
-                print(f"  {start:5d}-{i - 1:5d} {i - start:5d} x{executed[start] / warps:6.2f} {share:6.1%}")
-            start = i
+    for first, last, times, share in runs(executed, samples):
+        if times and (share >= 0.01 or last - first >= 49):
+            print(f"  {first:5d}-{last:5d} {last - first + 1:5d} x{times:6.2f} {share:6.1%}")
     print(f"top {args.top} instructions by samples:")
     for i in sorted(range(len(rows)), key=lambda j: -samples[j])[: args.top]:
         top = max(reasons, key=lambda n: int(rows[i][col[n]] or 0))
