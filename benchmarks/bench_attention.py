@@ -1,14 +1,16 @@
 """Paged decode attention on one GPU: achieved KV bandwidth per launch configuration.
 
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_attention.py [--budget-s 80] [--out DIR] [--shapes sparse]
+    [--cold 3]
 
 Workload: bf16 q and KV with random values (speed does not depend on them), pages of 16 tokens placed
 at shuffled physical ids in an engine-shaped `kv: [num_blocks, 2, 16, Hkv, D]` tensor, every sequence of
 a batch at the stated context length unless the shape says "ragged". Each configuration is timed as
 CUDA-graph replays of 10 back-to-back calls (what the engine's captured decode step sees), median of 15
-replays. GB/s counts the K and V bytes of every context token once; "%copy" divides that by the
-bandwidth of a 1 GiB device-to-device copy measured in the same process (read + write bytes, eager as
-the engine bench measures it).
+replays; with `--cold N` the calls take N input sets in turn, so each reads KV that the L2 (50 MB) does not
+hold from the call before, as a decode step's attention does. GB/s counts the K and V bytes of every context
+token once; "%copy" divides that by the bandwidth of a 1 GiB device-to-device copy measured in the same process
+(read + write bytes, eager as the engine bench measures it).
 "err" is the worst per-(sequence, head) relative error against the fp32 reference; a config with
 err > 1e-2 is marked BAD and never chosen as best.
 """
@@ -16,6 +18,7 @@ err > 1e-2 is marked BAD and never chosen as best.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -199,8 +202,11 @@ def rel_err(got: torch.Tensor, expect: torch.Tensor) -> float:
     return ((got - expect).norm(dim=-1) / expect.norm(dim=-1).clamp_min(1e-6)).max().item()
 
 
-def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[dict]:
-    q, kv, tables, lens = build_inputs(shape)
+def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int = 1) -> list[dict]:
+    """cold: input sets the timed calls take in turn (each its own KV pool), so that back-to-back calls read KV
+    the L2 does not hold, as a decode step's attention does; 1 times every call on the same inputs."""
+    sets = [build_inputs(shape, seed=i) for i in range(cold)]
+    q, kv, tables, lens = sets[0]
     k_cache, v_cache = kv[:, 0], kv[:, 1]
     scale = shape.head_dim**-0.5
     nbytes = kv_bytes(shape, lens)
@@ -220,8 +226,15 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
         if time.monotonic() > deadline:
             log(f"  SKIPPED (time budget) {tag} {config}")
             return None
-        out = torch.full_like(q, float("nan"))
-        fn = lambda: paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, scale, out=out, config=config)
+        outs = [torch.full_like(q, float("nan")) for _ in sets]
+        out = outs[0]
+        calls = itertools.count()
+
+        def fn() -> None:  # the first call takes set 0, the one `expect` was computed on
+            i = next(calls) % len(sets)
+            q_i, kv_i, tables_i, lens_i = sets[i]
+            paged_decode_attention_triton(q_i, kv_i[:, 0], kv_i[:, 1], tables_i, lens_i, scale, out=outs[i],
+                                          config=config)
         try:
             t0 = time.perf_counter()
             fn()
@@ -242,6 +255,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log) -> list[di
             err=err,
             ok=err <= 1e-2,
             first_call_s=first_s,
+            cold=len(sets),
             programs=shape.batch * shape.hkv * config.num_splits,
         )
         log(
@@ -329,7 +343,11 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=80.0, help="stop starting new configs after this")
     parser.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for bench_attention.jsonl")
     parser.add_argument("--shapes", default="", help="comma-separated substrings of shape names to run")
+    parser.add_argument("--cold", type=int, default=1, help="input sets the timed calls take in turn (3: KV the L2 "
+                        "does not hold, as in a decode step); default 1, every call on the same inputs")
     args = parser.parse_args()
+    if args.cold < 1:
+        parser.error(f"--cold wants at least 1 input set, got {args.cold}")
     if not torch.cuda.is_available():
         print("bench_attention: no CUDA device; nothing to measure", file=sys.stderr)
         return 2
@@ -359,7 +377,7 @@ def main() -> int:
             log(f"== {shape.name}: SKIPPED (time budget)")
             continue
         try:
-            rows += bench_shape(shape, copy_gbps, deadline, log)
+            rows += bench_shape(shape, copy_gbps, deadline, log, cold=args.cold)
             torch.cuda.empty_cache()  # the shape's tensors died with bench_shape's frame
         except Exception as exc:  # one broken shape must not hide the others
             log(f"== {shape.name}: FAILED {type(exc).__name__}: {str(exc)[:500]}")

@@ -15,7 +15,7 @@
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
 #   attn-quest           the sparse attention's configurations at 8 x 32K, Quest's per-head tables and SoloHead's shared
-#                        one (split_pages first)
+#                        one (split_pages first), each call on KV the L2 does not hold (--cold 3)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
 #                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
 #   gpu-ride             the GPU tests of --ride and --ahead
@@ -108,7 +108,7 @@ for spec in "$@"; do
   if [ "$job" = attn-quest ]; then   # the sparse attention at 8 x 32K: tiles and splits against the heuristic
     [ $(( $(date +%s) - T0 + 160 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     mkdir -p $W/attn; timeout 160 python benchmarks/bench_attention.py --budget-s 130 --shapes "quest b8 k128 rows,sparse b8 k128" \
-      --out $W/attn > $W/attn/log.txt 2>&1
+      --cold 3 --out $W/attn > $W/attn/log.txt 2>&1
     log "$job rc=$? $(grep -A4 SUMMARY $W/attn/log.txt | tail -3)"; continue
   fi
   if [ "$job" = ncu-select ]; then   # hardware counters (Nsight Compute) of the step's sparse kernels, one launch each
