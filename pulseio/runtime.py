@@ -408,10 +408,10 @@ def _ids_mirror_rows(config: RuntimeConfig, copier: Any) -> int:
         return 0
     rows, nbytes = config.max_outstanding, config.max_outstanding * 2 * config.max_blocks_per_request * 8
     if rows > MAX_MIRROR_ROWS or nbytes > IDS_MIRROR_MAX_BYTES:
-        log.warning("no device mirror of doorbell ids (RuntimeConfig.max_outstanding=%d rows of %d blocks: %d MiB; at "
-                 "most %d rows, %d MiB): the resident copier reads each request's ids over PCIe, one round trip "
-                 "more per recall", rows, config.max_blocks_per_request, nbytes >> 20, MAX_MIRROR_ROWS,
-                 IDS_MIRROR_MAX_BYTES >> 20)
+        log.warning("no device mirror of doorbell ids (RuntimeConfig.max_outstanding=%d rows of %d blocks: %d MiB; "
+                    "at most %d rows, %d MiB): the resident copier reads each request's ids over PCIe, one round "
+                    "trip more per recall", rows, config.max_blocks_per_request, nbytes >> 20, MAX_MIRROR_ROWS,
+                    IDS_MIRROR_MAX_BYTES >> 20)
         return 0
     return rows
 
