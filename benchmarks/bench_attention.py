@@ -34,7 +34,6 @@ from pulseio_engine.attention import paged_decode_attention, paged_decode_attent
 from pulseio_engine.attention._launch import (
     DecodeConfig,
     _num_sms,
-    _split_pages,
     choose_config,
     paged_decode_attention_triton,
 )
@@ -174,27 +173,12 @@ def candidate_configs(shape: Shape, heuristic: DecodeConfig, num_sms: int, best_
         tiles += [(heuristic.block_n, w, 1, False) for w in (4, 8)]  # no pipelining, occupancy only
         small, mid, large = sorted(block_ns)  # register prefetch; the sets that do not spill (sm_90)
         tiles += [(small, 4, 1, True), (mid, 8, 1, True), (small, 8, 1, True), (large, 8, 1, True)]
-        configs = [DecodeConfig(bn, w, st, heuristic.num_splits, pf) for bn, w, st, pf in tiles]
-        # a split's page ids held once (short tables: sparse attention), first since they are the newest
-        configs[:0] = [DecodeConfig(bn, 4, st, heuristic.num_splits, split_pages=True)
-                       for bn, st in ((mid, 2), (mid, 3), (small, 3), (small, 2))]
-        return [c for c in configs if _fits(c, shape)]
-    bn, w, st, pf, sp = best_tile  # phase 2: split counts for the best tile
+        return [DecodeConfig(bn, w, st, heuristic.num_splits, pf) for bn, w, st, pf in tiles]
+    bn, w, st, pf = best_tile  # phase 2: split counts for the best tile
     max_tiles = -(-shape.max_blocks * PAGE // bn)
     splits = [s for s in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128) if s <= max_tiles]
     splits = [s for s in splits if shape.batch * shape.hkv * s <= 64 * num_sms]
-    return [c for c in (DecodeConfig(bn, w, st, s, pf, sp) for s in splits) if _fits(c, shape)]
-
-
-def _fits(config: DecodeConfig, shape: Shape) -> bool:
-    """Whether the launcher takes the config for the shape: split_pages holds at most 256 page ids a split."""
-    if not config.split_pages:
-        return True
-    try:
-        _split_pages(config, shape.max_blocks, PAGE)
-    except ValueError:
-        return False
-    return True
+    return [DecodeConfig(bn, w, st, s, pf) for s in splits]
 
 
 def rel_err(got: torch.Tensor, expect: torch.Tensor) -> float:
@@ -260,8 +244,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
         )
         log(
             f"  {tag:9s} bn={config.block_n:3d} w={config.num_warps} st={config.num_stages} "
-            f"pf={int(config.prefetch)} pg={int(config.split_pages)} splits={config.num_splits:3d} "
-            f"programs={row['programs']:6d}  {us:9.1f} us  "
+            f"pf={int(config.prefetch)} splits={config.num_splits:3d} programs={row['programs']:6d}  {us:9.1f} us  "
             f"{row['gbps']:7.0f} GB/s  {100 * row['frac_copy']:5.1f}% copy  err={err:.1e}"
             f"  first={first_s:.1f}s{'' if row['ok'] else '  BAD'}"
         )
@@ -283,9 +266,9 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
     ok = [r for r in rows if r["ok"]]
     best = min(ok, key=lambda r: r["us"]) if ok else None
     tile = (
-        (best["block_n"], best["num_warps"], best["num_stages"], best["prefetch"], best["split_pages"])
+        (best["block_n"], best["num_warps"], best["num_stages"], best["prefetch"])
         if best
-        else (heuristic.block_n, heuristic.num_warps, heuristic.num_stages, heuristic.prefetch, heuristic.split_pages)
+        else (heuristic.block_n, heuristic.num_warps, heuristic.num_stages, heuristic.prefetch)
     )
     if shape.sweep in ("full", "splits"):
         for config in candidate_configs(shape, heuristic, num_sms, best_tile=tile):
@@ -297,8 +280,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
 def _cell(r: dict | None) -> str:
     if r is None:
         return f"{'-':25s} {'-':>8s} {'-':>6s} {'-':>6s} {'-':>6s}"
-    cfg = (f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp{'/pf' if r['prefetch'] else ''}"
-           f"{'/pg' if r.get('split_pages') else ''}")
+    cfg = f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp{'/pf' if r['prefetch'] else ''}"
     return f"{cfg:25s} {r['us']:8.1f} {r['gbps']:6.0f} {100 * r['frac_copy']:5.1f}% {r['programs']:6d}"
 
 
@@ -333,8 +315,7 @@ def summary(rows: list[dict], shapes: list[Shape]) -> str:
         best = min(ok, key=lambda r: r["us"]) if ok else None
         bad = sum(not r["ok"] for r in mine)
         lines.append(f"{shape.name:28s} | {_cell(heur)} | {_cell(best)} | {bad}")
-    lines.append("cfg = block_n / num_warps / num_stages / num_splits [/pf = register prefetch variant] "
-                 "[/pg = a split's page ids loaded once]")
+    lines.append("cfg = block_n / num_warps / num_stages / num_splits [/pf = register prefetch variant]")
     return "\n".join(lines)
 
 

@@ -20,10 +20,6 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
   (num_stages) keeps num_stages - 1 K/V tiles in flight through a cp.async ring; PREFETCH=True is an
   alternative for num_stages=1 that holds the next tile in registers instead. Which wins is measured by
   benchmarks/bench_attention.py; on sm_90 the K/V loads compile to 16-byte vector loads either way.
-  The pipeliner issues tile i + 1's copies inside iteration i, so with ids one tile ahead they wait on an id
-  load of that same iteration. SPLIT_PAGES > 0 loads every page id of the split once, before the loop (at
-  most SPLIT_PAGES of them), and each tile gathers its own from registers: the loop's only global loads are
-  then the K/V copies, for the short tables of sparse attention, whose splits hold a few tiles each.
 - The program id order puts the KV head fastest, so the Hkv programs of one (sequence, split) run
   together and read neighbouring bytes of the same pages.
 - Row tables (sparse attention): a sequence has TABLE_ROWS tables, row kv_head // HEADS_PER_ROW serving
@@ -125,7 +121,6 @@ def _paged_decode_split_kernel(
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
     PRIOR: tl.constexpr,
-    SPLIT_PAGES: tl.constexpr,
 ):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -170,17 +165,6 @@ def _paged_decode_split_kernel(
                                       PAGE_SIZE)  # fmt: skip
             m_i, l_i, acc = _attend_tile(q, k, v, tok < limit, m_i, l_i, acc, scale_log2, DOT_PRECISION)
             k, v, tok = k_next, v_next, tok_next
-    elif SPLIT_PAGES > 0:  # every page id of the split loaded once; each tile gathers its own from registers
-        first = (tile_lo * BLOCK_N) // PAGE_SIZE
-        offs_p = tl.arange(0, SPLIT_PAGES)
-        split_pages = tl.load(bt_row + (first + offs_p) * stride_btn, mask=(first + offs_p) * PAGE_SIZE < limit,
-                              other=0)
-        for _ in range(tile_lo, tile_hi):
-            page = tl.gather(split_pages, tl.minimum(tok // PAGE_SIZE - first, SPLIT_PAGES - 1), 0)
-            k, v = _load_kv(k_head, v_head, page, tok, limit, offs_d,
-                            stride_kb, stride_kt, stride_kd, stride_vb, stride_vt, stride_vd, PAGE_SIZE)  # fmt: skip
-            m_i, l_i, acc = _attend_tile(q, k, v, tok < limit, m_i, l_i, acc, scale_log2, DOT_PRECISION)
-            tok += BLOCK_N
     else:
         # Page ids are loaded one tile ahead into registers, so the K/V addresses of a tile do not
         # depend on a load issued in the same iteration; only then does Triton's pipeliner keep

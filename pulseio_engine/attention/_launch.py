@@ -37,7 +37,6 @@ _MIN_TILES_PER_SPLIT = 4  # below this the per-program prologue/epilogue stops b
 _MAX_SPLITS = 128
 _SHORT_TILES = 32
 _SHORT_PROGRAMS_PER_SM = 4
-_MAX_SPLIT_PAGES = 256  # page ids a split may hold in registers (DecodeConfig.split_pages)
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,6 @@ class DecodeConfig:
     num_stages: int
     num_splits: int
     prefetch: bool = False  # explicit register prefetch of the next tile instead of Triton's pipeliner
-    split_pages: bool = False  # a split's page ids loaded once, each tile gathering its own (pipelined loop only)
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -60,8 +58,6 @@ class DecodeConfig:
             raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
         if not 1 <= self.num_splits <= 1024:
             raise ValueError(f"num_splits must be in [1, 1024], got {self.num_splits}")
-        if self.prefetch and self.split_pages:
-            raise ValueError("split_pages is a variant of the pipelined loop; it cannot be combined with prefetch")
 
 
 def choose_config(
@@ -200,7 +196,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         assert prior_part.stride(3) == 1 and prior_lse.stride(2) == 1, "prior partials must be contiguous"
         prior_count = prior_part.shape[2]
         prior_strides = (*prior_part.stride()[:3], *prior_lse.stride()[:2])
-    split_pages = _split_pages(config, max_blocks, page_size) if config.split_pages else 0
     _kernel._paged_decode_split_kernel[(hkv, config.num_splits, batch)](
         q,
         k_cache,
@@ -233,22 +228,9 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         HEADS_PER_ROW=hkv // rows,
         CACHE_HEADS=cache_heads,
         PRIOR=prior_count,
-        SPLIT_PAGES=split_pages,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-
-
-def _split_pages(config: DecodeConfig, max_blocks: int, page_size: int) -> int:
-    """Register slots for the page ids one split covers: its tiles' tokens over the page size, plus one page where
-    tiles start mid-page (tiles shorter than a page), rounded up to a power of two."""
-    tiles_per_split = math.ceil(math.ceil(max_blocks * page_size / config.block_n) / config.num_splits)
-    mid_page = 1 if config.block_n % page_size else 0
-    pages = _next_pow2(math.ceil(tiles_per_split * config.block_n / page_size) + mid_page)
-    if pages > _MAX_SPLIT_PAGES:
-        raise ValueError(f"split_pages holds a split's page ids in registers, at most {_MAX_SPLIT_PAGES}; "
-                         f"{config.num_splits} splits of a {max_blocks}-page table need {pages}: use more splits")
-    return pages
 
 
 def launch_reduce(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> None:

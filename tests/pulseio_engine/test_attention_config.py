@@ -63,26 +63,11 @@ def test_short_contexts_are_not_split_into_empty_programs(launch):
         (dict(block_n=64, num_warps=3, num_stages=2, num_splits=1), "num_warps must be one of"),
         (dict(block_n=64, num_warps=4, num_stages=0, num_splits=1), "num_stages must be >= 1, got 0"),
         (dict(block_n=64, num_warps=4, num_stages=2, num_splits=0), "num_splits must be in [1, 1024], got 0"),
-        (dict(block_n=64, num_warps=4, num_stages=1, num_splits=2, prefetch=True, split_pages=True),
-         "split_pages is a variant of the pipelined loop; it cannot be combined with prefetch"),
     ],
 )
 def test_config_validates(launch, kwargs, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         launch.DecodeConfig(**kwargs)
-
-
-def test_split_pages_sizes_the_register_row_for_a_split(launch):
-    """A split of 4 tiles of 64 tokens in pages of 16 covers 16 pages; tiles of 16 tokens in pages of 32 may start
-    mid-page, one page more. One split of a 2,048-page table would need 2,048 slots: refused, naming the fix."""
-    config = launch.DecodeConfig(block_n=64, num_warps=4, num_stages=2, num_splits=8, split_pages=True)
-    assert launch._split_pages(config, max_blocks=128, page_size=16) == 16
-    small = launch.DecodeConfig(block_n=16, num_warps=4, num_stages=2, num_splits=2, split_pages=True)
-    assert launch._split_pages(small, max_blocks=5, page_size=32) == 4        # 5 tiles of 16 tokens: 3 pages
-    whole = launch.DecodeConfig(block_n=64, num_warps=4, num_stages=2, num_splits=1, split_pages=True)
-    with pytest.raises(ValueError, match=r"^split_pages holds .* at most 256; 1 splits of a 2048-page table need "
-                                         r"2048: use more splits$"):
-        launch._split_pages(whole, max_blocks=2048, page_size=16)
 
 
 def test_kernel_rejects_head_dims_it_cannot_tile():

@@ -97,14 +97,13 @@ def test_sharp_softmax_and_long_context():
 
 
 @pytest.mark.parametrize(
-    "block_n,num_warps,num_stages,num_splits,prefetch,split_pages",
-    [(16, 4, 1, 1, False, False), (32, 4, 2, 3, False, False), (128, 8, 2, 200, False, False),
-     (64, 4, 1, 16, True, False), (64, 4, 2, 8, False, True), (32, 4, 3, 3, False, True)],
+    "block_n,num_warps,num_stages,num_splits,prefetch",
+    [(16, 4, 1, 1, False), (32, 4, 2, 3, False), (128, 8, 2, 200, False), (64, 4, 1, 16, True)],
 )
-def test_explicit_configs_match_reference(block_n, num_warps, num_stages, num_splits, prefetch, split_pages):
+def test_explicit_configs_match_reference(block_n, num_warps, num_stages, num_splits, prefetch):
     from pulseio_engine.attention._launch import DecodeConfig
 
-    config = DecodeConfig(block_n, num_warps, num_stages, num_splits, prefetch, split_pages)
+    config = DecodeConfig(block_n, num_warps, num_stages, num_splits, prefetch)
     case = _case("qwen3-14b", LENS, max_blocks=300)
     _assert_close(_run(case, config), _reference(case))
 

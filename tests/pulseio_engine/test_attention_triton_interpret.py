@@ -12,8 +12,7 @@ import pytest
 import torch
 from interpreted import interpreted_results, run_cases
 
-# id -> (random_paged_case kwargs, DecodeConfig fields (block_n, warps, stages, splits[, prefetch, split_pages]) or
-# None, tol)
+# id -> (random_paged_case kwargs, DecodeConfig fields (block_n, warps, stages, splits[, prefetch]) or None, tol)
 CASES = {
     "mha-direct": (dict(num_q_heads=4, num_kv_heads=4, head_dim=64, block_size=16), (16, 4, 2, 1), 1e-5),
     "smollm-g3-tile-spans-4-pages": (
@@ -34,27 +33,6 @@ CASES = {
     "register-prefetch-variant": (
         dict(num_q_heads=10, num_kv_heads=2, head_dim=64, block_size=16),
         (32, 4, 1, 3, True),
-        1e-5,
-    ),
-    # DecodeConfig.split_pages: the split's page ids loaded once, each tile gathering its own
-    "split-pages-tile-spans-4-pages": (
-        dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
-        (64, 4, 2, 3, False, True),
-        1e-5,
-    ),
-    "split-pages-tile-smaller-than-page-3-stages": (
-        dict(num_q_heads=10, num_kv_heads=2, head_dim=128, block_size=32),
-        (16, 4, 3, 2, False, True),
-        1e-5,
-    ),
-    "split-pages-mostly-empty-splits": (
-        dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16),
-        (16, 4, 2, 24, False, True),
-        1e-5,
-    ),
-    "split-pages-one-split": (
-        dict(num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16),
-        (32, 4, 2, 1, False, True),
         1e-5,
     ),
     "mostly-empty-splits": (
@@ -105,8 +83,6 @@ ROW_CASES = {
     "rows-per-kv-head-pooled": (4, True, 8, 4, (32, 4, 2, 3)),            # Quest's hot slots: 1 head a unit
     "one-row-all-heads-pooled": (1, True, 10, 2, None),                  # SoloHead's hot slots
     "two-rows-of-two-heads-paged": (2, False, 12, 4, (16, 4, 2, 1)),
-    "rows-per-kv-head-paged-split-pages": (4, False, 8, 4, (16, 4, 2, 2, False, True)),
-    "rows-per-kv-head-pooled-split-pages": (4, True, 8, 4, (32, 4, 3, 3, False, True)),
 }
 
 # two tables a row, the first attended in splits, the last in one launch that merges them (attention.decode_partials):
