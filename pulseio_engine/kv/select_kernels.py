@@ -29,6 +29,13 @@ Why they look the way they do:
   which the score kernel's first program zeroed earlier in stream order. With arrivals (SPLIT), a chosen
   block's place in its own table is its rank among the resident or among the recalled blocks, which the
   packed scan already counts: no further scan.
+- Score and select in one launch (`_score_select_kernel`): the select runs one CTA per row, 64 rows at Quest's
+  8 x 32K on 132 SMs, a chain of latencies that leaves the GPU's memory idle. Launched as the score's grid, each
+  program counts itself into its row's `arrived` word once its bounds are stored (CTA barrier, then a gpu-scope
+  acq_rel atomic: the semaphore pattern of split-K reductions), and the row's last program runs the select
+  program on it (`_select_row`, the select kernel's body), so rows finished early select while later rows are
+  scored, and the launch between the two kernels is gone. That program resets the word for the next launch;
+  bounds are read through L2 (`.cg`): other SMs wrote them during the launch.
 """
 
 from __future__ import annotations
@@ -50,16 +57,10 @@ _MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields (and 1
 
 
 @triton.jit
-def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, head0, col0, col_step,
-                  stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
-                  stride_ob, stride_os, stride_oc,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
-                  HAS_COUNT: tl.constexpr):
-    tile = tl.program_id(0)
-    s = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    if HAS_COUNT:
-        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s == 0) & (b == 0))
+def _score_tile(tile, s, b, q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, nb, head0, col0, col_step,
+                stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn, stride_ob, stride_os, stride_oc,
+                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr):
+    """The bounds of block columns [tile * TILE, (tile + 1) * TILE) of row s of request b."""
     blocks = tile * TILE + tl.arange(0, TILE)
     valid = blocks < nb
     ids = tl.load(bt_ptr + b * stride_btb + blocks * stride_btn, mask=valid, other=0).to(tl.int64)
@@ -82,6 +83,22 @@ def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, hea
             pos += tl.maximum(qg, 0.0)
             neg += tl.minimum(qg, 0.0)
         tl.store(out_row, tl.sum(dmax * pos[None, :] + dmin * neg[None, :], axis=1), mask=valid)
+
+
+@triton.jit
+def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, head0, col0, col_step,
+                  stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
+                  stride_ob, stride_os, stride_oc,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
+                  HAS_COUNT: tl.constexpr):
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if HAS_COUNT:
+        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s == 0) & (b == 0))
+    _score_tile(tile, s, b, q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, nb, head0, col0, col_step,
+                stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn, stride_ob, stride_os, stride_oc,
+                GROUP, HEAD_DIM, TILE, MAX_NORM)
 
 
 @triton.jit
@@ -179,8 +196,92 @@ def _select_kernel(
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
 ):  # fmt: skip
-    s = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
+    _select_row(
+        tl.program_id(0), tl.program_id(1).to(tl.int64), tl.num_programs(0),
+        bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr, res_ptr, owner_ptr, hot_ptr, age_ptr,
+        hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr, k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr,
+        actx_ptr, pref_ptr, nb, nbw, capacity, keep_threshold, steer_key, rewarm, ahead, stride_bb, stride_bs,
+        stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms, stride_tb, stride_ts, stride_cb,
+        stride_cs, stride_btb, stride_btn, stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs,
+        stride_ab, stride_as, stride_mapb, stride_maps, stride_wb, stride_ws, stride_kb, stride_kh, stride_vb,
+        stride_vh, stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls, stride_atb, stride_ats,
+        stride_acb, stride_acs, stride_pfb, stride_pfs, K, KB, SINK, LOCAL, BLOCK_SIZE, BLOCK, GROUP, MAX_NORM,
+        HOT, STEER, REWARM, AHEAD, WRITE_KV, SPLIT, HG, HG_PAD, HEAD_DIM, MASK_TILES, PER_THREAD, H, HB,
+        PER_THREAD_H, SALT,
+    )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm", "ahead"])
+def _score_select_kernel(
+    q_ptr, dmax_ptr, dmin_ptr, sbt_ptr, arrived_ptr, head0, col0, col_step,
+    stride_qb, stride_qh, stride_dn, stride_dw, stride_sbtb, stride_sbtn, stride_arb,
+    bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
+    res_ptr, owner_ptr, hot_ptr, age_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
+    k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr, pref_ptr,
+    nb, nbw, capacity, keep_threshold, steer_key, rewarm, ahead,
+    stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
+    stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
+    stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_ab, stride_as,
+    stride_mapb, stride_maps,
+    stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
+    stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
+    stride_atb, stride_ats, stride_acb, stride_acs, stride_pfb, stride_pfs,
+    K: tl.constexpr, KB: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, AHEAD: tl.constexpr, WRITE_KV: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
+    PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
+    QGROUP: tl.constexpr, QDIM: tl.constexpr, TILE: tl.constexpr,
+):  # fmt: skip
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    _score_tile(tile, s, b, q_ptr, dmax_ptr, dmin_ptr, sbt_ptr, bounds_ptr, nb, head0, col0, col_step,
+                stride_qb, stride_qh, stride_dn, stride_dw, stride_sbtb, stride_sbtn, stride_bb, stride_bs, stride_bc,
+                QGROUP, QDIM, TILE, MAX_NORM)
+    tl.debug_barrier()                      # every thread's bounds are written before the release below
+    at = arrived_ptr + b * stride_arb + s
+    done = tl.atomic_add(at, 1, sem="acq_rel", scope="gpu")    # tiles of this row finished before this one
+    if done == tl.num_programs(0) - 1:     # the row's last tile: every bound of the row is visible
+        tl.store(at, 0)                     # the next launch, later in stream order, counts from 0 again
+        _select_row(
+            s, b, tl.num_programs(1),
+            bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr, res_ptr, owner_ptr, hot_ptr, age_ptr,
+            hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr, k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr,
+            actx_ptr, pref_ptr, nb, nbw, capacity, keep_threshold, steer_key, rewarm, ahead, stride_bb, stride_bs,
+            stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms, stride_tb, stride_ts, stride_cb,
+            stride_cs, stride_btb, stride_btn, stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs,
+            stride_ab, stride_as, stride_mapb, stride_maps, stride_wb, stride_ws, stride_kb, stride_kh, stride_vb,
+            stride_vh, stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls, stride_atb, stride_ats,
+            stride_acb, stride_acs, stride_pfb, stride_pfs, K, KB, SINK, LOCAL, BLOCK_SIZE, BLOCK, GROUP, MAX_NORM,
+            HOT, STEER, REWARM, AHEAD, WRITE_KV, SPLIT, HG, HG_PAD, HEAD_DIM, MASK_TILES, PER_THREAD, H, HB,
+            PER_THREAD_H, SALT,
+    )  # fmt: skip
+
+
+@triton.jit
+def _select_row(
+    s, b, rows,
+    bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
+    res_ptr, owner_ptr, hot_ptr, age_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
+    k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr, pref_ptr,
+    nb, nbw, capacity, keep_threshold, steer_key, rewarm, ahead,
+    stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
+    stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
+    stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_ab, stride_as,
+    stride_mapb, stride_maps,
+    stride_wb, stride_ws, stride_kb, stride_kh, stride_vb, stride_vh,
+    stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
+    stride_atb, stride_ats, stride_acb, stride_acs, stride_pfb, stride_pfs,
+    K: tl.constexpr, KB: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
+    HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, AHEAD: tl.constexpr, WRITE_KV: tl.constexpr,
+    SPLIT: tl.constexpr,
+    HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
+    PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
+):  # fmt: skip
+    """Row s of request b (of `rows` rows a request) of `select_blocks_fused`: one program."""
     n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
     n = tl.minimum((n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE, nb)      # (n <= NB is the contract; never read past)
     ids = tl.arange(0, BLOCK)
@@ -190,10 +291,10 @@ def _select_kernel(
     if MAX_NORM:  # each head's bounds less its best over the request's blocks, then the group's max
         score = tl.full([BLOCK], float("-inf"), tl.float32)
         for g in tl.static_range(GROUP):
-            x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0)
+            x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0, cache_modifier=".cg")
             score = tl.maximum(score, x - tl.max(tl.where(real, x, float("-inf")), axis=0))
     else:
-        score = tl.load(b_row + ids, mask=in_table, other=0.0)
+        score = tl.load(b_row + ids, mask=in_table, other=0.0, cache_modifier=".cg")   # (L2: see _score_select_kernel)
     key = _order_key(score)
     # loads that do not depend on the selection, issued now so that their latency passes during the search
     t_row = table_ptr + b * stride_tb + s * stride_ts
@@ -221,7 +322,7 @@ def _select_kernel(
         calls_at = calls_ptr + b * stride_callb + s * stride_calls
         calls = tl.load(calls_at)
         tl.store(calls_at, calls + 1)
-        row = (b * tl.num_programs(0) + s).to(tl.uint32)
+        row = (b * rows + s).to(tl.uint32)
         h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
         u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
         counts = tl.sum(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16), axis=0)   # both in one reduction;
@@ -308,7 +409,7 @@ def _select_kernel(
         free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
                              n_empty + (free_ranks >> 16).to(tl.int32) - 1)
         taken = (empty | victim) & (free_rank < n_need)
-        scratch = scratch_ptr + (b * tl.num_programs(0) + s) * HB
+        scratch = scratch_ptr + (b * rows + s) * HB
         tl.store(scratch + free_rank, j, mask=empty | victim)  # free rank -> hot index
         tl.store(a_row + j, tl.where(held | taken, 0, age + 1), mask=j < H)
         tl.debug_barrier()
@@ -387,6 +488,46 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     (benchmarks). 8 warps up to BLOCK = 4096, 16 above: a row is a chain of 16 CTA-wide counts, whose barriers
     cost more with more warps, while the elements a thread holds cost registers (16 warps at 8192, 128K-token
     rows, keep them from spilling)."""
+    b, s = bounds.shape[:2]
+    args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
+                                  steer, num_warps)
+    _select_kernel[(s, b)](*args, **consts)
+
+
+def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, score_tables: torch.Tensor,
+                        arrived: torch.Tensor, bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig,
+                        out: torch.Tensor, mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
+                        block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None, *,
+                        num_kv_heads: int, head: int | None, num_warps: int | None = None) -> None:
+    """`fused_selection.select_from_digests` on Triton (arguments checked there): `launch_score`'s grid, whose
+    last program to finish a row runs `launch_select`'s program for it (`_score_select_kernel`). HOT's recall
+    count is zeroed first, in stream order (the select programs of a launch start in any order)."""
+    b, hq, d = q.shape
+    s = bounds.shape[1]
+    nb = bounds.shape[3]
+    if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
+        raise ValueError(f"the score kernel wants a power-of-two head_dim (got {d}), q and the digests "
+                         "contiguous along it, and dmax and dmin of the same strides")
+    if hot is not None:
+        hot.count.zero_()
+    args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
+                                  steer, num_warps)
+    tile = max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
+    width = dmax.shape[1]
+    head0 = 0 if head is None else head
+    col0, col_step = (0, 1) if head is None else ((0 if width == 1 else head), 0)
+    _score_select_kernel[(triton.cdiv(nb, tile), s, b)](
+        q, dmax, dmin, score_tables, arrived, head0, col0, col_step,
+        q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), score_tables.stride(0), score_tables.stride(1),
+        arrived.stride(0), *args, QGROUP=hq // num_kv_heads, QDIM=d, TILE=tile, **consts,
+    )  # fmt: skip
+
+
+def _select_launch(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
+                   mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
+                   block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
+                   num_warps: int | None) -> tuple[list, dict]:
+    """The select program's arguments and constexprs (num_warps among them), checked."""
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
     block = triton.next_power_of_2(max(nb, k))
@@ -422,7 +563,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     pref = steer.prefetched if steer is not None and steer.ahead > 0 else None
     if pref is not None and pref.stride(-1) != 1:
         raise ValueError("select_blocks_fused wants Steering.prefetched contiguous along its last dimension")
-    _select_kernel[(s, b)](
+    args = [
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, age, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
         dummy if pref is None else pref,
@@ -432,6 +573,8 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(age), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
         *_s2(atab), *_s2(actx), *((0, 0) if pref is None else _s2(pref)),
+    ]  # fmt: skip
+    consts = dict(
         K=k, KB=triton.next_power_of_2(k), SINK=config.sink_blocks, LOCAL=config.local_blocks,
         BLOCK_SIZE=config.block_size, BLOCK=block,
         GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
@@ -441,6 +584,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
         PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps,
     )  # fmt: skip
+    return args, consts
 
 
 def _s2(t: torch.Tensor) -> tuple[int, int]:
