@@ -498,10 +498,14 @@ def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor,
                         arrived: torch.Tensor, bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig,
                         out: torch.Tensor, mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
                         block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None, *,
-                        num_kv_heads: int, head: int | None, num_warps: int | None = None) -> None:
+                        num_kv_heads: int, head: int | None, num_warps: int | None = None,
+                        max_registers: int | None = None) -> None:
     """`fused_selection.select_from_digests` on Triton (arguments checked there): `launch_score`'s grid, whose
     last program to finish a row runs `launch_select`'s program for it (`_score_select_kernel`). HOT's recall
-    count is zeroed first, in stream order (the select programs of a launch start in any order)."""
+    count is zeroed first, in stream order (the select programs of a launch start in any order).
+    max_registers (benchmarks): a thread's register cap. Every program holds the select's registers (~170 a
+    thread for a paged row of 4,096 columns at 8 warps: one CTA an SM, where the score alone fits three); 128
+    fits two with a few spills (sm_90, Triton 3.6), and hot rows spill more."""
     b, hq, d = q.shape
     s = bounds.shape[1]
     nb = bounds.shape[3]
@@ -520,6 +524,7 @@ def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor,
         q, dmax, dmin, score_tables, arrived, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), score_tables.stride(0), score_tables.stride(1),
         arrived.stride(0), *args, QGROUP=hq // num_kv_heads, QDIM=d, TILE=tile, **consts,
+        **({} if max_registers is None else {"maxnreg": max_registers}),
     )  # fmt: skip
 
 
