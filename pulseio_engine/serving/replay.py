@@ -407,7 +407,7 @@ def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype
 
 _COUNTERS = ("submitted", "completed", "failed", "device_waits_expired", "stamped_bytes",
              "stamped_publish_to_landed_s")
-_LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed")     # pulseio's, over its last recalls
+_LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed", "copy_per_mib")   # pulseio's, last recalls
 
 
 def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | None:

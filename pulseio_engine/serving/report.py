@@ -32,6 +32,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     13: ("config.ahead", "summary.ahead_bytes"),
     14: ("config.gil_switch_us",),
     15: ("config.ahead_budget",),
+    16: ("pulseio.copy_per_mib_us",),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -79,7 +80,7 @@ M_KEYS = {"recalls": int, "histogram": dict, "mean": OPT_NUM, "p50": OPT_NUM, "p
 _LATENCY = {"count": int, "p50": OPT_NUM, "p99": OPT_NUM}
 PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int,
                 "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY,
-                "stamped_bytes": int, "stamped_publish_to_landed_s": NUM}
+                "copy_per_mib_us": _LATENCY, "stamped_bytes": int, "stamped_publish_to_landed_s": NUM}
 
 
 class ReportError(EngineError, ValueError):
@@ -193,6 +194,7 @@ def table(reports: list[dict]) -> str:
     row("host ms/round launch/pace/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", _recall_latency)
     row("recall publish->landed GB/s (of link)", _recall_rate)
+    row("recall copy us/MiB p50/p99", _copy_pace)
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
     row("rounds as halves", lambda r: str(r["summary"].get("halves_rounds", "-")))
     row("rounds ridden", lambda r: str(r["summary"].get("ridden_rounds", "-")))
@@ -250,6 +252,13 @@ def _recall_latency(report: dict) -> str:
     """pulseio's publish -> landed on the device's clock, p50/p99 us; '-' without recalls or before schema 4."""
     lat = (report["pulseio"] or {}).get("publish_to_landed_us")
     return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.0f}/{lat['p99']:,.0f}"
+
+
+def _copy_pace(report: dict) -> str:
+    """pulseio's copier began -> landed per MiB, p50/p99 us on the device's clock: a p99 far above the p50 is the
+    copy slowing down, not larger requests; '-' without recalls or before schema 16."""
+    lat = (report["pulseio"] or {}).get("copy_per_mib_us")
+    return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.1f}/{lat['p99']:,.1f}"
 
 
 def _recall_rate(report: dict) -> str:

@@ -212,8 +212,10 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
             assert None not in (d.published_ns, d.taken_ns, d.landed_ns)
             assert d.published_ns <= d.taken_ns <= d.landed_ns
         stats = rt.statistics()
-        assert stats.publish_to_landed.count == stats.publish_to_taken.count == 5
+        assert stats.publish_to_landed.count == stats.publish_to_taken.count == stats.copy_per_mib.count == 5
         assert 0 <= stats.publish_to_taken.p50_us <= stats.publish_to_landed.p50_us
+        per_mib = sorted((d.landed_ns - d.taken_ns) * 2**20 / d.nbytes / 1e3 for d in done)   # us a MiB, each
+        assert stats.copy_per_mib.p50_us == pytest.approx(per_mib[2], abs=1e-3)
         assert stats.stamped_bytes == sum(d.nbytes for d in done) == 5 * rt.config.block_bytes
         spans = sum(d.landed_ns - d.published_ns for d in done) / 1e9
         assert stats.stamped_publish_to_landed_s == pytest.approx(spans) and spans > 0
@@ -222,7 +224,7 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
         other = rt.post_recall(host_ids=np.array([1]), device_slots=np.array([1]))
         assert other.wait(timeout=10) and other.landed_ns is None and other.taken_ns is None
         stats = rt.statistics()
-        assert stats.publish_to_landed.count == stats.publish_to_taken.count == 0
+        assert stats.publish_to_landed.count == stats.publish_to_taken.count == stats.copy_per_mib.count == 0
         assert (stats.stamped_bytes, stats.publish_to_landed_gbps) == (0, None)
 
 

@@ -73,7 +73,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert summary["recalls"] > 0 and summary["recalled_bytes"] > 0
     assert report["pulseio"]["submitted"] == report["pulseio"]["completed"] == summary["recalls"]
     assert report["pulseio"]["failed"] == 0
-    for name in ("post_to_landed_us", "publish_to_taken_us", "publish_to_landed_us"):
+    for name in ("post_to_landed_us", "publish_to_taken_us", "publish_to_landed_us", "copy_per_mib_us"):
         lat = report["pulseio"][name]                  # over pulseio's last recalls, this replay's among them
         assert 0 < lat["count"] <= report["pulseio"]["submitted"] + 64 and 0 < lat["p50"] <= lat["p99"], (name, lat)
     assert report["pulseio"]["publish_to_taken_us"]["p50"] <= report["pulseio"]["publish_to_landed_us"]["p50"]
@@ -91,7 +91,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/15"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/16"
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -225,6 +225,11 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     rate = report["pulseio"]["stamped_bytes"] / report["pulseio"]["stamped_publish_to_landed_s"] / 1e9
     assert re.search(rf"^recall publish->landed GB/s \(of link\)\s+{rate:.3g}\s+[\d.]+$", table([report, other]),
                      flags=re.M), "no link measured on a CPU: the rate alone"
+    pace = report["pulseio"]["copy_per_mib_us"]
+    assert re.search(rf"^recall copy us/MiB p50/p99\s+{pace['p50']:,.1f}/{pace['p99']:,.1f}\s", table([report, other]),
+                     flags=re.M)
+    _step_back(report, 15, "pulseio.copy_per_mib_us")
+    assert re.search(r"^recall copy us/MiB p50/p99\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 14, "config.ahead_budget")
     _step_back(report, 13, "config.gil_switch_us")
     assert labels([report, other])[0].endswith(" gil_us=-")
@@ -260,9 +265,10 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/15', "
-                                          r"'pulseio-replay/14', 'pulseio-replay/13', 'pulseio-replay/12', "
-                                          r"'pulseio-replay/11', 'pulseio-replay/10', 'pulseio-replay/9', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/16', "
+                                          r"'pulseio-replay/15', 'pulseio-replay/14', 'pulseio-replay/13', "
+                                          r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
+                                          r"'pulseio-replay/9', "
                                           r"'pulseio-replay/8', 'pulseio-replay/7', 'pulseio-replay/6', "
                                           r"'pulseio-replay/5', 'pulseio-replay/4', 'pulseio-replay/3', "
                                           r"'pulseio-replay/2', 'pulseio-replay/1'$"):
