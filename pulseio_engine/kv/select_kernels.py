@@ -400,15 +400,9 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
     launch shape (benchmarks)."""
     b, hq, d = q.shape
     _, s, _, nb = out.shape
-    if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
-        raise ValueError(f"the score kernel wants a power-of-two head_dim (got {d}), q and the digests "
-                         "contiguous along it, and dmax and dmin of the same strides")
     if out.stride(3) != 1:
         raise ValueError("score_blocks out must be contiguous along NB")
-    tile = tile or max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
-    width = dmax.shape[1]
-    head0 = 0 if head is None else head
-    col0, col_step = (0, 1) if head is None else ((0 if width == 1 else head), 0)
+    tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, tile)
     _score_kernel[(triton.cdiv(nb, tile), s, b)](
         q, dmax, dmin, block_tables, out, count if count is not None else out, nb, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), block_tables.stride(0), block_tables.stride(1),
@@ -446,25 +440,32 @@ def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor,
     thread for a paged row of 4,096 columns at 8 warps: one CTA an SM, where the score alone fits three); 128
     fits two with a few spills (sm_90, Triton 3.6), and hot rows spill more."""
     b, hq, d = q.shape
-    s = bounds.shape[1]
-    nb = bounds.shape[3]
-    if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
-        raise ValueError(f"the score kernel wants a power-of-two head_dim (got {d}), q and the digests "
-                         "contiguous along it, and dmax and dmin of the same strides")
-    if hot is not None:
-        hot.count.zero_()
+    s, nb = bounds.shape[1], bounds.shape[3]
+    tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, None)
     args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
                                   steer, num_warps)
-    tile = max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
-    width = dmax.shape[1]
-    head0 = 0 if head is None else head
-    col0, col_step = (0, 1) if head is None else ((0 if width == 1 else head), 0)
+    if hot is not None:
+        hot.count.zero_()
     _select_kernel[(triton.cdiv(nb, tile), s, b)](
         q, dmax, dmin, score_tables, arrived, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), score_tables.stride(0), score_tables.stride(1),
         arrived.stride(0), *args, QGROUP=hq // num_kv_heads, QDIM=d, TILE=tile, FUSED=True, **consts,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )  # fmt: skip
+
+
+def _score_layout(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, nb: int, head: int | None,
+                  tile: int | None) -> tuple[int, int, int, int]:
+    """(tile, head0, col0, col_step) of the score's programs, checked: TILE block columns a program (`tile` or
+    the default), the first query head group, the digest column of row s (col0 + s * col_step)."""
+    d = q.shape[2]
+    if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
+        raise ValueError(f"the score kernel wants a power-of-two head_dim (got {d}), q and the digests "
+                         "contiguous along it, and dmax and dmin of the same strides")
+    tile = tile or max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
+    head0 = 0 if head is None else head
+    col0, col_step = (0, 1) if head is None else ((0 if dmax.shape[1] == 1 else head), 0)
+    return tile, head0, col0, col_step
 
 
 def _select_launch(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
