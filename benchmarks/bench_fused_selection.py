@@ -135,16 +135,17 @@ def bench_fused(layer: Layer, only: list[str]) -> None:
     for s, label, mode, cfg in ((HKV, "paged sum", "paged", config), (1, "paged sum", "paged", config),
                                 (HKV, "hot sum steered", "steer", config), (1, "hot sum steered", "steer", config),
                                 (1, "hot max-norm steered", "steer", maxnorm)):
-        for regs in (None, 128):
+        for regs, tiles in ((None, 1), (128, 1), (None, 4), (128, 4)):
             if not only or any(o in f"S={s} {label}" for o in only):
-                two_us, one_us = _time_fused(layer, s, mode, cfg, regs)
-                print(f"score+select S={s} {label:22s} registers {regs or 'auto':>4}: two launches {two_us:8.1f} us, "
-                      f"one {one_us:8.1f} us ({one_us / two_us:.2f}x)", flush=True)
+                two_us, one_us = _time_fused(layer, s, mode, cfg, regs, tiles)
+                print(f"score+select S={s} {label:22s} registers {regs or 'auto':>4} tiles {tiles}: two launches "
+                      f"{two_us:8.1f} us, one {one_us:8.1f} us ({one_us / two_us:.2f}x)", flush=True)
 
 
-def _time_fused(layer: Layer, s: int, mode: str, cfg: SparseConfig, regs: int | None) -> tuple[float, float]:
-    """(two launches, one launch) in us a call, for S selecting rows, "paged" or "steer" (HOT, steered); regs: the
-    one launch's register cap."""
+def _time_fused(layer: Layer, s: int, mode: str, cfg: SparseConfig, regs: int | None,
+                tiles: int) -> tuple[float, float]:
+    """(two launches, one launch) in us a call, for S selecting rows, "paged" or "steer" (HOT, steered); regs, tiles:
+    the one launch's register cap and score tiles a program."""
     dmax, dmin, head = (layer.dmax, layer.dmin, None) if s == HKV else (layer.solo_max, layer.solo_min, 3)
     c = 1 if cfg.group_score is GroupScore.SUM else HQ // HKV
     bounds = torch.empty((layer.b, s, c, layer.nb), device="cuda")
@@ -162,7 +163,8 @@ def _time_fused(layer: Layer, s: int, mode: str, cfg: SparseConfig, regs: int | 
 
     def one() -> None:
         select_kernels.launch_score_select(layer.q, dmax, dmin, layer.tables, arrived, bounds, layer.num_tokens, cfg,
-                                           *selected, num_kv_heads=HKV, head=head, max_registers=regs)
+                                           *selected, num_kv_heads=HKV, head=head, max_registers=regs,
+                                           tiles_per_program=tiles)
 
     two_us, one_us = time_graph_us(two), time_graph_us(one)
     if int(arrived.abs().sum()):
@@ -172,7 +174,7 @@ def _time_fused(layer: Layer, s: int, mode: str, cfg: SparseConfig, regs: int | 
         want = [t.clone() for t in (bounds, *selected[:4])]
         one()
         if any(not torch.equal(a, b) for a, b in zip(want, (bounds, *selected[:4]), strict=True)):
-            raise RuntimeError(f"one launch (registers {regs}) selected otherwise than two")
+            raise RuntimeError(f"one launch (registers {regs}, tiles {tiles}) selected otherwise than two")
     return two_us, one_us
 
 

@@ -17,7 +17,8 @@
 #   attn-quest           the sparse attention's configurations at 8 x 32K, Quest's per-head tables and SoloHead's shared
 #                        one, each call on KV the L2 does not hold (--cold 3)
 #   fused-select         bench_fused_selection.py --parts fused: score + select as two launches against one
-#                        (select_from_digests), with the one launch's registers uncapped and capped at 128 (~1-2 min)
+#                        (select_from_digests): registers uncapped and capped at 128, 1 and 4 score tiles a program
+#                        (~2 min)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
 #                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
 #   gpu-ride             the GPU tests of --ride and --ahead

@@ -197,7 +197,7 @@ def _select_kernel(
     SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
-    QGROUP: tl.constexpr, QDIM: tl.constexpr, TILE: tl.constexpr,
+    QGROUP: tl.constexpr, QDIM: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
     FUSED: tl.constexpr,
 ):  # fmt: skip
     if FUSED:   # the score's grid: this program's tile of bounds, then the row's last program selects it
@@ -205,9 +205,10 @@ def _select_kernel(
         s = tl.program_id(1)
         b = tl.program_id(2).to(tl.int64)
         rows = tl.num_programs(1)
-        _score_tile(piece, s, b, q_ptr, dmax_ptr, dmin_ptr, sbt_ptr, bounds_ptr, nb, head0, col0, col_step,
-                    stride_qb, stride_qh, stride_dn, stride_dw, stride_sbtb, stride_sbtn, stride_bb, stride_bs,
-                    stride_bc, QGROUP, QDIM, TILE, MAX_NORM)
+        for sub in tl.static_range(TILES):  # TILES tiles a program: fewer arrivals (and fences) a row
+            _score_tile(piece * TILES + sub, s, b, q_ptr, dmax_ptr, dmin_ptr, sbt_ptr, bounds_ptr, nb, head0, col0,
+                        col_step, stride_qb, stride_qh, stride_dn, stride_dw, stride_sbtb, stride_sbtn, stride_bb,
+                        stride_bs, stride_bc, QGROUP, QDIM, TILE, MAX_NORM)
         tl.debug_barrier()                  # every thread's bounds are written before the release below
         arrival = arrived_ptr + b * stride_arb + s
         done = tl.atomic_add(arrival, 1, sem="acq_rel", scope="gpu")    # tiles of this row finished before this one
@@ -424,7 +425,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
                                   steer, num_warps)
     score = (bounds,) * 5 + (0,) * 10        # FUSED only: the score's tensors, heads and strides
-    _select_kernel[(s, b)](*score, *args, QGROUP=1, QDIM=1, TILE=1, FUSED=False, **consts)
+    _select_kernel[(s, b)](*score, *args, QGROUP=1, QDIM=1, TILE=1, TILES=1, FUSED=False, **consts)
 
 
 def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, score_tables: torch.Tensor,
@@ -432,13 +433,15 @@ def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor,
                         out: torch.Tensor, mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
                         block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None, *,
                         num_kv_heads: int, head: int | None, num_warps: int | None = None,
-                        max_registers: int | None = None) -> None:
+                        max_registers: int | None = None, tiles_per_program: int = 1) -> None:
     """`fused_selection.select_from_digests` on Triton (arguments checked there): the select kernel over
     `launch_score`'s grid (FUSED), whose last program to finish a row selects it. HOT's recall
     count is zeroed first, in stream order (the select programs of a launch start in any order).
     max_registers (benchmarks): a thread's register cap. Every program holds the select's registers (~170 a
     thread for a paged row of 4,096 columns at 8 warps: one CTA an SM, where the score alone fits three); 128
-    fits two with a few spills (sm_90, Triton 3.6), and hot rows spill more."""
+    fits two with a few spills (sm_90, Triton 3.6), and hot rows spill more. tiles_per_program (benchmarks):
+    score tiles a program scores in turn before it counts itself in, so a row has that many times fewer arrivals,
+    each a fence."""
     b, hq, d = q.shape
     s, nb = bounds.shape[1], bounds.shape[3]
     tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, None)
@@ -446,10 +449,13 @@ def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor,
                                   steer, num_warps)
     if hot is not None:
         hot.count.zero_()
-    _select_kernel[(triton.cdiv(nb, tile), s, b)](
+    if tiles_per_program < 1:
+        raise ValueError(f"tiles_per_program must be at least 1, got {tiles_per_program}")
+    _select_kernel[(triton.cdiv(nb, tile * tiles_per_program), s, b)](
         q, dmax, dmin, score_tables, arrived, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), score_tables.stride(0), score_tables.stride(1),
-        arrived.stride(0), *args, QGROUP=hq // num_kv_heads, QDIM=d, TILE=tile, FUSED=True, **consts,
+        arrived.stride(0), *args, QGROUP=hq // num_kv_heads, QDIM=d, TILE=tile, TILES=tiles_per_program,
+        FUSED=True, **consts,
         **({} if max_registers is None else {"maxnreg": max_registers}),
     )  # fmt: skip
 

@@ -61,6 +61,7 @@ class Spec:
                                      # prediction recalled ahead would have brought them
     ages: int = 4                    # HOT: the hot entries' ages start below this (few values: ties)
     fused: bool = False              # the Triton side scores and selects in one launch (`select_from_digests`)
+    tiles: int = 1                   # fused: score tiles a program (`launch_score_select`'s tiles_per_program)
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -109,10 +110,18 @@ class _Side:
             b, s = t["mask"].shape[:2]
             c = spec.group if spec.rule is GroupScore.MAX_NORM else 1
             own = torch.full((b, s, c, spec.nb), float("nan"), device=dev)
-            select_from_digests(*args, num_tokens.to(dev), _config(spec), num_kv_heads=spec.hkv, head=spec.head,
-                                arrived=t["arrived"], bounds=own, mask=t["mask"], table=self.out["table"],
-                                context_lens=self.out["context_lens"], block_tables=args[3] if hot is None else None,
-                                hot=hot, steer=steer, out=self.out["selected"], use_triton=True)
+            if spec.tiles == 1:
+                select_from_digests(*args, num_tokens.to(dev), _config(spec), num_kv_heads=spec.hkv, head=spec.head,
+                                    arrived=t["arrived"], bounds=own, mask=t["mask"], table=self.out["table"],
+                                    context_lens=self.out["context_lens"], block_tables=args[3] if hot is None
+                                    else None, hot=hot, steer=steer, out=self.out["selected"], use_triton=True)
+            else:                            # a launcher knob (benchmarks), below select_from_digests
+                from pulseio_engine.kv import select_kernels
+                select_kernels.launch_score_select(*args, t["arrived"], own, num_tokens.to(dev), _config(spec),
+                                                   self.out["selected"], t["mask"], self.out["table"],
+                                                   self.out["context_lens"], args[3] if hot is None else None, hot,
+                                                   steer, num_kv_heads=spec.hkv, head=spec.head,
+                                                   tiles_per_program=spec.tiles)
             return own
         own = score_blocks(*args, num_kv_heads=spec.hkv, head=spec.head, rule=spec.rule,
                            count=t["count"] if hot is not None and spec.zero_count else None,
@@ -302,6 +311,10 @@ CASES.update({   # several tiles a row, and state each select updates once (call
     "fused-hot-lru-steer-tiles": Spec((5 * BS, 9 * BS + 3, 290 * BS), 300, 8, d=64, mode="hot", steps=3, hot=13,
                                       steer=0.5, new_token=True, fused=True),
 })
+CASES.update({   # several score tiles a program (9 tiles in 3 programs; 3 in 2, the last past the table)
+    "fused-steer-wide-3-tiles": replace(CASES["fused-steer-wide"], tiles=3),
+    "fused-hot-lru-steer-2-tiles": replace(CASES["fused-hot-lru-steer-tiles"], tiles=2),
+})
 
 
 def gpu_specs() -> dict[str, Spec]:
@@ -319,6 +332,7 @@ def gpu_specs() -> dict[str, Spec]:
     specs["qwen3-14b-solohead-lru-rewarm-ahead"] = replace(big, head=3, mode="hot", steps=4, steer=0.8, hot=256,
                                                            rewarm=0.4, ahead=0.72, new_token=True, arrivals=True)
     specs["qwen3-14b-quest-paged-fused"] = replace(big, steps=3, steer=0.9, fused=True)
+    specs["qwen3-14b-quest-paged-fused-4-tiles"] = replace(big, steps=3, steer=0.9, fused=True, tiles=4)
     specs["qwen3-14b-solohead-lru-rewarm-ahead-fused"] = replace(specs["qwen3-14b-solohead-lru-rewarm-ahead"],
                                                                  fused=True)
     return specs

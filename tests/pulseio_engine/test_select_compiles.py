@@ -20,7 +20,8 @@ _POINTERS = dict(
 )
 _BASE = dict(K=128, KB=128, SINK=1, LOCAL=2, BLOCK_SIZE=16, BLOCK=4096, GROUP=1, MAX_NORM=False, HOT=False,
              STEER=False, REWARM=False, AHEAD=False, WRITE_KV=False, SPLIT=False, HG=8, HG_PAD=8, HEAD_DIM=128,
-             MASK_TILES=1, PER_THREAD=16, H=128, HB=128, PER_THREAD_H=1, SALT=12345, QGROUP=5, QDIM=128, TILE=64)
+             MASK_TILES=1, PER_THREAD=16, H=128, HB=128, PER_THREAD_H=1, SALT=12345, QGROUP=5, QDIM=128, TILE=64,
+             TILES=1)
 _VARIANTS = {
     "paged": {},
     "paged-max-norm": dict(MAX_NORM=True, GROUP=5),
@@ -29,6 +30,7 @@ _VARIANTS = {
     "hot-rewarm-ahead-arrivals": dict(HOT=True, STEER=True, REWARM=True, AHEAD=True, SPLIT=True, WRITE_KV=True,
                                       H=256, HB=256, PER_THREAD_H=1),
     "hot-mask-wider-than-block": dict(HOT=True, SPLIT=True, MASK_TILES=2),
+    "paged-4-tiles-a-program": dict(TILES=4),
 }
 
 
