@@ -442,15 +442,15 @@ def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor,
     fits two with a few spills (sm_90, Triton 3.6), and hot rows spill more. tiles_per_program (benchmarks):
     score tiles a program scores in turn before it counts itself in, so a row has that many times fewer arrivals,
     each a fence."""
+    if tiles_per_program < 1:
+        raise ValueError(f"tiles_per_program must be at least 1, got {tiles_per_program}")
     b, hq, d = q.shape
     s, nb = bounds.shape[1], bounds.shape[3]
     tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, None)
     args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
                                   steer, num_warps)
-    if hot is not None:
+    if hot is not None:                      # every argument checked: nothing is written before a refusal
         hot.count.zero_()
-    if tiles_per_program < 1:
-        raise ValueError(f"tiles_per_program must be at least 1, got {tiles_per_program}")
     _select_kernel[(triton.cdiv(nb, tile * tiles_per_program), s, b)](
         q, dmax, dmin, score_tables, arrived, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), score_tables.stride(0), score_tables.stride(1),

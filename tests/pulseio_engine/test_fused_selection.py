@@ -382,6 +382,26 @@ def test_select_states_what_it_takes() -> None:
                      torch.zeros((2, 8), dtype=torch.long), num_kv_heads=2, head=None, rule=GroupScore.SUM)
 
 
+@pytest.mark.needs_package("triton")
+def test_one_launch_refuses_before_it_writes() -> None:
+    """A launch knob out of range or a non-contiguous buffer is refused before the recall count is zeroed."""
+    from pulseio_engine.kv import select_kernels
+
+    b, nb, k = 2, 8, 4
+    hot = replace(_hot_set(b, 1, nb, k, k), count=torch.full((1,), 7))
+    out = _buffers(b, 1, nb, k)
+    args = (torch.zeros((b, 2, 16)), torch.zeros((9, 1, 16)), torch.zeros((9, 1, 16)),
+            torch.zeros((b, nb), dtype=torch.int32), torch.zeros((b, 1), dtype=torch.int32), torch.zeros((b, 1, 1, nb)),
+            torch.tensor([20, 30]), SparseConfig(token_budget=k * 16), torch.empty((b, 1, k), dtype=torch.long))
+    rest = (out["mask"], out["table"], out["context_lens"], None, hot, None)
+    with pytest.raises(ValueError, match=r"^tiles_per_program must be at least 1, got 0$"):
+        select_kernels.launch_score_select(*args, *rest, num_kv_heads=1, head=0, tiles_per_program=0)
+    with pytest.raises(ValueError, match=r"^select_blocks_fused wants bounds, out, mask, table and the HotRecall maps"):
+        select_kernels.launch_score_select(*args[:5], torch.zeros((b, 1, 1, 2 * nb))[..., ::2], *args[6:], *rest,
+                                           num_kv_heads=1, head=0)
+    assert int(hot.count) == 7
+
+
 # ---- the Triton kernels under the interpreter (CPU) --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
