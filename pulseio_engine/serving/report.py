@@ -192,9 +192,9 @@ def table(reports: list[dict]) -> str:
     row("GPU busy", lambda r: "-" if r["summary"]["gpu_busy_fraction"] is None
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
     row("host ms/round launch/pace/rest/tokens", _host)
-    row("recall publish->landed p50/p99 (us)", _recall_latency)
+    row("recall publish->landed p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_landed_us", 0))
     row("recall publish->landed GB/s (of link)", _recall_rate)
-    row("recall copy us/MiB p50/p99", _copy_pace)
+    row("recall copy us/MiB p50/p99", lambda r: _pulseio_latency(r, "copy_per_mib_us", 1))
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
     row("rounds as halves", lambda r: str(r["summary"].get("halves_rounds", "-")))
     row("rounds ridden", lambda r: str(r["summary"].get("ridden_rounds", "-")))
@@ -248,17 +248,12 @@ def _rss(report: dict) -> str:
     return "-" if not rss else f"{rss[0] / 2**30:.2f}/{max(rss) / 2**30:.2f}/{rss[-1] / 2**30:.2f}"
 
 
-def _recall_latency(report: dict) -> str:
-    """pulseio's publish -> landed on the device's clock, p50/p99 us; '-' without recalls or before schema 4."""
-    lat = (report["pulseio"] or {}).get("publish_to_landed_us")
-    return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.0f}/{lat['p99']:,.0f}"
-
-
-def _copy_pace(report: dict) -> str:
-    """pulseio's copier began -> landed per MiB, p50/p99 us on the device's clock: a p99 far above the p50 is the
-    copy slowing down, not larger requests; '-' without recalls or before schema 16."""
-    lat = (report["pulseio"] or {}).get("copy_per_mib_us")
-    return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.1f}/{lat['p99']:,.1f}"
+def _pulseio_latency(report: dict, key: str, digits: int) -> str:
+    """One of pulseio's latencies as p50/p99 us (publish -> landed; the copier's began -> landed per MiB, whose p99
+    far above its p50 is the copy slowing down, not larger requests); '-' without recalls or in a report from
+    before the key (schema 4, 16)."""
+    lat = (report["pulseio"] or {}).get(key)
+    return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.{digits}f}/{lat['p99']:,.{digits}f}"
 
 
 def _recall_rate(report: dict) -> str:
