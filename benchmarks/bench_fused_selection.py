@@ -3,7 +3,7 @@ replace, at the shape of the issue (qwen3-14b: 40 q / 8 KV heads, head_dim 128; 
 block 16: NB = 2048; budget 2048 tokens: K = 128).
 
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
-    [--parts score,select,fused,torch] [--only "S=8 paged sum"]
+    [--parts score,select,torch] [--only "S=8 paged sum"]
 
 Workload: bf16 queries and digests with random values, block tables of shuffled physical ids, every
 request at the full context; the select runs on the score kernel's bounds of them (the threshold search's
@@ -127,57 +127,6 @@ def bench_select(layer: Layer, only: list[str]) -> None:
                 print(f"select S={s} {label:22s} warps {warps or 'auto':>4}: {us:8.1f} us", flush=True)
 
 
-def bench_fused(layer: Layer, only: list[str]) -> None:
-    """Score then select as two launches against one (`launch_score_select`: a row's last score program selects
-    it), on the same rows; only: as bench_select's."""
-    config = layer.config
-    maxnorm = SparseConfig(token_budget=config.token_budget, block_size=BS, group_score=GroupScore.MAX_NORM)
-    for s, label, mode, cfg in ((HKV, "paged sum", "paged", config), (1, "paged sum", "paged", config),
-                                (HKV, "hot sum steered", "steer", config), (1, "hot sum steered", "steer", config),
-                                (1, "hot max-norm steered", "steer", maxnorm)):
-        for regs, tiles in ((None, 1), (128, 1), (None, 4), (128, 4)):
-            if not only or any(o in f"S={s} {label}" for o in only):
-                two_us, one_us = _time_fused(layer, s, mode, cfg, regs, tiles)
-                print(f"score+select S={s} {label:22s} registers {regs or 'auto':>4} tiles {tiles}: two launches "
-                      f"{two_us:8.1f} us, one {one_us:8.1f} us ({one_us / two_us:.2f}x)", flush=True)
-
-
-def _time_fused(layer: Layer, s: int, mode: str, cfg: SparseConfig, regs: int | None,
-                tiles: int) -> tuple[float, float]:
-    """(two launches, one launch) in us a call, for S selecting rows, "paged" or "steer" (HOT, steered); regs, tiles:
-    the one launch's register cap and score tiles a program."""
-    dmax, dmin, head = (layer.dmax, layer.dmin, None) if s == HKV else (layer.solo_max, layer.solo_min, 3)
-    c = 1 if cfg.group_score is GroupScore.SUM else HQ // HKV
-    bounds = torch.empty((layer.b, s, c, layer.nb), device="cuda")
-    arrived = torch.zeros((layer.b, s), dtype=torch.int32, device="cuda")
-    hot, outs = layer.hot(s)
-    calls = torch.zeros((layer.b, s), dtype=torch.int64, device="cuda")
-    steer = Steering(0.9, calls, seed=1, layer=3) if mode == "steer" else None
-    tables, hot_rows = (layer.tables, None) if mode == "paged" else (None, hot)
-    selected = (outs["out"], outs["mask"], outs["table"], outs["context_lens"], tables, hot_rows, steer)
-
-    def two() -> None:
-        select_kernels.launch_score(layer.q, dmax, dmin, layer.tables, bounds, None if hot_rows is None else hot.count,
-                                    num_kv_heads=HKV, head=head, max_norm=c > 1)
-        select_kernels.launch_select(bounds, layer.num_tokens, cfg, *selected)
-
-    def one() -> None:
-        select_kernels.launch_score_select(layer.q, dmax, dmin, layer.tables, arrived, bounds, layer.num_tokens, cfg,
-                                           *selected, num_kv_heads=HKV, head=head, max_registers=regs,
-                                           tiles_per_program=tiles)
-
-    two_us, one_us = time_graph_us(two), time_graph_us(one)
-    if int(arrived.abs().sum()):
-        raise RuntimeError("a launch of launch_score_select left a row's arrival count behind")
-    if mode == "paged":                      # nothing carried between calls: both launches must write the same
-        two()
-        want = [t.clone() for t in (bounds, *selected[:4])]
-        one()
-        if any(not torch.equal(a, b) for a, b in zip(want, (bounds, *selected[:4]), strict=True)):
-            raise RuntimeError(f"one launch (registers {regs}, tiles {tiles}) selected otherwise than two")
-    return two_us, one_us
-
-
 def bench_torch_path(layer: Layer) -> None:
     """What a layer did before the fused kernels: select_for_layer (gathered digests, fp32, sorts),
     plan_recall, compact, apply_recall and the table gather (the selection part of the old prepare + finish)."""
@@ -209,8 +158,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--budget", type=int, default=2048)
-    parser.add_argument("--parts", default="score,select,fused,torch",
-                        help="comma-separated: score, select, fused (score + select in one launch), torch")
+    parser.add_argument("--parts", default="score,select,torch", help="comma-separated: score, select, torch")
     parser.add_argument("--only", default="", help="select lines whose label holds one of these comma-separated "
                         "substrings (\"S=8 paged sum,S=1 hot sum steered\"); default: every line")
     args = parser.parse_args()
@@ -223,8 +171,6 @@ def main() -> None:
         bench_score(layer, copy_gbps)
     if "select" in parts:
         bench_select(layer, [o for o in args.only.split(",") if o])
-    if "fused" in parts:
-        bench_fused(layer, [o for o in args.only.split(",") if o])
     if "torch" in parts:
         bench_torch_path(layer)
 

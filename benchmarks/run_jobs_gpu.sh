@@ -16,9 +16,6 @@
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
 #   attn-quest           the sparse attention's configurations at 8 x 32K, Quest's per-head tables and SoloHead's shared
 #                        one, each call on KV the L2 does not hold (--cold 3)
-#   fused-select         bench_fused_selection.py --parts fused: score + select as two launches against one
-#                        (select_from_digests): registers uncapped and capped at 128, 1 and 4 score tiles a program
-#                        (~2 min)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
 #                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
 #   gpu-ride             the GPU tests of --ride and --ahead
@@ -113,11 +110,6 @@ for spec in "$@"; do
     mkdir -p $W/attn; timeout 160 python benchmarks/bench_attention.py --budget-s 130 --shapes "quest b8 k128 rows,sparse b8 k128" \
       --cold 3 --out $W/attn > $W/attn/log.txt 2>&1
     log "$job rc=$? $(grep -A4 SUMMARY $W/attn/log.txt | tail -3)"; continue
-  fi
-  if [ "$job" = fused-select ]; then   # score + select as two launches against one, at 8 x 32K (4,096-wide rows)
-    [ $(( $(date +%s) - T0 + 150 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    timeout 150 python benchmarks/bench_fused_selection.py --context 32800 --parts fused > $W/fused-select.log 2>&1
-    log "$job rc=$? $(grep -E '^score\+select' $W/fused-select.log | tr -s ' ' | tr '\n' ';')"; continue
   fi
   if [ "$job" = ncu-select ]; then   # hardware counters (Nsight Compute) of the step's sparse kernels, one launch each
     [ $(( $(date +%s) - T0 + 300 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }

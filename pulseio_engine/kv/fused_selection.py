@@ -10,8 +10,6 @@ sort); optionally steering (`kv/steering.py`); then the attention table, for all
 recall exactly as `plan_recall` + `apply_recall` do, reserves the recall's place with an atomic add on
 `count` and writes the new token into its hot slot; with `Arrivals` the table holds only the blocks already
 resident and the arrivals' table those the recall brings (each ascending, with their own context lengths).
-`select_from_digests` does both in one launch on a GPU (the select of a row starts as soon as its bounds are
-all written), with the same results.
 
 The contract is the torch reference below, built from `head_bounds`/`block_scores`, `select_blocks`,
 `plan_recall`/`apply_recall` and `steering`: ids equal bit for bit. CPU tensors take the reference,
@@ -189,40 +187,6 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
     else:
         _hot_reference(selected, offset, hot, table, context_lens, k, config.block_size)
     return selected
-
-
-def select_from_digests(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, score_tables: torch.Tensor,
-                        num_tokens: torch.Tensor, config: SparseConfig, *, num_kv_heads: int, head: int | None,
-                        arrived: torch.Tensor, bounds: torch.Tensor, mask: torch.Tensor, table: torch.Tensor,
-                        context_lens: torch.Tensor, block_tables: torch.Tensor | None = None,
-                        hot: HotRecall | None = None, steer: Steering | None = None, out: torch.Tensor | None = None,
-                        use_triton: bool | None = None) -> torch.Tensor:
-    """`score_blocks` into `bounds`, then `select_blocks_fused` of them, in one launch on Triton: the score's
-    program that finishes a row last (counted in `arrived`) selects it, while other rows are still scored. Same
-    arguments and results as the two calls (hot.count zeroed as `score_blocks(count=hot.count)` does).
-    arrived: [B, S] int32, zeros, kept by the caller between calls: each launch leaves it zero."""
-    s, c = _score_shape(q, dmax, dmin, score_tables, num_kv_heads, head, config.group_score)
-    b, nb = score_tables.shape
-    if bounds.shape != (b, s, c, nb) or bounds.dtype != torch.float32:
-        raise ValueError(f"select_from_digests bounds must be [B, S, C, NB] = {[b, s, c, nb]} float32, "
-                         f"got {list(bounds.shape)} {bounds.dtype}")
-    if arrived.shape != (b, s) or arrived.dtype != torch.int32 or arrived.stride(1) != 1:
-        raise ValueError(f"select_from_digests arrived must be [B, S] = {[b, s]} int32, contiguous along S, got "
-                         f"{list(arrived.shape)} {arrived.dtype}")
-    if not _triton(q, use_triton):
-        score_blocks(q, dmax, dmin, score_tables, num_kv_heads=num_kv_heads, head=head, rule=config.group_score,
-                     count=None if hot is None else hot.count, out=bounds)
-        return select_blocks_fused(bounds, num_tokens, config, mask=mask, table=table, context_lens=context_lens,
-                                   block_tables=block_tables, hot=hot, steer=steer, out=out, use_triton=False)
-    k = config.budget_blocks
-    _check_select(bounds, num_tokens, config, mask, table, context_lens, block_tables, hot, steer)
-    if out is None:
-        out = torch.empty((b, s, k), dtype=torch.int64, device=bounds.device)
-    from . import select_kernels
-    select_kernels.launch_score_select(q, dmax, dmin, score_tables, arrived, bounds, num_tokens, config, out, mask,
-                                       table, context_lens, block_tables, hot, steer, num_kv_heads=num_kv_heads,
-                                       head=head)
-    return out
 
 
 def _hot_reference(selected: torch.Tensor, offset: torch.Tensor, hot: HotRecall, table: torch.Tensor,

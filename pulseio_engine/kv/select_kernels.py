@@ -29,13 +29,6 @@ Why they look the way they do:
   which the score kernel's first program zeroed earlier in stream order. With arrivals (SPLIT), a chosen
   block's place in its own table is its rank among the resident or among the recalled blocks, which the
   packed scan already counts: no further scan.
-- Score and select in one launch (the select kernel with FUSED): the select runs one CTA per row, 64 rows at
-  Quest's 8 x 32K on 132 SMs, a chain of latencies that leaves the GPU's memory idle. Launched over the score's
-  grid, each program scores its tile (`_score_tile`, the score kernel's body) and counts itself into its row's
-  `arrived` word once its bounds are stored (CTA barrier, then a gpu-scope acq_rel atomic: the semaphore pattern
-  of split-K reductions); the row's last program selects the row, so rows finished early select while later
-  rows are scored, and the launch between the two kernels is gone. That program resets the word for the next
-  launch; bounds are read through L2 (`.cg`): other SMs wrote them during the launch.
 """
 
 from __future__ import annotations
@@ -57,10 +50,16 @@ _MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields (and 1
 
 
 @triton.jit
-def _score_tile(tile, s, b, q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, nb, head0, col0, col_step,
-                stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn, stride_ob, stride_os, stride_oc,
-                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr):
-    """The bounds of block columns [tile * TILE, (tile + 1) * TILE) of row s of request b."""
+def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, head0, col0, col_step,
+                  stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
+                  stride_ob, stride_os, stride_oc,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
+                  HAS_COUNT: tl.constexpr):
+    tile = tl.program_id(0)
+    s = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if HAS_COUNT:
+        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s == 0) & (b == 0))
     blocks = tile * TILE + tl.arange(0, TILE)
     valid = blocks < nb
     ids = tl.load(bt_ptr + b * stride_btb + blocks * stride_btn, mask=valid, other=0).to(tl.int64)
@@ -83,22 +82,6 @@ def _score_tile(tile, s, b, q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, nb, head
             pos += tl.maximum(qg, 0.0)
             neg += tl.minimum(qg, 0.0)
         tl.store(out_row, tl.sum(dmax * pos[None, :] + dmin * neg[None, :], axis=1), mask=valid)
-
-
-@triton.jit
-def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, head0, col0, col_step,
-                  stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
-                  stride_ob, stride_os, stride_oc,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
-                  HAS_COUNT: tl.constexpr):
-    tile = tl.program_id(0)
-    s = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    if HAS_COUNT:
-        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s == 0) & (b == 0))
-    _score_tile(tile, s, b, q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, nb, head0, col0, col_step,
-                stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn, stride_ob, stride_os, stride_oc,
-                GROUP, HEAD_DIM, TILE, MAX_NORM)
 
 
 @triton.jit
@@ -178,8 +161,6 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
 
 @triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm", "ahead"])
 def _select_kernel(
-    q_ptr, dmax_ptr, dmin_ptr, sbt_ptr, arrived_ptr, head0, col0, col_step,
-    stride_qb, stride_qh, stride_dn, stride_dw, stride_sbtb, stride_sbtn, stride_arb,
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, age_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
     k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr, pref_ptr,
@@ -197,201 +178,180 @@ def _select_kernel(
     SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
-    QGROUP: tl.constexpr, QDIM: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr,
-    FUSED: tl.constexpr,
 ):  # fmt: skip
-    if FUSED:   # the score's grid: this program's tile of bounds, then the row's last program selects it
-        piece = tl.program_id(0)
-        s = tl.program_id(1)
-        b = tl.program_id(2).to(tl.int64)
-        rows = tl.num_programs(1)
-        for sub in tl.static_range(TILES):  # TILES tiles a program: fewer arrivals (and fences) a row
-            _score_tile(piece * TILES + sub, s, b, q_ptr, dmax_ptr, dmin_ptr, sbt_ptr, bounds_ptr, nb, head0, col0,
-                        col_step, stride_qb, stride_qh, stride_dn, stride_dw, stride_sbtb, stride_sbtn, stride_bb,
-                        stride_bs, stride_bc, QGROUP, QDIM, TILE, MAX_NORM)
-        tl.debug_barrier()                  # every thread's bounds are written before the release below
-        arrival = arrived_ptr + b * stride_arb + s
-        done = tl.atomic_add(arrival, 1, sem="acq_rel", scope="gpu")    # tiles of this row finished before this one
-        row_done = done == tl.num_programs(0) - 1                   # then every bound of the row is visible
-        if row_done:
-            tl.store(arrival, 0)                # the next launch, later in stream order, counts from 0 again
-    else:       # one program a row
-        s = tl.program_id(0)
-        b = tl.program_id(1).to(tl.int64)
-        rows = tl.num_programs(0)
-        row_done = True
-    if row_done:
-        n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
-        n = tl.minimum((n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE, nb)      # (n <= NB is the contract; never read past)
-        ids = tl.arange(0, BLOCK)
-        real = ids < n
-        in_table = ids < nb
-        b_row = bounds_ptr + b * stride_bb + s * stride_bs
-        if MAX_NORM:  # each head's bounds less its best over the request's blocks, then the group's max
-            score = tl.full([BLOCK], float("-inf"), tl.float32)
-            for g in tl.static_range(GROUP):
-                x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0, cache_modifier=".cg")
-                score = tl.maximum(score, x - tl.max(tl.where(real, x, float("-inf")), axis=0))
-        else:
-            score = tl.load(b_row + ids, mask=in_table, other=0.0, cache_modifier=".cg")   # (L2: FUSED, other SMs)
-        key = _order_key(score)
-        # loads that do not depend on the selection, issued now so that their latency passes during the search
-        t_row = table_ptr + b * stride_tb + s * stride_ts
-        if HOT:
-            r_row = res_ptr + b * stride_rb + s * stride_rs
-            o_row = owner_ptr + b * stride_ob + s * stride_os
-            hot_row = hot_ptr + b * stride_hb + s * stride_hs
-            a_row = age_ptr + b * stride_ab + s * stride_as
-            res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
-            j = tl.arange(0, HB)
-            own = tl.load(o_row + j, mask=j < H, other=-1).to(tl.int32)
-            age = tl.load(a_row + j, mask=j < H, other=0)
-            units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=real, other=0)
-        else:
-            bt_row = bt_ptr + b * stride_btb
-            phys = tl.load(bt_row + ids * stride_btn, mask=real, other=0).to(tl.int32)
-        forced = real & ((ids < SINK) | (ids >= n - LOCAL))
-        middle = real & ~forced
-        m_row = mask_ptr + b * stride_mb + s * stride_ms
-        m = K - SINK - LOCAL
-        if STEER:  # stale blocks kept by their hash; then one search on the set the counts pick (steering.py)
-            prev = tl.load(m_row + ids, mask=in_table & (ids < nbw), other=0) != 0
-            stale = middle & prev
-            fresh = middle & ~prev
-            calls_at = calls_ptr + b * stride_callb + s * stride_calls
-            calls = tl.load(calls_at)
-            tl.store(calls_at, calls + 1)
-            row = (b * rows + s).to(tl.uint32)
-            h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
-            u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
-            counts = tl.sum(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16), axis=0)   # both in one reduction;
-            n_fresh = (counts >> 16).to(tl.int32)                # unsigned, so 32,768 fresh blocks do not turn negative
-            kept = stale & (u * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
-            n_kept = tl.sum(kept.to(tl.int32), axis=0)
-            warm = ids < 0
-            back = ids < 0
-            n_warm = tl.zeros([], tl.int32)
-            n_back = tl.zeros([], tl.int32)
-            if REWARM:  # fresh blocks still hot come back, each with the probability the count left asks
-                warm = fresh & (res >= 0)
-                n_warm = tl.sum(warm.to(tl.int32), axis=0)
-                limit = (rewarm * (m - n_kept).to(tl.float32) * 16777216.0).to(tl.int64)
-                back = warm & (u * n_warm.to(tl.int64) < limit)
-                n_back = tl.sum(back.to(tl.int32), axis=0)
-            early = ids < 0
-            n_early = tl.zeros([], tl.int32)
-            if AHEAD:  # warm blocks a prediction recalled come back too, by a second draw (steering.steer_ahead)
-                pref = tl.load(pref_ptr + b * stride_pfb + s * stride_pfs + ids, mask=in_table & (ids < nbw), other=0)
-                pool_a = warm & ~back & (pref != 0)
-                n_pool = tl.sum(pool_a.to(tl.int32), axis=0)
-                limit_a = (ahead * (m - n_kept - n_back).to(tl.float32) * 16777216.0).to(tl.int64)
-                v = (_mix32(u.to(tl.uint32) ^ tl.full([BLOCK], SALT, tl.uint32)) >> 8).to(tl.int64)
-                early = pool_a & (v * n_pool.to(tl.int64) < limit_a)
-                n_early = tl.sum(early.to(tl.int32), axis=0)
-            cold = fresh & ~warm
-            c1 = n_kept
-            c2 = c1 + n_back
-            c2e = c2 + n_early
-            c3 = c2e + n_fresh - n_warm
-            # the classes kept, back, early, cold, the rest: whole before the class where the count reaches m
-            whole = tl.where(c1 >= m, ids < 0, tl.where(c2 >= m, kept, tl.where(c2e >= m, kept | back,
-                             tl.where(c3 >= m, kept | back | early, kept | back | early | cold))))
-            searched = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c2e >= m, early, tl.where(
-                c3 >= m, cold, (stale & ~kept) | (warm & ~back & ~early)))))
-            member = searched
-            need = tl.where(c1 >= m, m, tl.where(c2 >= m, m - c1, tl.where(c2e >= m, m - c2,
-                            tl.where(c3 >= m, m - c2e, m - c3))))
-        else:
-            whole = ids < 0
-            member = middle
-            need = tl.zeros([], tl.int32) + m
-        picked = _top(key, member, need, PER_THREAD) | whole
-        chosen = tl.where(n > K, forced | picked, real)
+    s = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
+    n = tl.minimum((n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE, nb)      # (n <= NB is the contract; never read past)
+    ids = tl.arange(0, BLOCK)
+    real = ids < n
+    in_table = ids < nb
+    b_row = bounds_ptr + b * stride_bb + s * stride_bs
+    if MAX_NORM:  # each head's bounds less its best over the request's blocks, then the group's max
+        score = tl.full([BLOCK], float("-inf"), tl.float32)
+        for g in tl.static_range(GROUP):
+            x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0)
+            score = tl.maximum(score, x - tl.max(tl.where(real, x, float("-inf")), axis=0))
+    else:
+        score = tl.load(b_row + ids, mask=in_table, other=0.0)
+    key = _order_key(score)
+    # loads that do not depend on the selection, issued now so that their latency passes during the search
+    t_row = table_ptr + b * stride_tb + s * stride_ts
+    if HOT:
+        r_row = res_ptr + b * stride_rb + s * stride_rs
+        o_row = owner_ptr + b * stride_ob + s * stride_os
+        hot_row = hot_ptr + b * stride_hb + s * stride_hs
+        a_row = age_ptr + b * stride_ab + s * stride_as
+        res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
+        j = tl.arange(0, HB)
+        own = tl.load(o_row + j, mask=j < H, other=-1).to(tl.int32)
+        age = tl.load(a_row + j, mask=j < H, other=0)
+        units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=real, other=0)
+    else:
+        bt_row = bt_ptr + b * stride_btb
+        phys = tl.load(bt_row + ids * stride_btn, mask=real, other=0).to(tl.int32)
+    forced = real & ((ids < SINK) | (ids >= n - LOCAL))
+    middle = real & ~forced
+    m_row = mask_ptr + b * stride_mb + s * stride_ms
+    m = K - SINK - LOCAL
+    if STEER:  # stale blocks kept by their hash; then one search on the set the counts pick (steering.py)
+        prev = tl.load(m_row + ids, mask=in_table & (ids < nbw), other=0) != 0
+        stale = middle & prev
+        fresh = middle & ~prev
+        calls_at = calls_ptr + b * stride_callb + s * stride_calls
+        calls = tl.load(calls_at)
+        tl.store(calls_at, calls + 1)
+        row = (b * tl.num_programs(0) + s).to(tl.uint32)
+        h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
+        u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
+        counts = tl.sum(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16), axis=0)   # both in one reduction;
+        n_fresh = (counts >> 16).to(tl.int32)                # unsigned, so 32,768 fresh blocks do not turn negative
+        kept = stale & (u * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
+        n_kept = tl.sum(kept.to(tl.int32), axis=0)
+        warm = ids < 0
+        back = ids < 0
+        n_warm = tl.zeros([], tl.int32)
+        n_back = tl.zeros([], tl.int32)
+        if REWARM:  # fresh blocks still hot come back, each with the probability the count left asks
+            warm = fresh & (res >= 0)
+            n_warm = tl.sum(warm.to(tl.int32), axis=0)
+            limit = (rewarm * (m - n_kept).to(tl.float32) * 16777216.0).to(tl.int64)
+            back = warm & (u * n_warm.to(tl.int64) < limit)
+            n_back = tl.sum(back.to(tl.int32), axis=0)
+        early = ids < 0
+        n_early = tl.zeros([], tl.int32)
+        if AHEAD:  # warm blocks a prediction recalled come back too, by a second draw (steering.steer_ahead)
+            pref = tl.load(pref_ptr + b * stride_pfb + s * stride_pfs + ids, mask=in_table & (ids < nbw), other=0)
+            pool_a = warm & ~back & (pref != 0)
+            n_pool = tl.sum(pool_a.to(tl.int32), axis=0)
+            limit_a = (ahead * (m - n_kept - n_back).to(tl.float32) * 16777216.0).to(tl.int64)
+            v = (_mix32(u.to(tl.uint32) ^ tl.full([BLOCK], SALT, tl.uint32)) >> 8).to(tl.int64)
+            early = pool_a & (v * n_pool.to(tl.int64) < limit_a)
+            n_early = tl.sum(early.to(tl.int32), axis=0)
+        cold = fresh & ~warm
+        c1 = n_kept
+        c2 = c1 + n_back
+        c2e = c2 + n_early
+        c3 = c2e + n_fresh - n_warm
+        # the classes kept, back, early, cold, the rest: whole before the class where the count reaches m
+        whole = tl.where(c1 >= m, ids < 0, tl.where(c2 >= m, kept, tl.where(c2e >= m, kept | back,
+                         tl.where(c3 >= m, kept | back | early, kept | back | early | cold))))
+        searched = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c2e >= m, early, tl.where(
+            c3 >= m, cold, (stale & ~kept) | (warm & ~back & ~early)))))
+        member = searched
+        need = tl.where(c1 >= m, m, tl.where(c2 >= m, m - c1, tl.where(c2e >= m, m - c2,
+                        tl.where(c3 >= m, m - c2e, m - c3))))
+    else:
+        whole = ids < 0
+        member = middle
+        need = tl.zeros([], tl.int32) + m
+    picked = _top(key, member, need, PER_THREAD) | whole
+    chosen = tl.where(n > K, forced | picked, real)
 
-        if HOT:  # the chosen blocks and those of them to recall, counted in one scan and one sum: 16 bits each,
-            # unsigned, so 32,768 of them do not turn negative
-            need_it = chosen & (res < 0)                            # selected, not resident: recalled
-            both = chosen.to(tl.uint32) + (need_it.to(tl.uint32) << 16)
-            ranks = tl.cumsum(both, axis=0)
-            pos = (ranks & 0xFFFF).to(tl.int32) - 1                 # where each chosen id lands, ascending
-            rank = (ranks >> 16).to(tl.int32) - 1                   # each recalled block's place among them
-            totals = tl.sum(both, axis=0)
-            n_sel = (totals & 0xFFFF).to(tl.int32)
-            n_need = (totals >> 16).to(tl.int32)
+    if HOT:  # the chosen blocks and those of them to recall, counted in one scan and one sum: 16 bits each,
+        # unsigned, so 32,768 of them do not turn negative
+        need_it = chosen & (res < 0)                            # selected, not resident: recalled
+        both = chosen.to(tl.uint32) + (need_it.to(tl.uint32) << 16)
+        ranks = tl.cumsum(both, axis=0)
+        pos = (ranks & 0xFFFF).to(tl.int32) - 1                 # where each chosen id lands, ascending
+        rank = (ranks >> 16).to(tl.int32) - 1                   # each recalled block's place among them
+        totals = tl.sum(both, axis=0)
+        n_sel = (totals & 0xFFFF).to(tl.int32)
+        n_need = (totals >> 16).to(tl.int32)
+    else:
+        pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+        n_sel = tl.sum(chosen.to(tl.int32), axis=0)
+    kids = tl.arange(0, KB)                                   # the K output columns: padding is written there
+    pad = (kids >= n_sel) & (kids < K)
+    s_row = sel_ptr + b * stride_selb + s * stride_sels
+    tl.store(s_row + pos, ids.to(tl.int64), mask=chosen)
+    tl.store(s_row + kids, tl.full([KB], -1, tl.int64), mask=pad)
+    tl.debug_barrier()                                          # every thread has read its previous mask
+    tl.store(m_row + ids, chosen.to(tl.uint8), mask=ids < nbw)
+    for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
+        tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
+    offset = (n_tok - 1) % BLOCK_SIZE
+    if not SPLIT:
+        tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
+    if HOT:
+        tl.debug_barrier()                                      # the mask is visible to every thread
+        held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
+        empty = (j < H) & (own < 0)
+        victim = (own >= 0) & ~held                             # evictable
+        n_free = tl.sum(empty.to(tl.uint32) + (victim.to(tl.uint32) << 16), axis=0)   # unsigned, as above
+        n_empty = (n_free & 0xFFFF).to(tl.int32)
+        n_victims = n_need - n_empty
+        if (n_victims > 0) & (n_victims < (n_free >> 16).to(tl.int32)):      # only the oldest go
+            victim = _top(age, victim, n_victims, PER_THREAD_H)
+        free = empty.to(tl.uint32) + (victim.to(tl.uint32) << 16)          # both counted in one scan
+        free_ranks = tl.cumsum(free, axis=0)
+        free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
+                             n_empty + (free_ranks >> 16).to(tl.int32) - 1)
+        taken = (empty | victim) & (free_rank < n_need)
+        scratch = scratch_ptr + (b * tl.num_programs(0) + s) * HB
+        tl.store(scratch + free_rank, j, mask=empty | victim)  # free rank -> hot index
+        tl.store(a_row + j, tl.where(held | taken, 0, age + 1), mask=j < H)
+        tl.debug_barrier()
+        index = tl.where(need_it, tl.load(scratch + rank, mask=need_it, other=0), res)   # hot index, chosen ids
+        tl.store(r_row + own, tl.full([HB], -1, tl.int64), mask=victim & taken)
+        tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
+        tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
+        dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
+        last = ids == n - 1                                     # the block being written
+        pad_slot = tl.load(hot_row).to(tl.int32) + tl.zeros([KB], tl.int32)
+        if SPLIT:  # the resident blocks in the table, the recalled ones in the arrivals' table, each ascending
+            present = chosen & ~need_it
+            n_pres = n_sel - n_need
+            missing = BLOCK_SIZE - offset - 1                   # tokens of the block being written still to come
+            last_pres = tl.sum((last & present).to(tl.int32), axis=0)
+            last_need = tl.sum((last & need_it).to(tl.int32), axis=0)
+            a_row = atab_ptr + b * stride_atb + s * stride_ats
+            tl.store(t_row + pos - rank - 1, dev.to(tl.int32), mask=present)
+            tl.store(t_row + kids, pad_slot, mask=(kids >= n_pres) & (kids < K))
+            tl.store(a_row + rank, dev.to(tl.int32), mask=need_it)
+            tl.store(a_row + kids, pad_slot, mask=(kids >= n_need) & (kids < K))
+            tl.store(ctx_ptr + b * stride_cb + s * stride_cs, n_pres * BLOCK_SIZE - last_pres * missing)
+            tl.store(actx_ptr + b * stride_acb + s * stride_acs, n_need * BLOCK_SIZE - last_need * missing)
         else:
-            pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-            n_sel = tl.sum(chosen.to(tl.int32), axis=0)
-        kids = tl.arange(0, KB)                                   # the K output columns: padding is written there
-        pad = (kids >= n_sel) & (kids < K)
-        s_row = sel_ptr + b * stride_selb + s * stride_sels
-        tl.store(s_row + pos, ids.to(tl.int64), mask=chosen)
-        tl.store(s_row + kids, tl.full([KB], -1, tl.int64), mask=pad)
-        tl.debug_barrier()                                          # every thread has read its previous mask
-        tl.store(m_row + ids, chosen.to(tl.uint8), mask=ids < nbw)
-        for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
-            tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
-        offset = (n_tok - 1) % BLOCK_SIZE
-        if not SPLIT:
-            tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
-        if HOT:
-            tl.debug_barrier()                                      # the mask is visible to every thread
-            held = tl.load(m_row + own, mask=own >= 0, other=0) != 0
-            empty = (j < H) & (own < 0)
-            victim = (own >= 0) & ~held                             # evictable
-            n_free = tl.sum(empty.to(tl.uint32) + (victim.to(tl.uint32) << 16), axis=0)   # unsigned, as above
-            n_empty = (n_free & 0xFFFF).to(tl.int32)
-            n_victims = n_need - n_empty
-            if (n_victims > 0) & (n_victims < (n_free >> 16).to(tl.int32)):      # only the oldest go
-                victim = _top(age, victim, n_victims, PER_THREAD_H)
-            free = empty.to(tl.uint32) + (victim.to(tl.uint32) << 16)          # both counted in one scan
-            free_ranks = tl.cumsum(free, axis=0)
-            free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
-                                 n_empty + (free_ranks >> 16).to(tl.int32) - 1)
-            taken = (empty | victim) & (free_rank < n_need)
-            scratch = scratch_ptr + (b * rows + s) * HB
-            tl.store(scratch + free_rank, j, mask=empty | victim)  # free rank -> hot index
-            tl.store(a_row + j, tl.where(held | taken, 0, age + 1), mask=j < H)
-            tl.debug_barrier()
-            index = tl.where(need_it, tl.load(scratch + rank, mask=need_it, other=0), res)   # hot index, chosen ids
-            tl.store(r_row + own, tl.full([HB], -1, tl.int64), mask=victim & taken)
-            tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
-            tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
-            dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
-            last = ids == n - 1                                     # the block being written
-            pad_slot = tl.load(hot_row).to(tl.int32) + tl.zeros([KB], tl.int32)
-            if SPLIT:  # the resident blocks in the table, the recalled ones in the arrivals' table, each ascending
-                present = chosen & ~need_it
-                n_pres = n_sel - n_need
-                missing = BLOCK_SIZE - offset - 1                   # tokens of the block being written still to come
-                last_pres = tl.sum((last & present).to(tl.int32), axis=0)
-                last_need = tl.sum((last & need_it).to(tl.int32), axis=0)
-                a_row = atab_ptr + b * stride_atb + s * stride_ats
-                tl.store(t_row + pos - rank - 1, dev.to(tl.int32), mask=present)
-                tl.store(t_row + kids, pad_slot, mask=(kids >= n_pres) & (kids < K))
-                tl.store(a_row + rank, dev.to(tl.int32), mask=need_it)
-                tl.store(a_row + kids, pad_slot, mask=(kids >= n_need) & (kids < K))
-                tl.store(ctx_ptr + b * stride_cb + s * stride_cs, n_pres * BLOCK_SIZE - last_pres * missing)
-                tl.store(actx_ptr + b * stride_acb + s * stride_acs, n_need * BLOCK_SIZE - last_need * missing)
-            else:
-                tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
-                tl.store(t_row + kids, pad_slot, mask=pad)
-            tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
-            at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
-            tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
-            tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
-            if WRITE_KV:
-                slot = tl.sum(tl.where(last, dev, 0), axis=0)
-                hh = tl.arange(0, HG_PAD)[:, None]
-                dd = tl.arange(0, HEAD_DIM)[None, :]
-                heads = s * HG + hh
-                k_new = tl.load(k_ptr + b * stride_kb + heads * stride_kh + dd, mask=hh < HG)
-                v_new = tl.load(v_ptr + b * stride_vb + heads * stride_vh + dd, mask=hh < HG)
-                dst = pool_ptr + slot * stride_pn + offset * stride_pt + hh * stride_ph + dd
-                tl.store(dst, k_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
-                tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
-        else:
-            tl.store(t_row + pos, phys, mask=chosen)
-            tl.store(t_row + kids, tl.load(bt_row).to(tl.int32) + tl.zeros([KB], tl.int32), mask=pad)
+            tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
+            tl.store(t_row + kids, pad_slot, mask=pad)
+        tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
+        at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
+        tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
+        tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
+        if WRITE_KV:
+            slot = tl.sum(tl.where(last, dev, 0), axis=0)
+            hh = tl.arange(0, HG_PAD)[:, None]
+            dd = tl.arange(0, HEAD_DIM)[None, :]
+            heads = s * HG + hh
+            k_new = tl.load(k_ptr + b * stride_kb + heads * stride_kh + dd, mask=hh < HG)
+            v_new = tl.load(v_ptr + b * stride_vb + heads * stride_vh + dd, mask=hh < HG)
+            dst = pool_ptr + slot * stride_pn + offset * stride_pt + hh * stride_ph + dd
+            tl.store(dst, k_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
+            tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
+    else:
+        tl.store(t_row + pos, phys, mask=chosen)
+        tl.store(t_row + kids, tl.load(bt_row).to(tl.int32) + tl.zeros([KB], tl.int32), mask=pad)
 
 
 def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
@@ -413,53 +373,6 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
     )  # fmt: skip
 
 
-def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
-                  mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
-                  block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
-                  num_warps: int | None = None) -> None:
-    """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
-    (benchmarks). 8 warps up to BLOCK = 4096, 16 above: a row is a chain of 16 CTA-wide counts, whose barriers
-    cost more with more warps, while the elements a thread holds cost registers (16 warps at 8192, 128K-token
-    rows, keep them from spilling)."""
-    b, s = bounds.shape[:2]
-    args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
-                                  steer, num_warps)
-    score = (bounds,) * 5 + (0,) * 10        # FUSED only: the score's tensors, heads and strides
-    _select_kernel[(s, b)](*score, *args, QGROUP=1, QDIM=1, TILE=1, TILES=1, FUSED=False, **consts)
-
-
-def launch_score_select(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, score_tables: torch.Tensor,
-                        arrived: torch.Tensor, bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig,
-                        out: torch.Tensor, mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
-                        block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None, *,
-                        num_kv_heads: int, head: int | None, num_warps: int | None = None,
-                        max_registers: int | None = None, tiles_per_program: int = 1) -> None:
-    """`fused_selection.select_from_digests` on Triton (arguments checked there): the select kernel over
-    `launch_score`'s grid (FUSED), whose last program to finish a row selects it. HOT's recall
-    count is zeroed first, in stream order (the select programs of a launch start in any order).
-    max_registers (benchmarks): a thread's register cap. Every program holds the select's registers (~170 a
-    thread for a paged row of 4,096 columns at 8 warps: one CTA an SM, where the score alone fits three); 128
-    fits two with a few spills (sm_90, Triton 3.6), and hot rows spill more. tiles_per_program (benchmarks):
-    score tiles a program scores in turn before it counts itself in, so a row has that many times fewer arrivals,
-    each a fence."""
-    if tiles_per_program < 1:
-        raise ValueError(f"tiles_per_program must be at least 1, got {tiles_per_program}")
-    b, hq, d = q.shape
-    s, nb = bounds.shape[1], bounds.shape[3]
-    tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, None)
-    args, consts = _select_launch(bounds, num_tokens, config, out, mask, table, context_lens, block_tables, hot,
-                                  steer, num_warps)
-    if hot is not None:                      # every argument checked: nothing is written before a refusal
-        hot.count.zero_()
-    _select_kernel[(triton.cdiv(nb, tile * tiles_per_program), s, b)](
-        q, dmax, dmin, score_tables, arrived, head0, col0, col_step,
-        q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), score_tables.stride(0), score_tables.stride(1),
-        arrived.stride(0), *args, QGROUP=hq // num_kv_heads, QDIM=d, TILE=tile, TILES=tiles_per_program,
-        FUSED=True, **consts,
-        **({} if max_registers is None else {"maxnreg": max_registers}),
-    )  # fmt: skip
-
-
 def _score_layout(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, nb: int, head: int | None,
                   tile: int | None) -> tuple[int, int, int, int]:
     """(tile, head0, col0, col_step) of the score's programs, checked: TILE block columns a program (`tile` or
@@ -474,11 +387,14 @@ def _score_layout(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, nb: i
     return tile, head0, col0, col_step
 
 
-def _select_launch(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
-                   mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
-                   block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
-                   num_warps: int | None) -> tuple[list, dict]:
-    """The select program's arguments and constexprs (num_warps among them), checked."""
+def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: SparseConfig, out: torch.Tensor,
+                  mask: torch.Tensor, table: torch.Tensor, context_lens: torch.Tensor,
+                  block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
+                  num_warps: int | None = None) -> None:
+    """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
+    (benchmarks). 8 warps up to BLOCK = 4096, 16 above: a row is a chain of 16 CTA-wide counts, whose barriers
+    cost more with more warps, while the elements a thread holds cost registers (16 warps at 8192, 128K-token
+    rows, keep them from spilling)."""
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
     block = triton.next_power_of_2(max(nb, k))
@@ -514,7 +430,7 @@ def _select_launch(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Spars
     pref = steer.prefetched if steer is not None and steer.ahead > 0 else None
     if pref is not None and pref.stride(-1) != 1:
         raise ValueError("select_blocks_fused wants Steering.prefetched contiguous along its last dimension")
-    args = [
+    _select_kernel[(s, b)](
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, age, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
         dummy if pref is None else pref,
@@ -524,8 +440,6 @@ def _select_launch(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Spars
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(age), *_s2(hmap), *_s2(wslot),
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
         *_s2(atab), *_s2(actx), *((0, 0) if pref is None else _s2(pref)),
-    ]  # fmt: skip
-    consts = dict(
         K=k, KB=triton.next_power_of_2(k), SINK=config.sink_blocks, LOCAL=config.local_blocks,
         BLOCK_SIZE=config.block_size, BLOCK=block,
         GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
@@ -535,7 +449,6 @@ def _select_launch(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Spars
         MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
         PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps,
     )  # fmt: skip
-    return args, consts
 
 
 def _s2(t: torch.Tensor) -> tuple[int, int]:

@@ -26,7 +26,6 @@ from pulseio_engine.kv.fused_selection import (  # noqa: E402
     Steering,
     score_blocks,
     select_blocks_fused,
-    select_from_digests,
 )
 
 BS = 16
@@ -60,8 +59,6 @@ class Spec:
     ahead: float = 0.0               # HOT with steer: the refill from a random half of the hot set's blocks, as a
                                      # prediction recalled ahead would have brought them
     ages: int = 4                    # HOT: the hot entries' ages start below this (few values: ties)
-    fused: bool = False              # the Triton side scores and selects in one launch (`select_from_digests`)
-    tiles: int = 1                   # fused: score tiles a program (`launch_score_select`'s tiles_per_program)
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -103,29 +100,11 @@ class _Side:
             hot = HotRecall(resident=t["resident"], owner=t["owner"], hot=t["hot"], age=t["age"],
                             host_map=t["host_map"], recall_ids=t["recall_ids"][:cap], recall_dst=t["recall_dst"][:cap],
                             count=t["count"], write_slot=t["write_slot"], new_token=new, arrivals=arrivals)
-        steer = (Steering(spec.steer, t["calls"], seed=5, layer=3, rewarm=spec.rewarm, ahead=spec.ahead,
-                          prefetched=t["prefetched"] if spec.ahead else None) if spec.steer is not None else None)
-        if spec.fused and self.triton:
-            assert spec.zero_count, "select_from_digests always zeroes the recall count"
-            b, s = t["mask"].shape[:2]
-            c = spec.group if spec.rule is GroupScore.MAX_NORM else 1
-            own = torch.full((b, s, c, spec.nb), float("nan"), device=dev)
-            if spec.tiles == 1:
-                select_from_digests(*args, num_tokens.to(dev), _config(spec), num_kv_heads=spec.hkv, head=spec.head,
-                                    arrived=t["arrived"], bounds=own, mask=t["mask"], table=self.out["table"],
-                                    context_lens=self.out["context_lens"], block_tables=args[3] if hot is None
-                                    else None, hot=hot, steer=steer, out=self.out["selected"], use_triton=True)
-            else:                            # a launcher knob (benchmarks), below select_from_digests
-                from pulseio_engine.kv import select_kernels
-                select_kernels.launch_score_select(*args, t["arrived"], own, num_tokens.to(dev), _config(spec),
-                                                   self.out["selected"], t["mask"], self.out["table"],
-                                                   self.out["context_lens"], args[3] if hot is None else None, hot,
-                                                   steer, num_kv_heads=spec.hkv, head=spec.head,
-                                                   tiles_per_program=spec.tiles)
-            return own
         own = score_blocks(*args, num_kv_heads=spec.hkv, head=spec.head, rule=spec.rule,
                            count=t["count"] if hot is not None and spec.zero_count else None,
                            use_triton=self.triton)
+        steer = (Steering(spec.steer, t["calls"], seed=5, layer=3, rewarm=spec.rewarm, ahead=spec.ahead,
+                          prefetched=t["prefetched"] if spec.ahead else None) if spec.steer is not None else None)
         select_blocks_fused(own if bounds is None else bounds.to(dev), num_tokens.to(dev), _config(spec),
                             mask=t["mask"], table=self.out["table"], context_lens=self.out["context_lens"],
                             block_tables=args[3] if hot is None else None, hot=hot, steer=steer,
@@ -147,7 +126,6 @@ def run_case(spec: Spec, device: str, seed: int = 0) -> dict[str, dict]:
     mask = torch.randint(0, 2, (b, s, nbw), generator=gen) if spec.random_mask else torch.zeros((b, s, nbw))
     state = {"mask": mask.to(torch.uint8), "calls": torch.randint(0, 2**40, (b, s), generator=gen),
              "count": torch.full((1,), 99, dtype=torch.int64),     # a prediction's blocks: a stream of their own
-             "arrived": torch.zeros((b, s), dtype=torch.int32),    # fused: each launch leaves it zero
              "prefetched": torch.randint(0, 2, (b, s, nbw), generator=torch.Generator().manual_seed(seed + 1))
              .to(torch.uint8)}
     if spec.mode == "hot":
@@ -225,7 +203,7 @@ def _compare(failures: dict, step: int, kernel: _Side, ref: _Side, spec: Spec) -
     for name in names:
         got, want = kernel.out[name].cpu(), ref.out[name]
         _note(failures, name, step, None if torch.equal(got, want) else _first_diff(got, want))
-    state = ["mask"] + (["calls"] if spec.steer is not None else []) + (["arrived"] if spec.fused else [])
+    state = ["mask"] + (["calls"] if spec.steer is not None else [])
     if spec.mode == "hot":
         state += ["resident", "owner", "age", "write_slot", "count"] + (["pool"] if spec.new_token else [])
     for name in state:
@@ -299,22 +277,11 @@ CASES: dict[str, Spec] = {
     "hot-lru-old-ages": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=4, hot=20, steer=0.5, ages=2**24 + 6),
     "hot-lru-ages-past-30-bits": Spec((9 * BS, 30 * BS), 48, 8, mode="hot", steps=3, hot=20, steer=0.5,
                                       ages=2**31 - 9),
+    # wide rows steered over several steps (4,100 columns; a hot set over a 300-column table writing new tokens)
+    "steer-wide": Spec((3000, 4100 * BS - 5), 4100, 64, hkv=1, group=2, steps=2, steer=0.5),
+    "hot-lru-steer-wide-table": Spec((5 * BS, 9 * BS + 3, 290 * BS), 300, 8, d=64, mode="hot", steps=3, hot=13,
+                                     steer=0.5, new_token=True),
 }
-# scored and selected in one launch: rows of one tile and of several (wide-block: 4,100 columns in tiles of 512),
-# every select mode; several steps, so each launch starts from the counters the last one left
-CASES.update({f"fused-{name}": replace(CASES[name], fused=True) for name in (
-    "quest-sum-integer-ties", "quest-maxnorm-random", "solohead-w1-sum-random", "table-narrower-than-budget",
-    "wide-block-8-warps", "hot-quest-steps", "steer-paged", "hot-solohead-arrivals-steer",
-    "hot-lru-steer-rewarm-ahead-arrivals")})
-CASES.update({   # several tiles a row, and state each select updates once (calls, ages): a row selected twice fails
-    "fused-steer-wide": Spec((3000, 4100 * BS - 5), 4100, 64, hkv=1, group=2, steps=2, steer=0.5, fused=True),
-    "fused-hot-lru-steer-tiles": Spec((5 * BS, 9 * BS + 3, 290 * BS), 300, 8, d=64, mode="hot", steps=3, hot=13,
-                                      steer=0.5, new_token=True, fused=True),
-})
-CASES.update({   # several score tiles a program (9 tiles in 3 programs; 3 in 2, the last past the table)
-    "fused-steer-wide-3-tiles": replace(CASES["fused-steer-wide"], tiles=3),
-    "fused-hot-lru-steer-2-tiles": replace(CASES["fused-hot-lru-steer-tiles"], tiles=2),
-})
 
 
 def gpu_specs() -> dict[str, Spec]:
@@ -331,10 +298,6 @@ def gpu_specs() -> dict[str, Spec]:
     specs["qwen3-14b-quest-lru-rewarm"] = replace(big, mode="hot", steps=4, steer=0.8, hot=192, rewarm=0.6)
     specs["qwen3-14b-solohead-lru-rewarm-ahead"] = replace(big, head=3, mode="hot", steps=4, steer=0.8, hot=256,
                                                            rewarm=0.4, ahead=0.72, new_token=True, arrivals=True)
-    specs["qwen3-14b-quest-paged-fused"] = replace(big, steps=3, steer=0.9, fused=True)
-    specs["qwen3-14b-quest-paged-fused-4-tiles"] = replace(big, steps=3, steer=0.9, fused=True, tiles=4)
-    specs["qwen3-14b-solohead-lru-rewarm-ahead-fused"] = replace(specs["qwen3-14b-solohead-lru-rewarm-ahead"],
-                                                                 fused=True)
     return specs
 
 

@@ -28,7 +28,6 @@ from pulseio_engine.kv.fused_selection import (
     Steering,
     score_blocks,
     select_blocks_fused,
-    select_from_digests,
 )
 from pulseio_engine.kv.selection import select_blocks, select_for_layer
 from pulseio_engine.kv.steering import keep_threshold, mix32, steer_block_hash, steer_kept, steer_key, steered_scores
@@ -365,41 +364,9 @@ def test_select_states_what_it_takes() -> None:
                             hot=replace(hot, hot=hot.hot[..., :3], owner=hot.owner[..., :3], age=hot.age[..., :3]))
     with pytest.raises(ValueError, match=r"^HotRecall wants .* age \[2, 1, 4\] torch.int64\)"):
         select_blocks_fused(bounds, torch.tensor([5, 9]), config, **out, hot=replace(hot, age=hot.age.long()))
-    digests = dict(num_kv_heads=2, head=None, mask=out["mask"], table=out["table"],
-                   context_lens=out["context_lens"], block_tables=torch.zeros((2, 8), dtype=torch.long))
-    q, dig = torch.zeros((2, 6, 8)), torch.zeros((9, 2, 8))
-    with pytest.raises(ValueError, match=r"^select_from_digests bounds must be \[B, S, C, NB\] = \[2, 2, 1, 8\] "
-                                         r"float32, got \[2, 1, 1, 8\] torch.float32$"):
-        select_from_digests(q, dig, dig, torch.zeros((2, 8), dtype=torch.long), torch.tensor([5, 9]), config,
-                            arrived=torch.zeros((2, 2), dtype=torch.int32), bounds=bounds, **digests)
-    with pytest.raises(ValueError, match=r"^select_from_digests arrived must be \[B, S\] = \[2, 2\] int32, "
-                                         r"contiguous along S, got \[2, 2\] torch.int64$"):
-        select_from_digests(q, dig, dig, torch.zeros((2, 8), dtype=torch.long), torch.tensor([5, 9]), config,
-                            arrived=torch.zeros((2, 2), dtype=torch.long), bounds=torch.zeros((2, 2, 1, 8)),
-                            **digests)
     with pytest.raises(ValueError, match=r"^digests of width 1 need head given \(W = 1\) or W = Hkv \(2\)$"):
         score_blocks(torch.zeros((2, 6, 8)), torch.zeros((9, 1, 8)), torch.zeros((9, 1, 8)),
                      torch.zeros((2, 8), dtype=torch.long), num_kv_heads=2, head=None, rule=GroupScore.SUM)
-
-
-@pytest.mark.needs_package("triton")
-def test_one_launch_refuses_before_it_writes() -> None:
-    """A launch knob out of range or a non-contiguous buffer is refused before the recall count is zeroed."""
-    from pulseio_engine.kv import select_kernels
-
-    b, nb, k = 2, 8, 4
-    hot = replace(_hot_set(b, 1, nb, k, k), count=torch.full((1,), 7))
-    out = _buffers(b, 1, nb, k)
-    args = (torch.zeros((b, 2, 16)), torch.zeros((9, 1, 16)), torch.zeros((9, 1, 16)),
-            torch.zeros((b, nb), dtype=torch.int32), torch.zeros((b, 1), dtype=torch.int32), torch.zeros((b, 1, 1, nb)),
-            torch.tensor([20, 30]), SparseConfig(token_budget=k * 16), torch.empty((b, 1, k), dtype=torch.long))
-    rest = (out["mask"], out["table"], out["context_lens"], None, hot, None)
-    with pytest.raises(ValueError, match=r"^tiles_per_program must be at least 1, got 0$"):
-        select_kernels.launch_score_select(*args, *rest, num_kv_heads=1, head=0, tiles_per_program=0)
-    with pytest.raises(ValueError, match=r"^select_blocks_fused wants bounds, out, mask, table and the HotRecall maps"):
-        select_kernels.launch_score_select(*args[:5], torch.zeros((b, 1, 1, 2 * nb))[..., ::2], *args[6:], *rest,
-                                           num_kv_heads=1, head=0)
-    assert int(hot.count) == 7
 
 
 # ---- the Triton kernels under the interpreter (CPU) --------------------------------------------------------------
@@ -474,13 +441,11 @@ def test_gpu_steered_overlap_is_the_asked_one() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused", [False, True], ids=["two-launches", "fused"])
-def test_gpu_no_host_sync_and_a_cuda_graph_replays_it(fused: bool) -> None:
-    """score + select (HOT, steered, the new token written), as two launches or one (`select_from_digests`), run
-    eagerly with sync debug mode on 'error', and a captured graph of them, replayed step after step, leaves
-    exactly the state the eager calls leave."""
-    eager, graphed = _GraphCase(fused), _GraphCase(fused)
-    _GraphCase(fused).step()                             # compiles the kernels
+def test_gpu_no_host_sync_and_a_cuda_graph_replays_it() -> None:
+    """score + select (HOT, steered, the new token written) run eagerly with sync debug mode on 'error', and
+    a captured graph of both, replayed step after step, leaves exactly the state the eager calls leave."""
+    eager, graphed = _GraphCase(), _GraphCase()
+    _GraphCase().step()                                  # compiles the kernels
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -505,8 +470,7 @@ def test_gpu_no_host_sync_and_a_cuda_graph_replays_it(fused: bool) -> None:
 class _GraphCase:
     """One HOT, steered layer of 4 requests x 8 rows (qwen3-14b's heads), its state on the GPU."""
 
-    def __init__(self, fused: bool) -> None:
-        self.fused = fused
+    def __init__(self) -> None:
         gen = torch.Generator(device="cuda").manual_seed(0)
         b, hkv, d, nb, self.k, dev = 4, 8, 128, 512, 64, "cuda"
         self.config = SparseConfig(token_budget=self.k * 16)
@@ -532,25 +496,19 @@ class _GraphCase:
                   "bounds": torch.empty((b, hkv, 1, nb), dtype=torch.float32, device=dev),
                   "selected": torch.empty((b, hkv, k), **long),
                   "table": torch.empty((b, hkv, k), dtype=torch.int32, device=dev),
-                  "context_lens": torch.empty((b, hkv), dtype=torch.int32, device=dev),
-                  "arrived": torch.zeros((b, hkv), dtype=torch.int32, device=dev)}
+                  "context_lens": torch.empty((b, hkv), dtype=torch.int32, device=dev)}
 
     def step(self, advance: bool = True) -> None:
         t = self.t
         hot = HotRecall(resident=t["resident"], owner=t["owner"], hot=t["hot"], age=t["age"], host_map=t["host_map"],
                         recall_ids=t["recall_ids"], recall_dst=t["recall_dst"], count=t["count"],
                         write_slot=t["write_slot"], new_token=NewToken(t["k"], t["v"], t["pool"]))
-        steer = Steering(0.8, t["calls"], seed=2, layer=4, rewarm=0.5)
-        if self.fused:
-            select_from_digests(self.q, self.dmax, self.dmin, self.tables, self.num_tokens, self.config,
-                                num_kv_heads=8, head=None, arrived=t["arrived"], bounds=t["bounds"], mask=t["mask"],
-                                table=t["table"], context_lens=t["context_lens"], hot=hot, steer=steer,
-                                out=t["selected"])
-        else:
-            score_blocks(self.q, self.dmax, self.dmin, self.tables, num_kv_heads=8, head=None, rule=GroupScore.SUM,
-                         count=t["count"], out=t["bounds"])
-            select_blocks_fused(t["bounds"], self.num_tokens, self.config, mask=t["mask"], table=t["table"],
-                                context_lens=t["context_lens"], hot=hot, steer=steer, out=t["selected"])
+        score_blocks(self.q, self.dmax, self.dmin, self.tables, num_kv_heads=8, head=None, rule=GroupScore.SUM,
+                     count=t["count"], out=t["bounds"])
+        select_blocks_fused(t["bounds"], self.num_tokens, self.config, mask=t["mask"], table=t["table"],
+                            context_lens=t["context_lens"], hot=hot,
+                            steer=Steering(0.8, t["calls"], seed=2, layer=4, rewarm=0.5),
+                            out=t["selected"])
         if advance:
             self.num_tokens.add_(5)
 
