@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from functools import partial
 from itertools import count
 
 import torch
@@ -21,6 +22,7 @@ from .errors import OffloadCapacityError, PromptTooLongError
 from .kv.block_table import BlockAllocator, blocks_for
 from .kv.cache import KVCache, kv_bytes_per_token
 from .kv.handoff import KVSource
+from .kv.handoff_loads import HandoffLoads
 from .kv.offload_layout import OffloadFootprint
 from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, load_checkpoint
@@ -75,6 +77,7 @@ class Engine:
             scale=self.model.scale, heads=retrieval_heads)
         self._ids = count()
         self._handoffs: dict[int, KVSource] = {}
+        self.handoff_loads = HandoffLoads(torch.device(config.device))   # replaceable: `serving.testing.LateLoads`
         self._steps = self._prefill_tokens = self._decode_tokens = 0
 
     @classmethod
@@ -135,18 +138,39 @@ class Engine:
         return self.run(self.schedule())
 
     def admit(self) -> tuple[Sequence, ...]:
-        """Admit waiting requests now (FIFO, while the cache has blocks for them) and load their handed-in KV;
-        -> those admitted. `step` does this first; a caller that moves a request here from another engine
-        calls it so the KV is in place before the other engine lets it go."""
+        """Admit waiting requests now (FIFO, while the cache has blocks for them) and load their handed-in KV in
+        stream order; -> those admitted. A caller that moves a request here from another engine calls it so the
+        KV is in place before the other engine lets it go."""
         admitted = self.scheduler.admit()
-        self._load_admitted(admitted)
+        for seq in admitted:
+            if seq.request_id in self._handoffs:
+                self._load_handoff(seq, self._handoffs.pop(seq.request_id))
         return admitted
 
     def schedule(self) -> ScheduledStep:
-        """The next step's work (`Scheduler.schedule`), the newly admitted requests' handed-in KV loaded."""
-        step = self.scheduler.schedule()
-        self._load_admitted(step.admitted)
+        """The next step's work (`Scheduler.schedule`). Newly admitted requests' handed-in KV loads beside the steps
+        (`HandoffLoads`): they join the first step after it landed, or this one, waiting on the device, when
+        nothing else would run."""
+        for rid in self.handoff_loads.landed_nowait():
+            self.scheduler.loading.discard(rid)
+        admitted = self.scheduler.admit()
+        for seq in admitted:
+            source = self._handoffs.pop(seq.request_id, None)
+            if source is not None and self.handoff_loads.start(seq.request_id, partial(self._load_handoff, seq, source)):
+                self.scheduler.loading.add(seq.request_id)
+        step = self.scheduler.plan(admitted)
+        if step.is_empty and self.scheduler.loading:
+            for rid in list(self.scheduler.loading):
+                self.wait_for_kv(rid)
+            step = self.scheduler.plan(admitted)
         return step
+
+    def wait_for_kv(self, request_id: int) -> None:
+        """A request whose handed-in KV is still loading joins the next step: the work enqueued from now on waits
+        on the device for its load (no host wait). Nothing to do for any other request."""
+        if request_id in self.handoff_loads:
+            self.handoff_loads.take(request_id)
+            self.scheduler.loading.discard(request_id)
 
     def run(self, step: ScheduledStep) -> list[RequestOutput]:
         """Run a scheduled step; returns the requests that finished in it."""
@@ -229,6 +253,7 @@ class Engine:
         """Drop a waiting or running request unfinished, returning its KV blocks, host units and hot slots
         (it moved to another engine); -> its state as it was."""
         seq = self.sequence(request_id)
+        self.wait_for_kv(request_id)                # its host units and blocks are reused after this
         self.scheduler.remove(seq)
         self._handoffs.pop(request_id, None)
         if self.offloader is not None:
@@ -240,11 +265,6 @@ class Engine:
         if self.offloader is not None:
             self.offloader.close_request(seq.request_id)
         return seq.to_output()
-
-    def _load_admitted(self, admitted: Seq[Sequence]) -> None:
-        for seq in admitted:
-            if seq.request_id in self._handoffs:
-                self._load_handoff(seq, self._handoffs.pop(seq.request_id))
 
     def generate(self, prompts: Seq[Seq[int]], sampling: SamplingParams | None = None) -> list[RequestOutput]:
         """Run `prompts` to completion together; outputs in prompt order."""

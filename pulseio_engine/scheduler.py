@@ -9,6 +9,7 @@ Policy (one step is either a prefill step or a decode step):
   fill a budget of `max_prefill_tokens` tokens per step (long prompts take several steps).
 - Otherwise decode: every running sequence has exactly one uncomputed token (its last sampled one,
   or the token after KV handed in by a prefill instance) and all of them advance by one.
+- A running sequence in `loading` (its handed-in KV still on its way in: `HandoffLoads`) sits steps out.
 Requests join and leave between steps: `add` and finished sequences take effect at the next `schedule`.
 """
 
@@ -60,6 +61,7 @@ class Scheduler:
         self.block_size = block_size
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading: set[int] = set()      # request ids of running sequences not stepped until their KV is in
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; refuses one that could never fit in the cache."""
@@ -78,9 +80,14 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledStep:
-        admitted = self.admit()
+        """Admit (`admit`), then plan the step (`plan`)."""
+        return self.plan(self.admit())
+
+    def plan(self, admitted: tuple[Sequence, ...] = ()) -> ScheduledStep:
+        """The next step of the running sequences, admitting none; `admitted`: those `admit` just let in."""
         prefill = self._prefill_chunks()
-        decode = () if prefill else tuple(s for s in self.running if s.finish_reason is None)   # not finishing
+        decode = () if prefill else tuple(s for s in self.running       # not finishing, not loading
+                                          if s.finish_reason is None and s.request_id not in self.loading)
         return ScheduledStep(admitted, prefill, decode)
 
     def finish(self, seq: Sequence) -> None:
@@ -96,6 +103,7 @@ class Scheduler:
             self.waiting.remove(seq)
             return
         self.running.remove(seq)
+        self.loading.discard(seq.request_id)
         self.allocator.free(seq.block_table.block_ids)
         seq.block_table.block_ids = []
 
@@ -121,7 +129,7 @@ class Scheduler:
         budget = self.config.max_prefill_tokens
         chunks = []
         for seq in self.running:
-            if seq.prefill_stop - seq.num_computed <= 1 or budget == 0:
+            if seq.prefill_stop - seq.num_computed <= 1 or budget == 0 or seq.request_id in self.loading:
                 continue
             length = min(seq.prefill_stop - seq.num_computed, budget)
             chunks.append(PrefillChunk(seq, seq.num_computed, length))

@@ -194,6 +194,7 @@ class ServingEngine:
                                "moving the request (this is a bug in the caller)")
         src, dst = self.engine_for(req.kv_class), self.engine_for(to)
         seq = req.seq
+        src.wait_for_kv(req.local)                          # its KV is read from here on
         kv = ResidentKV(src, seq, seq.num_computed)
         left = seq.sampling.max_new_tokens - len(seq.output_ids)
         local = dst.add_request(seq.token_ids, SamplingParams(max_new_tokens=left, ignore_eos=True), kv=kv,

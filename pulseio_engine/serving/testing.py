@@ -4,15 +4,20 @@
 back for a random number of landing checks before it is really posted, so its data truly is not in place
 until then, as behind a slow or busy link. The inner scheduler must then run more normal layers, or make the
 device wait, and the tokens must not change.
+
+`LateLoads` does the same to an engine's handed-in KV (`HandoffLoads`): each load runs at once but counts as in
+flight for a random number of landing checks, so its request sits out steps, or joins one by a device wait.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..kv.handoff_loads import HandoffLoads, Landing
 from ..kv.recall import PendingRecall, Recaller
 
 
@@ -72,3 +77,47 @@ class _LatePending:
 
     def wait_device(self) -> Any:
         return self._post().wait_device()
+
+
+class LateLoads(HandoffLoads):
+    """`HandoffLoads` whose loads start only after 1..`max_checks` landing checks (uniform, seeded), so a request's
+    KV truly is not in place before then, or when `take` makes the stream wait for it (the load starts there).
+    Counts the checks answered "not yet" (`held_checks`) and the loads taken before their count ran out
+    (`taken_early`)."""
+
+    def __init__(self, device: torch.device, *, max_checks: int, seed: int = 0) -> None:
+        super().__init__(device)
+        self.max_checks = max_checks
+        self._rng = random.Random(seed)
+        self.held_checks = 0
+        self.taken_early = 0
+
+    def start(self, request_id: int, load: Callable[[], None]) -> bool:
+        self._events[request_id] = _LateLanding(self, load, self._rng.randint(1, self.max_checks))
+        return True
+
+
+class _LateLanding:
+    def __init__(self, loads: LateLoads, load: Callable[[], None], checks: int) -> None:
+        self.loads, self.checks = loads, checks
+        self.load: Callable[[], None] | None = load
+        self.inner: Landing | None = None
+
+    def _started(self) -> Landing | None:
+        if self.load is not None:
+            self.inner, self.load = self.loads._launch(self.load), None
+        return self.inner
+
+    def query(self) -> bool:
+        if self.checks > 0:
+            self.checks -= 1
+            self.loads.held_checks += 1
+            return False
+        inner = self._started()
+        return inner is None or inner.query()
+
+    def wait(self) -> None:
+        self.loads.taken_early += self.checks > 0
+        inner = self._started()
+        if inner is not None:
+            inner.wait()

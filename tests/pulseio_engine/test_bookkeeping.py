@@ -147,3 +147,20 @@ def test_request_larger_than_the_cache_is_refused_naming_both_numbers() -> None:
     sched = _scheduler(num_blocks=3)
     with pytest.raises(KVBudgetError, match=r"needs 3 KV blocks of 4 tokens, but the KV cache holds 2 blocks \(8"):
         sched.add(Sequence(0, [1] * 9, SamplingParams(max_new_tokens=1)))
+
+
+def test_a_loading_sequence_sits_steps_out_until_it_leaves_loading() -> None:
+    sched = _scheduler()
+    held, other = Sequence(0, [1, 2], SamplingParams(max_new_tokens=3), num_computed=1), \
+        Sequence(1, [3, 4], SamplingParams(max_new_tokens=3), num_computed=1)
+    sched.add(held)
+    sched.add(other)
+    admitted = sched.admit()
+    sched.loading.add(held.request_id)
+    step = sched.plan(admitted)
+    assert step.admitted == (held, other) and step.decode == (other,)
+    sched.loading.discard(held.request_id)
+    assert sched.plan().decode == (held, other) and sched.plan().admitted == ()
+    sched.loading.add(held.request_id)
+    sched.remove(held)
+    assert not sched.loading, "a sequence that leaves is no longer loading"

@@ -18,7 +18,9 @@ from pulseio_engine import (
     SamplingParams,
     UnsupportedModelError,
 )
+from pulseio_engine.config import OffloadConfig, SparseConfig, SparseMode
 from pulseio_engine.kv.block_table import blocks_for
+from pulseio_engine.serving.testing import LateLoads
 
 
 def test_decode_instance_continues_from_handed_in_kv(tiny_qwen3) -> None:
@@ -46,6 +48,35 @@ def test_decode_instance_continues_from_handed_in_kv(tiny_qwen3) -> None:
     assert outputs[0].request_id == rid
     assert decode.statistics().prefill_tokens == 0, "the decode instance computed no prompt"
     assert (first, *outputs[0].output_ids) == expected
+
+
+@pytest.mark.parametrize("offload", [False, True], ids=["paged", "offload"])
+def test_handed_in_kv_that_lands_late_changes_no_token(offload) -> None:
+    """Handed-in KV loads beside the steps (`HandoffLoads`): a request whose load has not landed sits steps out while
+    the others decode, or joins by a device wait when nothing else would run. Loads made to land after 1-4 checks
+    (`LateLoads`) give every request the tokens of loads in stream order."""
+    sampling = SamplingParams(max_new_tokens=6, ignore_eos=True)
+    arrivals = {0: 0, 1: 0, 2: 2, 3: 5}                       # request -> the step before which it arrives
+    runs = []
+    for late in (False, True):
+        quest = SparseConfig(mode=SparseMode.QUEST, token_budget=16, block_size=4, local_blocks=1)
+        engine = Engine.from_model("tiny", device="cpu", cache=CacheConfig(block_size=4),
+                                   offload=OffloadConfig(sparse=quest, max_seqs=4, dense_layers=1) if offload else None)
+        if late:
+            loads = engine.handoff_loads = LateLoads(torch.device("cpu"), max_checks=4, seed=3)
+        out, step = {}, 0
+        while step <= max(arrivals.values()) or engine.has_unfinished():
+            for r in (r for r, at in arrivals.items() if at == step):
+                length = 30 + 7 * r
+                engine.add_request([(5 * r + i) % 200 for i in range(length)], sampling,
+                                   kv=RandomKV(length - 1, seed=r), offload=offload)
+            out.update({o.request_id: o.output_ids for o in engine.step()})
+            step += 1
+        engine.close()
+        runs.append(out)
+    assert runs[0] == runs[1] and len(runs[0]) == 4
+    assert loads.held_checks > 0, "some request sat a step out while others decoded"
+    assert loads.taken_early > 0, "the first requests joined by a device wait: nothing else could run"
 
 
 def test_random_kv_fills_only_the_requests_blocks() -> None:

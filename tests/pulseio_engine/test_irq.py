@@ -19,7 +19,7 @@ from pulseio_engine.serving.budget import KVClass
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine
 from pulseio_engine.serving.irq import InnerScheduler, NoPacer
-from pulseio_engine.serving.testing import LateRecaller
+from pulseio_engine.serving.testing import LateLoads, LateRecaller
 
 NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
@@ -132,8 +132,9 @@ HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
 def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: int | None = None, seed: int = 0,
            moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1, ahead: bool = False
            ) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
-    """Requests of random lengths, all arriving at once in the given classes; `moves`: round -> {rid: class};
-    `ahead`: each layer's predicted blocks recalled during the layer before, into hot sets of 1.5 budgets."""
+    """Requests of random lengths in the given classes, the first two at once, the others after the first round;
+    `moves`: round -> {rid: class}; `ahead`: each layer's predicted blocks recalled during the layer before, into
+    hot sets of 1.5 budgets; `late`: recalls and handed-in KV landing after up to `late` landing checks."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
                            token_budget=64, block_size=16, dense_layers=1, max_batch=16, normal_steps=normal_steps,
@@ -143,12 +144,22 @@ def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: in
         if late is not None:
             off = serving.offload.offloader                                # type: ignore[union-attr]
             off.recaller = LateRecaller(off.recaller, max_checks=late, seed=seed)
-        for rid, kv_class in classes.items():
-            rng = random.Random(1000 * seed + rid)                      # a request's prompt: its own
-            length = 40 + (97 * rid + 31 * seed) % 300
-            prompt = [rng.randrange(3, 256) for _ in range(length)]
-            serving.add(rid, prompt, 10 + rid % 5, kv_class, kv=RandomKV(length - 1, seed=rid, std=0.5))
-        while serving.has_unfinished():
+            for eng in (serving.normal, serving.offload):
+                eng.handoff_loads = LateLoads(torch.device("cpu"), max_checks=late, seed=seed)   # type: ignore[union-attr]
+
+        def arrive(rids: list[int]) -> None:
+            for rid in rids:
+                rng = random.Random(1000 * seed + rid)                  # a request's prompt: its own
+                length = 40 + (97 * rid + 31 * seed) % 300
+                prompt = [rng.randrange(3, 256) for _ in range(length)]
+                serving.add(rid, prompt, 10 + rid % 5, classes[rid], kv=RandomKV(length - 1, seed=rid, std=0.5))
+
+        later = [rid for rid in classes if rid >= 2]
+        arrive([rid for rid in classes if rid < 2])
+        while later or serving.has_unfinished():
+            if serving.rounds >= 1 or not serving.has_unfinished():
+                arrive(later)
+                later = []
             for rid, to in (moves or {}).get(serving.rounds, {}).items():
                 serving.move(rid, to)
             out.update(serving.step().finished)
@@ -176,6 +187,8 @@ def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_re
     assert stats.recalls <= recalls                                     # an offload batch alone runs whole
     assert (0 < prefetched < recalled and stats.recalls < recalls) if ahead else prefetched == 0
     assert serving.offload.offloader.recaller.held_checks > 0, "no recall landed late"   # type: ignore[union-attr]
+    loads = [eng.handoff_loads for eng in (serving.normal, serving.offload)]            # type: ignore[union-attr]
+    assert sum(lo.held_checks for lo in loads) > 0, "no handed-in KV landed late"       # type: ignore[attr-defined]
 
 
 def test_a_recall_the_host_never_sees_land_is_waited_for_on_the_device_after_its_share(tiny_qwen3) -> None:
