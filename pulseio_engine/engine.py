@@ -156,7 +156,8 @@ class Engine:
         admitted = self.scheduler.admit()
         for seq in admitted:
             source = self._handoffs.pop(seq.request_id, None)
-            if source is not None and self.handoff_loads.start(seq.request_id, partial(self._load_handoff, seq, source)):
+            load = None if source is None else partial(self._load_handoff, seq, source)
+            if load is not None and self.handoff_loads.start(seq.request_id, load):
                 self.scheduler.loading.add(seq.request_id)
         step = self.scheduler.plan(admitted)
         if step.is_empty and self.scheduler.loading:
@@ -282,7 +283,9 @@ class Engine:
         return self.offloader.footprint(context_tokens)
 
     def close(self) -> None:
-        """Stop the offload runtime's threads (a no-op without offload)."""
+        """Stop the offload runtime's threads (a no-op without offload), after any handed-in KV still loading."""
+        for rid in list(self.scheduler.loading):
+            self.wait_for_kv(rid)
         if self.offloader is not None:
             self.offloader.close()
 

@@ -145,7 +145,8 @@ def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: in
             off = serving.offload.offloader                                # type: ignore[union-attr]
             off.recaller = LateRecaller(off.recaller, max_checks=late, seed=seed)
             for eng in (serving.normal, serving.offload):
-                eng.handoff_loads = LateLoads(torch.device("cpu"), max_checks=late, seed=seed)   # type: ignore[union-attr]
+                assert eng is not None
+                eng.handoff_loads = LateLoads(torch.device("cpu"), max_checks=late, seed=seed)
 
         def arrive(rids: list[int]) -> None:
             for rid in rids:
