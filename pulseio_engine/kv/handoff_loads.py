@@ -25,8 +25,8 @@ class Landing(Protocol):
         """Whether the load has finished (never blocks)."""
         ...
 
-    def wait(self) -> None:
-        """Make the work enqueued next on the current stream wait on the device for the load."""
+    def wait(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Make the work enqueued next on `stream` wait on the device for the load."""
         ...
 
 
@@ -49,7 +49,7 @@ class HandoffLoads:
         if self.stream is None:
             load()
             return None
-        self.stream.wait_stream(torch.cuda.current_stream())
+        self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
         with torch.cuda.stream(self.stream):
             load()
         event = torch.cuda.Event()
@@ -58,9 +58,6 @@ class HandoffLoads:
 
     def __contains__(self, request_id: int) -> bool:
         return request_id in self._events
-
-    def __len__(self) -> int:
-        return len(self._events)
 
     def landed_nowait(self) -> list[int]:
         """The requests whose loads have finished (never blocks); each is forgotten, the current stream ordered
@@ -72,4 +69,5 @@ class HandoffLoads:
 
     def take(self, request_id: int) -> None:
         """Forget a request's load, the current stream waiting on the device for it to finish (no host wait)."""
-        self._events.pop(request_id).wait()
+        stream = None if self.stream is None else torch.cuda.current_stream(self.stream.device)
+        self._events.pop(request_id).wait(stream)

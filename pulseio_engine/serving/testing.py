@@ -116,8 +116,8 @@ class _LateLanding:
         inner = self._started()
         return inner is None or inner.query()
 
-    def wait(self) -> None:
+    def wait(self, stream: torch.cuda.Stream | None = None) -> None:
         self.loads.taken_early += self.checks > 0
         inner = self._started()
         if inner is not None:
-            inner.wait()
+            inner.wait(stream)
