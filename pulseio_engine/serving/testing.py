@@ -5,8 +5,9 @@ back for a random number of landing checks before it is really posted, so its da
 until then, as behind a slow or busy link. The inner scheduler must then run more normal layers, or make the
 device wait, and the tokens must not change.
 
-`LateLoads` does the same to an engine's handed-in KV (`HandoffLoads`): each load runs at once but counts as in
-flight for a random number of landing checks, so its request sits out steps, or joins one by a device wait.
+`LateLoads` does the same to an engine's handed-in KV (`HandoffLoads`): each load starts only after a random
+number of landing checks, or when a step must wait for it, so its request sits steps out or joins by a device
+wait, and a request stepped before its KV is in would change its tokens.
 """
 
 from __future__ import annotations
