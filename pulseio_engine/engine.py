@@ -147,10 +147,10 @@ class Engine:
                 self._load_handoff(seq, self._handoffs.pop(seq.request_id))
         return admitted
 
-    def schedule(self) -> ScheduledStep:
+    def schedule(self, *, wait_if_idle: bool = True) -> ScheduledStep:
         """The next step's work (`Scheduler.schedule`). Newly admitted requests' handed-in KV loads beside the steps
-        (`HandoffLoads`): they join the first step after it landed, or this one, waiting on the device, when
-        nothing else would run."""
+        (`HandoffLoads`): they join the first step after it landed, or, when nothing else would run and
+        `wait_if_idle`, this one, waiting on the device (a caller with other work passes False)."""
         for rid in self.handoff_loads.landed_nowait():
             self.scheduler.loading.discard(rid)
         admitted = self.scheduler.admit()
@@ -160,7 +160,7 @@ class Engine:
             if load is not None and self.handoff_loads.start(seq.request_id, load):
                 self.scheduler.loading.add(seq.request_id)
         step = self.scheduler.plan(admitted)
-        if step.is_empty and self.scheduler.loading:
+        if step.is_empty and self.scheduler.loading and wait_if_idle:
             for rid in list(self.scheduler.loading):
                 self.wait_for_kv(rid)
             step = self.scheduler.plan(admitted)

@@ -234,10 +234,13 @@ class ServingEngine:
         due = {}
         host = self.host
         host.start()
-        for kv_class, eng in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload)):
-            if eng is None:
-                continue
-            work = eng.schedule()
+        engines = {c: eng for c, eng in ((KVClass.NORMAL, self.normal), (KVClass.OFFLOAD, self.offload))
+                   if eng is not None}
+        works = {c: eng.schedule(wait_if_idle=False) for c, eng in engines.items()}
+        if all(work.is_empty for work in works.values()):    # only handed-in KV still loading: wait for it here
+            works = {c: eng.schedule() for c, eng in engines.items()}
+        for kv_class, work in works.items():
+            eng = engines[kv_class]
             if work.prefill:
                 for chunk in work.prefill:
                     produced[self._by_local[kv_class, chunk.seq.request_id]] += int(chunk.samples)

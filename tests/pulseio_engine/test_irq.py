@@ -130,11 +130,12 @@ HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
 
 
 def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: int | None = None, seed: int = 0,
-           moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1, ahead: bool = False
-           ) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+           moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1, ahead: bool = False,
+           late_loads: int | None = None) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
     """Requests of random lengths in the given classes, the first two at once, the others after the first round;
     `moves`: round -> {rid: class}; `ahead`: each layer's predicted blocks recalled during the layer before, into
-    hot sets of 1.5 budgets; `late`: recalls and handed-in KV landing after up to `late` landing checks."""
+    hot sets of 1.5 budgets; `late` / `late_loads`: recalls / handed-in KV landing after up to so many landing
+    checks."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
                            token_budget=64, block_size=16, dense_layers=1, max_batch=16, normal_steps=normal_steps,
@@ -144,9 +145,10 @@ def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: in
         if late is not None:
             off = serving.offload.offloader                                # type: ignore[union-attr]
             off.recaller = LateRecaller(off.recaller, max_checks=late, seed=seed)
+        if late_loads is not None:
             for eng in (serving.normal, serving.offload):
                 assert eng is not None
-                eng.handoff_loads = LateLoads(torch.device("cpu"), max_checks=late, seed=seed)
+                eng.handoff_loads = LateLoads(torch.device("cpu"), max_checks=late_loads, seed=seed)
 
         def arrive(rids: list[int]) -> None:
             for rid in rids:
@@ -177,7 +179,7 @@ def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_re
     rng = random.Random(seed)
     classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(3, 7))}
     classes[0], classes[1] = NRM, OFF                                   # both batches, always
-    both, serving = _serve(path, classes, late=rng.randint(1, 6), seed=seed, ahead=ahead)
+    both, serving = _serve(path, classes, late=rng.randint(1, 6), seed=seed, ahead=ahead, late_loads=rng.randint(1, 6))
     alone = {}
     for kv_class in (NRM, OFF):
         alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, irq=False, seed=seed)[0])
@@ -190,6 +192,20 @@ def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_re
     assert serving.offload.offloader.recaller.held_checks > 0, "no recall landed late"   # type: ignore[union-attr]
     loads = [eng.handoff_loads for eng in (serving.normal, serving.offload)]            # type: ignore[union-attr]
     assert sum(lo.held_checks for lo in loads) > 0, "no handed-in KV landed late"       # type: ignore[attr-defined]
+
+
+def test_an_offload_request_whose_kv_is_loading_sits_rounds_out_while_the_normal_batch_runs(tiny_qwen3) -> None:
+    """Request 2 (offload) arrives after the first round, alone in its engine, while request 0 (normal) decodes: its
+    handed-in KV lands late (`LateLoads`), and the rounds go on without it rather than wait for it on the device."""
+    path = str(tiny_qwen3[0])
+    classes = {0: NRM, 2: OFF}
+    both, serving = _serve(path, classes, seed=5, late_loads=4)
+    alone = {}
+    for kv_class in (NRM, OFF):
+        alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, irq=False, seed=5)[0])
+    assert both == alone
+    loads = serving.offload.handoff_loads                                   # type: ignore[union-attr]
+    assert loads.held_checks > 0 and loads.taken_early == 0                 # type: ignore[attr-defined]
 
 
 def test_a_recall_the_host_never_sees_land_is_waited_for_on_the_device_after_its_share(tiny_qwen3) -> None:
