@@ -13,6 +13,7 @@ Without a CUDA device a load runs at once: `start` says it is not in flight.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -30,12 +31,23 @@ class Landing(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class HandoffLoadStatistics:
+    """Loads run beside the steps: found landed at a step boundary (their requests sat steps out, nothing waited),
+    and waited for on the device (nothing else would run, or the request left). Loads run at once (a CPU) count in
+    neither."""
+
+    landed: int
+    waited: int
+
+
 class HandoffLoads:
     """The loads in flight, by request id (see the module doc)."""
 
     def __init__(self, device: torch.device) -> None:
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._events: dict[int, Landing] = {}
+        self._landed = self._waited = 0
 
     def start(self, request_id: int, load: Callable[[], None]) -> bool:
         """Run `load` (its kernels) after the work enqueued so far on the current stream, beside what comes next;
@@ -64,10 +76,18 @@ class HandoffLoads:
         after its load."""
         done = [rid for rid, event in self._events.items() if event.query()]
         for rid in done:
-            self.take(rid)
+            self._forget(rid)
+        self._landed += len(done)
         return done
 
     def take(self, request_id: int) -> None:
         """Forget a request's load, the current stream waiting on the device for it to finish (no host wait)."""
+        self._forget(request_id)
+        self._waited += 1
+
+    def statistics(self) -> HandoffLoadStatistics:
+        return HandoffLoadStatistics(self._landed, self._waited)
+
+    def _forget(self, request_id: int) -> None:
         stream = None if self.stream is None else torch.cuda.current_stream(self.stream.device)
         self._events.pop(request_id).wait(stream)

@@ -32,6 +32,7 @@ from ..config import CacheConfig, DType, EngineConfig, OffloadConfig, RecallMode
 from ..copier_options import copier_dma
 from ..engine import Engine
 from ..kv.handoff import KVSource
+from ..kv.handoff_loads import HandoffLoadStatistics
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
@@ -131,6 +132,7 @@ class ServingEngine:
         self.host = HostTimes()
         self.read = RoundBytes()                 # what the decode steps launched must read (the serving roofline)
         self._graphs_before = 0                  # step graphs built before the statistics were last reset
+        self._handoffs_before = HandoffLoadStatistics(0, 0)     # handed-in KV loads before then
 
     def _offload_config(self, host_units: int, max_seqs: int, on_gpu: bool) -> OffloadConfig:
         c = self.config
@@ -412,12 +414,22 @@ class ServingEngine:
         self.host = HostTimes()
         self.read = RoundBytes()
         self._graphs_before += self.step_graphs_built()
+        self._handoffs_before = self._handoff_totals()
 
     def step_graphs_built(self) -> int:
         """Both engines' offload step graphs built (captured, on a GPU) since the statistics were reset: a batch
         size met for the first time, or again after the runner dropped its graph."""
         built = sum(eng.runner.step_graphs_built for eng in (self.normal, self.offload) if eng is not None)
         return built - self._graphs_before
+
+    def handoff_statistics(self) -> HandoffLoadStatistics:
+        """Both engines' handed-in KV loads since the statistics were reset (`HandoffLoads.statistics`)."""
+        now, before = self._handoff_totals(), self._handoffs_before
+        return HandoffLoadStatistics(now.landed - before.landed, now.waited - before.waited)
+
+    def _handoff_totals(self) -> HandoffLoadStatistics:
+        stats = [eng.handoff_loads.statistics() for eng in (self.normal, self.offload) if eng is not None]
+        return HandoffLoadStatistics(sum(s.landed for s in stats), sum(s.waited for s in stats))
 
     def recall_statistics(self) -> tuple[int, int, int]:
         """(recall requests, bytes recalled, of them bytes recalled ahead) of the offload engine so far."""

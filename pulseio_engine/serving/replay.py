@@ -436,6 +436,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
     tokens = sum(r["tokens"] for r in records)
     span = rec.span_s()
     recalls, recalled, ahead = (now - before for now, before in zip(serving.recall_statistics(), base.recalls))
+    handoffs = serving.handoff_statistics()
     stats = serving.inner.stats
     sizes, fp = serving.sizes, serving.footprint
     pools = sizes.device_bytes(fp)
@@ -469,7 +470,8 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                     "warming_rounds": serving.warming_rounds,
                     "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds,
                     "wall_s": wall_s, "warmup_s": warmup_s, "step_graphs_built": serving.step_graphs_built(),
-                    "normal_steps_mean": counter_mean(serving.normal_step_counts)},
+                    "normal_steps_mean": counter_mean(serving.normal_step_counts),
+                    "handoffs_landed": handoffs.landed, "handoffs_waited": handoffs.waited},
         "tpot_ms": rec.tpot_by_bucket(),
         "host_ms_per_round": serving.host.ms_per_round(serving.rounds),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,

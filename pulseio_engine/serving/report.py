@@ -33,6 +33,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     14: ("config.gil_switch_us",),
     15: ("config.ahead_budget",),
     16: ("pulseio.copy_per_mib_us",),
+    17: ("summary.handoffs_landed", "summary.handoffs_waited"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -56,7 +57,7 @@ SCHEMA: dict[str, Any] = {
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
                 "warmup_s": NUM, "step_graphs_built": int, "normal_steps_mean": OPT_NUM, "halves_rounds": int,
-                "ridden_rounds": int, "ahead_bytes": int},
+                "ridden_rounds": int, "ahead_bytes": int, "handoffs_landed": int, "handoffs_waited": int},
     "tpot_ms": {**{name: _TPOT for name, _, _ in BUCKETS}, "all": _TPOT},
     "host_ms_per_round": {phase: NUM for phase in PHASES},
     "m": (dict, type(None)),

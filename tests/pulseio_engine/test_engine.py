@@ -77,6 +77,8 @@ def test_handed_in_kv_that_lands_late_changes_no_token(offload) -> None:
     assert runs[0] == runs[1] and len(runs[0]) == 4
     assert loads.held_checks > 0, "some request sat a step out while others decoded"
     assert loads.taken_early > 0, "the first requests joined by a device wait: nothing else could run"
+    stats = loads.statistics()
+    assert stats.landed + stats.waited == 4 and stats.waited >= loads.taken_early and stats.landed > 0
 
 
 def test_random_kv_fills_only_the_requests_blocks() -> None:

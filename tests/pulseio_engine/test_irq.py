@@ -206,6 +206,7 @@ def test_an_offload_request_whose_kv_is_loading_sits_rounds_out_while_the_normal
     assert both == alone
     loads = serving.offload.handoff_loads                                   # type: ignore[union-attr]
     assert loads.held_checks > 0 and loads.taken_early == 0                 # type: ignore[attr-defined]
+    assert serving.handoff_statistics().landed >= 1                         # request 2's, at a round's start
 
 
 def test_a_recall_the_host_never_sees_land_is_waited_for_on_the_device_after_its_share(tiny_qwen3) -> None:

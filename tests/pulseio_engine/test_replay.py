@@ -91,7 +91,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/16"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/17"
+    assert summary["handoffs_landed"] == summary["handoffs_waited"] == 0      # a CPU loads handed-in KV at once
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
     assert len(unmet) <= summary["step_graphs_built"] <= 2 * summary["rounds"]   # sizes the warm-up did not meet
@@ -265,8 +266,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/16', "
-                                          r"'pulseio-replay/15', 'pulseio-replay/14', 'pulseio-replay/13', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/17', "
+                                          r"'pulseio-replay/16', 'pulseio-replay/15', 'pulseio-replay/14', "
+                                          r"'pulseio-replay/13', "
                                           r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
                                           r"'pulseio-replay/9', "
                                           r"'pulseio-replay/8', 'pulseio-replay/7', 'pulseio-replay/6', "
