@@ -142,9 +142,7 @@ class Engine:
         stream order; -> those admitted. A caller that moves a request here from another engine calls it so the
         KV is in place before the other engine lets it go."""
         admitted = self.scheduler.admit()
-        for seq in admitted:
-            if seq.request_id in self._handoffs:
-                self._load_handoff(seq, self._handoffs.pop(seq.request_id))
+        self._load_admitted(admitted, beside=False)
         return admitted
 
     def schedule(self, *, wait_if_idle: bool = True) -> ScheduledStep:
@@ -154,17 +152,29 @@ class Engine:
         for rid in self.handoff_loads.landed_nowait():
             self.scheduler.loading.discard(rid)
         admitted = self.scheduler.admit()
-        for seq in admitted:
-            source = self._handoffs.pop(seq.request_id, None)
-            load = None if source is None else partial(self._load_handoff, seq, source)
-            if load is not None and self.handoff_loads.start(seq.request_id, load):
-                self.scheduler.loading.add(seq.request_id)
+        self._load_admitted(admitted, beside=True)
         step = self.scheduler.plan(admitted)
         if step.is_empty and self.scheduler.loading and wait_if_idle:
-            for rid in list(self.scheduler.loading):
-                self.wait_for_kv(rid)
+            self._wait_for_all_kv()
             step = self.scheduler.plan(admitted)
         return step
+
+    def _load_admitted(self, admitted: Seq[Sequence], *, beside: bool) -> None:
+        """Load the handed-in KV of requests just admitted: in stream order, or `beside` the steps (`HandoffLoads`;
+        those still in flight sit steps out)."""
+        for seq in admitted:
+            source = self._handoffs.pop(seq.request_id, None)
+            if source is None:
+                continue
+            load = partial(self._load_handoff, seq, source)
+            if not beside:
+                load()
+            elif self.handoff_loads.start(seq.request_id, load):
+                self.scheduler.loading.add(seq.request_id)
+
+    def _wait_for_all_kv(self) -> None:
+        for rid in list(self.scheduler.loading):
+            self.wait_for_kv(rid)
 
     def wait_for_kv(self, request_id: int) -> None:
         """A request whose handed-in KV is still loading joins the next step: the work enqueued from now on waits
@@ -284,8 +294,7 @@ class Engine:
 
     def close(self) -> None:
         """Stop the offload runtime's threads (a no-op without offload), after any handed-in KV still loading."""
-        for rid in list(self.scheduler.loading):
-            self.wait_for_kv(rid)
+        self._wait_for_all_kv()
         if self.offloader is not None:
             self.offloader.close()
 
