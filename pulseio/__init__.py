@@ -24,6 +24,9 @@ from .errors import PulseInternalError as PulseInternalError
 from .errors import TransferError as TransferError
 from .errors import WaitTimeout as WaitTimeout
 from .errors import WouldBlock as WouldBlock
+from .gc_pauses import GCPauses as GCPauses
+from .gc_pauses import GCPauseStatistics as GCPauseStatistics
+from .gc_pauses import frozen_heap as frozen_heap
 from .gil import gil_switch_interval as gil_switch_interval
 from .handle import Handle as Handle
 from .host_backend import HostBackend as HostBackend

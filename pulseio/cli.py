@@ -8,7 +8,6 @@ whole sweep. Every option is checked before any work; a mistake is one line on s
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib.util
 import logging
 import sys
@@ -30,6 +29,7 @@ from .cliargs import (
     run_command,
 )
 from .config import DmaConfig
+from .gc_pauses import frozen_heap
 from .machine import MEMORY_LIMIT_ENV
 from .plan import Direction, Strategy
 
@@ -119,11 +119,8 @@ def _bench(args: argparse.Namespace) -> int:
     from .bench.suite import check_bench_memory
 
     check_bench_memory(options, device != "cpu", device)   # before the backend pins anything
-    # Everything alive now (torch's modules: ~1M objects) is exempt from collection, so a full
-    # collection cannot pause one measurement for tens of milliseconds.
-    gc.collect()
-    gc.freeze()
-    meta, records = run_bench(options)
+    with frozen_heap():       # torch's ~1M objects: no full collection pauses a measurement walking them
+        meta, records = run_bench(options)
     print(format_table(meta, records))
     if not args.no_save:
         write_json(args.json, meta, records)
