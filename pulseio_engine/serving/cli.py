@@ -147,6 +147,9 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                    help="start the clock at once: the first requests pay for compiling kernels and capturing steps "
                         "(by default a few short requests warm the engine up first, as a server does)")
     add_gil_switch_option(r)
+    r.add_argument("--no-freeze-heap", dest="freeze_heap", action="store_false",
+                   help="leave what the warm-up built collectable: full garbage collections walk all of it, pausing "
+                        "the loop for up to hundreds of ms (by default it is frozen out of collection while serving)")
     r.add_argument("--device", type=device_name(allow_auto=True), default="auto",
                    help="cpu, cuda or cuda:N; auto = cuda when torch sees a GPU, else cpu")
     r.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -202,7 +205,8 @@ def _replay(args: argparse.Namespace) -> int:
                             seed=args.seed, heads=args.heads, busy_every=args.gpu_busy_every,
                             use_cuda_graphs=not args.no_cuda_graphs, warmup=args.warmup,
                             timeline_dir=args.timeline_dir, skinny_gemm=not args.no_skinny_gemm,
-                            locality_context=args.locality_context, gil_switch_s=switch_s)
+                            locality_context=args.locality_context, gil_switch_s=switch_s,
+                            freeze_heap=args.freeze_heap)
     bar = tqdm(total=len(trace), unit="req", desc=config.describe(), disable=not progress_enabled(args.progress),
                leave=False)
     status = StatusLines(len(trace), every_s=STATUS_EVERY_S) if bar.disable else None  # a log, where no bar shows

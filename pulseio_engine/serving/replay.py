@@ -17,12 +17,14 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pulseio.gc_pauses import GCPauses, GCPauseStatistics, frozen_heap
 from pulseio.machine import gib, memory_budget
 
 from ..bench import measure_copy_bandwidth_sync, measure_upload_bandwidth
@@ -59,7 +61,8 @@ class ReplayOptions:
     `locality_context`: a random-weight preset's selection is steered to the shipped locality measured nearest
     this context (None: nearest the trace's median prompt; `steering_context`); `gil_switch_s`: the interpreter's
     GIL switch interval while the engine serves (`pulseio.gil_switch_interval`: the main loop's Python holds
-    recalls back for up to it; None: the interpreter's as it is)."""
+    recalls back for up to it; None: the interpreter's as it is); `freeze_heap`: exempt everything alive after the
+    warm-up from garbage collection while serving (`pulseio.frozen_heap`; False: full collections walk it all)."""
 
     device: str = "cpu"
     clock: ClockKind | None = None
@@ -72,6 +75,7 @@ class ReplayOptions:
     skinny_gemm: bool = True
     locality_context: int | None = None
     gil_switch_s: float | None = GIL_SWITCH_US * 1e-6
+    freeze_heap: bool = True
 
 
 def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, *,
@@ -110,11 +114,12 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
         outer = OuterScheduler(budget, threshold=threshold, max_batch=config.max_batch,
                                max_offload=max(1, serving.sizes.max_offload))
         kind = options.clock or (ClockKind.WALL if device.startswith("cuda") else ClockKind.VIRTUAL)
-        recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
+        with frozen_heap() if options.freeze_heap else nullcontext(), GCPauses() as pauses:
+            recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
         pulse = base.since(_settled_runtime(serving))
         return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder,
                                     None if steering is None else steering[1], pulse, time.perf_counter() - wall0,
-                                    warmup_s, base, rates))
+                                    warmup_s, base, rates, pauses.statistics()))
 
 
 WARMUP_TOKENS = 4      # a first step (eager: compiles), a second (captures its graph), then replays
@@ -431,7 +436,8 @@ def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | 
 
 def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, kind: ClockKind,
             dtype: DType, serving: ServingEngine, rec: Recorder, steering: str | None, pulse: dict | None,
-            wall_s: float, warmup_s: float, base: _Baseline, rates: tuple[float | None, float | None]) -> dict:
+            wall_s: float, warmup_s: float, base: _Baseline, rates: tuple[float | None, float | None],
+            pauses: GCPauseStatistics) -> dict:
     records = [rec.requests[rid].to_dict() for rid in sorted(rec.requests)]
     tokens = sum(r["tokens"] for r in records)
     span = rec.span_s()
@@ -461,7 +467,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "ahead_budget": config.ahead_budget,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1],
-                   "gil_switch_us": gil_switch_us(options.gil_switch_s)},
+                   "gil_switch_us": gil_switch_us(options.gil_switch_s), "freeze_heap": options.freeze_heap},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,
@@ -481,5 +487,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
         "roofline": roofline(serving.read, recalled, span - rec.idle_s, tokens, copy_gbps=rates[0],
                              link_gbps=rates[1]),
         "timeline": rec.timeline(), "batches": rec.batch_histogram(), "requests": records,
+        "gc": {"collections": list(pauses.collections), "paused_s": pauses.paused_s,
+               "longest_ms": pauses.longest_s * 1e3},
     }
 

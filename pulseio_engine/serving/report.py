@@ -34,6 +34,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     15: ("config.ahead_budget",),
     16: ("pulseio.copy_per_mib_us",),
     17: ("summary.handoffs_landed", "summary.handoffs_waited"),
+    18: ("config.freeze_heap", "gc"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -52,7 +53,7 @@ SCHEMA: dict[str, Any] = {
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
-               "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM},
+               "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM, "freeze_heap": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -72,6 +73,7 @@ SCHEMA: dict[str, Any] = {
                  "rounds_s": NUM, "ratio": OPT_NUM, "bound_tok_s": OPT_NUM},
     "batches": {"normal": dict, "offload": dict},
     "requests": list,
+    "gc": {"collections": list, "paused_s": NUM, "longest_ms": NUM},
 }
 REQUEST_KEYS = {"id": int, "arrival_s": NUM, "input_len": int, "output_len": int, "origin": str,
                 "class": (str, type(None)), "admitted_s": OPT_NUM, "first_token_s": OPT_NUM,
@@ -151,7 +153,7 @@ def load_report(path: Path) -> dict:
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
           ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"),
-          ("halves", "halves"), ("ride", "ride"), ("gil_switch_us", "gil_us"))
+          ("halves", "halves"), ("ride", "ride"), ("gil_switch_us", "gil_us"), ("freeze_heap", "freeze"))
 
 
 def labels(reports: list[dict]) -> list[str]:
@@ -205,6 +207,9 @@ def table(reports: list[dict]) -> str:
     row("of them recalled ahead GiB", lambda r: f"{r['summary']['ahead_bytes'] / 2**30:.3f}"
         if "ahead_bytes" in r["summary"] else "-")
     row("moves to offload/normal", lambda r: f"{r['moves']['to_offload']}/{r['moves']['to_normal']}")
+    row("GC collections gen 0/1/2", lambda r: "-" if "gc" not in r else "/".join(map(str, r["gc"]["collections"])))
+    row("GC paused ms (longest)", lambda r: "-" if "gc" not in r
+        else f"{r['gc']['paused_s'] * 1e3:,.0f} ({r['gc']['longest_ms']:.1f})")
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
         else f"{r['m']['mean']:.2f} ({r['m']['device_waits']}/{r['m']['recalls']})")
     width = max(len(name) for name, _ in rows)

@@ -4,6 +4,7 @@ trace line, a host pool the machine does not have, a request past the model's co
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import re
@@ -91,7 +92,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/17"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/18"
     assert summary["handoffs_landed"] == summary["handoffs_waited"] == 0      # a CPU loads handed-in KV at once
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
@@ -229,21 +230,28 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     pace = report["pulseio"]["copy_per_mib_us"]
     assert re.search(rf"^recall copy us/MiB p50/p99\s+{pace['p50']:,.1f}/{pace['p99']:,.1f}\s", table([report, other]),
                      flags=re.M)
+    assert re.search(r"^GC collections gen 0/1/2\s+\d+/\d+/\d+\s", table([report, other]), flags=re.M)
+    _step_back(report, 17, "config.freeze_heap", "gc")
+    assert labels([report, other])[1].endswith(" freeze=True")
+    assert re.search(r"^GC collections gen 0/1/2\s+-\s+\d+/\d+/\d+$", table([report, other]), flags=re.M)
+    assert re.search(r"^GC paused ms \(longest\)\s+-\s+[\d,]+ \([\d.]+\)$", table([report, other]), flags=re.M)
+    _step_back(report, 16, "summary.handoffs_landed", "summary.handoffs_waited")
     _step_back(report, 15, "pulseio.copy_per_mib_us")
     assert re.search(r"^recall copy us/MiB p50/p99\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 14, "config.ahead_budget")
     _step_back(report, 13, "config.gil_switch_us")
-    assert labels([report, other])[0].endswith(" gil_us=-")
+    assert labels([report, other])[0].endswith(" gil_us=- freeze=-")
     _step_back(report, 12, "config.ahead", "summary.ahead_bytes")
     assert re.search(r"^of them recalled ahead GiB\s+-\s+0\.000$", table([report, other]), flags=re.M)
     _step_back(report, 10, "config.halves", "summary.halves_rounds")
     assert re.search(r"^rounds as halves\s+-\s+0$", table([report, other]), flags=re.M)
-    assert labels([report, {**other, "config": {**other["config"], "halves": True}}])[0].endswith(" halves=- gil_us=-")
+    halves = labels([report, {**other, "config": {**other["config"], "halves": True}}])[0]
+    assert halves.endswith(" halves=- gil_us=- freeze=-"), halves
     _step_back(report, 9, "pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
     assert re.search(r"^recall publish->landed GB/s \(of link\)\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 8, "config.hot_cache")
     hot = labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0]
-    assert hot.endswith(" hot=- halves=- gil_us=-"), hot
+    assert hot.endswith(" hot=- halves=- gil_us=- freeze=-"), hot
     _step_back(report, 7, "config.two_streams", "roofline")
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
@@ -251,9 +259,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
                      table([report, other]), flags=re.M)
     _step_back(report, 5, "config.skinny_gemm")
     first, second = labels([report, other])
-    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=- gil_us=-"), (first, second)
-    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False gil_us=100.0"), (first,
-                                                                                                        second)
+    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=- gil_us=- freeze=-"), (first, second)
+    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False gil_us=100.0 freeze=True"), \
+        (first, second)
     _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
     assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
     _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
@@ -266,8 +274,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/17', "
-                                          r"'pulseio-replay/16', 'pulseio-replay/15', 'pulseio-replay/14', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/18', "
+                                          r"'pulseio-replay/17', 'pulseio-replay/16', 'pulseio-replay/15', "
+                                          r"'pulseio-replay/14', "
                                           r"'pulseio-replay/13', "
                                           r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
                                           r"'pulseio-replay/9', "
@@ -819,6 +828,30 @@ def test_the_gil_switch_interval_is_the_replays_while_it_serves_and_the_interpre
     assert seen == pytest.approx([3e-4] * len(seen), abs=2e-6)
     assert sys.getswitchinterval() == before
     assert report["config"]["gil_switch_us"] == pytest.approx(300)
+
+
+def test_the_heap_is_frozen_out_of_collection_while_the_engine_serves_and_only_then() -> None:
+    """A full collection walks every object the process tracks, and after the warm-up that is torch's, the kernels'
+    and the engine's (`pulseio.frozen_heap`): a replay freezes them while it serves and counts every collection."""
+    config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 22, host_kv_bytes=1 << 28, token_budget=128,
+                           offload_threshold=256)
+    trace = open_trace(TraceOptions("mooncake-sample", max_requests=4, max_input=512, max_output=4))
+    for freeze in (True, False):
+        frozen: list[int] = []
+
+        def progress(done: int, info: dict, frozen: list[int] = frozen) -> None:
+            frozen.append(gc.get_freeze_count())
+            gc.collect()
+
+        report = replay(trace, open_model("tiny"), config, ReplayOptions(warmup=False, freeze_heap=freeze),
+                        progress=progress)
+        assert report["summary"]["complete"] and frozen, "progress is reported while the engine serves"
+        assert all(n > 10_000 for n in frozen) if freeze else frozen == [0] * len(frozen), frozen
+        assert gc.get_freeze_count() == 0
+        assert report["config"]["freeze_heap"] is freeze
+        collections = report["gc"]["collections"]
+        assert collections[2] >= len(frozen), "each progress call collected in full, and was counted"
+        assert report["gc"]["paused_s"] >= report["gc"]["longest_ms"] / 1e3 > 0
 
 
 def test_the_gil_switch_interval_left_alone_and_a_bad_one_refused(reports: dict[str, dict],
