@@ -61,6 +61,7 @@ class RoundSample:
     normal: int           # batch sizes
     offload: int
     tokens: int           # tokens it produced
+    gc_s: float = 0.0     # garbage collections' pauses since the round before (wall time)
 
 
 class Recorder:
@@ -84,7 +85,7 @@ class Recorder:
         self.requests[rid].moves += 1
 
     def round(self, t: float, dt: float, normal: int, offload: int, produced: dict[int, int],
-              finished: dict[int, tuple[int, ...]]) -> None:
+              finished: dict[int, tuple[int, ...]], *, gc_s: float = 0.0) -> None:
         for rid, n in produced.items():
             record = self.requests[rid]
             if record.first_token_s is None:
@@ -93,7 +94,7 @@ class Recorder:
             record.tokens += n
         for rid in finished:
             self.requests[rid].finished_s = t
-        self.rounds.append(RoundSample(t, dt, normal, offload, sum(produced.values())))
+        self.rounds.append(RoundSample(t, dt, normal, offload, sum(produced.values()), gc_s))
 
     def sample_rss(self, t: float) -> None:
         rss = resident_bytes()
@@ -138,6 +139,22 @@ class Recorder:
                 "normal_batch": [float(x) for x in normal / weight],
                 "offload_batch": [float(x) for x in offload / weight],
                 "rss_t_s": [t for t, _ in self.rss], "rss_bytes": [b for _, b in self.rss]}
+
+    def longest_gaps(self, n: int = 8) -> list[dict]:
+        """The `n` longest stretches between two rounds' ends, longest first: where the replay ended each (`t_s`), its
+        length, the round's own run inside it, the garbage collections' pauses inside it and the requests admitted
+        and finished in it. A stretch far longer than its round is the host's (admission, a collection, a wait)."""
+        gaps = sorted(range(1, len(self.rounds)), key=lambda i: self.rounds[i].t_s - self.rounds[i - 1].t_s,
+                      reverse=True)[:n]
+        out = []
+        for i in gaps:
+            before, r = self.rounds[i - 1].t_s, self.rounds[i]
+            within = [(q.admitted_s, q.finished_s) for q in self.requests.values()]
+            out.append({"t_s": r.t_s, "gap_ms": (r.t_s - before) * 1e3, "round_ms": r.dt_s * 1e3,
+                        "gc_ms": r.gc_s * 1e3,
+                        "admitted": sum(a is not None and before < a <= r.t_s for a, _ in within),
+                        "finished": sum(f is not None and before < f <= r.t_s for _, f in within)})
+        return out
 
     def batch_histogram(self) -> dict[str, dict[str, int]]:
         """class -> batch size -> rounds."""

@@ -115,7 +115,7 @@ def replay(trace: Trace, source: ModelSource, config: ServingConfig, options: Re
                                max_offload=max(1, serving.sizes.max_offload))
         kind = options.clock or (ClockKind.WALL if device.startswith("cuda") else ClockKind.VIRTUAL)
         with frozen_heap() if options.freeze_heap else nullcontext(), GCPauses() as pauses:
-            recorder = _run(trace, serving, outer, Clock(kind), source, options, progress)
+            recorder = _run(trace, serving, outer, Clock(kind), source, options, progress, pauses)
         pulse = base.since(_settled_runtime(serving))
         return check_report(_report(trace, source, config, options, kind, dtype, serving, recorder,
                                     None if steering is None else steering[1], pulse, time.perf_counter() - wall0,
@@ -253,19 +253,21 @@ class _Baseline:
 
 
 def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clock, source: ModelSource,
-         options: ReplayOptions, progress: Callable[[int, dict], None] | None) -> Recorder:
+         options: ReplayOptions, progress: Callable[[int, dict], None] | None, pauses: GCPauses) -> Recorder:
     recorder = Recorder()
     busy = BusyMeter(options.device, every=options.busy_every or 1, timeline_dir=options.timeline_dir)
     busy.enabled = busy.enabled and options.busy_every > 0
     arrivals = deque(enumerate(trace.requests))
-    vocab, done = source.config.vocab_size, 0
+    vocab, done, paused_s = source.config.vocab_size, 0, 0.0
     serving.host.start()
     pending: LaunchedRound | None = None        # overlapped rounds: the one launched last, not collected yet
 
     def record(outcome: StepOutcome, took: float) -> None:
-        nonlocal done
+        nonlocal done, paused_s
         t = clock.now()
-        recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced, outcome.finished)
+        paused_s, gc_s = pauses.statistics().paused_s, paused_s
+        recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced, outcome.finished,
+                       gc_s=paused_s - gc_s)
         for rid in outcome.finished:
             outer.finish(rid)
         if serving.rounds % 50 == 1:
@@ -489,5 +491,6 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
         "timeline": rec.timeline(), "batches": rec.batch_histogram(), "requests": records,
         "gc": {"collections": list(pauses.collections), "paused_s": pauses.paused_s,
                "longest_ms": pauses.longest_s * 1e3},
+        "longest_gaps": rec.longest_gaps(),
     }
 

@@ -34,7 +34,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     15: ("config.ahead_budget",),
     16: ("pulseio.copy_per_mib_us",),
     17: ("summary.handoffs_landed", "summary.handoffs_waited"),
-    18: ("config.freeze_heap", "gc"),
+    18: ("config.freeze_heap", "gc", "longest_gaps"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -74,10 +74,12 @@ SCHEMA: dict[str, Any] = {
     "batches": {"normal": dict, "offload": dict},
     "requests": list,
     "gc": {"collections": list, "paused_s": NUM, "longest_ms": NUM},
+    "longest_gaps": list,
 }
 REQUEST_KEYS = {"id": int, "arrival_s": NUM, "input_len": int, "output_len": int, "origin": str,
                 "class": (str, type(None)), "admitted_s": OPT_NUM, "first_token_s": OPT_NUM,
                 "finished_s": OPT_NUM, "tokens": int, "moves": int, "tpot_ms": OPT_NUM}
+GAP_KEYS = {"t_s": NUM, "gap_ms": NUM, "round_ms": NUM, "gc_ms": NUM, "admitted": int, "finished": int}
 M_KEYS = {"recalls": int, "histogram": dict, "mean": OPT_NUM, "p50": OPT_NUM, "p99": OPT_NUM, "seen_landed": int,
           "device_waits": int}
 _LATENCY = {"count": int, "p50": OPT_NUM, "p99": OPT_NUM}
@@ -107,6 +109,8 @@ def check_report(report: dict, *, source: str = "report") -> dict:
     _check(report, spec, source, "")
     for i, record in enumerate(report["requests"]):
         _check(record, REQUEST_KEYS, source, f"requests[{i}].")
+    for i, gap in enumerate(report.get("longest_gaps", ())):
+        _check(gap, GAP_KEYS, source, f"longest_gaps[{i}].")
     if report["m"] is not None:
         _check(report["m"], M_KEYS, source, "m.")
     if report["pulseio"] is not None:
@@ -210,6 +214,7 @@ def table(reports: list[dict]) -> str:
     row("GC collections gen 0/1/2", lambda r: "-" if "gc" not in r else "/".join(map(str, r["gc"]["collections"])))
     row("GC paused ms (longest)", lambda r: "-" if "gc" not in r
         else f"{r['gc']['paused_s'] * 1e3:,.0f} ({r['gc']['longest_ms']:.1f})")
+    row("longest gap ms (round, GC) at s", _longest_gap)
     row("m mean (device waits)", lambda r: "-" if r["m"] is None or r["m"]["mean"] is None
         else f"{r['m']['mean']:.2f} ({r['m']['device_waits']}/{r['m']['recalls']})")
     width = max(len(name) for name, _ in rows)
@@ -227,6 +232,16 @@ def _host(report: dict) -> str:
     rest = sum(v for k, v in phases.items() if k not in ("launch", "pace", "tokens"))
     pace = f"{phases['pace']:.2f}" if "pace" in phases else "-"
     return f"{phases['launch']:.2f}/{pace}/{rest:.2f}/{phases['tokens']:.2f}"
+
+
+def _longest_gap(report: dict) -> str:
+    """The longest stretch between two rounds' ends, the round's own run and the collections' pauses inside it, and
+    where the replay was ('-' before schema 18 or with fewer than two rounds)."""
+    gaps = report.get("longest_gaps")
+    if not gaps:
+        return "-"
+    g = gaps[0]
+    return f"{g['gap_ms']:,.1f} ({g['round_ms']:,.1f}, {g['gc_ms']:,.1f}) at {g['t_s']:.1f}"
 
 
 def _roofline(report: dict) -> str:

@@ -22,6 +22,7 @@ from pulseio_engine.kv.handoff import RandomKV
 from pulseio_engine.kv.retrieval_heads import RetrievalHeads
 from pulseio_engine.model.checkpoint import ModelSource, load_checkpoint, open_model
 from pulseio_engine.serving.budget import KVClass
+from pulseio_engine.serving.clock import ClockKind
 from pulseio_engine.serving.config import ServeMode, ServingConfig
 from pulseio_engine.serving.engine import ServingEngine, StepOutcome
 from pulseio_engine.serving.gpu_busy import busy_fraction
@@ -231,7 +232,15 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     assert re.search(rf"^recall copy us/MiB p50/p99\s+{pace['p50']:,.1f}/{pace['p99']:,.1f}\s", table([report, other]),
                      flags=re.M)
     assert re.search(r"^GC collections gen 0/1/2\s+\d+/\d+/\d+\s", table([report, other]), flags=re.M)
-    _step_back(report, 17, "config.freeze_heap", "gc")
+    gap = report["longest_gaps"][0]
+    assert re.search(rf"^longest gap ms \(round, GC\) at s\s+{gap['gap_ms']:,.1f} \({gap['round_ms']:,.1f}, "
+                     rf"{gap['gc_ms']:,.1f}\) at {gap['t_s']:.1f}\s", table([report, other]), flags=re.M)
+    report["longest_gaps"][0]["admitted"] = 1.5
+    with pytest.raises(ReportError, match=r"^r: longest_gaps\[0\]\.admitted must be int, got 1\.5$"):
+        check_report(report, source="r")
+    report["longest_gaps"][0]["admitted"] = 1
+    _step_back(report, 17, "config.freeze_heap", "gc", "longest_gaps")
+    assert re.search(r"^longest gap ms \(round, GC\) at s\s+-\s", table([report, other]), flags=re.M)
     assert labels([report, other])[1].endswith(" freeze=True")
     assert re.search(r"^GC collections gen 0/1/2\s+-\s+\d+/\d+/\d+$", table([report, other]), flags=re.M)
     assert re.search(r"^GC paused ms \(longest\)\s+-\s+[\d,]+ \([\d.]+\)$", table([report, other]), flags=re.M)
@@ -630,6 +639,23 @@ def test_tpot_is_the_time_between_a_requests_tokens_bucketed_by_input() -> None:
     assert [bucket_of(n) for n in (8191, 8192, 32767, 32768)] == ["<8K", "8K-32K", "8K-32K", ">=32K"]
 
 
+def test_the_longest_gaps_between_rounds_say_what_happened_inside_them() -> None:
+    rec = Recorder()
+    for rid in range(3):
+        rec.arrived(rid, 0.0, 100, 2, "a")
+    rec.admitted(0, 0.0, "normal")
+    rec.round(1.0, 1.0, 1, 0, {0: 1}, {})
+    rec.admitted(1, 1.2, "normal")
+    rec.admitted(2, 1.4, "offload")
+    rec.round(4.0, 0.5, 2, 1, {0: 1, 1: 1, 2: 1}, {0: (1, 2)}, gc_s=2.25)
+    rec.round(4.5, 0.5, 1, 1, {1: 1, 2: 1}, {1: (3, 4)})
+    rec.round(6.5, 0.5, 0, 1, {2: 1}, {2: (5, 6)}, gc_s=0.25)
+    gaps = rec.longest_gaps(2)
+    assert gaps == [{"t_s": 4.0, "gap_ms": 3000.0, "round_ms": 500.0, "gc_ms": 2250.0, "admitted": 2, "finished": 1},
+                    {"t_s": 6.5, "gap_ms": 2000.0, "round_ms": 500.0, "gc_ms": 250.0, "admitted": 0, "finished": 1}]
+    assert len(rec.longest_gaps()) == 3 and Recorder().longest_gaps() == []
+
+
 @pytest.mark.slow
 def test_a_real_model_prefills_its_prompts_and_serves_both_classes(tmp_path: Path) -> None:
     """smollm2 (fetched on first use): no handed-in KV, so each prompt is prefilled here, in its class's engine."""
@@ -835,7 +861,7 @@ def test_the_heap_is_frozen_out_of_collection_while_the_engine_serves_and_only_t
     and the engine's (`pulseio.frozen_heap`): a replay freezes them while it serves and counts every collection."""
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=1 << 22, host_kv_bytes=1 << 28, token_budget=128,
                            offload_threshold=256)
-    trace = open_trace(TraceOptions("mooncake-sample", max_requests=4, max_input=512, max_output=4))
+    trace = open_trace(TraceOptions("mooncake-sample", max_requests=4, max_input=512, max_output=30))
     for freeze in (True, False):
         frozen: list[int] = []
 
@@ -843,8 +869,8 @@ def test_the_heap_is_frozen_out_of_collection_while_the_engine_serves_and_only_t
             frozen.append(gc.get_freeze_count())
             gc.collect()
 
-        report = replay(trace, open_model("tiny"), config, ReplayOptions(warmup=False, freeze_heap=freeze),
-                        progress=progress)
+        report = replay(trace, open_model("tiny"), config,
+                        ReplayOptions(warmup=False, freeze_heap=freeze, clock=ClockKind.WALL), progress=progress)
         assert report["summary"]["complete"] and frozen, "progress is reported while the engine serves"
         assert all(n > 10_000 for n in frozen) if freeze else frozen == [0] * len(frozen), frozen
         assert gc.get_freeze_count() == 0
@@ -852,6 +878,11 @@ def test_the_heap_is_frozen_out_of_collection_while_the_engine_serves_and_only_t
         collections = report["gc"]["collections"]
         assert collections[2] >= len(frozen), "each progress call collected in full, and was counted"
         assert report["gc"]["paused_s"] >= report["gc"]["longest_ms"] / 1e3 > 0
+        gaps = report["longest_gaps"]                     # on the wall clock, each pause falls inside a gap
+        assert [g["gap_ms"] for g in gaps] == sorted((g["gap_ms"] for g in gaps), reverse=True)
+        assert all(g["gap_ms"] >= g["gc_ms"] for g in gaps)
+        if not freeze:                                    # a full walk of torch's objects: the longest stretch
+            assert gaps[0]["gc_ms"] > gaps[0]["round_ms"], gaps[0]
 
 
 def test_the_gil_switch_interval_left_alone_and_a_bad_one_refused(reports: dict[str, dict],
