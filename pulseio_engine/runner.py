@@ -26,6 +26,7 @@ from .offload_graph import OffloadStepGraph, StepRiders
 from .request import Sequence
 from .sampler import sample_tokens
 from .scheduler import PrefillChunk
+from .upload import to_device_nowait
 
 if TYPE_CHECKING:
     from .offload import Offloader
@@ -266,7 +267,7 @@ class ModelRunner:
         return self._to_device(_host_ids(seq)[:n_blocks].astype(np.int64))
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device)
+        return to_device_nowait(torch.from_numpy(array), self.device)
 
 
 def _host_ids(seq: Sequence) -> np.ndarray:

@@ -22,6 +22,7 @@ import torch
 import pulseio
 
 from ..errors import OffloadCapacityError
+from ..upload import to_device_nowait
 from .block_table import BlockAllocator, blocks_for
 from .offload_layout import UnitLayout
 from .selection import PAD
@@ -99,11 +100,12 @@ class HostStore:
         host_map = torch.zeros((*shape, self.max_blocks), dtype=torch.int64)
         host_map[:, :, :n] = torch.tensor(unit_ids, dtype=torch.int64).view(*shape, n)
         hot = torch.tensor(slot_ids, dtype=torch.int64).view(*shape, self.hot_blocks)
-        resident = torch.full((*shape, self.max_blocks), PAD, dtype=torch.int64)
-        owner = torch.full((*shape, self.hot_blocks), PAD, dtype=torch.int64)
-        age = torch.zeros((*shape, self.hot_blocks), dtype=torch.int32)
-        return OffloadSeq(host_map=host_map.to(self.device), hot=hot.to(self.device), resident=resident.to(self.device),
-                          owner=owner.to(self.device), age=age.to(self.device), units=unit_ids, slots=slot_ids)
+        dev = self.device
+        return OffloadSeq(host_map=to_device_nowait(host_map, dev), hot=to_device_nowait(hot, dev),
+                          resident=torch.full((*shape, self.max_blocks), PAD, dtype=torch.int64, device=dev),
+                          owner=torch.full((*shape, self.hot_blocks), PAD, dtype=torch.int64, device=dev),
+                          age=torch.zeros((*shape, self.hot_blocks), dtype=torch.int32, device=dev),
+                          units=unit_ids, slots=slot_ids)
 
     def close(self, seq: OffloadSeq) -> None:
         self._units.free(seq.units)

@@ -18,6 +18,8 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
+from ..upload import to_device_nowait
+
 
 class Seats:
     """Named [L, R, ...] tensors on one device; rows seated by key. `seat` takes a request's own tensors (each
@@ -86,9 +88,7 @@ class Seats:
         n = len(order)
         device = next(iter(self._storage.values())).device
         row_of = {k: row for row, k in enumerate(self._keys) if k is not None}
-        perm = torch.tensor([row_of[k] for k in order], dtype=torch.int64)
-        if device.type == "cuda":   # through pinned memory: a copy from pageable memory would sync the host
-            perm = perm.pin_memory().to(device, non_blocking=True)
+        perm = to_device_nowait(torch.tensor([row_of[k] for k in order], dtype=torch.int64), device)
         for t in self._storage.values():
             t[:, :n] = t.index_select(1, perm)
         self._keys = order

@@ -37,8 +37,7 @@ class ResidentKV:
             kv = torch.nn.functional.pad(torch.stack([k, v]), (0, 0, 0, 0, 0, n * bs - self.num_tokens))
             blocks = kv.unflatten(1, (n, bs)).transpose(0, 1)                      # [n, 2, bs, Hkv, D]
         else:
-            ids = torch.tensor(self.seq.block_table.block_ids[:n], dtype=torch.int64, device=src.kv.device)
-            blocks = src.kv.kv[layer][ids]
+            blocks = src.kv.kv[layer][src.runner.block_ids(self.seq, n)]
         return blocks.to(cache.device, cache.dtype)
 
     def host_bytes(self) -> int:
