@@ -26,7 +26,8 @@
 #                        threshold 2048, 64 GiB host, --max-offload 24, 6 GiB of GPU KV. KIND: vanilla; irq, irqhot
 #                        (IRQ, hot sets of 1.5 budgets); ride, ridehot; ahead, ahead125, ahead5ms, ahead3 (--ride
 #                        --ahead; a prediction of 1.25 budgets; the interpreter's 5 ms GIL switch interval; hot sets of
-#                        3 budgets, forecast-tpot-2026-12-06-cpu's configuration); noirqhot (--no-irq);
+#                        3 budgets, forecast-tpot-2026-12-06-cpu's configuration; ahead3nofreeze: the same with
+#                        --no-freeze-heap); noirqhot (--no-irq);
 #                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
 #                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
 #                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
@@ -161,6 +162,7 @@ for spec in "$@"; do
     ahead) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5";;
     ahead125) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --ahead-budget 1.25";;
     ahead3) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3";;
+    ahead3nofreeze) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --no-freeze-heap";;
     ahead5ms) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --gil-switch-us 0";;
     noirqhot) EXTRA="--max-offload 24 --no-irq --hot-cache 1.5";;
     halves) EXTRA="--max-offload 24 --halves";;
@@ -180,7 +182,7 @@ for spec in "$@"; do
   log "$job rc=$? $(grep -h -E 'completed|tok/s' $W/$job-r/progress.log 2>/dev/null | tail -2 | tr '\n' ' ')"
   [ -d $W/$job-r/timelines-$mode ] && timeout 60 python -m pulseio_engine.cli replay-gaps \
     $W/$job-r/timelines-$mode --kernels 30 > $W/$job-r/gaps-kernels.txt 2>&1
-  grep -h -E "roofline|decode tok/s|GPU busy|TPOT p50/p99 <8K|rounds ridden|step graphs|warm-up|host ms|publish->landed GB/s|recall copy" \
+  grep -h -E "roofline|decode tok/s|GPU busy|TPOT p50/p99 <8K|rounds ridden|step graphs|warm-up|host ms|publish->landed GB/s|recall copy|GC |longest gap" \
     $W/$job-r/table.txt $W/$job-r/*.log 2>/dev/null | sort -u | tee -a $W/$TAG.log
 done
 log done
