@@ -6,7 +6,8 @@
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
-#                        steady rounds of IRQ and of ride recalling ahead), side by side (~2.5 min cold; 3-6 GiB each)
+#                        steady rounds of IRQ and of ride recalling ahead, admissions and finishes of ride recalling
+#                        ahead under the sync check), side by side (~2.5 min cold; 3-6 GiB each)
 #   dw-chains            the device-wait chains and interleaved cases (44, ~90 s warm)
 #   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
@@ -65,11 +66,13 @@ for spec in "$@"; do
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    for c in "tokens ahead" "halves ahead" ahead tokens "nosync 16 overlap ahead" "nosync 16 overlap ride ahead"; do f=case-${c// /-}
+    for c in "tokens ahead" "halves ahead" ahead tokens "nosync 16 overlap ahead" "nosync 16 overlap ride ahead" \
+        "nosync-admit ride ahead"; do f=case-${c// /-}
       ( CASE_DUMP_AFTER_S=220 timeout 250 python tests/pulseio_engine/serving_gpu_case.py $c > $W/$f.out 2>&1; echo "rc=$?" >> $W/$f.out ) &
     done
     wait
-    for f in case-tokens-ahead case-halves-ahead case-ahead case-tokens case-nosync-16-overlap-ahead case-nosync-16-overlap-ride-ahead; do
+    for f in case-tokens-ahead case-halves-ahead case-ahead case-tokens case-nosync-16-overlap-ahead case-nosync-16-overlap-ride-ahead \
+        case-nosync-admit-ride-ahead; do
       log "$f $(grep -E '^\{' $W/$f.out | tail -1 | cut -c1-300) $(tail -1 $W/$f.out)"; done
     continue
   fi

@@ -18,6 +18,9 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
     nosync ROUNDS [overlap] [two-streams] [halves | ride] [ahead]
                                 steady-state IRQ rounds, halves or ridden ones (no admission, no capture), recalling
                                 ahead or not, under torch.cuda.set_sync_debug_mode("error")
+    nosync-admit [ride] [ahead] overlapped rounds under set_sync_debug_mode("error") while an offload request with
+                                handed-in KV is admitted (its load beside the rounds), joins a batch of a size
+                                captured before, decodes and finishes; a normal one too
     cost MODEL BATCH CTX ROUNDS a normal batch alone, ms a round: under IRQ (one graph: nothing to interleave
                                 with) against without it, each the best of two runs in the order whole, irq,
                                 irq, whole; and in per-layer pieces, reported (us a piece)
@@ -263,6 +266,46 @@ def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves
                 "seen_landed": stats.seen_landed, "device_waits": stats.device_waits}
 
 
+def nosync_admit(ride: bool = False, ahead: bool = False) -> dict:
+    """Admissions, handed-in KV loaded beside the rounds, joins and finishes never sync the host. Every batch size
+    the newcomers make runs before the check (a capture synchronizes): offload requests 1 and 3 and normal request 0
+    decode long, offload 4 and normal 2 stop early; under the check, offload 5 and normal 6 arrive, join (sizes seen
+    before), decode and finish."""
+    with _engine("tiny", irq=not ride, overlap=True, ride=ride, ahead=ahead) as serving:
+        _add(serving, {0: NRM, 1: OFF, 3: OFF}, 900, 60, 256)
+        _add(serving, {2: NRM, 4: OFF}, 900, 6, 256)
+        finished: dict[int, tuple[int, ...]] = {}
+        pending = None
+
+        def round_() -> None:
+            nonlocal pending
+            outcomes, pending = serving.run_round(pending)
+            finished.update((rid, t) for o in outcomes for rid, t in o.finished.items())
+
+        for _ in range(16):                          # 2 and 4 finish by the 8th round: the smaller sizes run too
+            round_()
+        warmed = {2, 4} <= finished.keys()
+        error, rounds = None, 0
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            _add(serving, {5: OFF, 6: NRM}, 900, 8, 256)
+            while not {5, 6} <= finished.keys() and rounds < 40:
+                round_()
+                rounds += 1
+        except RuntimeError as exc:
+            error = str(exc)
+        finally:
+            if DEVICE == "cuda":
+                torch.cuda.set_sync_debug_mode(0)
+        done = {rid: len(t) for rid, t in finished.items()}
+        handoffs = serving.handoff_statistics()
+        ok = warmed and error is None and done.get(5) == done.get(6) == 8
+        return {"ok": ok, "error": error, "warmed": warmed, "finished_tokens": done, "rounds_checked": rounds,
+                "handoffs_landed": handoffs.landed, "handoffs_waited": handoffs.waited}
+
+
 def cost(model: str, batch: int, context: int, rounds: int) -> dict:
     """A normal batch alone, ms a round (each round ends with its tokens on the host, as serving does): under IRQ
     against without it (the case's verdict), and forced into per-layer pieces, as it runs beside an offload batch
@@ -345,6 +388,7 @@ def main() -> int:
              "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
                                       "halves" in args[1:], "ride" in args[1:], "ahead" in args[1:]),
+             "nosync-admit": lambda: nosync_admit("ride" in args, "ahead" in args),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()
     print(json.dumps(out))

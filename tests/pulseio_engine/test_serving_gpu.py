@@ -80,6 +80,12 @@ def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: boo
           *riders.split())
 
 
+@pytest.mark.parametrize("riders", ["", "ride ahead"])
+def test_admissions_loads_beside_the_rounds_and_finishes_never_sync_the_host(riders: str) -> None:
+    result = _case("nosync-admit", *riders.split())
+    assert result["handoffs_landed"] >= 2, "the newcomers' KV loaded beside running rounds"
+
+
 @pytest.mark.parametrize("model,batch,context", [("qwen3-8b", 32, 4096)])
 def test_a_normal_batch_alone_under_irq_costs_at_most_5_percent_more(model: str, batch: int, context: int) -> None:
     _case("cost", model, str(batch), str(context), "30")
