@@ -146,14 +146,14 @@ class Recorder:
         and finished in it. A stretch far longer than its round is the host's (admission, a collection, a wait)."""
         gaps = sorted(range(1, len(self.rounds)), key=lambda i: self.rounds[i].t_s - self.rounds[i - 1].t_s,
                       reverse=True)[:n]
+        events = [(q.admitted_s, q.finished_s) for q in self.requests.values()]
         out = []
         for i in gaps:
             before, r = self.rounds[i - 1].t_s, self.rounds[i]
-            within = [(q.admitted_s, q.finished_s) for q in self.requests.values()]
             out.append({"t_s": r.t_s, "gap_ms": (r.t_s - before) * 1e3, "round_ms": r.dt_s * 1e3,
                         "gc_ms": r.gc_s * 1e3,
-                        "admitted": sum(a is not None and before < a <= r.t_s for a, _ in within),
-                        "finished": sum(f is not None and before < f <= r.t_s for _, f in within)})
+                        "admitted": sum(a is not None and before < a <= r.t_s for a, _ in events),
+                        "finished": sum(f is not None and before < f <= r.t_s for _, f in events)})
         return out
 
     def batch_histogram(self) -> dict[str, dict[str, int]]:

@@ -265,9 +265,9 @@ def _run(trace: Trace, serving: ServingEngine, outer: OuterScheduler, clock: Clo
     def record(outcome: StepOutcome, took: float) -> None:
         nonlocal done, paused_s
         t = clock.now()
-        paused_s, gc_s = pauses.statistics().paused_s, paused_s
+        paused_before, paused_s = paused_s, pauses.statistics().paused_s      # the collections since the last round
         recorder.round(t, took, outcome.normal_batch, outcome.offload_batch, outcome.produced, outcome.finished,
-                       gc_s=paused_s - gc_s)
+                       gc_s=paused_s - paused_before)
         for rid in outcome.finished:
             outer.finish(rid)
         if serving.rounds % 50 == 1:
