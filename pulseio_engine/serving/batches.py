@@ -22,6 +22,7 @@ from ..engine import Engine
 from ..kv.recall import PendingRecall
 from ..offload_graph import OffloadStepGraph
 from ..request import Sequence
+from ..upload import to_device_nowait
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,9 @@ class TokenFeed:
 
     @classmethod
     def upload(cls, rows: list[int], source: torch.Tensor, index: list[int]) -> TokenFeed:
-        """`rows` and `index` sent to `source`'s device in one copy without a host sync: from pinned memory,
-        non-blocking (a blocking copy to a GPU waits for the stream, that is for the round in flight)."""
-        device = source.device
-        host = torch.tensor(rows + index, dtype=torch.int64, pin_memory=device.type == "cuda")
-        both = host.to(device, non_blocking=True)
+        """`rows` and `index` sent to `source`'s device in one copy without a host sync (`to_device_nowait`: a
+        blocking copy to a GPU waits for the stream, that is for the round in flight)."""
+        both = to_device_nowait(torch.tensor(rows + index, dtype=torch.int64), source.device)
         return cls(both[:len(rows)], source, both[len(rows):])
 
     def __call__(self, input_ids: torch.Tensor) -> None:
