@@ -235,6 +235,23 @@ def vanilla() -> dict:
     return {"ok": ok, "differ": [k for k, v in runs.items() if v != runs["alone"]]}
 
 
+@contextlib.contextmanager
+def _host_syncs_refused() -> Iterator[list[str]]:
+    """Within the block a host sync raises (`torch.cuda.set_sync_debug_mode("error")`; no check on a CPU); the
+    error it raised, if any, ends the block and is in the list yielded."""
+    errors: list[str] = []
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield errors
+    except RuntimeError as exc:
+        errors.append(str(exc))
+    finally:
+        if DEVICE == "cuda":
+            torch.cuda.set_sync_debug_mode(0)
+
+
 def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False,
            ride: bool = False, ahead: bool = False) -> dict:
     with _engine("tiny", irq=not ride, overlap=overlap, two_streams=two_streams, halves=halves, ride=ride,
@@ -245,18 +262,10 @@ def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves
         pending = None
         for _ in range(2 if overlap else 0):     # the second feeds the first's tokens: its kernels load here
             _, pending = serving.run_round(pending)
-        error = None
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _host_syncs_refused() as errors:
             for _ in range(rounds):
                 _, pending = serving.run_round(pending)
-        except RuntimeError as exc:
-            error = str(exc)
-        finally:
-            if DEVICE == "cuda":
-                torch.cuda.set_sync_debug_mode(0)
+        error = errors[0] if errors else None
         stats = serving.inner.stats
         ran = stats.recalls > 0                                         # IRQ's pieces posted recalls
         if halves or ride:                                               # no IRQ pieces: the rounds as asked
@@ -285,20 +294,13 @@ def nosync_admit(ride: bool = False, ahead: bool = False) -> dict:
         for _ in range(16):                          # 2 and 4 finish by the 8th round: the smaller sizes run too
             round_()
         warmed = {2, 4} <= finished.keys()
-        error, rounds = None, 0
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error")
-        try:
+        rounds = 0
+        with _host_syncs_refused() as errors:
             _add(serving, {5: OFF, 6: NRM}, 900, 8, 256)
             while not {5, 6} <= finished.keys() and rounds < 40:
                 round_()
                 rounds += 1
-        except RuntimeError as exc:
-            error = str(exc)
-        finally:
-            if DEVICE == "cuda":
-                torch.cuda.set_sync_debug_mode(0)
+        error = errors[0] if errors else None
         done = {rid: len(t) for rid, t in finished.items()}
         handoffs = serving.handoff_statistics()
         ok = warmed and error is None and done.get(5) == done.get(6) == 8
