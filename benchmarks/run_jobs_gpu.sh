@@ -2,7 +2,8 @@
 # The device jobs of a session, in order on one machine:
 #   CALL_S=<s> TAG=<tag> [KERNEL_CACHE=DIR] OUT=DIR bash benchmarks/run_jobs_gpu.sh SHA JOB[@LIMIT_S]...
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
-# h200:JOB / h100:JOB runs only on that card. SHA is the tree's full commit (the reports record it). Output in
+# h200:JOB / h100:JOB runs only on that card; pdl:JOB runs it with TORCHINDUCTOR_ENABLE_PDL=1 (the compiled
+# kernels launched as programmatic dependents), its output folders named JOB-pdl. SHA is the tree's full commit (the reports record it). Output in
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
@@ -11,6 +12,7 @@
 #   dw-chains            the device-wait chains and interleaved cases (44, ~90 s warm)
 #   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
+#   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
 #   offload-gpu          the offload / fused-selection / upload GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
@@ -63,6 +65,8 @@ for spec in "$@"; do
     h200:*) spec=${spec#h200:}; case $GPU in *H200*) ;; *) log "skip $spec (not an H200)"; continue;; esac;;
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
+  PDL=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac
+  export TORCHINDUCTOR_ENABLE_PDL=$PDL
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
@@ -97,11 +101,14 @@ for spec in "$@"; do
       tests/pulseio/test_device_wait_patterns_gpu.py -k "cold-4 or interleaved" > $W/dw-chains.out 2>&1
     log "$job rc=$? $(tail -1 $W/dw-chains.out)"; continue
   fi
-  if [ "$job" = rows28 ]; then
+  if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    PARTS=bench CONFIGS="8x32768 32x8192" SPECS="all-on-gpu:quest+vanilla all-on-gpu:solohead" R=$W/rows28 OUT=$W/rows28-out \
-      timeout ${LIM:-360} bash benchmarks/run_sparse_gpu.sh > $W/rows28.out 2>&1
-    log "$job rc=$? $(grep -h -E 'ms/step' $W/rows28/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
+    d=$job; [ $PDL = 1 ] && d=$job-pdl; rm -rf $W/$d
+    configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
+    [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
+    PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out \
+      timeout ${LIM:-360} bash benchmarks/run_sparse_gpu.sh > $W/$d.out 2>&1
+    log "$d rc=$? $(grep -h -E 'ms/step' $W/$d/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
   fi
   if [ "$job" = doorbell-busy ]; then
     [ $(( $(date +%s) - T0 + 130 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
