@@ -3,7 +3,8 @@
 #   CALL_S=<s> TAG=<tag> [KERNEL_CACHE=DIR] OUT=DIR bash benchmarks/run_jobs_gpu.sh SHA JOB[@LIMIT_S]...
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
 # h200:JOB / h100:JOB runs only on that card; pdl:JOB runs it with TORCHINDUCTOR_ENABLE_PDL=1 (the compiled
-# kernels launched as programmatic dependents), its output folders named JOB-pdl. SHA is the tree's full commit (the reports record it). Output in
+# kernels launched as programmatic dependents), gdc:JOB with PULSEIO_PDL=1 (the skinny projections so launched),
+# pdl:gdc:JOB both; rows28 and rows28q name their folders JOB[-pdl][-gdc]. SHA is the tree's full commit (the reports record it). Output in
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
@@ -65,8 +66,8 @@ for spec in "$@"; do
     h200:*) spec=${spec#h200:}; case $GPU in *H200*) ;; *) log "skip $spec (not an H200)"; continue;; esac;;
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
-  PDL=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac
-  export TORCHINDUCTOR_ENABLE_PDL=$PDL
+  PDL=0; GDC=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac; case $spec in gdc:*) spec=${spec#gdc:}; GDC=1;; esac
+  export TORCHINDUCTOR_ENABLE_PDL=$PDL PULSEIO_PDL=$GDC
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
@@ -103,7 +104,7 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job; [ $PDL = 1 ] && d=$job-pdl; rm -rf $W/$d
+    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
     PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out \
