@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..pdl import pdl_meta
+
 MAX_ROWS = 32  # rows of x one call takes
 MIN_DOT_ROWS = 16  # tl.dot's smallest side: fewer rows are padded to it
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -142,6 +144,7 @@ def _skinny_gemm_kernel(
         lines = k_start + tl.arange(0, PREFETCH_LINES) * 64
         _prefetch_l2(w_ptr + w_rows[:, None] + tl.minimum(lines, K - 1)[None, :])
         tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     w_ptrs = w_ptr + w_rows[:, None] + (k_start + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     m_ok = offs_m < M
     if USE_DOT:
@@ -172,8 +175,6 @@ def _skinny_gemm_kernel(
             acc += tl.sum(prod, axis=2)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
     out_mask = (offs_n[:, None] < N) & m_ok[None, :]
     out_ptrs = out_ptr + offs_m[None, :] * stride_om + offs_n[:, None] * stride_on  # [BLOCK_N, M_PAD]
     if SPLIT:
@@ -197,14 +198,6 @@ def _interpreted_bf16(dtype: torch.dtype) -> bool:
     """Under TRITON_INTERPRET=1 (Triton 3.9) tl.dot multiplies bf16 operands' uint16 bit patterns
     (triton-lang/triton#11584, "not supported yet"), so there the dot's operands go in as fp32."""
     return dtype == torch.bfloat16 and type(_skinny_gemm_kernel).__name__ == "InterpretedFunction"
-
-
-@functools.lru_cache(maxsize=16)
-def _launches_pdl(device: torch.device) -> bool:
-    """PULSEIO_PDL=1 (an experiment's switch) on a Hopper or later GPU, not under the interpreter."""
-    import os
-    return (os.environ.get("PULSEIO_PDL") == "1" and device.type == "cuda" and not _interpreted_bf16(torch.bfloat16)
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 @functools.lru_cache(maxsize=16)
@@ -288,12 +281,10 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
     args = (x, weight, out, part, count, m, n, k, splits, tiles_per_split,
             x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides)
     pad = triton.next_power_of_2(m)
-    pdl = _launches_pdl(x.device)
-    meta = dict(PDL=pdl, PREFETCH_LINES=triton.next_power_of_2(max(1, config.block_k * config.num_stages // 64)),
+    lines = triton.next_power_of_2(max(1, config.block_k * config.num_stages // 64))  # 128 B lines of bf16
+    meta = dict(**pdl_meta(x.device), PREFETCH_LINES=lines,
                 M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
                 EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
                 num_warps=config.num_warps, num_stages=config.num_stages)
-    if pdl:
-        meta["launch_pdl"] = True
     return (triton.cdiv(n, config.block_n), splits), args, meta

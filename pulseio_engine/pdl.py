@@ -1,0 +1,29 @@
+"""Programmatic dependent launch (PDL) of the engine's Triton kernels: an experiment behind PULSEIO_PDL=1.
+
+A kernel launched as a programmatic dependent may start while the kernel before it in the stream (or the CUDA
+graph) still runs, once every program of that one has called `gdc_launch_dependents` or exited; it must call
+`gdc_wait` before it reads anything an earlier kernel wrote. Every engine kernel launched this way calls
+`gdc_wait` first (the skinny projections ask the L2 for their weight's first lines before it: nothing writes
+a weight), and `gdc_launch_dependents` once its main loop is done, so the next kernel's launch and prologue
+overlap this one's tail. Hopper (sm_90) and later; never under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+
+@functools.lru_cache(maxsize=16)
+def launches_pdl(device: torch.device) -> bool:
+    """Whether the engine's Triton kernels on `device` launch as programmatic dependents (PULSEIO_PDL=1 on a
+    Hopper or later GPU, Triton not interpreting)."""
+    return (os.environ.get("PULSEIO_PDL") == "1" and device.type == "cuda"
+            and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def pdl_meta(device: torch.device) -> dict[str, bool]:
+    """The launch's PDL constexpr and, when on, Triton's launch option."""
+    return {"PDL": True, "launch_pdl": True} if launches_pdl(device) else {"PDL": False}
