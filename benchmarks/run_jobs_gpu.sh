@@ -14,7 +14,7 @@
 #   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
-#   offload-gpu          the offload / fused-selection / upload GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
+#   offload-gpu          the offload / fused-selection / upload / PDL GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
@@ -84,7 +84,7 @@ for spec in "$@"; do
   if [ "$job" = offload-gpu ]; then
     [ $(( $(date +%s) - T0 + 200 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     timeout 200 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_offload_gpu.py \
-      tests/pulseio_engine/test_fused_selection.py tests/pulseio_engine/test_upload.py > $W/offload-gpu.out 2>&1; echo "rc=$?" >> $W/offload-gpu.out
+      tests/pulseio_engine/test_fused_selection.py tests/pulseio_engine/test_upload.py tests/pulseio_engine/test_pdl.py > $W/offload-gpu.out 2>&1; echo "rc=$?" >> $W/offload-gpu.out
     log "offload-gpu $(grep -E 'passed|failed' $W/offload-gpu.out | tail -2 | tr '\n' ' ') $(tail -1 $W/offload-gpu.out)"
     continue
   fi

@@ -16,12 +16,16 @@ import os
 import torch
 
 
-@functools.lru_cache(maxsize=16)
 def launches_pdl(device: torch.device) -> bool:
-    """Whether the engine's Triton kernels on `device` launch as programmatic dependents (PULSEIO_PDL=1 on a
-    Hopper or later GPU, Triton not interpreting)."""
-    return (os.environ.get("PULSEIO_PDL") == "1" and device.type == "cuda"
-            and os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.get_device_capability(device)[0] >= 9)
+    """Whether the engine's Triton kernels on `device` launch as programmatic dependents now: PULSEIO_PDL=1 (read
+    at each launch, so a process may compare both) on a Hopper or later GPU, Triton not interpreting."""
+    return os.environ.get("PULSEIO_PDL") == "1" and _supports_pdl(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _supports_pdl(device: torch.device) -> bool:
+    return (device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def pdl_meta(device: torch.device) -> dict[str, bool]:
