@@ -15,6 +15,7 @@
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
 #   offload-gpu          the offload / fused-selection / upload / PDL GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
+#   pdl-test             tests/pulseio_engine/test_pdl.py's GPU test alone (~30 s)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
@@ -87,6 +88,10 @@ for spec in "$@"; do
       tests/pulseio_engine/test_fused_selection.py tests/pulseio_engine/test_upload.py tests/pulseio_engine/test_pdl.py > $W/offload-gpu.out 2>&1; echo "rc=$?" >> $W/offload-gpu.out
     log "offload-gpu $(grep -E 'passed|failed' $W/offload-gpu.out | tail -2 | tr '\n' ' ') $(tail -1 $W/offload-gpu.out)"
     continue
+  fi
+  if [ "$job" = pdl-test ]; then   # a captured chain of dependent kernels gives the same bits launched either way
+    timeout ${LIM:-90} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_pdl.py > $W/pdl-test.out 2>&1
+    log "$job rc=$? $(tail -1 $W/pdl-test.out)"; continue
   fi
   if [ "$job" = pulseio-gpu ]; then
     [ $(( $(date +%s) - T0 + 240 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
