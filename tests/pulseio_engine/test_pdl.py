@@ -68,3 +68,51 @@ def test_gpu_captured_dependent_chain_gives_the_same_bits(monkeypatch: pytest.Mo
     for plain, dependent in zip(results["0"], results["1"], strict=True):
         assert torch.equal(plain, dependent)
     assert not torch.equal(results["0"][0], results["0"][1])   # the inputs changed what came out
+
+
+_OFFLINE = {  # kernel -> (pointer types, constexprs of one launch; PDL added by the test)
+    "split": ("pulseio_engine.attention._kernel:_paged_decode_split_kernel",
+              dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32", o_ptr="*fp32",
+                   lse_ptr="*fp32", prior_part_ptr="*fp32", prior_lse_ptr="*fp32", scale_log2="fp32"),
+              dict(GROUP=5, GROUP_PAD=16, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
+                   DOT_PRECISION="tf32", PREFETCH=False, HEADS_PER_ROW=1, CACHE_HEADS=8, PRIOR=0)),
+    "reduce": ("pulseio_engine.attention._kernel:_reduce_splits_kernel",
+               dict(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16"), dict(SPLITS_PAD=8, HEAD_DIM=128)),
+    "score": ("pulseio_engine.kv.select_kernels:_score_kernel",
+              dict(q_ptr="*bf16", dmax_ptr="*bf16", dmin_ptr="*bf16", bt_ptr="*i32", out_ptr="*fp32",
+                   count_ptr="*i64"),
+              dict(GROUP=5, HEAD_DIM=128, TILE=64, MAX_NORM=False, HAS_COUNT=False)),
+    "store": ("pulseio_engine.kv.store_kernel:_store_tokens_kernel",
+              dict(k_ptr="*bf16", v_ptr="*bf16", pool_ptr="*bf16", units_ptr="*i64", offsets_ptr="*i64",
+                   dmax_ptr="*bf16", dmin_ptr="*bf16", dblock_ptr="*i64"),
+              dict(HEADS_PER_UNIT=8, HEAD_DIM=128, DIGEST=True, ALL_HEADS_DIGESTED=True)),
+    "skinny": ("pulseio_engine.model.skinny_gemm:_skinny_gemm_kernel",
+               dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16", part_ptr="*fp32", count_ptr="*i32"),
+               dict(M_PAD=16, BLOCK_N=64, BLOCK_K=128, SPLIT=True, USE_DOT=True, EVEN_K=True, DOT_FP32=False,
+                    PREFETCH_LINES=8)),
+}
+
+
+@pytest.mark.needs_package("triton")
+@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("name", list(_OFFLINE))
+def test_kernels_compile_for_sm90_waiting_only_as_dependents(name: str, pdl: bool) -> None:
+    """Each engine kernel compiles for sm_90 with and without PDL (offline: no GPU), and only its PDL build waits
+    for the kernel before it and lets the next one launch."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    where, pointers, const = _OFFLINE[name]
+    module, attr = where.split(":")
+    fn = getattr(importlib.import_module(module), attr)
+    const = dict(const, PDL=pdl)
+    signature = {n: "constexpr" if n in const else pointers.get(n, "i32") for n in fn.arg_names}
+    constexprs = {(fn.arg_names.index(n),): v for n, v in const.items()}
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "launch_pdl": pdl})
+    ptx = kernel.asm["ptx"]
+    assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
+    assert ("prefetch.global.L2" in ptx) == (pdl and name == "skinny")
