@@ -28,6 +28,15 @@ def _supports_pdl(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
+def pdl_state(device: torch.device) -> dict[str, bool]:
+    """What a report records: whether the engine's kernels (`pdl`) and the compiled halves' kernels
+    (`inductor_pdl`, Inductor's `triton.enable_pdl`) launch as programmatic dependents on `device`."""
+    import torch._inductor.config as inductor
+
+    return {"pdl": launches_pdl(device),
+            "inductor_pdl": device.type == "cuda" and bool(getattr(inductor.triton, "enable_pdl", False))}
+
+
 def pdl_meta(device: torch.device) -> dict[str, bool]:
     """The launch's PDL constexpr and, when on, Triton's launch option."""
     return {"PDL": True, "launch_pdl": True} if launches_pdl(device) else {"PDL": False}

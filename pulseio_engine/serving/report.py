@@ -35,6 +35,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     16: ("pulseio.copy_per_mib_us",),
     17: ("summary.handoffs_landed", "summary.handoffs_waited"),
     18: ("config.freeze_heap", "gc", "longest_gaps"),
+    19: ("config.pdl", "config.inductor_pdl"),
 }
 _LATEST = max(_ADDED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -53,7 +54,8 @@ SCHEMA: dict[str, Any] = {
                "steering": (str, type(None)), "kv": str, "gpu_ahead": int, "normal_steps": int,
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
-               "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM, "freeze_heap": bool},
+               "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM, "freeze_heap": bool,
+               "pdl": bool, "inductor_pdl": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -157,7 +159,8 @@ def load_report(path: Path) -> dict:
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
           ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"),
-          ("halves", "halves"), ("ride", "ride"), ("gil_switch_us", "gil_us"), ("freeze_heap", "freeze"))
+          ("halves", "halves"), ("ride", "ride"), ("gil_switch_us", "gil_us"), ("freeze_heap", "freeze"),
+          ("pdl", "pdl"), ("inductor_pdl", "inductor_pdl"))
 
 
 def labels(reports: list[dict]) -> list[str]:
