@@ -4,8 +4,9 @@ A kernel launched as a programmatic dependent may start while the kernel before 
 graph) still runs, once every program of that one has called `gdc_launch_dependents` or exited; it must call
 `gdc_wait` before it reads anything an earlier kernel wrote. Every engine kernel launched this way calls
 `gdc_wait` first (the skinny projections ask the L2 for their weight's first lines before it: nothing writes
-a weight), and `gdc_launch_dependents` once its main loop is done, so the next kernel's launch and prologue
-overlap this one's tail. Hopper (sm_90) and later; never under Triton's interpreter.
+a weight), then `gdc_launch_dependents` at once: the next kernel's programs are placed only when every program of
+this one has started, so they take no later wave's place, and their launch and prologue overlap this one's work
+and drain instead of following them. Hopper (sm_90) and later; never under Triton's interpreter.
 """
 
 from __future__ import annotations
