@@ -29,7 +29,7 @@ def frozen_heap() -> Iterator[None]:
     the loop. The collector is the process's: nest none, and enter it where the process's main loop runs."""
     gc.collect()
     gc.freeze()
-    log.info("%d objects frozen out of the garbage collector while serving", gc.get_freeze_count())
+    log.info("%d objects frozen out of the garbage collector until the block ends", gc.get_freeze_count())
     try:
         yield
     finally:
