@@ -221,3 +221,40 @@ def test_two_parts_merged_match_naive_attention(first, rows, pooled):
     out.fill_(float("nan"))
     graph.replay()
     _assert_close(out.clone(), case.expect.to(out.dtype))
+
+
+@pytest.mark.parametrize("splits", [8, 5, 32])
+def test_folded_splits_captured_back_to_back_match_the_reference_and_leave_their_counters_zero(splits):
+    """The splits merged by the split kernel's last program (`DecodeConfig.fold`), Quest's per-head rows at the
+    qwen3-14b shape: 12 calls on three input sets in turn, captured in one graph and replayed 5 times, share one set
+    of counters; a partial read before its split stored it (the semaphore's ordering) or a pair merged twice or
+    never shows as a wrong or NaN output. Each set's output matches naive attention and the counters end zero."""
+    from pulseio_engine.attention._launch import DecodeConfig, paged_decode_attention_triton
+    from pulseio_engine.attention.testing import random_row_case
+
+    cases = [random_row_case(_case("qwen3-14b", [2048, 17, 1024, 2048, 4099, 333, 2048, 1], seed=s), rows=8,
+                             pooled=False) for s in range(3)]
+    config = DecodeConfig(64, 4, 2, splits, fold=True)
+    counters = torch.zeros(8 * 8 + 1, dtype=torch.int32, device="cuda")
+    counters[-1] = 7  # past the B x Hkv words: never touched
+    outs = [torch.full_like(c.q, float("nan")) for c in cases]
+
+    def run():
+        for i in range(12):
+            c = cases[i % 3]
+            paged_decode_attention_triton(c.q, c.k_cache, c.v_cache, c.block_tables, c.context_lens, c.scale,
+                                          out=outs[i % 3], config=config, num_kv_heads=c.num_kv_heads,
+                                          counters=counters)
+
+    run()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(5):
+        for out in outs:
+            out.fill_(float("nan"))
+        graph.replay()
+        for c, out in zip(cases, outs, strict=True):
+            _assert_close(out.clone(), c.expect.to(out.dtype))
+    assert counters[:-1].eq(0).all().item() and counters[-1].item() == 7
