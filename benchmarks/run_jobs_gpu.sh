@@ -16,6 +16,7 @@
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
 #   offload-gpu          the offload / fused-selection / upload / PDL GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
 #   pdl-test             tests/pulseio_engine/test_pdl.py's GPU test alone (~30 s)
+#   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
@@ -92,6 +93,11 @@ for spec in "$@"; do
   if [ "$job" = pdl-test ]; then   # a captured chain of dependent kernels gives the same bits launched either way
     timeout ${LIM:-90} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_pdl.py > $W/pdl-test.out 2>&1
     log "$job rc=$? $(tail -1 $W/pdl-test.out)"; continue
+  fi
+  if [ "$job" = attn-gpu ]; then   # the attention kernels against naive attention, the folded splits' semaphore
+    timeout ${LIM:-120} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_attention_gpu.py \
+      > $W/attn-gpu.out 2>&1
+    log "$job rc=$? $(tail -1 $W/attn-gpu.out)"; continue
   fi
   if [ "$job" = pulseio-gpu ]; then
     [ $(( $(date +%s) - T0 + 240 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
