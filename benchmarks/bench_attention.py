@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -205,7 +205,6 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
         num_sms=num_sms,
     )
     rows: list[dict] = []
-    counters = torch.zeros(shape.batch * shape.hkv, dtype=torch.int32, device=DEVICE)  # the folding configs'
 
     def run(config: DecodeConfig, tag: str) -> dict | None:
         if time.monotonic() > deadline:
@@ -219,7 +218,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
             i = next(calls) % len(sets)
             q_i, kv_i, tables_i, lens_i = sets[i]
             paged_decode_attention_triton(q_i, kv_i[:, 0], kv_i[:, 1], tables_i, lens_i, scale, out=outs[i],
-                                          config=config, counters=counters if config.fold else None)
+                                          config=config)
         try:
             t0 = time.perf_counter()
             fn()
@@ -245,8 +244,7 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
         )
         log(
             f"  {tag:9s} bn={config.block_n:3d} w={config.num_warps} st={config.num_stages} "
-            f"pf={int(config.prefetch)} fold={int(config.fold)} splits={config.num_splits:3d} "
-            f"programs={row['programs']:6d}  {us:9.1f} us  "
+            f"pf={int(config.prefetch)} splits={config.num_splits:3d} programs={row['programs']:6d}  {us:9.1f} us  "
             f"{row['gbps']:7.0f} GB/s  {100 * row['frac_copy']:5.1f}% copy  err={err:.1e}"
             f"  first={first_s:.1f}s{'' if row['ok'] else '  BAD'}"
         )
@@ -276,19 +274,13 @@ def bench_shape(shape: Shape, copy_gbps: float, deadline: float, log, cold: int 
         for config in candidate_configs(shape, heuristic, num_sms, best_tile=tile):
             if all(asdict(config) != {k: r[k] for k in asdict(config)} for r in rows):
                 run(config, "splits")
-    # the reduce folded into the split kernel, for the heuristic and the fastest configurations that split
-    split = sorted((r for r in rows if r["ok"] and r["num_splits"] > 1 and not r["fold"]), key=lambda r: r["us"])
-    heur = [r for r in rows if r["tag"] == "heuristic" and r["num_splits"] > 1]
-    for r in list({id(r): r for r in heur + split[:3]}.values()):
-        run(replace(DecodeConfig(**{k: r[k] for k in asdict(heuristic)}), fold=True), "fold")
     return rows
 
 
 def _cell(r: dict | None) -> str:
     if r is None:
         return f"{'-':25s} {'-':>8s} {'-':>6s} {'-':>6s} {'-':>6s}"
-    cfg = (f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp{'/pf' if r['prefetch'] else ''}"
-           f"{'/fold' if r['fold'] else ''}")
+    cfg = f"{r['block_n']}/{r['num_warps']}w/{r['num_stages']}st/{r['num_splits']}sp{'/pf' if r['prefetch'] else ''}"
     return f"{cfg:25s} {r['us']:8.1f} {r['gbps']:6.0f} {100 * r['frac_copy']:5.1f}% {r['programs']:6d}"
 
 
@@ -323,8 +315,7 @@ def summary(rows: list[dict], shapes: list[Shape]) -> str:
         best = min(ok, key=lambda r: r["us"]) if ok else None
         bad = sum(not r["ok"] for r in mine)
         lines.append(f"{shape.name:28s} | {_cell(heur)} | {_cell(best)} | {bad}")
-    lines.append("cfg = block_n / num_warps / num_stages / num_splits [/pf = register prefetch variant] "
-                 "[/fold = the splits merged by the split kernel's last program, no reduce launch]")
+    lines.append("cfg = block_n / num_warps / num_stages / num_splits [/pf = register prefetch variant]")
     return "\n".join(lines)
 
 

@@ -94,7 +94,7 @@ for spec in "$@"; do
     timeout ${LIM:-90} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_pdl.py > $W/pdl-test.out 2>&1
     log "$job rc=$? $(tail -1 $W/pdl-test.out)"; continue
   fi
-  if [ "$job" = attn-gpu ]; then   # the attention kernels against naive attention, the folded splits' semaphore
+  if [ "$job" = attn-gpu ]; then   # the attention kernels against naive attention
     timeout ${LIM:-120} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_attention_gpu.py \
       > $W/attn-gpu.out 2>&1
     log "$job rc=$? $(tail -1 $W/attn-gpu.out)"; continue

@@ -13,10 +13,7 @@ Why the kernel looks the way it does (decode attention is a pure HBM stream):
   page block_tables[b, t // PAGE_SIZE], slot t % PAGE_SIZE. BLOCK_N may be smaller or larger than a page.
   Page ids are loaded only for t < context_len, so unused block-table entries are never read.
 - Each split writes its output normalised, plus its log-sum-exp (base 2); `_reduce_splits_kernel`
-  merges the splits, or (FOLD) the last split of a (sequence, KV head) to finish merges them in its own
-  epilogue: skinny_gemm's semaphore (a CTA barrier, one acq_rel atomic add on the pair's int32 counter, a
-  barrier again; the last arrival reads the others' partials through L2 and stores 0 back into the counter),
-  one launch a call instead of two. With one split the first kernel writes the final output itself (DIRECT), and may
+  merges the splits. With one split the first kernel writes the final output itself (DIRECT), and may
   merge PRIOR partial outputs of earlier tables of the same queries into it (the last part of a
   multi-table attention, `_partials.py`): no reduce launch.
 - Latency hiding: page ids are loaded one tile ahead in registers so that Triton's software pipeliner
@@ -113,12 +110,6 @@ def _paged_decode_split_kernel(
     stride_pps,
     stride_plb,
     stride_plh,
-    fin_ptr,
-    count_ptr,
-    stride_fb,
-    stride_fh,
-    stride_fd,
-    stride_cb,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -130,8 +121,6 @@ def _paged_decode_split_kernel(
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
     PRIOR: tl.constexpr,
-    FOLD: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # a programmatic dependent (pulseio_engine.pdl): nothing an earlier kernel wrote is read before this
@@ -219,38 +208,6 @@ def _paged_decode_split_kernel(
         tl.store(o_ptrs + split * stride_os, o, mask=g_mask[:, None])
         lse = tl.where(has_work, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
-        if FOLD:  # the pair's last split to finish merges every split (see the module docstring)
-            tl.debug_barrier()  # every thread's partial is written before thread 0's release below
-            count_at = count_ptr + b * stride_cb + kv_head
-            arrived = tl.atomic_add(count_at, 1, sem="acq_rel", scope="gpu")
-            tl.debug_barrier()  # and the other splits' partials are read only after its acquire
-            if arrived == num_splits - 1:
-                offs_s = tl.arange(0, SPLITS_PAD)
-                for g in tl.static_range(GROUP):
-                    head = kv_head * GROUP + g
-                    _merge_splits(o_ptr + b * stride_ob + head * stride_oh, lse_ptr + b * stride_lb + head * stride_lh,
-                                  fin_ptr + b * stride_fb + head * stride_fh, num_splits, stride_os, stride_fd, offs_s,
-                                  offs_d, L2_ONLY=True)  # fmt: skip
-                tl.store(count_at, 0)  # ready for the next call, stream-ordered after this one
-
-
-@triton.jit
-def _merge_splits(part_row, lse_row, out_row, num_splits, stride_ps, stride_od, offs_s, offs_d,
-                  L2_ONLY: tl.constexpr):  # fmt: skip
-    """One head's output from its splits' normalised partials [splits, D] (unit stride along D) and log-sum-exps
-    (base 2; some split of the head has a token, so their max is finite). L2_ONLY: read through the L2 only
-    (partials other programs of the same launch wrote)."""
-    s_mask = offs_s < num_splits
-    part_ptrs = part_row + offs_s[:, None] * stride_ps + offs_d[None, :]
-    if L2_ONLY:
-        lse = tl.load(lse_row + offs_s, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(part_ptrs, mask=s_mask[:, None], other=0.0, cache_modifier=".cg")
-    else:
-        lse = tl.load(lse_row + offs_s, mask=s_mask, other=float("-inf"))
-        part = tl.load(part_ptrs, mask=s_mask[:, None], other=0.0)
-    weight = tl.exp2(lse - tl.max(lse, axis=0))
-    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)  # [HEAD_DIM]
-    tl.store(out_row + offs_d * stride_od, o.to(out_row.dtype.element_ty))
 
 
 @triton.jit
@@ -276,6 +233,15 @@ def _reduce_splits_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)
     b = tl.program_id(1)
-    _merge_splits(part_ptr + b * stride_pb + head * stride_ph, lse_ptr + b * stride_lb + head * stride_lh,
-                  out_ptr + b * stride_ob + head * stride_oh, num_splits, stride_ps, stride_od,
-                  tl.arange(0, SPLITS_PAD), tl.arange(0, HEAD_DIM), L2_ONLY=False)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM)
+    s_mask = offs_s < num_splits
+    lse = tl.load(lse_ptr + b * stride_lb + head * stride_lh + offs_s, mask=s_mask, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, axis=0))  # some split has work (split 0 of one table), so the max is finite
+    part = tl.load(
+        part_ptr + b * stride_pb + head * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )  # [SPLITS_PAD, HEAD_DIM]
+    o = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d * stride_od, o.to(out_ptr.dtype.element_ty))

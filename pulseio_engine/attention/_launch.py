@@ -49,7 +49,6 @@ class DecodeConfig:
     num_stages: int
     num_splits: int
     prefetch: bool = False  # explicit register prefetch of the next tile instead of Triton's pipeliner
-    fold: bool = False  # each (sequence, KV head)'s last split merges the splits: no reduce launch; needs counters
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -60,8 +59,6 @@ class DecodeConfig:
             raise ValueError(f"num_stages must be >= 1, got {self.num_stages}")
         if not 1 <= self.num_splits <= 1024:
             raise ValueError(f"num_splits must be in [1, 1024], got {self.num_splits}")
-        if self.fold and self.num_splits == 1:
-            raise ValueError("fold merges several splits; with num_splits == 1 the split kernel writes the output")
 
 
 def choose_config(
@@ -138,10 +135,8 @@ def paged_decode_attention_triton(
     out: torch.Tensor | None = None,  # [B, Hq, D], q.dtype
     config: DecodeConfig | None = None,
     num_kv_heads: int | None = None,  # Hkv; default C
-    counters: torch.Tensor | None = None,  # config.fold: int32, >= B * Hkv elements, zero (and zero again after)
 ) -> torch.Tensor:  # [B, Hq, D], q.dtype
-    """Launch the split kernel (and the reduce kernel when num_splits > 1, unless the config folds it into the
-    split kernel); arguments pre-checked. Calls that may run at once (two streams) need counters of their own."""
+    """Launch the split kernel (and the reduce kernel when num_splits > 1); arguments pre-checked."""
     check_triton_shapes(q, k_cache)
     config = config or config_for(q, k_cache, block_tables.shape[-1], num_kv_heads)
     if out is None:
@@ -154,16 +149,6 @@ def paged_decode_attention_triton(
     batch, hq, head_dim = q.shape
     part = torch.empty((batch, hq, config.num_splits, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((batch, hq, config.num_splits), dtype=torch.float32, device=q.device)
-    if config.fold:
-        hkv = num_kv_heads or k_cache.shape[2]
-        if (counters is None or counters.dtype != torch.int32 or not counters.is_contiguous()
-                or counters.numel() < batch * hkv or counters.device != q.device):
-            got = "none" if counters is None else f"{counters.dtype} {list(counters.shape)} on {counters.device}"
-            raise ValueError(f"a folding config needs counters: a contiguous int32 tensor of >= {batch * hkv} "
-                             f"zeros on {q.device} (B x Hkv), got {got}")
-        launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, part, lse, config, num_kv_heads,
-                     fold=(out, counters))
-        return out
     launch_split(q, k_cache, v_cache, block_tables, context_lens, scale, part, lse, config, num_kv_heads)
     launch_reduce(part, lse, out)
     return out
@@ -179,14 +164,12 @@ def config_for(q: torch.Tensor, k_cache: torch.Tensor, max_blocks: int, num_kv_h
 def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                  context_lens: torch.Tensor, scale: float, part: torch.Tensor, lse: torch.Tensor | None,
                  config: DecodeConfig, num_kv_heads: int | None,
-                 prior: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 fold: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 prior: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """The split kernel over config.num_splits splits: lse None writes the output itself into `part` ([B, Hq, D],
     q.dtype: one split only); else each split's normalised output into part [B, Hq, >= splits, D] fp32 and its
     log-sum-exp (base 2) into lse [B, Hq, >= splits] fp32, contiguous along the splits. `prior` (with lse None):
     earlier tables' partial outputs [B, Hq, P, D] fp32 and log-sum-exps [B, Hq, P] (contiguous along P), merged
-    into the output. `fold` (config.fold): the output [B, Hq, D] and the counters [>= B * Hkv] int32 of the split
-    kernel's own merge."""
+    into the output."""
     batch, hq, head_dim = q.shape
     _, page_size, cache_heads, _ = k_cache.shape
     hkv = num_kv_heads or cache_heads
@@ -214,12 +197,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         assert prior_part.stride(3) == 1 and prior_lse.stride(2) == 1, "prior partials must be contiguous"
         prior_count = prior_part.shape[2]
         prior_strides = (*prior_part.stride()[:3], *prior_lse.stride()[:2])
-    if fold is None:
-        fin, counters, fin_strides = part, part, (0, 0, 0, 0)
-    else:
-        assert not direct and part.stride(3) == 1, "the fold merges split partials contiguous along D"
-        fin, counters = fold
-        fin_strides = (*fin.stride(), hkv)
     _kernel._paged_decode_split_kernel[(hkv, config.num_splits, batch)](
         q,
         k_cache,
@@ -241,9 +218,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         prior_part,
         prior_lse,
         *prior_strides,
-        fin,
-        counters,
-        *fin_strides,
         GROUP=hq // hkv,
         GROUP_PAD=max(16, _next_pow2(hq // hkv)),
         HEAD_DIM=head_dim,
@@ -255,8 +229,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         HEADS_PER_ROW=hkv // rows,
         CACHE_HEADS=cache_heads,
         PRIOR=prior_count,
-        FOLD=fold is not None,
-        SPLITS_PAD=2 if fold is None else max(2, _next_pow2(config.num_splits)),  # (no recompile per split count)
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl_meta(q.device),

@@ -63,7 +63,6 @@ def test_short_contexts_are_not_split_into_empty_programs(launch):
         (dict(block_n=64, num_warps=3, num_stages=2, num_splits=1), "num_warps must be one of"),
         (dict(block_n=64, num_warps=4, num_stages=0, num_splits=1), "num_stages must be >= 1, got 0"),
         (dict(block_n=64, num_warps=4, num_stages=2, num_splits=0), "num_splits must be in [1, 1024], got 0"),
-        (dict(block_n=64, num_warps=4, num_stages=2, num_splits=1, fold=True), "fold merges several splits"),
     ],
 )
 def test_config_validates(launch, kwargs, message):
@@ -81,22 +80,3 @@ def test_kernel_rejects_head_dims_it_cannot_tile():
     tables, lens = torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"^head_dim must be a power of two in \[16, 256\] .* got 48$"):
         paged_decode_attention_triton(q, kv, kv, tables, lens, 0.1)
-
-
-@pytest.mark.parametrize("counters", [None, "short", "int64"])
-def test_a_folding_config_refuses_missing_or_wrong_counters_before_launching(counters):
-    """The fold's counters are the caller's (zero between calls); a call without fit ones names what it wants and
-    writes nothing."""
-    import torch
-
-    from pulseio_engine.attention._launch import DecodeConfig, paged_decode_attention_triton
-
-    q = torch.zeros(2, 4, 64)
-    kv = torch.zeros(4, 16, 2, 64)
-    tables, lens = torch.zeros(2, 4, dtype=torch.int32), torch.full((2,), 64, dtype=torch.int32)
-    given = {None: None, "short": torch.zeros(3, dtype=torch.int32), "int64": torch.zeros(4, dtype=torch.int64)}
-    out = torch.full_like(q, 5.0)
-    with pytest.raises(ValueError, match=r"a folding config needs counters: a contiguous int32 tensor of >= 4 zeros"):
-        paged_decode_attention_triton(q, kv, kv, tables, lens, 0.1, out=out, counters=given[counters],
-                                      config=DecodeConfig(16, 4, 2, 2, fold=True))
-    assert bool((out == 5.0).all())

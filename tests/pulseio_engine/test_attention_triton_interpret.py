@@ -56,17 +56,6 @@ CASES = {
         (16, 4, 2, 2),
         1e-5,
     ),
-    # the last split of each (sequence, KV head) merges them in the split kernel: no reduce launch
-    "fold-splits": (
-        dict(num_q_heads=10, num_kv_heads=2, head_dim=64, block_size=16),
-        (16, 4, 2, 3, False, True),
-        1e-5,
-    ),
-    "fold-more-splits-than-tiles": (
-        dict(num_q_heads=9, num_kv_heads=3, head_dim=64, block_size=16),
-        (32, 4, 2, 7, False, True),
-        1e-5,
-    ),
     "default-config-wide-table": (
         dict(num_q_heads=9, num_kv_heads=3, head_dim=64, max_blocks=64),
         None,
@@ -94,7 +83,6 @@ ROW_CASES = {
     "rows-per-kv-head-pooled": (4, True, 8, 4, (32, 4, 2, 3)),            # Quest's hot slots: 1 head a unit
     "one-row-all-heads-pooled": (1, True, 10, 2, None),                  # SoloHead's hot slots
     "two-rows-of-two-heads-paged": (2, False, 12, 4, (16, 4, 2, 1)),
-    "rows-per-kv-head-paged-fold": (4, False, 8, 4, (16, 4, 2, 3, False, True)),
 }
 
 # two tables a row, the first attended in splits, the last in one launch that merges them (attention.decode_partials):
@@ -127,33 +115,21 @@ def _run_case(kwargs: dict, config: tuple | None) -> dict:
         case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens, case.scale
     ).float()
     out = torch.full_like(case.q, float("nan"))
-    decode_config = DecodeConfig(*config) if config else None
-    counters = _fold_counters(case.q, decode_config, case.k_cache.shape[2])
-    got = paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, tables, lens, case.scale, out=out,
-                                        config=decode_config, counters=counters)
-    result = {
+    got = paged_decode_attention_triton(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        tables,
+        lens,
+        case.scale,
+        out=out,
+        config=DecodeConfig(*config) if config else None,
+    )
+    return {
         "same_out": got is out,
         "max_err": (got.float() - expect).abs().max().item(),
         "max_ref": expect.abs().max().item(),
     }
-    return result | _fold_checks(counters, got, lambda: paged_decode_attention_triton(
-        case.q, case.k_cache, case.v_cache, tables, lens, case.scale, config=decode_config, counters=counters))
-
-
-def _fold_counters(q: torch.Tensor, config, hkv: int) -> torch.Tensor | None:
-    """A folding config's counters: B x Hkv zeros and a guard word past them that must stay 7."""
-    if config is None or not config.fold:
-        return None
-    return torch.cat([torch.zeros(q.shape[0] * hkv, dtype=torch.int32), torch.tensor([7], dtype=torch.int32)])
-
-
-def _fold_checks(counters: torch.Tensor | None, got: torch.Tensor, again) -> dict:
-    """After a folding call: the counters are zero again (the guard untouched), and a second call on them gives the
-    same bits (each pair merged once, by its last split)."""
-    if counters is None:
-        return {}
-    zeroed = bool((counters[:-1] == 0).all()) and counters[-1].item() == 7
-    return {"counters_reset": zeroed, "again_same_bits": torch.equal(again(), got)}
 
 
 def _run_row_case(rows: int, pooled: bool, hq: int, hkv: int, config: tuple | None) -> dict:
@@ -163,16 +139,11 @@ def _run_row_case(rows: int, pooled: bool, hq: int, hkv: int, config: tuple | No
     base = random_paged_case(context_lens=LENS, num_q_heads=hq, num_kv_heads=hkv, head_dim=64, max_blocks=11)
     case = random_row_case(base, rows=rows, pooled=pooled)
     out = torch.full_like(case.q, float("nan"))
-    decode_config = DecodeConfig(*config) if config else None
-    counters = _fold_counters(case.q, decode_config, case.num_kv_heads)
-
-    def call(out: torch.Tensor | None = None) -> torch.Tensor:
-        return paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
-                                             case.scale, out=out, config=decode_config,
-                                             num_kv_heads=case.num_kv_heads, counters=counters)
-    got = call(out)
+    got = paged_decode_attention_triton(case.q, case.k_cache, case.v_cache, case.block_tables, case.context_lens,
+                                        case.scale, out=out, config=DecodeConfig(*config) if config else None,
+                                        num_kv_heads=case.num_kv_heads)
     return {"same_out": got is out, "max_err": (got.double() - case.expect).abs().max().item(),
-            "max_ref": case.expect.abs().max().item()} | _fold_checks(counters, got, call)
+            "max_ref": case.expect.abs().max().item()}
 
 
 def _run_part_case(rows: int, pooled: bool, hq: int, hkv: int, first: float, splits: int | None) -> dict:
@@ -222,9 +193,6 @@ def test_interpreted_kernel_matches_reference(results, name):
     assert result["max_ref"] > 0.1  # the check below is not vacuous
     tol = CASES[name][2] if name in CASES else 1e-5
     assert result["max_err"] <= tol * max(1.0, result["max_ref"]), result
-    if "fold" in name:
-        assert result["counters_reset"], "the folding call must leave its counters zero (and touch nothing past)"
-        assert result["again_same_bits"], "a second call on the same counters must merge each pair again, once"
 
 
 if __name__ == "__main__":

@@ -73,18 +73,9 @@ def test_gpu_captured_dependent_chain_gives_the_same_bits(monkeypatch: pytest.Mo
 _OFFLINE = {  # kernel -> (pointer types, constexprs of one launch; PDL added by the test)
     "split": ("pulseio_engine.attention._kernel:_paged_decode_split_kernel",
               dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32", o_ptr="*fp32",
-                   lse_ptr="*fp32", prior_part_ptr="*fp32", prior_lse_ptr="*fp32", scale_log2="fp32",
-                   fin_ptr="*bf16", count_ptr="*i32"),
+                   lse_ptr="*fp32", prior_part_ptr="*fp32", prior_lse_ptr="*fp32", scale_log2="fp32"),
               dict(GROUP=5, GROUP_PAD=16, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
-                   DOT_PRECISION="tf32", PREFETCH=False, HEADS_PER_ROW=1, CACHE_HEADS=8, PRIOR=0, FOLD=False,
-                   SPLITS_PAD=2)),
-    "split-fold": ("pulseio_engine.attention._kernel:_paged_decode_split_kernel",
-              dict(q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", bt_ptr="*i32", lens_ptr="*i32", o_ptr="*fp32",
-                   lse_ptr="*fp32", prior_part_ptr="*fp32", prior_lse_ptr="*fp32", scale_log2="fp32",
-                   fin_ptr="*bf16", count_ptr="*i32"),
-              dict(GROUP=5, GROUP_PAD=16, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=64, DIRECT=False,
-                   DOT_PRECISION="tf32", PREFETCH=False, HEADS_PER_ROW=1, CACHE_HEADS=8, PRIOR=0, FOLD=True,
-                   SPLITS_PAD=8)),
+                   DOT_PRECISION="tf32", PREFETCH=False, HEADS_PER_ROW=1, CACHE_HEADS=8, PRIOR=0)),
     "reduce": ("pulseio_engine.attention._kernel:_reduce_splits_kernel",
                dict(part_ptr="*fp32", lse_ptr="*fp32", out_ptr="*bf16"), dict(SPLITS_PAD=8, HEAD_DIM=128)),
     "score": ("pulseio_engine.kv.select_kernels:_score_kernel",
@@ -125,4 +116,3 @@ def test_kernels_compile_for_sm90_waiting_only_as_dependents(name: str, pdl: boo
     ptx = kernel.asm["ptx"]
     assert ("griddepcontrol.wait" in ptx) == pdl and ("griddepcontrol.launch_dependents" in ptx) == pdl
     assert ("prefetch.global.L2" in ptx) == (pdl and name == "skinny")
-    assert ("atom.global.gpu.acq_rel.add" in ptx) == (name in ("split-fold", "skinny"))  # the semaphores' counts
