@@ -3,7 +3,7 @@ replace, at the shape of the issue (qwen3-14b: 40 q / 8 KV heads, head_dim 128; 
 block 16: NB = 2048; budget 2048 tokens: K = 128).
 
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
-    [--parts score,select,torch] [--only "S=8 paged sum"]
+    [--parts score,select,torch,halves] [--only "S=8 paged sum"]
 
 Workload: bf16 queries and digests with random values, block tables of shuffled physical ids, every
 request at the full context; the select runs on the score kernel's bounds of them (the threshold search's
@@ -14,6 +14,10 @@ device copy (read + write bytes, `bench_attention.measure_copy_gbps`) timed in t
 steered (overlap 0.9) so each call recalls ~a tenth of K, as real models do; its recall buffers are sized so the
 replays never run past them.
 `--context 32800` gives a table of 2050 blocks, whose select runs 4096 columns wide, as in the engine's step.
+`halves`: Quest's whole sparse chain of one all-on-GPU layer (score, select, attention over the selected pages in
+place), as the step runs it and as two halves of the requests on two streams, the second half scored once the first
+is: its select (one CTA a row, the GPU mostly idle) then runs beside the other half's score, its attention beside the
+other's select. Each piece alone is timed too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from bench_attention import measure_copy_gbps, time_graph_us  # noqa: E402  (its directory, benchmarks/, is sys.path[0])
 
+from pulseio_engine.attention import paged_decode_attention  # noqa: E402
 from pulseio_engine.config import GroupScore, SparseConfig  # noqa: E402
 from pulseio_engine.kv import select_kernels  # noqa: E402
 from pulseio_engine.kv.digests import BlockDigests  # noqa: E402
@@ -153,12 +158,75 @@ def bench_torch_path(layer: Layer) -> None:
         print(f"torch path {label:10s} (select_for_layer + plan + compact + apply): {us:8.1f} us", flush=True)
 
 
+def bench_halves(layer: Layer) -> None:
+    """One Quest layer's score -> select -> attention: the whole batch on one stream, then two halves of the
+    requests, the second half's chain on a side stream that waits for the first half's score."""
+    b, s, k, nb = layer.b, HKV, layer.k, layer.nb
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    kv = torch.randn((layer.dmax.shape[0], 2, BS, HKV, D), generator=gen, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache = kv[:, 0], kv[:, 1]
+    bounds = torch.empty((b, s, 1, nb), dtype=torch.float32, device="cuda")
+    out = torch.empty((b, s, k), dtype=torch.int64, device="cuda")
+    mask = torch.zeros((b, s, nb), dtype=torch.uint8, device="cuda")
+    table = torch.zeros((b, s, k), dtype=torch.int32, device="cuda")
+    context_lens = torch.ones((b, s), dtype=torch.int32, device="cuda")
+    attn = torch.empty_like(layer.q)
+    scale = D ** -0.5
+
+    def score(rows: slice) -> None:
+        select_kernels.launch_score(layer.q[rows], layer.dmax, layer.dmin, layer.tables[rows], bounds[rows], None,
+                                    num_kv_heads=HKV, head=None, max_norm=False)
+
+    def select(rows: slice) -> None:
+        select_kernels.launch_select(bounds[rows], layer.num_tokens[rows], layer.config, out[rows], mask[rows],
+                                     table[rows], context_lens[rows], layer.tables[rows], None, None)
+
+    def attend(rows: slice) -> None:
+        paged_decode_attention(layer.q[rows], k_cache, v_cache, table[rows], context_lens[rows], scale,
+                               out=attn[rows], num_kv_heads=HKV)
+
+    every = slice(0, b)
+    first, second = slice(0, b // 2), slice(b // 2, b)
+    side, scored = torch.cuda.Stream(), torch.cuda.Event()
+
+    def chain() -> None:
+        score(every)
+        select(every)
+        attend(every)
+
+    def halves() -> None:
+        main = torch.cuda.current_stream()
+        score(first)
+        scored.record(main)
+        side.wait_event(scored)
+        select(first)
+        attend(first)
+        with torch.cuda.stream(side):
+            score(second)
+            select(second)
+            attend(second)
+        main.wait_stream(side)
+
+    chain()
+    whole = attn.clone()
+    attn.zero_()
+    halves()
+    torch.cuda.synchronize()
+    same = torch.equal(attn, whole)
+    for label, fn in (("score", lambda: score(every)), ("select", lambda: select(every)),
+                      ("attention", lambda: attend(every)), ("score -> select -> attention", chain),
+                      (f"the same as two halves of {b // 2} on two streams", halves)):
+        print(f"quest layer {label:44s}: {time_graph_us(fn):8.1f} us", flush=True)
+    print(f"quest layer halves give the whole chain's bits: {same}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=32768)
     parser.add_argument("--budget", type=int, default=2048)
-    parser.add_argument("--parts", default="score,select,torch", help="comma-separated: score, select, torch")
+    parser.add_argument("--parts", default="score,select,torch", help="comma-separated: score, select, torch, "
+                        "halves")
     parser.add_argument("--only", default="", help="select lines whose label holds one of these comma-separated "
                         "substrings (\"S=8 paged sum,S=1 hot sum steered\"); default: every line")
     args = parser.parse_args()
@@ -173,6 +241,8 @@ def main() -> None:
         bench_select(layer, [o for o in args.only.split(",") if o])
     if "torch" in parts:
         bench_torch_path(layer)
+    if "halves" in parts:
+        bench_halves(layer)
 
 
 if __name__ == "__main__":

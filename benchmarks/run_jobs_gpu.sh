@@ -16,6 +16,8 @@
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
 #   offload-gpu          the offload / fused-selection / upload / PDL GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
 #   pdl-test             tests/pulseio_engine/test_pdl.py's GPU test alone (~30 s)
+#   halves-quest         one Quest all-on-GPU layer's score -> select -> attention at 8 x 32K, whole and as two halves of
+#                        the requests on two streams (bench_fused_selection.py --parts halves; ~40 s)
 #   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
@@ -93,6 +95,10 @@ for spec in "$@"; do
   if [ "$job" = pdl-test ]; then   # a captured chain of dependent kernels gives the same bits launched either way
     timeout ${LIM:-90} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_pdl.py > $W/pdl-test.out 2>&1
     log "$job rc=$? $(tail -1 $W/pdl-test.out)"; continue
+  fi
+  if [ "$job" = halves-quest ]; then   # does a layer's chain over two staggered halves hide the select?
+    timeout ${LIM:-90} python benchmarks/bench_fused_selection.py --parts halves --context 32800 > $W/halves-quest.log 2>&1
+    log "$job rc=$? $(grep 'quest layer' $W/halves-quest.log | tr -s ' ' | tr '\n' ';')"; continue
   fi
   if [ "$job" = attn-gpu ]; then   # the attention kernels against naive attention
     timeout ${LIM:-120} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_attention_gpu.py \
