@@ -4,7 +4,8 @@
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
 # h200:JOB / h100:JOB runs only on that card; pdl:JOB runs it with TORCHINDUCTOR_ENABLE_PDL=1 (the compiled
 # kernels launched as programmatic dependents), gdc:JOB with PULSEIO_PDL=1 (the skinny projections so launched),
-# pdl:gdc:JOB both; rows28 and rows28q name their folders JOB[-pdl][-gdc]. SHA is the tree's full commit (the reports record it). Output in
+# pdl:gdc:JOB both; stagger:JOB (after those) runs rows28 / rows28q with `bench --stagger`; rows28 and rows28q
+# name their folders JOB[-pdl][-gdc][-stagger]. SHA is the tree's full commit (the reports record it). Output in
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
@@ -71,6 +72,7 @@ for spec in "$@"; do
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
   PDL=0; GDC=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac; case $spec in gdc:*) spec=${spec#gdc:}; GDC=1;; esac
+  STAGGER=0; SARGS=""; case $spec in stagger:*) spec=${spec#stagger:}; STAGGER=1; SARGS=--stagger;; esac
   export TORCHINDUCTOR_ENABLE_PDL=$PDL PULSEIO_PDL=$GDC
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
@@ -121,10 +123,10 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; rm -rf $W/$d
+    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; [ $STAGGER = 1 ] && d=$d-stagger; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
-    PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out \
+    PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out BENCH_ARGS="$SARGS" \
       timeout ${LIM:-360} bash benchmarks/run_sparse_gpu.sh > $W/$d.out 2>&1
     log "$d rc=$? $(grep -h -E 'ms/step' $W/$d/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
   fi
