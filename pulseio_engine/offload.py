@@ -158,9 +158,9 @@ class Offloader:
         self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
         self.steering: SteeringProfile | None = None        # benchmarks on random weights only
         # `OffloadConfig.stagger` on a GPU: the second half's stream and the event of the first half's score
-        self.stagger: tuple[torch.cuda.Stream, torch.cuda.Event] | None = None
+        self.stagger_streams: tuple[torch.cuda.Stream, torch.cuda.Event] | None = None
         if offload.stagger and device.type == "cuda":
-            self.stagger = (torch.cuda.Stream(device), torch.cuda.Event())
+            self.stagger_streams = (torch.cuda.Stream(device), torch.cuda.Event())
 
     def footprint(self, context_tokens: int) -> OffloadFootprint:
         """(All-on-GPU: every layer whole on the device, plus the digests; nothing on the host.)"""
@@ -508,12 +508,12 @@ class DeviceSparseBatch(_SparseBatch):
         b = q.shape[0]
         first, second = slice(0, b // 2), slice(b // 2, b)
         self._attn = out = torch.empty_like(q)
-        if self.owner.stagger is None:
+        if self.owner.stagger_streams is None:
             for rows in (first, second):
                 self._score(layer, q, rows)
                 self._select_attend(layer, q, rows, out)
             return
-        side, scored = self.owner.stagger
+        side, scored = self.owner.stagger_streams
         main = torch.cuda.current_stream(q.device)
         self._score(layer, q, first)
         scored.record(main)
