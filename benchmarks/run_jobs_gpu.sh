@@ -72,7 +72,7 @@ for spec in "$@"; do
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
   PDL=0; GDC=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac; case $spec in gdc:*) spec=${spec#gdc:}; GDC=1;; esac
-  STAGGER=0; SARGS=""; case $spec in stagger:*) spec=${spec#stagger:}; STAGGER=1; SARGS=--stagger;; esac
+  SARGS=""; case $spec in stagger:*) spec=${spec#stagger:}; SARGS=--stagger;; esac
   export TORCHINDUCTOR_ENABLE_PDL=$PDL PULSEIO_PDL=$GDC
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
@@ -123,7 +123,7 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; [ $STAGGER = 1 ] && d=$d-stagger; rm -rf $W/$d
+    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; [ -n "$SARGS" ] && d=$d-stagger; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
     PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out BENCH_ARGS="$SARGS" \

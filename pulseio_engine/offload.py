@@ -449,11 +449,9 @@ class _SparseBatch:
                          out=self.bounds[rows])
 
     def _pick(self, layer: int, rows: slice, **mode: object) -> None:
-        """Select `layer`'s blocks of the batch's `rows` from their bounds (PAGED: `block_tables=`, the whole
-        batch's; HOT: `hot=`, every row)."""
+        """Select `layer`'s blocks of the batch's `rows` from their bounds (PAGED: `block_tables=`, those rows';
+        HOT: `hot=`, every row)."""
         o, li = self.owner, layer - self.owner.dense
-        if "block_tables" in mode:
-            mode = dict(mode, block_tables=self.block_tables[rows])
         with record_function("offload.select"):
             steer = None
             if o.steering is not None:
@@ -482,7 +480,7 @@ class DeviceSparseBatch(_SparseBatch):
         `OffloadConfig.stagger` the layer's attention too, in two halves (`_staggered`)."""
         with record_function("offload.store"):
             self.kv.write(layer, k, v, self.kv_rows, digests=self.owner.digests)
-        if self.owner.offload.stagger and q.shape[0] >= 2:
+        if self._staggers(q):
             self._staggered(layer, q)
         else:
             self._select(layer, q, block_tables=self.block_tables)
@@ -491,7 +489,7 @@ class DeviceSparseBatch(_SparseBatch):
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention over the layer's selected blocks, in the paged cache (staggered: what `prepare` computed)."""
-        if self.owner.offload.stagger and q.shape[0] >= 2:
+        if self._staggers(q):
             attn, self._attn = self._attn, None
             assert attn is not None, "prepare runs before finish"
             return attn if out is None else out.copy_(attn)
@@ -499,6 +497,10 @@ class DeviceSparseBatch(_SparseBatch):
             out = torch.empty_like(q)
         self._attend(layer, q, slice(0, q.shape[0]), out)
         return out
+
+    def _staggers(self, q: torch.Tensor) -> bool:
+        """`OffloadConfig.stagger`, for a batch of two rows or more."""
+        return self.owner.offload.stagger and q.shape[0] >= 2
 
     def _staggered(self, layer: int, q: torch.Tensor) -> None:
         """The layer's selection and attention over two halves of the batch's rows; on a GPU the second half's on
@@ -525,7 +527,7 @@ class DeviceSparseBatch(_SparseBatch):
         main.wait_stream(side)
 
     def _select_attend(self, layer: int, q: torch.Tensor, rows: slice, out: torch.Tensor) -> None:
-        self._pick(layer, rows, block_tables=self.block_tables)
+        self._pick(layer, rows, block_tables=self.block_tables[rows])
         self._attend(layer, q, rows, out)
 
     def _attend(self, layer: int, q: torch.Tensor, rows: slice, out: torch.Tensor) -> None:
