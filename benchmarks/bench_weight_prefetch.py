@@ -5,7 +5,8 @@ selected pages in place (`bench_fused_selection.Layer`), then o_proj (cuBLAS, 51
 MLP's gate_up projection (340 MiB, which also clears the L2 for the next call). The chain reads ~130 MB in
 ~65 us and leaves the HBM idle in its select and in its attention's ramps; the variants fork a side stream that
 prefetches o_proj's weight into the L2 (`cp.async.bulk.prefetch.L2`, 4 KiB a thread, optionally with an
-evict-last policy) beside the chain, and join it before o_proj.
+evict-last policy) beside the chain, and join it before o_proj; or launch the prefetch on the main stream (its
+instructions only ask: the kernel may end before the bytes arrive).
 
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_weight_prefetch.py [--context 32800]
 Each line is the median of 15 CUDA-graph replays of 10 back-to-back calls, per call (`time_graph_us`).
@@ -108,6 +109,8 @@ def main() -> None:
             if fork == "serial":
                 prefetch(w_o, nbytes, evict_last)
             score()
+            if fork == "serial-scored":
+                prefetch(w_o, nbytes, evict_last)
             if fork == "scored":
                 scored.record(main)
                 side.wait_event(scored)
