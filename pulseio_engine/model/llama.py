@@ -24,7 +24,7 @@ from ..attention import chunk_attention, paged_decode_attention
 from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
-from .l2_prefetch import L2Prefetch, supports_l2_prefetch
+from .l2_prefetch import L2Prefetch, prefetch_to_l2, supports_l2_prefetch
 from .layers import Rotary, final_norm, post_attention, pre_attention, select_query
 from .linear import decode_workspace, linear
 from .params import ModelWeights
@@ -45,7 +45,7 @@ class CausalLM:
         self.workspace = decode_workspace(config, self.device, self.dtype) if skinny_gemm else None
         self._decode_halves: tuple[Callable, Callable] = (pre_attention, post_attention)
         self._select_query: Callable = select_query
-        self._l2 = (L2Prefetch(self.device) if os.environ.get("PULSEIO_L2_PREFETCH") == "1"
+        self._l2 = (L2Prefetch(self.device) if os.environ.get("PULSEIO_L2_PREFETCH") in ("1", "serial")
                     and supports_l2_prefetch(self.device) else None)
         if compile_decode:
             self._decode_halves = (torch.compile(pre_attention, fullgraph=True),
@@ -97,8 +97,11 @@ class CausalLM:
 
     def _o_prefetch(self, layer_idx: int) -> contextlib.AbstractContextManager[None]:
         """PULSEIO_L2_PREFETCH=1 (an experiment): the layer's o_proj weight asked of the L2 beside its sparse
-        attention (`l2_prefetch.L2Prefetch`)."""
+        attention (`l2_prefetch.L2Prefetch`); =serial: the prefetch launched on the current stream first."""
         if self._l2 is None:
+            return contextlib.nullcontext()
+        if os.environ.get("PULSEIO_L2_PREFETCH") == "serial":
+            prefetch_to_l2(self.weights.layers[layer_idx].o)
             return contextlib.nullcontext()
         return self._l2.beside(self.weights.layers[layer_idx].o)
 
