@@ -8,6 +8,10 @@ prefetches o_proj's weight into the L2 (`cp.async.bulk.prefetch.L2`, 4 KiB a thr
 evict-last policy) beside the chain, and join it before o_proj; or launch the prefetch on the main stream (its
 instructions only ask: the kernel may end before the bytes arrive).
 
+Measured on an H100 (benchmarks/results/sparse-step-2026-12-07-h100/): no variant made the layer faster, and
+o_proj read twice in a row was no faster the second time (its 50 MiB do not stay in a 50 MiB L2), so the engine
+does not prefetch.
+
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_weight_prefetch.py [--context 32800]
 Each line is the median of 15 CUDA-graph replays of 10 back-to-back calls, per call (`time_graph_us`).
 """
@@ -35,6 +39,10 @@ _EVICT_LAST = tl.constexpr(
     "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
     "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 4096, pol; mov.u32 $0, 0; }"
 )
+_EVICT_LAST = tl.constexpr(
+    "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+    "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 4096, pol; mov.u32 $0, 0; }"
+)
 _NORMAL = tl.constexpr("{ cp.async.bulk.prefetch.L2.global [$1], 4096; mov.u32 $0, 0; }")
 _PER_PROGRAM = 128  # 4 KiB prefetches a program, one a thread
 
@@ -42,7 +50,7 @@ _PER_PROGRAM = 128  # 4 KiB prefetches a program, one a thread
 @triton.jit
 def _l2_prefetch_kernel(base, nbytes, PER_PROGRAM: tl.constexpr, EVICT_LAST: tl.constexpr):
     offs = (tl.program_id(0) * PER_PROGRAM + tl.arange(0, PER_PROGRAM)).to(tl.int64) * 4096
-    addr = tl.where(offs < nbytes, base + offs, base)
+    addr = tl.where(offs + 4096 <= nbytes, base + offs, base)  # whole chunks only: never past the tensor
     if EVICT_LAST:
         tl.inline_asm_elementwise(_EVICT_LAST, "=r,l", [addr], dtype=tl.int32, is_pure=False, pack=1)
     else:
@@ -50,8 +58,11 @@ def _l2_prefetch_kernel(base, nbytes, PER_PROGRAM: tl.constexpr, EVICT_LAST: tl.
 
 
 def prefetch(t: torch.Tensor, nbytes: int, evict_last: bool) -> None:
-    grid = (triton.cdiv(nbytes, 4096 * _PER_PROGRAM),)
-    _l2_prefetch_kernel[grid](t.view(torch.int8), nbytes, PER_PROGRAM=_PER_PROGRAM, EVICT_LAST=evict_last, num_warps=4)
+    """Ask the L2 for the first `nbytes` of contiguous t, in whole 4 KiB chunks."""
+    grid = (triton.cdiv(nbytes // 4096, _PER_PROGRAM),)
+    _l2_prefetch_kernel[grid](
+        t.view(-1).view(torch.uint8), nbytes, PER_PROGRAM=_PER_PROGRAM, EVICT_LAST=evict_last, num_warps=4
+    )
 
 
 def main() -> None:

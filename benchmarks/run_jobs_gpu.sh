@@ -4,10 +4,8 @@
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
 # h200:JOB / h100:JOB runs only on that card; pdl:JOB runs it with TORCHINDUCTOR_ENABLE_PDL=1 (the compiled
 # kernels launched as programmatic dependents), gdc:JOB with PULSEIO_PDL=1 (the skinny projections so launched),
-# pdl:gdc:JOB both; stagger:JOB (after those) runs rows28 / rows28q with `bench --stagger`, l2:JOB (after those)
-# with PULSEIO_L2_PREFETCH=1 (each sparse layer's o_proj weight prefetched into the L2 beside its attention), l2s:JOB
-# with =serial (the prefetch launched on the main stream); rows28 and rows28q name their folders
-# JOB[-pdl][-gdc][-stagger][-l2[s]]. SHA is the tree's full commit (the reports record it). Output in
+# pdl:gdc:JOB both; stagger:JOB (after those) runs rows28 / rows28q with `bench --stagger`; rows28 and rows28q
+# name their folders JOB[-pdl][-gdc][-stagger]. SHA is the tree's full commit (the reports record it). Output in
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
@@ -75,8 +73,7 @@ for spec in "$@"; do
   esac
   PDL=0; GDC=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac; case $spec in gdc:*) spec=${spec#gdc:}; GDC=1;; esac
   SARGS=""; case $spec in stagger:*) spec=${spec#stagger:}; SARGS=--stagger;; esac
-  L2=0; case $spec in l2:*) spec=${spec#l2:}; L2=1;; l2s:*) spec=${spec#l2s:}; L2=serial;; esac
-  export TORCHINDUCTOR_ENABLE_PDL=$PDL PULSEIO_PDL=$GDC PULSEIO_L2_PREFETCH=$L2
+  export TORCHINDUCTOR_ENABLE_PDL=$PDL PULSEIO_PDL=$GDC
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
@@ -126,7 +123,7 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; [ -n "$SARGS" ] && d=$d-stagger; [ $L2 != 0 ] && d=$d-l2$([ $L2 = serial ] && echo s); rm -rf $W/$d
+    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; [ -n "$SARGS" ] && d=$d-stagger; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
     PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out BENCH_ARGS="$SARGS" \

@@ -13,8 +13,6 @@ per-head RMSNorm on q and k before RoPE.
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable
 
 import torch
@@ -24,7 +22,6 @@ from ..attention import chunk_attention, paged_decode_attention
 from ..config import ModelConfig
 from ..kv.cache import KVCache
 from .batch_state import BatchState, DecodeAttention, PrefillAttention
-from .l2_prefetch import L2Prefetch, prefetch_to_l2, supports_l2_prefetch
 from .layers import Rotary, final_norm, post_attention, pre_attention, select_query
 from .linear import decode_workspace, linear
 from .params import ModelWeights
@@ -45,8 +42,6 @@ class CausalLM:
         self.workspace = decode_workspace(config, self.device, self.dtype) if skinny_gemm else None
         self._decode_halves: tuple[Callable, Callable] = (pre_attention, post_attention)
         self._select_query: Callable = select_query
-        self._l2 = (L2Prefetch(self.device) if os.environ.get("PULSEIO_L2_PREFETCH") in ("1", "serial")
-                    and supports_l2_prefetch(self.device) else None)
         if compile_decode:
             self._decode_halves = (torch.compile(pre_attention, fullgraph=True),
                                    torch.compile(post_attention, fullgraph=True))
@@ -83,8 +78,7 @@ class CausalLM:
         """Run decoder layer `layer_idx` on the batch, in place; layers must run in order."""
         q, k, v = self.layer_begin(state, layer_idx)
         if state.sparse is not None and state.sparse.covers(layer_idx):
-            with self._o_prefetch(layer_idx):
-                attn = state.sparse.attend(layer_idx, q, k, v)       # offloaded layer: KV kept by `sparse`
+            attn = state.sparse.attend(layer_idx, q, k, v)           # offloaded layer: KV kept by `sparse`
         elif isinstance(state.attention, DecodeAttention):
             state.kv.write(layer_idx, k, v, state.kv_rows)
             meta = state.attention
@@ -94,16 +88,6 @@ class CausalLM:
             state.kv.write(layer_idx, k, v, state.kv_rows)
             attn = self._prefill_attention(q, state.kv, layer_idx, state.attention)
         self.layer_end(state, layer_idx, attn)
-
-    def _o_prefetch(self, layer_idx: int) -> contextlib.AbstractContextManager[None]:
-        """PULSEIO_L2_PREFETCH=1 (an experiment): the layer's o_proj weight asked of the L2 beside its sparse
-        attention (`l2_prefetch.L2Prefetch`); =serial: the prefetch launched on the current stream first."""
-        if self._l2 is None:
-            return contextlib.nullcontext()
-        if os.environ.get("PULSEIO_L2_PREFETCH") == "serial":
-            prefetch_to_l2(self.weights.layers[layer_idx].o)
-            return contextlib.nullcontext()
-        return self._l2.beside(self.weights.layers[layer_idx].o)
 
     def layer_begin(self, state: BatchState, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer `layer_idx` up to its attention: -> q [T, Hq, D], k, v [T, Hkv, D] (normed, rotated).
