@@ -2,10 +2,8 @@
 # The device jobs of a session, in order on one machine:
 #   CALL_S=<s> TAG=<tag> [KERNEL_CACHE=DIR] OUT=DIR bash benchmarks/run_jobs_gpu.sh SHA JOB[@LIMIT_S]...
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
-# h200:JOB / h100:JOB runs only on that card; pdl:JOB runs it with TORCHINDUCTOR_ENABLE_PDL=1 (the compiled
-# kernels launched as programmatic dependents), gdc:JOB with PULSEIO_PDL=1 (the skinny projections so launched),
-# pdl:gdc:JOB both; stagger:JOB (after those) runs rows28 / rows28q with `bench --stagger`; rows28 and rows28q
-# name their folders JOB[-pdl][-gdc][-stagger]. SHA is the tree's full commit (the reports record it). Output in
+# h200:JOB / h100:JOB runs only on that card; stagger:JOB (after that) runs rows28 / rows28q with `bench --stagger`;
+# rows28 and rows28q name their folders JOB[-stagger]. SHA is the tree's full commit (the reports record it). Output in
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
@@ -15,8 +13,7 @@
 #   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
-#   offload-gpu          the offload / fused-selection / upload / PDL GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
-#   pdl-test             tests/pulseio_engine/test_pdl.py's GPU test alone (~30 s)
+#   offload-gpu          the offload / fused-selection / upload GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
 #   halves-quest         one Quest all-on-GPU layer's score -> select -> attention at 8 x 32K, whole and as two halves of
 #                        the requests on two streams (bench_fused_selection.py --parts halves; ~40 s)
 #   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
@@ -71,9 +68,7 @@ for spec in "$@"; do
     h200:*) spec=${spec#h200:}; case $GPU in *H200*) ;; *) log "skip $spec (not an H200)"; continue;; esac;;
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
-  PDL=0; GDC=0; case $spec in pdl:*) spec=${spec#pdl:}; PDL=1;; esac; case $spec in gdc:*) spec=${spec#gdc:}; GDC=1;; esac
   SARGS=""; case $spec in stagger:*) spec=${spec#stagger:}; SARGS=--stagger;; esac
-  export TORCHINDUCTOR_ENABLE_PDL=$PDL PULSEIO_PDL=$GDC
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
@@ -90,13 +85,9 @@ for spec in "$@"; do
   if [ "$job" = offload-gpu ]; then
     [ $(( $(date +%s) - T0 + 200 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     timeout 200 python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_offload_gpu.py \
-      tests/pulseio_engine/test_fused_selection.py tests/pulseio_engine/test_upload.py tests/pulseio_engine/test_pdl.py > $W/offload-gpu.out 2>&1; echo "rc=$?" >> $W/offload-gpu.out
+      tests/pulseio_engine/test_fused_selection.py tests/pulseio_engine/test_upload.py > $W/offload-gpu.out 2>&1; echo "rc=$?" >> $W/offload-gpu.out
     log "offload-gpu $(grep -E 'passed|failed' $W/offload-gpu.out | tail -2 | tr '\n' ' ') $(tail -1 $W/offload-gpu.out)"
     continue
-  fi
-  if [ "$job" = pdl-test ]; then   # a captured chain of dependent kernels gives the same bits launched either way
-    timeout ${LIM:-90} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_pdl.py > $W/pdl-test.out 2>&1
-    log "$job rc=$? $(tail -1 $W/pdl-test.out)"; continue
   fi
   if [ "$job" = halves-quest ]; then   # does a layer's chain over two staggered halves hide the select?
     timeout ${LIM:-90} python benchmarks/bench_fused_selection.py --parts halves --context 32800 > $W/halves-quest.log 2>&1
@@ -123,7 +114,7 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job; [ $PDL = 1 ] && d=$d-pdl; [ $GDC = 1 ] && d=$d-gdc; [ -n "$SARGS" ] && d=$d-stagger; rm -rf $W/$d
+    d=$job; [ -n "$SARGS" ] && d=$d-stagger; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
     PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out BENCH_ARGS="$SARGS" \

@@ -27,7 +27,6 @@ from .errors import PromptTooLongError
 from .kv.block_table import blocks_for
 from .kv.handoff import RandomKV
 from .model.checkpoint import ModelSource, open_model
-from .pdl import pdl_state
 from .preflight import check_fits, estimate, fixes_for
 from .request import SamplingParams
 from .step_bytes import StepShape, step_bytes
@@ -71,8 +70,6 @@ class BenchResult:
     torch_version: str
     workload: str = __doc__.split("Workload: ")[1].strip().replace("\n", " ")
     skinny_gemm: bool = False   # projections of <= 32 rows ran through skinny_linear (`EngineConfig.skinny_gemm`)
-    pdl: bool = False           # the engine's Triton kernels launched as programmatic dependents (`pulseio_engine.pdl`)
-    inductor_pdl: bool = False  # and the compiled halves' kernels (TORCHINDUCTOR_ENABLE_PDL)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -224,15 +221,13 @@ def _result(engine: Engine, model: str, mode: BenchMode, device: str, batch: int
     roofline_s = total / bandwidth
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
     workload = BenchResult.workload
-    pdl = pdl_state(torch.device(device))
     if not device.startswith("cuda"):
         workload = workload.split("one CUDA graph replay")[0] + _CPU_WORKLOAD_END
     return BenchResult(model, mode.value, name, str(engine.kv.dtype).removeprefix("torch."), batch, ctx, steps,
                        graphs and device.startswith("cuda"), step_s * 1e3, median_s * 1e3, batch / step_s,
                        weight_bytes, kv_bytes, total, bandwidth / 1e9, roofline_s * 1e3, step_s / roofline_s,
                        finite, kernels, engine.model.compiled, engine.model.compile_error, torch.__version__, workload,
-                       skinny_gemm=engine.model.workspace is not None, pdl=pdl["pdl"],
-                       inductor_pdl=pdl["inductor_pdl"])
+                       skinny_gemm=engine.model.workspace is not None)
 
 
 class _Timer:

@@ -73,7 +73,6 @@ from .kv.recall import PendingRecall, Recaller
 from .kv.retrieval_heads import RetrievalHeads
 from .model.checkpoint import ModelSource, open_model
 from .offload import SteeringProfile
-from .pdl import pdl_state
 from .request import SamplingParams
 from .step_bytes import StepBytes, StepShape, step_bytes
 
@@ -292,8 +291,6 @@ class SparseBenchResult:
     vanilla: BenchResult | None = None   # the dense step of the same batch, this process (compare_vanilla)
     vanilla_error: str | None = None     # why compare_vanilla got no dense step (it did not fit, say)
     skinny_gemm: bool = False            # projections of <= 32 rows ran through skinny_linear
-    pdl: bool = False                    # the engine's Triton kernels launched as programmatic dependents
-    inductor_pdl: bool = False           # and the compiled halves' kernels (TORCHINDUCTOR_ENABLE_PDL)
     all_on_gpu_step_ms: float | None = None   # the all-on-GPU step of the same batch, this process
     all_on_gpu_error: str | None = None       # why compare_all_on_gpu got no such step
     hot_cache: float = 1.0                    # offload modes: hot sets of this many budgets (OffloadConfig.hot_cache)
@@ -515,7 +512,6 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
         nbytes = step_bytes(StepShape.of(engine), [mean_ctx] * batch_size, offload=not on_gpu)
         roofline = None if bandwidth is None else nbytes.total / bandwidth * 1e3
         recalled = moved / counted
-        pdl = pdl_state(dev)
         return SparseBenchResult(
             source.spec, mode.value, selection.value, name, batch_size, context_len, token_budget, steps,
             use_cuda_graphs and dev.type == "cuda", 0 if graph is None else graph.graphs_per_step,
@@ -532,7 +528,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
             skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache, ahead=ahead, ahead_budget=ahead_budget,
-            pdl=pdl["pdl"], inductor_pdl=pdl["inductor_pdl"], stagger=stagger,
+            stagger=stagger,
             ahead_units_per_step=(after.bytes_ahead - before.bytes_ahead) / counted / off.layout.unit_bytes)
 
 

@@ -121,11 +121,7 @@ def _paged_decode_split_kernel(
     HEADS_PER_ROW: tl.constexpr,
     CACHE_HEADS: tl.constexpr,
     PRIOR: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # a programmatic dependent (pulseio_engine.pdl): nothing an earlier kernel wrote is read before this
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     b = tl.program_id(2)
@@ -226,11 +222,7 @@ def _reduce_splits_kernel(
     stride_od,
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # a programmatic dependent (pulseio_engine.pdl): nothing an earlier kernel wrote is read before this
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)
     b = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..pdl import pdl_meta
 from . import _kernel
 
 _TILE_BYTES = 16384  # bytes of one K (or V) tile per loop iteration: 64 tokens at D=128 in bf16
@@ -231,7 +230,6 @@ def launch_split(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         PRIOR=prior_count,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
-        **pdl_meta(q.device),
     )
 
 
@@ -250,5 +248,4 @@ def launch_reduce(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor) -> N
         SPLITS_PAD=splits_pad,
         HEAD_DIM=head_dim,
         num_warps=4 if splits_pad * head_dim <= 4096 else 8,
-        **pdl_meta(part.device),
     )

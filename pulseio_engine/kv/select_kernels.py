@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 
 from ..config import GroupScore, SparseConfig
-from ..pdl import pdl_meta
 from .steering import AHEAD_SALT, keep_threshold, steer_key
 
 if TYPE_CHECKING:
@@ -55,10 +54,7 @@ def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, hea
                   stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
                   stride_ob, stride_os, stride_oc,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
-                  HAS_COUNT: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # a programmatic dependent (pulseio_engine.pdl): nothing an earlier kernel wrote is read before this
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+                  HAS_COUNT: tl.constexpr):
     tile = tl.program_id(0)
     s = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
@@ -182,11 +178,7 @@ def _select_kernel(
     SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
     PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
-    if PDL:  # a programmatic dependent (pulseio_engine.pdl): nothing an earlier kernel wrote is read before this
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
@@ -377,7 +369,7 @@ def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=hq // num_kv_heads, HEAD_DIM=d, TILE=tile, MAX_NORM=max_norm, HAS_COUNT=count is not None,
-        num_warps=num_warps or (8 if tile * d >= 8192 else 4), **pdl_meta(q.device),
+        num_warps=num_warps or (8 if tile * d >= 8192 else 4),
     )  # fmt: skip
 
 
@@ -456,7 +448,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         AHEAD=pref is not None, WRITE_KV=new is not None,
         SPLIT=arrivals is not None, HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d,
         MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
-        PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps, **pdl_meta(bounds.device),
+        PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps,
     )  # fmt: skip
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..pdl import pdl_meta
-
 
 @triton.jit
 def _store_tokens_kernel(
@@ -23,11 +21,7 @@ def _store_tokens_kernel(
     stride_ut, stride_us, stride_off, stride_db,
     stride_dn, stride_dw,
     HEADS_PER_UNIT: tl.constexpr, HEAD_DIM: tl.constexpr, DIGEST: tl.constexpr, ALL_HEADS_DIGESTED: tl.constexpr,
-    PDL: tl.constexpr,
 ):  # fmt: skip
-    if PDL:  # a programmatic dependent (pulseio_engine.pdl): nothing an earlier kernel wrote is read before this
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -68,5 +62,5 @@ def launch_store_tokens(pool, units, offsets, k, v, digest) -> None:  # noqa: AN
         units.stride(0), units.stride(1), offsets.stride(0), dblock.stride(0),
         *strides,
         HEADS_PER_UNIT=hg, HEAD_DIM=d, DIGEST=digest is not None, ALL_HEADS_DIGESTED=all_heads,
-        num_warps=1, **pdl_meta(k.device),
+        num_warps=1,
     )  # fmt: skip

@@ -33,8 +33,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..pdl import pdl_meta
-
 MAX_ROWS = 32  # rows of x one call takes
 MIN_DOT_ROWS = 16  # tl.dot's smallest side: fewer rows are padded to it
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -114,13 +112,6 @@ def default_config(m: int, n: int, k: int, sm_count: int) -> SkinnyConfig:
     return SkinnyConfig(64, 128, default_split_k(n, k, 64, 128, sm_count), num_warps=4, num_stages=3)
 
 
-@triton.jit
-def _prefetch_l2(ptrs):
-    """Ask the L2 for the lines `ptrs` point into (no registers filled, nothing waited for)."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
 @triton.jit(do_not_specialize=["M"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, out_ptr, part_ptr, count_ptr,
@@ -128,7 +119,6 @@ def _skinny_gemm_kernel(
     stride_xm, stride_wn, stride_om, stride_on, stride_ps, stride_pm,
     M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -139,12 +129,6 @@ def _skinny_gemm_kernel(
     num_tiles = tl.minimum(tiles_per_split, tl.cdiv(K - k_start, BLOCK_K))
     # rows past N read row n % N (valid memory, no load mask) and are never stored
     w_rows = (offs_n % N).to(tl.int64) * stride_wn
-    if PDL:  # launched as a programmatic dependent: the weight is no earlier kernel's output, so its first lines
-        # are asked of the L2 while the kernel before still runs; x, the partials and the counters only after it
-        lines = k_start + tl.arange(0, PREFETCH_LINES) * 64
-        _prefetch_l2(w_ptr + w_rows[:, None] + tl.minimum(lines, K - 1)[None, :])
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     w_ptrs = w_ptr + w_rows[:, None] + (k_start + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     m_ok = offs_m < M
     if USE_DOT:
@@ -281,9 +265,7 @@ def _launch_plan(x: torch.Tensor, weight: torch.Tensor, config: SkinnyConfig | N
     args = (x, weight, out, part, count, m, n, k, splits, tiles_per_split,
             x.stride(0), weight.stride(0), out.stride(0), out.stride(1), *part_strides)
     pad = triton.next_power_of_2(m)
-    lines = triton.next_power_of_2(max(1, config.block_k * config.num_stages // 64))  # 128 B lines of bf16
-    meta = dict(**pdl_meta(x.device), PREFETCH_LINES=lines,
-                M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
+    meta = dict(M_PAD=max(pad, MIN_DOT_ROWS) if config.use_dot else pad,
                 BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits > 1, USE_DOT=config.use_dot,
                 EVEN_K=k % config.block_k == 0, DOT_FP32=config.use_dot and _interpreted_bf16(x.dtype),
                 num_warps=config.num_warps, num_stages=config.num_stages)

@@ -36,7 +36,6 @@ from ..kv.handoff import RandomKV
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import ModelSource, load_checkpoint
 from ..offload import SteeringProfile
-from ..pdl import pdl_state
 from ..preflight import InsufficientMemoryError, check_fits, estimate, fixes_for
 from ..runner import rider_rows
 from ..trace import Trace
@@ -470,8 +469,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "ahead_budget": config.ahead_budget,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1],
-                   "gil_switch_us": gil_switch_us(options.gil_switch_s), "freeze_heap": options.freeze_heap,
-                   **pdl_state(torch.device(options.device))},
+                   "gil_switch_us": gil_switch_us(options.gil_switch_s), "freeze_heap": options.freeze_heap},
         "summary": {"requests": len(trace), "completed": completed, "complete": completed == len(trace)
                     and tokens == expected, "output_tokens": tokens, "expected_tokens": expected, "duration_s": span,
                     "decode_throughput_tok_s": tokens / span if span > 0 else 0.0,

@@ -1,9 +1,10 @@
 """A replay's report: its JSON layout (`SCHEMA`, checked by `check_report`) and the side-by-side table of
 several runs (`replay-table`). No torch.
 
-The schema names every key a report must have and the type of its value; a key of a nested dict is named
-by its path in errors ("summary.decode_throughput_tok_s"). A report keeps every request's record, so any
-summary can be recomputed from it.
+The schema names every key a report of some version read here must have and the type of its value; a report
+lacks the keys added after its version (`_ADDED`) and those dropped by its version or an earlier one (`_DROPPED`).
+A key of a nested dict is named by its path in errors ("summary.decode_throughput_tok_s"). A report keeps every
+request's record, so any summary can be recomputed from it.
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ _ADDED = {                       # schema version -> the keys it added; a report
     18: ("config.freeze_heap", "gc", "longest_gaps"),
     19: ("config.pdl", "config.inductor_pdl"),
 }
-_LATEST = max(_ADDED)
+_DROPPED = {                     # schema version -> the keys it dropped; a report lacks every key dropped by then
+    20: ("config.pdl", "config.inductor_pdl"),    # programmatic dependent launch, taken out: no faster on an H100
+}
+_LATEST = max(*_ADDED, *_DROPPED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
-OLDER_VERSIONS = {f"pulseio-replay/{v}": tuple(path for since in range(v + 1, _LATEST + 1) for path in _ADDED[since])
-                  for v in range(_LATEST - 1, 0, -1)}          # newest first: the keys each one lacks
-READ_VERSIONS = (SCHEMA_VERSION, *OLDER_VERSIONS)
+_LACKS = {f"pulseio-replay/{v}": (*(path for since, paths in _ADDED.items() if since > v for path in paths),
+                                  *(path for since, paths in _DROPPED.items() if since <= v for path in paths))
+          for v in range(_LATEST, 0, -1)}            # newest first: the keys of SCHEMA a report of each one lacks
+READ_VERSIONS = tuple(_LACKS)
 
 NUM = (int, float)
 OPT_NUM = (int, float, type(None))
@@ -55,7 +60,7 @@ SCHEMA: dict[str, Any] = {
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
                "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM, "freeze_heap": bool,
-               "pdl": bool, "inductor_pdl": bool},
+               "pdl": bool, "inductor_pdl": bool},           # pdl, inductor_pdl: schema 19 alone (see _DROPPED)
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
@@ -103,7 +108,7 @@ def check_report(report: dict, *, source: str = "report") -> dict:
         raise ReportError(f"{source}: schema is {version!r}, this engine reads "
                           + ", ".join(map(repr, READ_VERSIONS)))
     spec, pulse_spec = SCHEMA, PULSEIO_KEYS
-    for path in OLDER_VERSIONS.get(version, ()):
+    for path in _LACKS[version]:
         if path.startswith("pulseio."):
             pulse_spec = _without(pulse_spec, path.removeprefix("pulseio."))
         else:
@@ -159,8 +164,7 @@ def load_report(path: Path) -> dict:
 _KNOBS = (("gpu_kv_gib", "cap"), ("host_kv_gib", "host"), ("offload_threshold", "thr"), ("token_budget", "budget"),
           ("gpu_ahead", "ahead"), ("normal_steps", "steps"), ("copier_ctas", "ctas"), ("copier_idle_us", "idle_us"),
           ("skinny_gemm", "skinny"), ("overlap_rounds", "overlap"), ("two_streams", "streams2"), ("hot_cache", "hot"),
-          ("halves", "halves"), ("ride", "ride"), ("gil_switch_us", "gil_us"), ("freeze_heap", "freeze"),
-          ("pdl", "pdl"), ("inductor_pdl", "inductor_pdl"))
+          ("halves", "halves"), ("ride", "ride"), ("gil_switch_us", "gil_us"), ("freeze_heap", "freeze"))
 
 
 def labels(reports: list[dict]) -> list[str]:

@@ -93,8 +93,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/19"
-    assert report["config"]["pdl"] is report["config"]["inductor_pdl"] is False     # a CPU launches no dependents
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/20"
+    assert "pdl" not in report["config"] and "inductor_pdl" not in report["config"]      # dropped by schema 20
     assert summary["handoffs_landed"] == summary["handoffs_waited"] == 0      # a CPU loads handed-in KV at once
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
@@ -240,11 +240,20 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     with pytest.raises(ReportError, match=r"^r: longest_gaps\[0\]\.admitted must be int, got 1\.5$"):
         check_report(report, source="r")
     report["longest_gaps"][0]["admitted"] = 1
+    assert check_report(report, source="r") is report and "pdl" not in report["config"]   # schema 20: none
+    report["schema"] = "pulseio-replay/19"                     # schema 19 alone had config.pdl, config.inductor_pdl
+    with pytest.raises(ReportError, match=r"^r: config\.pdl is missing$"):
+        check_report(report, source="r")
+    report["config"].update(pdl=False, inductor_pdl=1)
+    with pytest.raises(ReportError, match=r"^r: config\.inductor_pdl must be bool, got 1$"):
+        check_report(report, source="r")
+    report["config"]["inductor_pdl"] = False
+    assert check_report(report, source="r") is report
+    assert "pdl" not in " ".join(labels([report, other]))         # replay-table labels them no more
     _step_back(report, 18, "config.pdl", "config.inductor_pdl")
-    assert labels([report, other])[1].endswith(" pdl=False inductor_pdl=False")
     _step_back(report, 17, "config.freeze_heap", "gc", "longest_gaps")
     assert re.search(r"^longest gap ms \(round, GC\) at s\s+-\s", table([report, other]), flags=re.M)
-    assert labels([report, other])[1].endswith(" freeze=True pdl=False inductor_pdl=False")
+    assert labels([report, other])[1].endswith(" freeze=True")
     assert re.search(r"^GC collections gen 0/1/2\s+-\s+\d+/\d+/\d+$", table([report, other]), flags=re.M)
     assert re.search(r"^GC paused ms \(longest\)\s+-\s+[\d,]+ \([\d.]+\)$", table([report, other]), flags=re.M)
     _step_back(report, 16, "summary.handoffs_landed", "summary.handoffs_waited")
@@ -252,18 +261,18 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     assert re.search(r"^recall copy us/MiB p50/p99\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 14, "config.ahead_budget")
     _step_back(report, 13, "config.gil_switch_us")
-    assert labels([report, other])[0].endswith(" gil_us=- freeze=- pdl=- inductor_pdl=-")
+    assert labels([report, other])[0].endswith(" gil_us=- freeze=-")
     _step_back(report, 12, "config.ahead", "summary.ahead_bytes")
     assert re.search(r"^of them recalled ahead GiB\s+-\s+0\.000$", table([report, other]), flags=re.M)
     _step_back(report, 10, "config.halves", "summary.halves_rounds")
     assert re.search(r"^rounds as halves\s+-\s+0$", table([report, other]), flags=re.M)
     halves = labels([report, {**other, "config": {**other["config"], "halves": True}}])[0]
-    assert halves.endswith(" halves=- gil_us=- freeze=- pdl=- inductor_pdl=-"), halves
+    assert halves.endswith(" halves=- gil_us=- freeze=-"), halves
     _step_back(report, 9, "pulseio.stamped_bytes", "pulseio.stamped_publish_to_landed_s")
     assert re.search(r"^recall publish->landed GB/s \(of link\)\s+-\s", table([report, other]), flags=re.M)
     _step_back(report, 8, "config.hot_cache")
     hot = labels([report, {**other, "config": {**other["config"], "hot_cache": 2.0}}])[0]
-    assert hot.endswith(" hot=- halves=- gil_us=- freeze=- pdl=- inductor_pdl=-"), hot
+    assert hot.endswith(" hot=- halves=- gil_us=- freeze=-"), hot
     _step_back(report, 7, "config.two_streams", "roofline")
     assert re.search(r"^roofline tok/s \(rounds / bound\)\s+-\s+-$", table([report, other]), flags=re.M)
     _step_back(report, 6, "host_ms_per_round.pace")
@@ -271,10 +280,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
                      table([report, other]), flags=re.M)
     _step_back(report, 5, "config.skinny_gemm")
     first, second = labels([report, other])
-    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=- gil_us=- freeze=- pdl=- "
-                          "inductor_pdl=-"), (first, second)
-    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False gil_us=100.0 freeze=True "
-                           "pdl=False inductor_pdl=False"), (first, second)
+    assert first.endswith(" skinny=- overlap=False streams2=- hot=- halves=- gil_us=- freeze=-"), (first, second)
+    assert second.endswith(" skinny=False overlap=True streams2=False hot=1.0 halves=False gil_us=100.0 freeze=True"), \
+        (first, second)
     _step_back(report, 4, "config.normal_steps", "summary.normal_steps_mean")
     assert re.search(r"^normal steps a round \(mean\)\s+-\s+1\.00$", table([report, other]), flags=re.M)
     _step_back(report, 3, "config.gpu_ahead", "config.copier_ctas", "config.copier_idle_us",
@@ -287,9 +295,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/19', "
-                                          r"'pulseio-replay/18', 'pulseio-replay/17', 'pulseio-replay/16', "
-                                          r"'pulseio-replay/15', 'pulseio-replay/14', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/20', "
+                                          r"'pulseio-replay/19', 'pulseio-replay/18', 'pulseio-replay/17', "
+                                          r"'pulseio-replay/16', 'pulseio-replay/15', 'pulseio-replay/14', "
                                           r"'pulseio-replay/13', "
                                           r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
                                           r"'pulseio-replay/9', "
