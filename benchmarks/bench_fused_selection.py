@@ -17,7 +17,8 @@ replays never run past them.
 `halves`: Quest's whole sparse chain of one all-on-GPU layer (score, select, attention over the selected pages in
 place), as the step runs it and as two halves of the requests on two streams, the second half scored once the first
 is: its select (one CTA a row, the GPU mostly idle) then runs beside the other half's score, its attention beside the
-other's select. Each piece alone is timed too.
+other's select. Each piece alone is timed too. The engine once ran its layers so (`OffloadConfig.stagger`, taken
+out): no faster in the step on an H100 and slower on the H200 (benchmarks/results/sparse-step-2026-12-07-h200/).
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 # The device jobs of a session, in order on one machine:
 #   CALL_S=<s> TAG=<tag> [KERNEL_CACHE=DIR] OUT=DIR bash benchmarks/run_jobs_gpu.sh SHA JOB[@LIMIT_S]...
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
-# h200:JOB / h100:JOB runs only on that card; stagger:JOB (after that) runs rows28 / rows28q with `bench --stagger`;
-# rows28 and rows28q name their folders JOB[-stagger]. SHA is the tree's full commit (the reports record it). Output in
+# h200:JOB / h100:JOB runs only on that card. SHA is the tree's full commit (the reports record it). Output in
 # $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
 # $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
@@ -68,7 +67,6 @@ for spec in "$@"; do
     h200:*) spec=${spec#h200:}; case $GPU in *H200*) ;; *) log "skip $spec (not an H200)"; continue;; esac;;
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
-  SARGS=""; case $spec in stagger:*) spec=${spec#stagger:}; SARGS=--stagger;; esac
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
@@ -114,10 +112,10 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job; [ -n "$SARGS" ] && d=$d-stagger; rm -rf $W/$d
+    d=$job; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
-    PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out BENCH_ARGS="$SARGS" \
+    PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out \
       timeout ${LIM:-360} bash benchmarks/run_sparse_gpu.sh > $W/$d.out 2>&1
     log "$d rc=$? $(grep -h -E 'ms/step' $W/$d/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
   fi

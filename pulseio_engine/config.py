@@ -242,12 +242,7 @@ class OffloadConfig:
 
     `ahead_budget`: the prediction's own budget, in budgets (`ahead_blocks` = ceil(ahead_budget x budget_blocks)
     blocks a selecting row, at most `hot_blocks`). A prediction larger than the budget misses less of what the
-    layer then selects, so less is left to recall after the layer's own query, for more traffic ahead of it.
-
-    `stagger` (all on the GPU only): each offloaded layer scores, selects and attends over two halves of the
-    batch's requests, the second half on a stream of its own that starts once the first half is scored. The select
-    runs one CTA a selecting row and leaves most of the GPU idle; staggered, each half's select runs beside the other
-    half's score or attention. The same kernels on the same rows: tokens do not change, the launches double."""
+    layer then selects, so less is left to recall after the layer's own query, for more traffic ahead of it."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL
@@ -262,7 +257,6 @@ class OffloadConfig:
     hot_cache: float = 1.0
     ahead: bool = False
     ahead_budget: float = 1.0
-    stagger: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -297,11 +291,6 @@ class OffloadConfig:
         if self.ahead_budget != 1.0 and not self.ahead:
             raise ValueError(f"OffloadConfig.ahead_budget ({self.ahead_budget!r}) sizes the prediction of "
                              "OffloadConfig.ahead, which is off: turn ahead on or leave ahead_budget at 1.0")
-        if not isinstance(self.stagger, bool):
-            raise TypeError(f"OffloadConfig.stagger must be a bool, got {self.stagger!r}")
-        if self.stagger and self.recall is not RecallMode.ALL_ON_GPU:
-            raise ValueError(f"OffloadConfig.stagger splits the layers of batches that keep every block on the GPU: "
-                             f"it needs RecallMode.ALL_ON_GPU (got recall {self.recall.value!r})")
         if self.ahead_blocks > self.hot_blocks:
             raise ValueError(f"OffloadConfig.ahead_budget ({self.ahead_budget!r}: {self.ahead_blocks} blocks a row) "
                              f"exceeds the hot set ({self.hot_cache!r} budgets: {self.hot_blocks} entries), which must "

@@ -157,10 +157,6 @@ class Offloader:
         self.padding_seats = 0          # all-on-GPU: seats -1, -2, ... of padding rows (`padded`)
         self.last_batch: DeviceSparseBatch | OffloadBatch | None = None
         self.steering: SteeringProfile | None = None        # benchmarks on random weights only
-        # `OffloadConfig.stagger` on a GPU: the second half's stream and the event of the first half's score
-        self.stagger_streams: tuple[torch.cuda.Stream, torch.cuda.Event] | None = None
-        if offload.stagger and device.type == "cuda":
-            self.stagger_streams = (torch.cuda.Stream(device), torch.cuda.Event())
 
     def footprint(self, context_tokens: int) -> OffloadFootprint:
         """(All-on-GPU: every layer whole on the device, plus the digests; nothing on the host.)"""
@@ -435,31 +431,16 @@ class _SparseBatch:
 
     def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, **mode: object) -> None:
         """Score and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`)."""
-        every = slice(0, q.shape[0])
-        self._score(layer, q, every, count)
-        self._pick(layer, every, **mode)
-
-    def _score(self, layer: int, q: torch.Tensor, rows: slice, count: torch.Tensor | None = None) -> None:
-        """`layer`'s Quest bounds of the batch's `rows` (q: the whole batch's queries)."""
-        o = self.owner
+        o, li = self.owner, layer - self.owner.dense
         head = None if self.head is None else self.head[layer]
         with record_function("offload.select"):
-            score_blocks(q[rows], o.digests.max[layer], o.digests.min[layer], self.block_tables[rows],
+            score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
                          num_kv_heads=o.model.num_kv_heads, head=head, rule=o.sparse.group_score, count=count,
-                         out=self.bounds[rows])
-
-    def _pick(self, layer: int, rows: slice, **mode: object) -> None:
-        """Select `layer`'s blocks of the batch's `rows` from their bounds (PAGED: `block_tables=`, those rows';
-        HOT: `hot=`, every row)."""
-        o, li = self.owner, layer - self.owner.dense
-        with record_function("offload.select"):
-            steer = None
-            if o.steering is not None:
-                steer = self._steering(o.steering, layer)
-                steer = replace(steer, calls=steer.calls[rows], first_row=rows.start)
-            select_blocks_fused(self.bounds[rows], self.num_tokens[rows], o.sparse, mask=self.mask[li][rows],
-                                table=self.table[rows], context_lens=self.context_lens[rows], steer=steer,
-                                out=self.selected[li][rows], **mode)       # type: ignore[arg-type]
+                         out=self.bounds)
+            steer = None if o.steering is None else self._steering(o.steering, layer)
+            select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
+                                context_lens=self.context_lens, steer=steer, out=self.selected[li],
+                                **mode)       # type: ignore[arg-type]
 
     def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
         """`layer`'s steering: the profile's overlap (no rewarm: all blocks on the GPU, no hot set)."""
@@ -473,68 +454,20 @@ class DeviceSparseBatch(_SparseBatch):
     def start(self, state: BatchState) -> None:
         super().start(state)
         self.kv, self.kv_rows = state.kv, state.kv_rows
-        self._attn: torch.Tensor | None = None      # a staggered layer's attention, from `prepare` to `finish`
 
     def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the new token (and its key into the digest), select: nothing to recall. With
-        `OffloadConfig.stagger` the layer's attention too, in two halves (`_staggered`)."""
+        """Store the new token (and its key into the digest), select: nothing to recall."""
         with record_function("offload.store"):
             self.kv.write(layer, k, v, self.kv_rows, digests=self.owner.digests)
-        if self._staggers(q):
-            self._staggered(layer, q)
-        else:
-            self._select(layer, q, block_tables=self.block_tables)
+        self._select(layer, q, block_tables=self.block_tables)
         return None
 
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention over the layer's selected blocks, in the paged cache (staggered: what `prepare` computed)."""
-        if self._staggers(q):
-            attn, self._attn = self._attn, None
-            assert attn is not None, "prepare runs before finish"
-            return attn if out is None else out.copy_(attn)
-        if out is None:
-            out = torch.empty_like(q)
-        self._attend(layer, q, slice(0, q.shape[0]), out)
-        return out
-
-    def _staggers(self, q: torch.Tensor) -> bool:
-        """`OffloadConfig.stagger`, for a batch of two rows or more."""
-        return self.owner.offload.stagger and q.shape[0] >= 2
-
-    def _staggered(self, layer: int, q: torch.Tensor) -> None:
-        """The layer's selection and attention over two halves of the batch's rows; on a GPU the second half's on
-        the offloader's side stream, from once the first half is scored (a graph branch when captured, joined here),
-        so each half's select (one CTA a selecting row) runs beside the other half's score or attention. On a CPU
-        one half after the other."""
-        b = q.shape[0]
-        first, second = slice(0, b // 2), slice(b // 2, b)
-        self._attn = out = torch.empty_like(q)
-        if self.owner.stagger_streams is None:
-            for rows in (first, second):
-                self._score(layer, q, rows)
-                self._select_attend(layer, q, rows, out)
-            return
-        side, scored = self.owner.stagger_streams
-        main = torch.cuda.current_stream(q.device)
-        self._score(layer, q, first)
-        scored.record(main)
-        side.wait_event(scored)
-        self._select_attend(layer, q, first, out)
-        with torch.cuda.stream(side):
-            self._score(layer, q, second)
-            self._select_attend(layer, q, second, out)
-        main.wait_stream(side)
-
-    def _select_attend(self, layer: int, q: torch.Tensor, rows: slice, out: torch.Tensor) -> None:
-        self._pick(layer, rows, block_tables=self.block_tables[rows])
-        self._attend(layer, q, rows, out)
-
-    def _attend(self, layer: int, q: torch.Tensor, rows: slice, out: torch.Tensor) -> None:
+        """Attention over the layer's selected blocks, in the paged cache."""
         with record_function("offload.attention"):
-            paged_decode_attention(q[rows], self.kv.k(layer), self.kv.v(layer), self.table[rows],
-                                   self.context_lens[rows], self.owner.scale, out=out[rows],
-                                   num_kv_heads=self.owner.model.num_kv_heads)
+            return paged_decode_attention(q, self.kv.k(layer), self.kv.v(layer), self.table, self.context_lens,
+                                          self.owner.scale, out=out, num_kv_heads=self.owner.model.num_kv_heads)
 
 
 class _Prefetch:

@@ -93,7 +93,6 @@ class Steering:
     ahead: float = 0.0         # in [0, 1], HOT only: of the middle slots left after rewarm, the fraction refilled
                                # from the hot set's blocks a prediction recalled ahead (`prefetched`)
     prefetched: torch.Tensor | None = None   # [B, S, NBW] uint8: 1 at the blocks that prediction selected
-    first_row: int = 0         # the batch row of `calls`' first row: a slice of a batch keeps its rows' draws
 
 
 def score_blocks(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor, *,
@@ -163,7 +162,7 @@ def select_blocks_fused(bounds: torch.Tensor, num_tokens: torch.Tensor, config: 
         return out
     scores = combine(bounds, num_tokens, config)
     if steer is not None:
-        u = steer_block_hash(steer_key(steer.seed, steer.layer), steer.calls, nb, first_row=steer.first_row)
+        u = steer_block_hash(steer_key(steer.seed, steer.layer), steer.calls, nb)
         prev = mask[..., :nb] != 0
         kept = steer_kept(prev, num_tokens, u, keep_threshold(steer.overlap, config), config)
         rewarmed = ahead = None

@@ -159,12 +159,12 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
     return top
 
 
-@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "steer_row0", "rewarm", "ahead"])
+@triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm", "ahead"])
 def _select_kernel(
     bounds_ptr, ntok_ptr, sel_ptr, mask_ptr, table_ptr, ctx_ptr, bt_ptr,
     res_ptr, owner_ptr, hot_ptr, age_ptr, hmap_ptr, ids_ptr, dst_ptr, count_ptr, scratch_ptr, wslot_ptr,
     k_ptr, v_ptr, pool_ptr, calls_ptr, atab_ptr, actx_ptr, pref_ptr,
-    nb, nbw, capacity, keep_threshold, steer_key, steer_row0, rewarm, ahead,
+    nb, nbw, capacity, keep_threshold, steer_key, rewarm, ahead,
     stride_bb, stride_bs, stride_bc, stride_nt, stride_selb, stride_sels, stride_mb, stride_ms,
     stride_tb, stride_ts, stride_cb, stride_cs, stride_btb, stride_btn,
     stride_rb, stride_rs, stride_ob, stride_os, stride_hb, stride_hs, stride_ab, stride_as,
@@ -221,7 +221,7 @@ def _select_kernel(
         calls_at = calls_ptr + b * stride_callb + s * stride_calls
         calls = tl.load(calls_at)
         tl.store(calls_at, calls + 1)
-        row = ((steer_row0 + b) * tl.num_programs(0) + s).to(tl.uint32)   # the row's number in the whole batch
+        row = (b * tl.num_programs(0) + s).to(tl.uint32)
         h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
         u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
         counts = tl.sum(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16), axis=0)   # both in one reduction;
@@ -434,8 +434,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         bounds, num_tokens, out, mask, table, context_lens, bt,
         res, own, slots, age, hmap, ids, dst, count, scratch, wslot, kk, vv, pool, calls, atab, actx,
         dummy if pref is None else pref,
-        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key,
-        steer.first_row if steer is not None else 0, rewarm, ahead,
+        nb, mask.shape[2], min(ids.numel(), dst.numel()), threshold, key, rewarm, ahead,
         bounds.stride(0), bounds.stride(1), bounds.stride(2), num_tokens.stride(0), out.stride(0), out.stride(1),
         mask.stride(0), mask.stride(1), table.stride(0), table.stride(1), context_lens.stride(0),
         context_lens.stride(1), *_s2(bt), *_s2(res), *_s2(own), *_s2(slots), *_s2(age), *_s2(hmap), *_s2(wslot),

@@ -29,8 +29,7 @@ before: `LocalityProfile.rewarm_for` derives it from the measured recall of such
 measured. Ahead reproduces a layer recalled a layer early (`OffloadConfig.ahead`): of what it would still recall,
 the share its prediction brought (`SteeringProfile.ahead`), drawn from the blocks that prediction did bring, so a
 prefetch that brought nothing saves nothing. Randomness is a counter-based hash
-(murmur3's 32-bit finalizer) of the seed, the layer, the row b * S + s of the whole batch (a slice of it keeps its
-rows' numbers: `Steering.first_row`), the row's call counter and the block,
+(murmur3's 32-bit finalizer) of the seed, the layer, the row b * S + s, the row's call counter and the block,
 so runs are reproducible and a CUDA graph replay draws afresh: the kernel and this reference compute the same
 bits, and the comparison is in integers.
 
@@ -76,11 +75,10 @@ def _mix32_t(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def steer_block_hash(key: int, calls: torch.Tensor, nb: int, *, first_row: int = 0) -> torch.Tensor:
-    """calls: [B, S] int64 the rows' call counters -> u [B, S, NB] int64 in [0, 2^24): each block's draw.
-    first_row: the batch row of calls' first row (rows [first_row, first_row + B) of a larger batch)."""
+def steer_block_hash(key: int, calls: torch.Tensor, nb: int) -> torch.Tensor:
+    """calls: [B, S] int64 the rows' call counters -> u [B, S, NB] int64 in [0, 2^24): each block's draw."""
     b, s = calls.shape
-    rows = torch.arange(first_row * s, (first_row + b) * s, dtype=torch.int64, device=calls.device).view(b, s)
+    rows = torch.arange(b * s, dtype=torch.int64, device=calls.device).view(b, s)
     row_hash = _mix32_t(_mix32_t(rows ^ key) ^ (calls & _M32))                       # [B, S]
     return _mix32_t(row_hash[..., None] ^ torch.arange(nb, device=calls.device)) >> 8
 

@@ -59,7 +59,6 @@ class Spec:
     ahead: float = 0.0               # HOT with steer: the refill from a random half of the hot set's blocks, as a
                                      # prediction recalled ahead would have brought them
     ages: int = 4                    # HOT: the hot entries' ages start below this (few values: ties)
-    first_row: int = 0               # with steer: the batch row of the case's first (a slice of a larger batch)
 
 
 def _config(spec: Spec) -> SparseConfig:
@@ -105,8 +104,7 @@ class _Side:
                            count=t["count"] if hot is not None and spec.zero_count else None,
                            use_triton=self.triton)
         steer = (Steering(spec.steer, t["calls"], seed=5, layer=3, rewarm=spec.rewarm, ahead=spec.ahead,
-                          prefetched=t["prefetched"] if spec.ahead else None, first_row=spec.first_row)
-                 if spec.steer is not None else None)
+                          prefetched=t["prefetched"] if spec.ahead else None) if spec.steer is not None else None)
         select_blocks_fused(own if bounds is None else bounds.to(dev), num_tokens.to(dev), _config(spec),
                             mask=t["mask"], table=self.out["table"], context_lens=self.out["context_lens"],
                             block_tables=args[3] if hot is None else None, hot=hot, steer=steer,
@@ -255,7 +253,6 @@ CASES: dict[str, Spec] = {
     "hot-solohead-integer-steps": Spec((2, 9 * BS, 30 * BS), 48, 8, head=0, mode="hot", steps=6, integer=True,
                                        new_token=True, rule=GroupScore.MAX_NORM),
     "steer-paged": Spec((3, 12 * BS, 30 * BS, 44 * BS), 48, 8, steps=8, steer=0.5),
-    "steer-paged-slice": Spec((3, 12 * BS, 30 * BS, 44 * BS), 48, 8, steps=4, steer=0.5, first_row=5),
     "steer-hot-integer": Spec((12 * BS, 40 * BS), 48, 8, mode="hot", steps=8, steer=0.7, integer=True),
     "steer-full-overlap": Spec((20 * BS, 40 * BS), 48, 8, steps=5, steer=1.0, head=1),
     "hot-quest-arrivals": Spec((5 * BS, 9 * BS + 3, 30 * BS), 48, 8, mode="hot", steps=6, new_token=True,

@@ -1,6 +1,6 @@
 """One GPU offload case in its own process (run by test_offload_gpu.py under a hard timeout): a tiny
 checkpoint decoded by an offload-only engine on CUDA with each recall mode (eager, and the doorbell also
-as CUDA-graph pieces), and by the all-on-GPU baseline, whole and in staggered halves (eager and captured). Prints one JSON line: each run's greedy tokens,
+as CUDA-graph pieces), and by the all-on-GPU baseline. Prints one JSON line: each run's greedy tokens,
 whether the host copy of the prompt equals a dense prefill's KV bit for bit, the bytes recalled, and the
 recalls pulseio failed (its watchdog's expiries among them).
 
@@ -25,10 +25,10 @@ DEVICE = os.environ.get("CASE_DEVICE", "cuda")    # cpu: to check the case itsel
 PROMPTS = [[(7 * i) % 251 for i in range(300)], [(3 + 5 * i) % 253 for i in range(133)]]
 
 
-def run(path: str, mode: SparseMode, recall: RecallMode, graphs: bool = False, stagger: bool = False) -> dict:
+def run(path: str, mode: SparseMode, recall: RecallMode, graphs: bool = False) -> dict:
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=4 * BS, block_size=BS, local_blocks=1),
                             recall=recall, host_blocks=8192, max_seqs=2, dense_layers=1,
-                            offload_only=recall is not RecallMode.ALL_ON_GPU, stagger=stagger)
+                            offload_only=recall is not RecallMode.ALL_ON_GPU)
     engine = Engine.from_model(path, device=DEVICE, dtype=DType.BFLOAT16,
                                cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload, use_cuda_graphs=graphs,
                                scheduler=SchedulerConfig(max_prefill_tokens=128),
@@ -79,9 +79,6 @@ def main() -> None:
               for r in RecallMode}
     result.update({f"{m.value}/{RecallMode.DOORBELL.value}/graphs": run(path, m, RecallMode.DOORBELL, graphs=True)
                    for m in (SparseMode.QUEST, SparseMode.SOLOHEAD)})
-    result.update({f"{m.value}/{RecallMode.ALL_ON_GPU.value}/stagger{'/graphs' * graphs}":   # OffloadConfig.stagger
-                   run(path, m, RecallMode.ALL_ON_GPU, graphs=graphs, stagger=True)
-                   for m in (SparseMode.QUEST, SparseMode.SOLOHEAD) for graphs in (False, True)})
     print(json.dumps(result))
 
 

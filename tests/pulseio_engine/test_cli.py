@@ -83,11 +83,6 @@ def test_bench_sets_and_records_the_offload_copier(tmp_path: Path, capsys: pytes
     assert main([*common, "--mode", "offload-doorbell", "--compare-all-on-gpu", "--json", str(path)]) == 0
     assert json.loads(path.read_text())["all_on_gpu_step_ms"] > 0
     assert "all_on_gpu_step_ms" in capsys.readouterr().out
-    assert main([*common, "--mode", "all-on-gpu", "--stagger", "--json", str(path)]) == 0
-    assert json.loads(path.read_text())["stagger"] is True and "staggered halves" in capsys.readouterr().out
-    assert main([*common, "--mode", "offload-doorbell", "--stagger"]) == 2
-    assert ("--stagger splits the layers of the all-on-gpu step, and --mode offload-doorbell is not it"
-            in capsys.readouterr().err)
 
 
 def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -102,14 +102,6 @@ def test_steering_hash_is_murmur_finalizer_of_key_row_call_and_block() -> None:
             assert u.flatten(0, 1)[row, block].item() == mix32(h ^ block) >> 8
 
 
-def test_a_slice_of_the_batch_keeps_its_rows_draws() -> None:
-    calls = torch.tensor([[0, 7], [5, 3], [9, 1]])
-    key = steer_key(2, 4)
-    whole = steer_block_hash(key, calls, 6)
-    assert torch.equal(steer_block_hash(key, calls[1:], 6, first_row=1), whole[1:])
-    assert not torch.equal(steer_block_hash(key, calls[1:], 6), whole[1:])   # the row's number is drawn on
-
-
 def test_each_stale_block_is_kept_with_the_asked_probability() -> None:
     """kept = u * #stale < T: over many draws, min(#stale, overlap * m) stale blocks on average."""
     config = SparseConfig(token_budget=32 * 16, sink_blocks=1, local_blocks=2)           # m = 29

@@ -26,7 +26,6 @@ from pulseio_engine.errors import OffloadCapacityError
 from pulseio_engine.kv.block_table import blocks_for
 from pulseio_engine.kv.offload_layout import offload_footprint
 from pulseio_engine.model.checkpoint import load_checkpoint
-from pulseio_engine.offload import SteeringProfile
 from pulseio_engine.serving.testing import LateRecaller
 
 BS = 8
@@ -41,12 +40,12 @@ def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
 
 def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
             local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, hot_cache: float = 1.0,
-            ahead: bool = False, ahead_budget: float = 1.0, stagger: bool = False, **kw) -> Engine:
+            ahead: bool = False, ahead_budget: float = 1.0, **kw) -> Engine:
     m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
                                                 local_blocks=local, group_score=group),
                             recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense, hot_cache=hot_cache,
-                            ahead=ahead, ahead_budget=ahead_budget, stagger=stagger)
+                            ahead=ahead, ahead_budget=ahead_budget)
     return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
                              retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
 
@@ -83,34 +82,6 @@ def test_a_budget_covering_the_context_decodes_exactly_as_vanilla(tiny_qwen3, mo
         assert stats.requests == 0, "finished requests left"
         assert stats.host_units_free == (0 if recall is RecallMode.ALL_ON_GPU else 4095), "and gave their units back"
     assert got == vanilla
-
-
-@pytest.mark.parametrize("mode", list(SparseMode), ids=[m.value for m in SparseMode])
-def test_staggered_halves_select_and_decode_as_the_whole_batch(tiny_qwen3, mode) -> None:
-    """`OffloadConfig.stagger` (all on the GPU): three requests, each layer's selection and attention as halves of
-    one and two rows; every step's selection and every token equal the whole batch's, on the model's own scores and
-    steered (the second half's rows keep their draws)."""
-    path = str(tiny_qwen3[0])
-    layers = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config.num_layers
-    prompts = [list(range(20, 77)), list(range(90, 141)), list(range(160, 215))]
-    runs: dict[tuple[bool, bool], tuple] = {}
-    for steered in (False, True):
-        for stagger in (False, True):
-            with _engine(path, mode, RecallMode.ALL_ON_GPU, budget=4 * BS, dense=1, local=1,
-                         stagger=stagger) as engine:
-                if steered:
-                    engine.offloader.steering = SteeringProfile(overlap=(0.5,) * layers, seed=3)
-                ids = [engine.add_request(p, SamplingParams(max_new_tokens=10, ignore_eos=True), offload=True)
-                       for p in prompts]
-                done, selections = {}, []
-                while engine.has_unfinished():
-                    done.update((out.request_id, out.output_ids) for out in engine.step())
-                    selections.append({layer: rows.tolist()
-                                       for layer, rows in engine.offloader.last_selection.items()})
-                runs[steered, stagger] = ([done[i] for i in ids], selections)
-    assert runs[True, False][1] != runs[False, False][1], "the steering changes the selection"
-    for steered in (False, True):
-        assert runs[steered, True] == runs[steered, False], f"steered={steered}"
 
 
 REFERENCE_CASES = [(m, r, DEFAULT_GROUP_SCORE, 1.0) for m, r in MODES] + [
@@ -329,16 +300,6 @@ def test_recalling_ahead_decodes_the_same_tokens(tiny_qwen3, mode) -> None:
         assert stats[ahead].recalls == steps * (2 * (layers - 1) - 1)  # and a prefetch for all but the first
         assert stats[ahead].bytes_recalled != stats[0.0].bytes_recalled
     assert stats[5 / 3].bytes_ahead > stats[1.0].bytes_ahead
-
-
-def test_staggered_halves_need_every_block_on_the_gpu() -> None:
-    for recall in (RecallMode.DOORBELL, RecallMode.SYNC):
-        with pytest.raises(ValueError, match=r"^OffloadConfig.stagger splits the layers of batches that keep every "
-                                             rf"block on the GPU: it needs RecallMode.ALL_ON_GPU \(got recall "
-                                             rf"'{recall.value}'\)$"):
-            OffloadConfig(recall=recall, stagger=True)
-    with pytest.raises(TypeError, match=r"^OffloadConfig.stagger must be a bool, got 1$"):
-        OffloadConfig(recall=RecallMode.ALL_ON_GPU, stagger=1)      # type: ignore[arg-type]
 
 
 def test_recalling_ahead_needs_doorbell_recalls_a_larger_hot_set_and_the_step_pieces(tiny_qwen3) -> None:

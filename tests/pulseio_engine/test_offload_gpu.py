@@ -61,14 +61,5 @@ def test_the_all_on_gpu_baseline_recalls_nothing(outcome: dict, mode: str) -> No
     assert result["bytes_recalled"] == 0 and all(len(t) == 24 for t in result["tokens"])
 
 
-@pytest.mark.parametrize("mode", ["quest", "solohead"])
-def test_staggered_halves_decode_the_whole_batchs_tokens(outcome: dict, mode: str) -> None:
-    """`OffloadConfig.stagger`: the second request's layers on a side stream (a branch of the captured step), the
-    first's on the main one; the same tokens as the whole batch, eager and captured."""
-    whole = outcome[f"{mode}/all-on-gpu"]["tokens"]
-    assert outcome[f"{mode}/all-on-gpu/stagger"]["tokens"] == whole
-    assert outcome[f"{mode}/all-on-gpu/stagger/graphs"]["tokens"] == whole
-
-
 def test_no_recall_failed_or_expired(outcome: dict) -> None:
     assert {key: (r["failed"], r["expired"]) for key, r in outcome.items() if r["failed"] or r["expired"]} == {}
