@@ -117,7 +117,7 @@ def bench_select(layer: Layer, only: list[str]) -> None:
                                     ("hot max-norm steered", "steer", maxnorm, HQ // HKV)):
             if only and not any(o in f"S={s} {label}" for o in only):
                 continue
-            for warps in (None, 4, 8):
+            for warps in (None, 4, 8, 16):
                 bounds = layer.bounds(s, c)
                 hot, outs = layer.hot(s)
                 calls = torch.zeros((layer.b, s), dtype=torch.int64, device="cuda")
