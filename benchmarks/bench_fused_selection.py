@@ -159,41 +159,55 @@ def bench_torch_path(layer: Layer) -> None:
         print(f"torch path {label:10s} (select_for_layer + plan + compact + apply): {us:8.1f} us", flush=True)
 
 
+class QuestChain:
+    """One Quest all-on-GPU layer's score -> select -> attention over `layer`'s digests and random KV pages, each
+    step over a slice of the requests (default all), into buffers of its own."""
+
+    def __init__(self, layer: Layer) -> None:
+        b, s, k, nb = layer.b, HKV, layer.k, layer.nb
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        kv = torch.randn((layer.dmax.shape[0], 2, BS, HKV, D), generator=gen, dtype=torch.bfloat16, device="cuda")
+        self.layer, self.k_cache, self.v_cache = layer, kv[:, 0], kv[:, 1]
+        self.bounds = torch.empty((b, s, 1, nb), dtype=torch.float32, device="cuda")
+        self.out = torch.empty((b, s, k), dtype=torch.int64, device="cuda")
+        self.mask = torch.zeros((b, s, nb), dtype=torch.uint8, device="cuda")
+        self.table = torch.zeros((b, s, k), dtype=torch.int32, device="cuda")
+        self.context_lens = torch.ones((b, s), dtype=torch.int32, device="cuda")
+        self.attn = torch.empty_like(layer.q)
+
+    def score(self, rows: slice = slice(None)) -> None:
+        lay = self.layer
+        select_kernels.launch_score(lay.q[rows], lay.dmax, lay.dmin, lay.tables[rows], self.bounds[rows], None,
+                                    num_kv_heads=HKV, head=None, max_norm=False)
+
+    def select(self, rows: slice = slice(None)) -> None:
+        lay = self.layer
+        select_kernels.launch_select(self.bounds[rows], lay.num_tokens[rows], lay.config, self.out[rows],
+                                     self.mask[rows], self.table[rows], self.context_lens[rows], lay.tables[rows],
+                                     None, None)
+
+    def attend(self, rows: slice = slice(None)) -> None:
+        paged_decode_attention(self.layer.q[rows], self.k_cache, self.v_cache, self.table[rows],
+                               self.context_lens[rows], D ** -0.5, out=self.attn[rows], num_kv_heads=HKV)
+
+    def run(self, rows: slice = slice(None)) -> None:
+        self.score(rows)
+        self.select(rows)
+        self.attend(rows)
+
+
 def bench_halves(layer: Layer) -> None:
     """One Quest layer's score -> select -> attention: the whole batch on one stream, then two halves of the
     requests, the second half's chain on a side stream that waits for the first half's score."""
-    b, s, k, nb = layer.b, HKV, layer.k, layer.nb
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    kv = torch.randn((layer.dmax.shape[0], 2, BS, HKV, D), generator=gen, dtype=torch.bfloat16, device="cuda")
-    k_cache, v_cache = kv[:, 0], kv[:, 1]
-    bounds = torch.empty((b, s, 1, nb), dtype=torch.float32, device="cuda")
-    out = torch.empty((b, s, k), dtype=torch.int64, device="cuda")
-    mask = torch.zeros((b, s, nb), dtype=torch.uint8, device="cuda")
-    table = torch.zeros((b, s, k), dtype=torch.int32, device="cuda")
-    context_lens = torch.ones((b, s), dtype=torch.int32, device="cuda")
-    attn = torch.empty_like(layer.q)
-    scale = D ** -0.5
-
-    def score(rows: slice) -> None:
-        select_kernels.launch_score(layer.q[rows], layer.dmax, layer.dmin, layer.tables[rows], bounds[rows], None,
-                                    num_kv_heads=HKV, head=None, max_norm=False)
-
-    def select(rows: slice) -> None:
-        select_kernels.launch_select(bounds[rows], layer.num_tokens[rows], layer.config, out[rows], mask[rows],
-                                     table[rows], context_lens[rows], layer.tables[rows], None, None)
-
-    def attend(rows: slice) -> None:
-        paged_decode_attention(layer.q[rows], k_cache, v_cache, table[rows], context_lens[rows], scale,
-                               out=attn[rows], num_kv_heads=HKV)
+    b = layer.b
+    q = QuestChain(layer)
+    score, select, attend, attn = q.score, q.select, q.attend, q.attn
 
     every = slice(0, b)
     first, second = slice(0, b // 2), slice(b // 2, b)
     side, scored = torch.cuda.Stream(), torch.cuda.Event()
 
-    def chain() -> None:
-        score(every)
-        select(every)
-        attend(every)
+    chain = q.run
 
     def halves() -> None:
         main = torch.cuda.current_stream()

@@ -30,10 +30,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run without PYTHONPATH too
 
 from bench_attention import time_graph_us  # noqa: E402
-from bench_fused_selection import BS, HKV, HQ, D, Layer  # noqa: E402
-
-from pulseio_engine.attention import paged_decode_attention  # noqa: E402
-from pulseio_engine.kv import select_kernels  # noqa: E402
+from bench_fused_selection import HQ, D, Layer, QuestChain  # noqa: E402
 
 _EVICT_LAST = tl.constexpr(
     "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
@@ -73,35 +70,16 @@ def main() -> None:
     args = parser.parse_args()
     print(torch.cuda.get_device_name(0), torch.__version__, triton.__version__, flush=True)
     layer = Layer(args.batch, args.context, args.budget)
-    b, s, k, nb = layer.b, HKV, layer.k, layer.nb
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    kv = torch.randn((layer.dmax.shape[0], 2, BS, HKV, D), generator=gen, dtype=torch.bfloat16, device="cuda")
-    k_cache, v_cache = kv[:, 0], kv[:, 1]
-    bounds = torch.empty((b, s, 1, nb), dtype=torch.float32, device="cuda")
-    out = torch.empty((b, s, k), dtype=torch.int64, device="cuda")
-    mask = torch.zeros((b, s, nb), dtype=torch.uint8, device="cuda")
-    table = torch.zeros((b, s, k), dtype=torch.int32, device="cuda")
-    context_lens = torch.ones((b, s), dtype=torch.int32, device="cuda")
-    attn = torch.empty_like(layer.q)
+    b = layer.b
+    chain = QuestChain(layer)
+    score, select, attend, attn = chain.score, chain.select, chain.attend, chain.attn
+    gen = torch.Generator(device="cuda").manual_seed(2)
     hidden = HQ * D
     w_o = torch.randn((hidden, hidden), generator=gen, dtype=torch.bfloat16, device="cuda") * 0.01
     w_gate_up = torch.randn((2 * 17408, hidden), generator=gen, dtype=torch.bfloat16, device="cuda") * 0.01
     o_bytes = w_o.numel() * w_o.element_size()
     side, scored, started = torch.cuda.Stream(), torch.cuda.Event(), torch.cuda.Event()
     sink = {}
-
-    def score() -> None:
-        select_kernels.launch_score(
-            layer.q, layer.dmax, layer.dmin, layer.tables, bounds, None, num_kv_heads=HKV, head=None, max_norm=False
-        )
-
-    def select() -> None:
-        select_kernels.launch_select(
-            bounds, layer.num_tokens, layer.config, out, mask, table, context_lens, layer.tables, None, None
-        )
-
-    def attend() -> None:
-        paged_decode_attention(layer.q, k_cache, v_cache, table, context_lens, D**-0.5, out=attn, num_kv_heads=HKV)
 
     def o_proj() -> None:
         sink["o"] = F.linear(attn.view(b, hidden), w_o)
@@ -146,7 +124,7 @@ def main() -> None:
         ("mlp (gate_up) alone", mlp),
         ("o_proj + mlp", lambda: (o_proj(), mlp())),
         ("o_proj twice + mlp (the second from the L2)", o_twice),
-        ("score -> select -> attention", lambda: (score(), select(), attend())),
+        ("score -> select -> attention", chain.run),
         ("layer", layer_with(None)),
         ("layer, prefetch on the main stream first", layer_with("serial")),
         ("layer, prefetch beside it from its start", layer_with("start")),
