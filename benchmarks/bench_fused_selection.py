@@ -200,14 +200,11 @@ def bench_halves(layer: Layer) -> None:
     """One Quest layer's score -> select -> attention: the whole batch on one stream, then two halves of the
     requests, the second half's chain on a side stream that waits for the first half's score."""
     b = layer.b
-    q = QuestChain(layer)
-    score, select, attend, attn = q.score, q.select, q.attend, q.attn
-
+    quest = QuestChain(layer)
+    score, select, attend, attn, chain = quest.score, quest.select, quest.attend, quest.attn, quest.run
     every = slice(0, b)
     first, second = slice(0, b // 2), slice(b // 2, b)
     side, scored = torch.cuda.Stream(), torch.cuda.Event()
-
-    chain = q.run
 
     def halves() -> None:
         main = torch.cuda.current_stream()

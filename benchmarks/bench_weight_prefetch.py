@@ -36,10 +36,6 @@ _EVICT_LAST = tl.constexpr(
     "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
     "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 4096, pol; mov.u32 $0, 0; }"
 )
-_EVICT_LAST = tl.constexpr(
-    "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-    "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], 4096, pol; mov.u32 $0, 0; }"
-)
 _NORMAL = tl.constexpr("{ cp.async.bulk.prefetch.L2.global [$1], 4096; mov.u32 $0, 0; }")
 _PER_PROGRAM = 128  # 4 KiB prefetches a program, one a thread
 
@@ -98,8 +94,6 @@ def main() -> None:
             if fork == "serial":
                 prefetch(w_o, nbytes, evict_last)
             score()
-            if fork == "serial-scored":
-                prefetch(w_o, nbytes, evict_last)
             if fork == "scored":
                 scored.record(main)
                 side.wait_event(scored)
