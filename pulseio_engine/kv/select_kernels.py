@@ -112,10 +112,39 @@ def _max_min(a_max, a_min, b_max, b_min):
 
 
 @triton.jit
-def _top(key, member, need, PER_THREAD: tl.constexpr):
-    """key: [BLOCK] int32 order keys; member: [BLOCK] bool; need: int32 -> [BLOCK] bool, the `need` members
-    of largest key, ties to the lower index. PER_THREAD: BLOCK / threads, the elements a thread holds (at most
-    1023: a thread's counts are summed in 10-bit fields before they are widened).
+def _fold(x, PER_THREAD: tl.constexpr):
+    """[N] -> [N / PER_THREAD]: each thread's PER_THREAD elements summed (any grouping sums the same), so that a
+    row's two parts fold onto the same [threads] shape and share one CTA reduction."""
+    return tl.sum(tl.reshape(x, [x.shape[0] // PER_THREAD, PER_THREAD], can_reorder=True), axis=1)
+
+
+@triton.jit
+def _sum2(x, x_t, PER_THREAD: tl.constexpr, PER_THREAD_T: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """The sum over a row's columns and its tail's (HAS_TAIL) in one CTA reduction."""
+    if HAS_TAIL:
+        total = tl.sum(_fold(x, PER_THREAD) + _fold(x_t, PER_THREAD_T), axis=0)
+    else:
+        total = tl.sum(x, axis=0)
+    return total
+
+
+@triton.jit
+def _ge3(counted, t, digit):
+    """Three counts packed in 10 bits each: the elements at or above t + digit, t + 2 digit, t + 3 digit (t in
+    unsigned key space)."""
+    base = t - 2147483648                    # back to the signed keys
+    return ((counted >= (base + digit).to(tl.int32)).to(tl.int32)
+            + ((counted >= (base + 2 * digit).to(tl.int32)).to(tl.int32) << 10)
+            + ((counted >= (base + 3 * digit).to(tl.int32)).to(tl.int32) << 20))
+
+
+@triton.jit
+def _top(key, member, key_t, member_t, need, PER_THREAD: tl.constexpr, PER_THREAD_T: tl.constexpr,
+         HAS_TAIL: tl.constexpr):
+    """key: [BLOCK] int32 order keys; member: [BLOCK] bool; key_t, member_t: the row's tail past BLOCK ([TAIL],
+    read with HAS_TAIL only); need: int32 -> ([BLOCK] bool, [TAIL] bool), the `need` members of largest key, ties
+    to the lower index. PER_THREAD, PER_THREAD_T: BLOCK / threads and TAIL / threads, the elements a thread holds
+    of each (together at most 1023: a thread's counts are summed in 10-bit fields before they are widened).
 
     The search starts below the members' smallest key at the first digit where it and the largest differ: the
     digits above are every member's, so the steps that would pick them are skipped (scores of one sign share
@@ -125,7 +154,20 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
     the ties at the need-th key go to the lowest ids."""
     need64 = need.to(tl.int64)
     counted = tl.where(member, key, -2147483648)    # every threshold tried is above INT32_MIN: never counted
-    hi, lo = tl.reduce((counted, tl.where(member, key, 2147483647)), 0, _max_min)
+    counted_t = tl.where(member_t, key_t, -2147483648)
+    if HAS_TAIL:
+        hi_p, lo_p = tl.reduce((tl.reshape(counted, [key.shape[0] // PER_THREAD, PER_THREAD], can_reorder=True),
+                                tl.reshape(tl.where(member, key, 2147483647), [key.shape[0] // PER_THREAD,
+                                                                               PER_THREAD], can_reorder=True)),
+                               1, _max_min)
+        hi_q, lo_q = tl.reduce((tl.reshape(counted_t, [key_t.shape[0] // PER_THREAD_T, PER_THREAD_T],
+                                           can_reorder=True),
+                                tl.reshape(tl.where(member_t, key_t, 2147483647), [key_t.shape[0] // PER_THREAD_T,
+                                                                                   PER_THREAD_T], can_reorder=True)),
+                               1, _max_min)
+        hi, lo = tl.reduce((tl.maximum(hi_p, hi_q), tl.minimum(lo_p, lo_q)), 0, _max_min)
+    else:
+        hi, lo = tl.reduce((counted, tl.where(member, key, 2147483647)), 0, _max_min)
     lo_u = lo.to(tl.int64) + 2147483648          # the smallest member key in unsigned key space [0, 2^32)
     diff = (hi.to(tl.int64) + 2147483648) ^ lo_u    # no members: hi < lo, a difference in the top bit
     # bits: the highest differing bit's position + 1, from diff's fp32 exponent (rounding up can add one: a
@@ -137,12 +179,10 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
     exact = tl.zeros([], tl.int1)                # no threshold has been counted yet
     while (step < 16) & (exact == 0):           # 2 bits a step, high first: t -> the need-th largest key
         digit = tl.full([], 1, tl.int64) << (30 - 2 * step).to(tl.int64)
-        base = t - 2147483648                    # back to the signed keys
-        ge = ((counted >= (base + digit).to(tl.int32)).to(tl.int32)
-              + ((counted >= (base + 2 * digit).to(tl.int32)).to(tl.int32) << 10)
-              + ((counted >= (base + 3 * digit).to(tl.int32)).to(tl.int32) << 20))   # 3 counts, 10 bits each
-        # summed over each thread's elements first (any grouping sums the same), then widened
-        part = tl.sum(tl.reshape(ge, [ge.shape[0] // PER_THREAD, PER_THREAD], can_reorder=True), axis=1)
+        # 3 counts summed over each thread's elements (of both parts) first, then widened
+        part = _fold(_ge3(counted, t, digit), PER_THREAD)
+        if HAS_TAIL:
+            part += _fold(_ge3(counted_t, t, digit), PER_THREAD_T)
         wide = ((part & 0x3FF).to(tl.int64) + (((part >> 10) & 0x3FF).to(tl.int64) << 21)
                 + (((part >> 20) & 0x3FF).to(tl.int64) << 42))
         cnt = tl.sum(wide, axis=0)                                          # 3 counts, 21 bits each
@@ -155,12 +195,23 @@ def _top(key, member, need, PER_THREAD: tl.constexpr):
     thr = (t - 2147483648).to(tl.int32)
     if exact:
         top = member & (key >= thr)
+        top_t = member_t & (key_t >= thr)
     else:
         above = member & (key > thr)
         tied = member & (key == thr)
-        rest = need - tl.sum(above.to(tl.int32), axis=0)
+        above_t = member_t & (key_t > thr)
+        tied_t = member_t & (key_t == thr)
+        # the members above (high 16 bits, both parts) and the tied ones before the tail (low 16 bits) in one
+        # reduction; unsigned, so 32,768 of them do not turn negative
+        counts = _sum2(tied.to(tl.uint32) + (above.to(tl.uint32) << 16), above_t.to(tl.uint32) << 16,
+                       PER_THREAD, PER_THREAD_T, HAS_TAIL)
+        rest = need - (counts >> 16).to(tl.int32)
         top = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= rest))
-    return top
+        top_t = above_t
+        if HAS_TAIL:
+            top_t = above_t | (tied_t & (tl.cumsum(tied_t.to(tl.int32), axis=0) + (counts & 0xFFFF).to(tl.int32)
+                                         <= rest))
+    return top, top_t
 
 
 @triton.jit(do_not_specialize=["capacity", "keep_threshold", "steer_key", "rewarm", "ahead"])
@@ -177,28 +228,47 @@ def _select_kernel(
     stride_pn, stride_pkv, stride_pt, stride_ph, stride_callb, stride_calls,
     stride_atb, stride_ats, stride_acb, stride_acs, stride_pfb, stride_pfs,
     K: tl.constexpr, KB: tl.constexpr, SINK: tl.constexpr, LOCAL: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
+    BLOCK: tl.constexpr, TAIL: tl.constexpr, HAS_TAIL: tl.constexpr, GROUP: tl.constexpr, MAX_NORM: tl.constexpr,
     HOT: tl.constexpr, STEER: tl.constexpr, REWARM: tl.constexpr, AHEAD: tl.constexpr, WRITE_KV: tl.constexpr,
     SPLIT: tl.constexpr,
     HG: tl.constexpr, HG_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_TILES: tl.constexpr,
-    PER_THREAD: tl.constexpr, H: tl.constexpr, HB: tl.constexpr, PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
+    PER_THREAD: tl.constexpr, PER_THREAD_T: tl.constexpr, H: tl.constexpr, HB: tl.constexpr,
+    PER_THREAD_H: tl.constexpr, SALT: tl.constexpr,
 ):  # fmt: skip
+    # The row is columns [0, BLOCK) and, with HAS_TAIL, its tail [BLOCK, BLOCK + TAIL): every per-column value
+    # comes in two tensors, x and x_t (without HAS_TAIL x_t is all masked off and never stored or reduced).
     s = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     n_tok = tl.load(ntok_ptr + b * stride_nt).to(tl.int32)
     n = tl.minimum((n_tok + BLOCK_SIZE - 1) // BLOCK_SIZE, nb)      # (n <= NB is the contract; never read past)
     ids = tl.arange(0, BLOCK)
+    ids_t = BLOCK + tl.arange(0, TAIL)
     real = ids < n
+    real_t = ids_t < n                   # (without HAS_TAIL, NB <= BLOCK: all false)
     in_table = ids < nb
+    in_table_t = ids_t < nb
     b_row = bounds_ptr + b * stride_bb + s * stride_bs
     if MAX_NORM:  # each head's bounds less its best over the request's blocks, then the group's max
         score = tl.full([BLOCK], float("-inf"), tl.float32)
+        score_t = tl.full([TAIL], float("-inf"), tl.float32)
         for g in tl.static_range(GROUP):
             x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0)
-            score = tl.maximum(score, x - tl.max(tl.where(real, x, float("-inf")), axis=0))
+            x_t = tl.load(b_row + g * stride_bc + ids_t, mask=in_table_t, other=0.0)
+            if HAS_TAIL:
+                best = tl.max(tl.maximum(
+                    tl.max(tl.reshape(tl.where(real, x, float("-inf")), [BLOCK // PER_THREAD, PER_THREAD],
+                                      can_reorder=True), axis=1),
+                    tl.max(tl.reshape(tl.where(real_t, x_t, float("-inf")), [TAIL // PER_THREAD_T, PER_THREAD_T],
+                                      can_reorder=True), axis=1)), axis=0)
+            else:
+                best = tl.max(tl.where(real, x, float("-inf")), axis=0)
+            score = tl.maximum(score, x - best)
+            score_t = tl.maximum(score_t, x_t - best)
     else:
         score = tl.load(b_row + ids, mask=in_table, other=0.0)
+        score_t = tl.load(b_row + ids_t, mask=in_table_t, other=0.0)
     key = _order_key(score)
+    key_t = _order_key(score_t)
     # loads that do not depend on the selection, issued now so that their latency passes during the search
     t_row = table_ptr + b * stride_tb + s * stride_ts
     if HOT:
@@ -207,52 +277,75 @@ def _select_kernel(
         hot_row = hot_ptr + b * stride_hb + s * stride_hs
         a_row = age_ptr + b * stride_ab + s * stride_as
         res = tl.load(r_row + ids, mask=in_table, other=-1).to(tl.int32)
+        res_t = tl.load(r_row + ids_t, mask=in_table_t, other=-1).to(tl.int32)
         j = tl.arange(0, HB)
         own = tl.load(o_row + j, mask=j < H, other=-1).to(tl.int32)
         age = tl.load(a_row + j, mask=j < H, other=0)
-        units = tl.load(hmap_ptr + b * stride_mapb + s * stride_maps + ids, mask=real, other=0)
+        h_map = hmap_ptr + b * stride_mapb + s * stride_maps
+        units = tl.load(h_map + ids, mask=real, other=0)
+        units_t = tl.load(h_map + ids_t, mask=real_t, other=0)
     else:
         bt_row = bt_ptr + b * stride_btb
         phys = tl.load(bt_row + ids * stride_btn, mask=real, other=0).to(tl.int32)
+        phys_t = tl.load(bt_row + ids_t * stride_btn, mask=real_t, other=0).to(tl.int32)
     forced = real & ((ids < SINK) | (ids >= n - LOCAL))
+    forced_t = real_t & ((ids_t < SINK) | (ids_t >= n - LOCAL))
     middle = real & ~forced
+    middle_t = real_t & ~forced_t
     m_row = mask_ptr + b * stride_mb + s * stride_ms
     m = K - SINK - LOCAL
     if STEER:  # stale blocks kept by their hash; then one search on the set the counts pick (steering.py)
         prev = tl.load(m_row + ids, mask=in_table & (ids < nbw), other=0) != 0
+        prev_t = tl.load(m_row + ids_t, mask=in_table_t & (ids_t < nbw), other=0) != 0
         stale = middle & prev
+        stale_t = middle_t & prev_t
         fresh = middle & ~prev
+        fresh_t = middle_t & ~prev_t
         calls_at = calls_ptr + b * stride_callb + s * stride_calls
         calls = tl.load(calls_at)
         tl.store(calls_at, calls + 1)
         row = (b * tl.num_programs(0) + s).to(tl.uint32)
         h_row = _mix32(_mix32(steer_key.to(tl.uint32) ^ row) ^ calls.to(tl.uint32))
         u = (_mix32(h_row ^ ids.to(tl.uint32)) >> 8).to(tl.int64)
-        counts = tl.sum(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16), axis=0)   # both in one reduction;
+        u_t = (_mix32(h_row ^ ids_t.to(tl.uint32)) >> 8).to(tl.int64)
+        counts = _sum2(stale.to(tl.uint32) + (fresh.to(tl.uint32) << 16),          # both in one reduction;
+                       stale_t.to(tl.uint32) + (fresh_t.to(tl.uint32) << 16), PER_THREAD, PER_THREAD_T, HAS_TAIL)
         n_fresh = (counts >> 16).to(tl.int32)                # unsigned, so 32,768 fresh blocks do not turn negative
         kept = stale & (u * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
-        n_kept = tl.sum(kept.to(tl.int32), axis=0)
+        kept_t = stale_t & (u_t * (counts & 0xFFFF).to(tl.int64) < keep_threshold)
+        n_kept = _sum2(kept.to(tl.int32), kept_t.to(tl.int32), PER_THREAD, PER_THREAD_T, HAS_TAIL)
         warm = ids < 0
+        warm_t = ids_t < 0
         back = ids < 0
+        back_t = ids_t < 0
         n_warm = tl.zeros([], tl.int32)
         n_back = tl.zeros([], tl.int32)
         if REWARM:  # fresh blocks still hot come back, each with the probability the count left asks
             warm = fresh & (res >= 0)
-            n_warm = tl.sum(warm.to(tl.int32), axis=0)
+            warm_t = fresh_t & (res_t >= 0)
+            n_warm = _sum2(warm.to(tl.int32), warm_t.to(tl.int32), PER_THREAD, PER_THREAD_T, HAS_TAIL)
             limit = (rewarm * (m - n_kept).to(tl.float32) * 16777216.0).to(tl.int64)
             back = warm & (u * n_warm.to(tl.int64) < limit)
-            n_back = tl.sum(back.to(tl.int32), axis=0)
+            back_t = warm_t & (u_t * n_warm.to(tl.int64) < limit)
+            n_back = _sum2(back.to(tl.int32), back_t.to(tl.int32), PER_THREAD, PER_THREAD_T, HAS_TAIL)
         early = ids < 0
+        early_t = ids_t < 0
         n_early = tl.zeros([], tl.int32)
         if AHEAD:  # warm blocks a prediction recalled come back too, by a second draw (steering.steer_ahead)
-            pref = tl.load(pref_ptr + b * stride_pfb + s * stride_pfs + ids, mask=in_table & (ids < nbw), other=0)
+            p_row = pref_ptr + b * stride_pfb + s * stride_pfs
+            pref = tl.load(p_row + ids, mask=in_table & (ids < nbw), other=0)
+            pref_t = tl.load(p_row + ids_t, mask=in_table_t & (ids_t < nbw), other=0)
             pool_a = warm & ~back & (pref != 0)
-            n_pool = tl.sum(pool_a.to(tl.int32), axis=0)
+            pool_a_t = warm_t & ~back_t & (pref_t != 0)
+            n_pool = _sum2(pool_a.to(tl.int32), pool_a_t.to(tl.int32), PER_THREAD, PER_THREAD_T, HAS_TAIL)
             limit_a = (ahead * (m - n_kept - n_back).to(tl.float32) * 16777216.0).to(tl.int64)
             v = (_mix32(u.to(tl.uint32) ^ tl.full([BLOCK], SALT, tl.uint32)) >> 8).to(tl.int64)
+            v_t = (_mix32(u_t.to(tl.uint32) ^ tl.full([TAIL], SALT, tl.uint32)) >> 8).to(tl.int64)
             early = pool_a & (v * n_pool.to(tl.int64) < limit_a)
-            n_early = tl.sum(early.to(tl.int32), axis=0)
+            early_t = pool_a_t & (v_t * n_pool.to(tl.int64) < limit_a)
+            n_early = _sum2(early.to(tl.int32), early_t.to(tl.int32), PER_THREAD, PER_THREAD_T, HAS_TAIL)
         cold = fresh & ~warm
+        cold_t = fresh_t & ~warm_t
         c1 = n_kept
         c2 = c1 + n_back
         c2e = c2 + n_early
@@ -260,40 +353,63 @@ def _select_kernel(
         # the classes kept, back, early, cold, the rest: whole before the class where the count reaches m
         whole = tl.where(c1 >= m, ids < 0, tl.where(c2 >= m, kept, tl.where(c2e >= m, kept | back,
                          tl.where(c3 >= m, kept | back | early, kept | back | early | cold))))
-        searched = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c2e >= m, early, tl.where(
+        whole_t = tl.where(c1 >= m, ids_t < 0, tl.where(c2 >= m, kept_t, tl.where(c2e >= m, kept_t | back_t,
+                           tl.where(c3 >= m, kept_t | back_t | early_t, kept_t | back_t | early_t | cold_t))))
+        member = tl.where(c1 >= m, kept, tl.where(c2 >= m, back, tl.where(c2e >= m, early, tl.where(
             c3 >= m, cold, (stale & ~kept) | (warm & ~back & ~early)))))
-        member = searched
+        member_t = tl.where(c1 >= m, kept_t, tl.where(c2 >= m, back_t, tl.where(c2e >= m, early_t, tl.where(
+            c3 >= m, cold_t, (stale_t & ~kept_t) | (warm_t & ~back_t & ~early_t)))))
         need = tl.where(c1 >= m, m, tl.where(c2 >= m, m - c1, tl.where(c2e >= m, m - c2,
                         tl.where(c3 >= m, m - c2e, m - c3))))
     else:
         whole = ids < 0
+        whole_t = ids_t < 0
         member = middle
+        member_t = middle_t
         need = tl.zeros([], tl.int32) + m
-    picked = _top(key, member, need, PER_THREAD) | whole
-    chosen = tl.where(n > K, forced | picked, real)
+    picked, picked_t = _top(key, member, key_t, member_t, need, PER_THREAD, PER_THREAD_T, HAS_TAIL)
+    chosen = tl.where(n > K, forced | picked | whole, real)
+    chosen_t = tl.where(n > K, forced_t | picked_t | whole_t, real_t)
 
     if HOT:  # the chosen blocks and those of them to recall, counted in one scan and one sum: 16 bits each,
         # unsigned, so 32,768 of them do not turn negative
         need_it = chosen & (res < 0)                            # selected, not resident: recalled
+        need_it_t = chosen_t & (res_t < 0)
         both = chosen.to(tl.uint32) + (need_it.to(tl.uint32) << 16)
-        ranks = tl.cumsum(both, axis=0)
-        pos = (ranks & 0xFFFF).to(tl.int32) - 1                 # where each chosen id lands, ascending
-        rank = (ranks >> 16).to(tl.int32) - 1                   # each recalled block's place among them
-        totals = tl.sum(both, axis=0)
-        n_sel = (totals & 0xFFFF).to(tl.int32)
-        n_need = (totals >> 16).to(tl.int32)
+        both_t = chosen_t.to(tl.uint32) + (need_it_t.to(tl.uint32) << 16)
     else:
-        pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-        n_sel = tl.sum(chosen.to(tl.int32), axis=0)
+        both = chosen.to(tl.uint32)
+        both_t = chosen_t.to(tl.uint32)
+    ranks = tl.cumsum(both, axis=0)
+    if HAS_TAIL:  # the tail ranks after the row's columns: both parts' sums in one reduction (32 bits each)
+        sums = tl.sum(_fold(both, PER_THREAD).to(tl.int64)
+                      + (_fold(both_t, PER_THREAD_T).to(tl.int64) << 32), axis=0)
+        ranks_t = tl.cumsum(both_t, axis=0) + (sums & 0xFFFFFFFF).to(tl.uint32)
+        totals = ((sums & 0xFFFFFFFF) + (sums >> 32)).to(tl.uint32)
+    else:
+        ranks_t = both_t
+        totals = tl.sum(both, axis=0)
+    pos = (ranks & 0xFFFF).to(tl.int32) - 1                     # where each chosen id lands, ascending
+    pos_t = (ranks_t & 0xFFFF).to(tl.int32) - 1
+    n_sel = (totals & 0xFFFF).to(tl.int32)
+    if HOT:
+        rank = (ranks >> 16).to(tl.int32) - 1                   # each recalled block's place among them
+        rank_t = (ranks_t >> 16).to(tl.int32) - 1
+        n_need = (totals >> 16).to(tl.int32)
     kids = tl.arange(0, KB)                                   # the K output columns: padding is written there
     pad = (kids >= n_sel) & (kids < K)
     s_row = sel_ptr + b * stride_selb + s * stride_sels
     tl.store(s_row + pos, ids.to(tl.int64), mask=chosen)
+    if HAS_TAIL:
+        tl.store(s_row + pos_t, ids_t.to(tl.int64), mask=chosen_t)
     tl.store(s_row + kids, tl.full([KB], -1, tl.int64), mask=pad)
     tl.debug_barrier()                                          # every thread has read its previous mask
     tl.store(m_row + ids, chosen.to(tl.uint8), mask=ids < nbw)
-    for tile in tl.static_range(1, MASK_TILES):                # a mask wider than BLOCK: zeros past it
-        tl.store(m_row + tile * BLOCK + ids, tl.zeros([BLOCK], tl.uint8), mask=tile * BLOCK + ids < nbw)
+    if HAS_TAIL:
+        tl.store(m_row + ids_t, chosen_t.to(tl.uint8), mask=ids_t < nbw)
+    for tile in tl.static_range(1, MASK_TILES):                # a mask wider than the row: zeros past it
+        at_m = tile * BLOCK + ids
+        tl.store(m_row + at_m, tl.zeros([BLOCK], tl.uint8), mask=(at_m < nbw) & (at_m >= BLOCK + TAIL * HAS_TAIL))
     offset = (n_tok - 1) % BLOCK_SIZE
     if not SPLIT:
         tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
@@ -306,7 +422,7 @@ def _select_kernel(
         n_empty = (n_free & 0xFFFF).to(tl.int32)
         n_victims = n_need - n_empty
         if (n_victims > 0) & (n_victims < (n_free >> 16).to(tl.int32)):      # only the oldest go
-            victim = _top(age, victim, n_victims, PER_THREAD_H)
+            victim = _top(age, victim, age, victim, n_victims, PER_THREAD_H, PER_THREAD_H, False)[0]
         free = empty.to(tl.uint32) + (victim.to(tl.uint32) << 16)          # both counted in one scan
         free_ranks = tl.cumsum(free, axis=0)
         free_rank = tl.where(empty, (free_ranks & 0xFFFF).to(tl.int32) - 1,
@@ -317,34 +433,57 @@ def _select_kernel(
         tl.store(a_row + j, tl.where(held | taken, 0, age + 1), mask=j < H)
         tl.debug_barrier()
         index = tl.where(need_it, tl.load(scratch + rank, mask=need_it, other=0), res)   # hot index, chosen ids
+        index_t = tl.where(need_it_t, tl.load(scratch + rank_t, mask=need_it_t, other=0), res_t)
         tl.store(r_row + own, tl.full([HB], -1, tl.int64), mask=victim & taken)
         tl.store(r_row + ids, index.to(tl.int64), mask=need_it)
         tl.store(o_row + index, ids.to(tl.int64), mask=need_it)
+        if HAS_TAIL:
+            tl.store(r_row + ids_t, index_t.to(tl.int64), mask=need_it_t)
+            tl.store(o_row + index_t, ids_t.to(tl.int64), mask=need_it_t)
         dev = tl.load(hot_row + index, mask=chosen, other=0)      # device slot of every chosen block
+        dev_t = tl.load(hot_row + index_t, mask=chosen_t, other=0)
         last = ids == n - 1                                     # the block being written
+        last_t = real_t & (ids_t == n - 1)
         pad_slot = tl.load(hot_row).to(tl.int32) + tl.zeros([KB], tl.int32)
         if SPLIT:  # the resident blocks in the table, the recalled ones in the arrivals' table, each ascending
             present = chosen & ~need_it
+            present_t = chosen_t & ~need_it_t
             n_pres = n_sel - n_need
             missing = BLOCK_SIZE - offset - 1                   # tokens of the block being written still to come
-            last_pres = tl.sum((last & present).to(tl.int32), axis=0)
-            last_need = tl.sum((last & need_it).to(tl.int32), axis=0)
+            lasts = _sum2((last & present).to(tl.int32) + ((last & need_it).to(tl.int32) << 1),
+                          (last_t & present_t).to(tl.int32) + ((last_t & need_it_t).to(tl.int32) << 1),
+                          PER_THREAD, PER_THREAD_T, HAS_TAIL)
+            last_pres = lasts & 1
+            last_need = lasts >> 1
             a_row = atab_ptr + b * stride_atb + s * stride_ats
             tl.store(t_row + pos - rank - 1, dev.to(tl.int32), mask=present)
-            tl.store(t_row + kids, pad_slot, mask=(kids >= n_pres) & (kids < K))
             tl.store(a_row + rank, dev.to(tl.int32), mask=need_it)
+            if HAS_TAIL:
+                tl.store(t_row + pos_t - rank_t - 1, dev_t.to(tl.int32), mask=present_t)
+                tl.store(a_row + rank_t, dev_t.to(tl.int32), mask=need_it_t)
+            tl.store(t_row + kids, pad_slot, mask=(kids >= n_pres) & (kids < K))
             tl.store(a_row + kids, pad_slot, mask=(kids >= n_need) & (kids < K))
             tl.store(ctx_ptr + b * stride_cb + s * stride_cs, n_pres * BLOCK_SIZE - last_pres * missing)
             tl.store(actx_ptr + b * stride_acb + s * stride_acs, n_need * BLOCK_SIZE - last_need * missing)
         else:
             tl.store(t_row + pos, dev.to(tl.int32), mask=chosen)
+            if HAS_TAIL:
+                tl.store(t_row + pos_t, dev_t.to(tl.int32), mask=chosen_t)
             tl.store(t_row + kids, pad_slot, mask=pad)
-        tl.store(wslot_ptr + b * stride_wb + s * stride_ws + ids * 0, dev, mask=last)
-        at = tl.atomic_add(count_ptr, n_need.to(tl.int64)) + rank
-        tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
-        tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
+        w_at = wslot_ptr + b * stride_wb + s * stride_ws
+        tl.store(w_at + ids * 0, dev, mask=last)
+        if HAS_TAIL:
+            tl.store(w_at + ids_t * 0, dev_t, mask=last_t)
+        at = tl.atomic_add(count_ptr, n_need.to(tl.int64))
+        at_r = at + rank
+        tl.store(ids_ptr + at_r, units, mask=need_it & (at_r < capacity))     # (count not zeroed: never past them)
+        tl.store(dst_ptr + at_r, dev, mask=need_it & (at_r < capacity))
+        if HAS_TAIL:
+            at_q = at + rank_t
+            tl.store(ids_ptr + at_q, units_t, mask=need_it_t & (at_q < capacity))
+            tl.store(dst_ptr + at_q, dev_t, mask=need_it_t & (at_q < capacity))
         if WRITE_KV:
-            slot = tl.sum(tl.where(last, dev, 0), axis=0)
+            slot = _sum2(tl.where(last, dev, 0), tl.where(last_t, dev_t, 0), PER_THREAD, PER_THREAD_T, HAS_TAIL)
             hh = tl.arange(0, HG_PAD)[:, None]
             dd = tl.arange(0, HEAD_DIM)[None, :]
             heads = s * HG + hh
@@ -355,6 +494,8 @@ def _select_kernel(
             tl.store(dst + stride_pkv, v_new.to(pool_ptr.dtype.element_ty), mask=hh < HG)
     else:
         tl.store(t_row + pos, phys, mask=chosen)
+        if HAS_TAIL:
+            tl.store(t_row + pos_t, phys_t, mask=chosen_t)
         tl.store(t_row + kids, tl.load(bt_row).to(tl.int32) + tl.zeros([KB], tl.int32), mask=pad)
 
 
@@ -401,14 +542,12 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
                   block_tables: torch.Tensor | None, hot: HotRecall | None, steer: Steering | None,
                   num_warps: int | None = None) -> None:
     """`fused_selection.select_blocks_fused` on Triton (arguments checked there); num_warps: override
-    (benchmarks). 8 warps up to BLOCK = 4096, 16 above: a row is a chain of 16 CTA-wide counts, whose barriers
-    cost more with more warps, while the elements a thread holds cost registers (16 warps at 8192, 128K-token
-    rows, keep them from spilling)."""
+    (benchmarks)."""
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
-    block = triton.next_power_of_2(max(nb, k))
-    if block > _MAX_BLOCK:
+    if triton.next_power_of_2(max(nb, k)) > _MAX_BLOCK:
         raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} block columns, got {max(nb, k)}")
+    block, tail, warps = select_row_split(nb, k, num_warps)
     new = hot.new_token if hot is not None else None
     dummy = out
     bt = block_tables if block_tables is not None else dummy
@@ -422,7 +561,6 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     hb = triton.next_power_of_2(h)
     if hb > _MAX_BLOCK:
         raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} hot entries a row, got {h}")
-    warps = num_warps or (8 if block <= 4096 else 16)
     scratch = torch.empty(b * s * hb if hot is not None else 1, dtype=torch.int32, device=bounds.device)
     kk, vv, pool = (new.k, new.v, new.pool) if new is not None else (dummy, dummy, dummy)
     hg = pool.shape[3] if new is not None else 1
@@ -450,14 +588,32 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
         *_s2(kk), *_s2(vv), *(pool.stride()[:4] if new is not None else (0, 0, 0, 0)), *_s2(calls),
         *_s2(atab), *_s2(actx), *((0, 0) if pref is None else _s2(pref)),
         K=k, KB=triton.next_power_of_2(k), SINK=config.sink_blocks, LOCAL=config.local_blocks,
-        BLOCK_SIZE=config.block_size, BLOCK=block,
+        BLOCK_SIZE=config.block_size, BLOCK=block, TAIL=max(tail, 1), HAS_TAIL=tail > 0,
         GROUP=c, MAX_NORM=config.group_score is GroupScore.MAX_NORM, HOT=hot is not None,
         STEER=steer is not None, REWARM=steer is not None and (steer.rewarm > 0 or steer.ahead > 0),
         AHEAD=pref is not None, WRITE_KV=new is not None,
         SPLIT=arrivals is not None, HG=hg, HG_PAD=triton.next_power_of_2(hg), HEAD_DIM=d,
-        MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)), H=h, HB=hb,
+        MASK_TILES=triton.cdiv(mask.shape[2], block), PER_THREAD=max(1, block // (32 * warps)),
+        PER_THREAD_T=max(1, tail // (32 * warps)), H=h, HB=hb,
         PER_THREAD_H=max(1, hb // (32 * warps)), SALT=AHEAD_SALT, num_warps=warps,
     )  # fmt: skip
+
+
+def select_row_split(nb: int, k: int, num_warps: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK, TAIL, warps) of the select's rows of NB columns and budget K: one power of two of columns, or,
+    where NB is just past one, that power of two and a tail of at most half as many (2050 columns: 2048 + 256,
+    not 4096). A tail holds at least one column a thread, so that each thread sums its columns of both parts
+    before the CTA-wide reduction, one a step of the search as without a tail. 8 warps up to BLOCK = 4096, 16
+    above: the search is a chain of CTA-wide counts, whose barriers cost more with more warps, while the columns
+    a thread holds cost registers (16 warps at 8192, 128K-token rows, keep them from spilling)."""
+    width = triton.next_power_of_2(max(nb, k))
+    half = width // 2
+    warps = num_warps or (8 if half <= 4096 else 16)
+    threads = 32 * warps
+    tail = triton.next_power_of_2(max(nb - half, threads))
+    if nb > half >= max(k, threads) and tail <= half // 2:
+        return half, tail, warps
+    return width, 0, num_warps or (8 if width <= 4096 else 16)
 
 
 def _s2(t: torch.Tensor) -> tuple[int, int]:

@@ -281,6 +281,16 @@ CASES: dict[str, Spec] = {
     "steer-wide": Spec((3000, 4100 * BS - 5), 4100, 64, hkv=1, group=2, steps=2, steer=0.5),
     "hot-lru-steer-wide-table": Spec((5 * BS, 9 * BS + 3, 290 * BS), 300, 8, d=64, mode="hot", steps=3, hot=13,
                                      steer=0.5, new_token=True),
+    # tables just past a power of two (600 columns: a row of 512 and a tail of 256): blocks selected, recalled,
+    # written and padded on both sides of column 512, the last block in the tail and out of it
+    "tail-paged-integer": Spec((600 * BS - 3, 530 * BS, 513 * BS, 40 * BS, 1), 600, 64, integer=True),
+    "tail-maxnorm-steer-wide-mask": Spec((600 * BS, 520 * BS, 300 * BS), 600, 32, rule=GroupScore.MAX_NORM, steps=3,
+                                         steer=0.5, mask_extra=700, random_mask=True),
+    "tail-hot-lru-steer-rewarm-ahead-arrivals": Spec((590 * BS + 3, 513 * BS + 2, 200 * BS), 600, 32, mode="hot",
+                                                     steps=4, hot=48, steer=0.6, rewarm=0.3, ahead=0.8, integer=True,
+                                                     arrivals=True, new_token=True),
+    "tail-hot-solohead-maxnorm": Spec((600 * BS, 511 * BS + 9), 600, 40, head=1, mode="hot", steps=3,
+                                      rule=GroupScore.MAX_NORM, new_token=True),
 }
 
 
@@ -289,6 +299,11 @@ def gpu_specs() -> dict[str, Spec]:
     specs = {name: replace(spec, dtype="bfloat16") for name, spec in CASES.items()}
     big = Spec((32768,) * 4 + (30000, 20000, 2500, 1), 2048, 128, hkv=8, group=5, d=128, dtype="bfloat16")
     specs["qwen3-14b-quest-paged"] = big
+    # 2050 columns (32K and 20 steps): a row of 2048 and a tail of 256
+    past = replace(big, lens=(32800,) * 4 + (32780, 32769, 20000, 1), nb=2050)
+    specs["qwen3-14b-quest-paged-steer-tail"] = replace(past, steps=3, steer=0.9)
+    specs["qwen3-14b-solohead-lru-rewarm-ahead-tail"] = replace(past, head=3, mode="hot", steps=4, steer=0.8, hot=160,
+                                                                rewarm=0.4, ahead=0.72, new_token=True, arrivals=True)
     specs["qwen3-14b-quest-hot-steer"] = replace(big, mode="hot", steps=3, steer=0.9, new_token=True)
     specs["qwen3-14b-solohead-maxnorm-hot"] = replace(big, head=3, rule=GroupScore.MAX_NORM, mode="hot", steps=3)
     specs["qwen3-14b-solohead-hot-steer-arrivals"] = replace(big, head=3, mode="hot", steps=3, steer=0.9,

@@ -1,6 +1,7 @@
 """Run under TRITON_INTERPRET=1 by test_select_top.py: `select_kernels._top`, the select kernel's threshold search,
 on rows built to start it at every depth (one sign, a narrow range, all keys equal, keys at the int32 ends) and
-with every kind of need (0, the members' count, more than it, none a member). Prints one JSON line: per case, the
+with every kind of need (0, the members' count, more than it, none a member), each as one row and as a row and
+its tail. Prints one JSON line: per case, the
 rows where the kernel and the definition differ."""
 
 from __future__ import annotations
@@ -15,16 +16,23 @@ from pulseio_engine.kv.select_kernels import _top
 
 BLOCK = 256
 WARPS = 2
+SPLIT = (128, 64)   # the first 192 columns of a row as a row of 128 and a tail of 64 (one column a thread)
 
 
 @triton.jit
-def _top_kernel(key_ptr, member_ptr, need_ptr, out_ptr, BLOCK: tl.constexpr, PER_THREAD: tl.constexpr):
+def _top_kernel(key_ptr, member_ptr, need_ptr, out_ptr, STRIDE: tl.constexpr, BLOCK: tl.constexpr,
+                TAIL: tl.constexpr, HAS_TAIL: tl.constexpr, PER_THREAD: tl.constexpr, PER_THREAD_T: tl.constexpr):
     row = tl.program_id(0)
     i = tl.arange(0, BLOCK)
-    key = tl.load(key_ptr + row * BLOCK + i)
-    member = tl.load(member_ptr + row * BLOCK + i) != 0
-    top = _top(key, member, tl.load(need_ptr + row), PER_THREAD)
-    tl.store(out_ptr + row * BLOCK + i, top.to(tl.int8))
+    i_t = BLOCK + tl.arange(0, TAIL)
+    key = tl.load(key_ptr + row * STRIDE + i)
+    member = tl.load(member_ptr + row * STRIDE + i) != 0
+    key_t = tl.load(key_ptr + row * STRIDE + i_t)
+    member_t = (tl.load(member_ptr + row * STRIDE + i_t) != 0) & HAS_TAIL
+    top, top_t = _top(key, member, key_t, member_t, tl.load(need_ptr + row), PER_THREAD, PER_THREAD_T, HAS_TAIL)
+    tl.store(out_ptr + row * STRIDE + i, top.to(tl.int8))
+    if HAS_TAIL:
+        tl.store(out_ptr + row * STRIDE + i_t, top_t.to(tl.int8))
 
 
 def definition(key: torch.Tensor, member: torch.Tensor, need: int) -> torch.Tensor:
@@ -66,15 +74,19 @@ def rows(gen: torch.Generator) -> dict[str, list[tuple[torch.Tensor, torch.Tenso
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
     results = {}
+    threads = 32 * WARPS
     for name, cases in rows(gen).items():
         keys = torch.stack([c[0] for c in cases]).contiguous()
         mem = torch.stack([c[1] for c in cases]).to(torch.int8).contiguous()
         needs = torch.tensor([c[2] for c in cases], dtype=torch.int32)
-        out = torch.zeros_like(mem)
-        _top_kernel[(len(cases),)](keys, mem, needs, out, BLOCK=BLOCK, PER_THREAD=BLOCK // (32 * WARPS),
-                                   num_warps=WARPS)
-        want = torch.stack([definition(*c) for c in cases])
-        results[name] = [r for r in range(len(cases)) if not torch.equal(out[r], want[r])]
+        for (block, tail), label in (((BLOCK, 1), name), (SPLIT, f"{name} (tail)")):
+            cols = block + (tail if tail > 1 else 0)
+            out = torch.zeros_like(mem)
+            _top_kernel[(len(cases),)](keys, mem, needs, out, STRIDE=BLOCK, BLOCK=block, TAIL=tail, HAS_TAIL=tail > 1,
+                                       PER_THREAD=block // threads, PER_THREAD_T=max(1, tail // threads),
+                                       num_warps=WARPS)
+            want = torch.stack([definition(c[0][:cols], c[1][:cols], c[2]) for c in cases])
+            results[label] = [r for r in range(len(cases)) if not torch.equal(out[r, :cols], want[r])]
     print(json.dumps(results))
 
 

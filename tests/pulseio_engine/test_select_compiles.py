@@ -18,7 +18,9 @@ _POINTERS = dict(
 )
 _BASE = dict(K=128, KB=128, SINK=1, LOCAL=2, BLOCK_SIZE=16, BLOCK=4096, GROUP=1, MAX_NORM=False, HOT=False,
              STEER=False, REWARM=False, AHEAD=False, WRITE_KV=False, SPLIT=False, HG=8, HG_PAD=8, HEAD_DIM=128,
-             MASK_TILES=1, PER_THREAD=16, H=128, HB=128, PER_THREAD_H=1, SALT=12345)
+             MASK_TILES=1, PER_THREAD=16, H=128, HB=128, PER_THREAD_H=1, SALT=12345, TAIL=1, HAS_TAIL=False,
+             PER_THREAD_T=1)
+_TAIL = dict(BLOCK=2048, PER_THREAD=8, TAIL=256, HAS_TAIL=True, PER_THREAD_T=1)   # 2050 columns: 2048 + 256
 _VARIANTS = {
     "paged": {},
     "paged-max-norm": dict(MAX_NORM=True, GROUP=5),
@@ -27,6 +29,11 @@ _VARIANTS = {
     "hot-rewarm-ahead-arrivals": dict(HOT=True, STEER=True, REWARM=True, AHEAD=True, SPLIT=True, WRITE_KV=True,
                                       H=256, HB=256, PER_THREAD_H=1),
     "hot-mask-wider-than-block": dict(HOT=True, SPLIT=True, MASK_TILES=2),
+    "paged-steered-tail": dict(STEER=True, **_TAIL),
+    "paged-max-norm-tail": dict(MAX_NORM=True, GROUP=5, **_TAIL),
+    "hot-rewarm-ahead-arrivals-tail": dict(HOT=True, STEER=True, REWARM=True, AHEAD=True, SPLIT=True, WRITE_KV=True,
+                                           H=256, HB=256, PER_THREAD_H=1, MASK_TILES=2, **_TAIL),
+    "hot-steered-new-token-tail": dict(HOT=True, STEER=True, WRITE_KV=True, **_TAIL),
 }
 
 

@@ -1,6 +1,6 @@
 """`select_kernels._top`, the select kernel's threshold search, against its definition under TRITON_INTERPRET=1
 (a child process, CPU machines only): rows that start the search past a shared prefix of the keys, and every
-kind of need (select_top_cases.py builds them)."""
+kind of need, each as one row and as a row and its tail (select_top_cases.py builds them)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,6 @@ def mismatches() -> dict:
 
 
 @pytest.mark.needs_package("triton")
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [*NAMES, *(f"{n} (tail)" for n in NAMES)])
 def test_top_equals_its_definition(mismatches: dict, name: str) -> None:
     assert name in mismatches and mismatches[name] == [], mismatches.get(name)
