@@ -5,10 +5,10 @@ block 16: NB = 2048; budget 2048 tokens: K = 128).
 Usage (repo root): PYTHONPATH=. python benchmarks/bench_fused_selection.py [--batch 8] [--context 32768]
     [--parts score,select,torch,halves] [--only "S=8 paged sum"]
 
-Workload: bf16 queries and digests with random values, block tables of shuffled physical ids (`--ordered`:
-consecutive ones), every request at the full context; the select runs on the score kernel's bounds of them (the
-threshold search's steps depend on the keys: it skips the digits every member shares). Each line is the median of 15
-CUDA-graph replays of 10 back-to-back calls (what a captured decode step sees), per call. Score lines give the digest
+Workload: bf16 queries and digests with random values, block tables of shuffled physical ids, every
+request at the full context; the select runs on the score kernel's bounds of them (the threshold search's
+steps depend on the keys: it skips the digits every member shares). Each line is the median of 15 CUDA-graph
+replays of 10 back-to-back calls (what a captured decode step sees), per call. Score lines give the digest
 bytes read (max and min of every block column of every selecting row) per second, and that against a 1 GiB
 device copy (read + write bytes, `bench_attention.measure_copy_gbps`) timed in the same process. HOT select runs
 steered (overlap 0.9) so each call recalls ~a tenth of K, as real models do; its recall buffers are sized so the
@@ -48,7 +48,7 @@ HQ, HKV, D, BS = 40, 8, 128, 16
 class Layer:
     """One layer's digests, queries, tables and a HOT row state per selecting-row count S."""
 
-    def __init__(self, batch: int, context: int, budget: int, ordered: bool = False) -> None:
+    def __init__(self, batch: int, context: int, budget: int) -> None:
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.b, self.nb, self.k = batch, context // BS, budget // BS
         n_phys = batch * self.nb + 8
@@ -57,8 +57,7 @@ class Layer:
         self.dmax = torch.randn((n_phys, HKV, D), generator=gen, **bf16)
         self.dmin = self.dmax - torch.rand((n_phys, HKV, D), generator=gen, **bf16)
         self.solo_max, self.solo_min = self.dmax[:, 3:4].contiguous(), self.dmin[:, 3:4].contiguous()
-        perm = (torch.arange(n_phys, device="cuda") if ordered
-                else torch.randperm(n_phys, generator=gen, device="cuda"))[: batch * self.nb]
+        perm = torch.randperm(n_phys, generator=gen, device="cuda")[: batch * self.nb]
         self.tables = perm.view(batch, self.nb).int()
         self.num_tokens = torch.full((batch,), context, device="cuda")
         self.config = SparseConfig(token_budget=budget, block_size=BS)
@@ -99,17 +98,13 @@ def bench_score(layer: Layer, copy_gbps: float) -> None:
         s, c = (HKV if head is None else 1), (1 if rule is GroupScore.SUM else HQ // HKV)
         out = torch.empty((b, s, c, nb), dtype=torch.float32, device="cuda")
         nbytes = b * s * nb * D * 2 * dmax.element_size()
-        shapes = [(None, 1, None), (32, 1, 4), (64, 1, 4), (64, 1, 8), (128, 1, 8)]
-        if s > 1:  # several rows a program: a block's digests of those heads in one contiguous run
-            shapes += [(32, 2, 8), (16, 4, 8), (8, 8, 4), (8, 8, 8), (16, 8, 8)]
-        for tile, heads, warps in shapes:
+        for tile, warps in ((None, None), (32, 4), (64, 4), (64, 8), (128, 8)):
             us = time_graph_us(lambda: select_kernels.launch_score(
                 layer.q, dmax, dmin, layer.tables, out, None, num_kv_heads=HKV, head=head,
-                max_norm=rule is GroupScore.MAX_NORM, tile=tile, heads=heads, num_warps=warps))
+                max_norm=rule is GroupScore.MAX_NORM, tile=tile, num_warps=warps))
             gbps = nbytes / us / 1e3
-            print(f"score {label:18s} tile {tile or 'auto':>4} heads {heads} warps {warps or 'auto':>4}: "
-                  f"{us:8.1f} us {nbytes / 2**20:6.1f} MiB {gbps:7.0f} GB/s ({gbps / copy_gbps:4.0%} of the copy)",
-                  flush=True)
+            print(f"score {label:18s} tile {tile or 'auto':>4} warps {warps or 'auto':>4}: {us:8.1f} us "
+                  f"{nbytes / 2**20:6.1f} MiB {gbps:7.0f} GB/s ({gbps / copy_gbps:4.0%} of the copy)", flush=True)
 
 
 def bench_select(layer: Layer, only: list[str]) -> None:
@@ -246,14 +241,12 @@ def main() -> None:
                         "halves")
     parser.add_argument("--only", default="", help="select lines whose label holds one of these comma-separated "
                         "substrings (\"S=8 paged sum,S=1 hot sum steered\"); default: every line")
-    parser.add_argument("--ordered", action="store_true", help="each request's blocks at consecutive physical "
-                        "ids (the engine's after a prefill) instead of shuffled ones")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(torch.cuda.get_device_name(0), torch.__version__, select_kernels.triton.__version__, flush=True)
     copy_gbps, _ = measure_copy_gbps()
     print(f"copy 1 GiB: {copy_gbps:.0f} GB/s (read + write)", flush=True)
-    layer = Layer(args.batch, args.context, args.budget, args.ordered)
+    layer = Layer(args.batch, args.context, args.budget)
     if "score" in parts:
         bench_score(layer, copy_gbps)
     if "select" in parts:

@@ -2,9 +2,9 @@
 # The device jobs of a session, in order on one machine:
 #   CALL_S=<s> TAG=<tag> [KERNEL_CACHE=DIR] OUT=DIR bash benchmarks/run_jobs_gpu.sh SHA JOB[@LIMIT_S]...
 # Each job runs under its limit and is skipped when the call's time (CALL_S, default 590) would not hold it;
-# h200:JOB / h100:JOB runs only on that card, heads8:JOB with the score's programs 8 selecting rows wide. SHA is the
-# tree's full commit (the reports record it). Output in $WORK (default /tmp/pulseio-jobs, kept while the machine
-# stays warm) and $OUT/$TAG.tgz, a live log in $OUT/$TAG-live.log. JOB:
+# h200:JOB / h100:JOB runs only on that card. SHA is the tree's full commit (the reports record it). Output in
+# $WORK (default /tmp/pulseio-jobs, kept while the machine stays warm) and $OUT/$TAG.tgz, a live log in
+# $OUT/$TAG-live.log. JOB:
 #   tests                the GPU serving cases the captured branches touch (tokens [ahead], halves ahead, ride ahead,
 #                        steady rounds of IRQ and of ride recalling ahead, admissions and finishes of ride recalling
 #                        ahead under the sync check), side by side (~2.5 min cold; 3-6 GiB each)
@@ -17,8 +17,6 @@
 #                        the requests on two streams (bench_fused_selection.py --parts halves; ~40 s)
 #   select-width         the select kernel per warps at a 32K table (2048 columns) and just past it (4096), paged and
 #                        steered hot (bench_fused_selection.py --parts select at --context 32768 and 32800; ~1 min)
-#   score-heads          the score kernel per tile, selecting rows a program and warps (bench_fused_selection.py --parts
-#                        score, shuffled and --ordered tables; ~1 min)
 #   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
@@ -63,7 +61,6 @@ finish() {
 }
 trap finish EXIT
 SHA=$1; shift
-cp pulseio_engine/kv/select_kernels.py $W/select_kernels.py
 export PULSEIO_GIT_SHA=$SHA PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 log "start $SHA $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1) jobs: $*"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
@@ -72,9 +69,6 @@ for spec in "$@"; do
     h200:*) spec=${spec#h200:}; case $GPU in *H200*) ;; *) log "skip $spec (not an H200)"; continue;; esac;;
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
-  SUFFIX=""; cp $W/select_kernels.py pulseio_engine/kv/select_kernels.py   # the tree's own, as the job before may have left it
-  case $spec in heads8:*) spec=${spec#heads8:}; SUFFIX=-heads8   # the score's programs 8 selecting rows wide
-    sed -i 's/^_SCORE_HEADS = [0-9]* /_SCORE_HEADS = 8 /' pulseio_engine/kv/select_kernels.py;; esac
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
@@ -106,12 +100,6 @@ for spec in "$@"; do
       log "$job $c rc=$? $(grep '^select' $W/select-$c.log | tr -s ' ' | tr '\n' ';')"; done
     continue
   fi
-  if [ "$job" = score-heads ]; then   # the score per tile, rows a program and warps, shuffled and consecutive tables
-    for t in shuffled ordered; do a=""; [ $t = ordered ] && a=--ordered
-      timeout ${LIM:-60} python benchmarks/bench_fused_selection.py --parts score $a > $W/score-$t.log 2>&1
-      log "$job $t rc=$? $(grep '^score quest sum' $W/score-$t.log | tr -s ' ' | cut -d' ' -f4-13 | tr '\n' ';')"; done
-    continue
-  fi
   if [ "$job" = attn-gpu ]; then   # the attention kernels against naive attention
     timeout ${LIM:-120} python -m pytest -q -rfE -p no:cacheprovider -m gpu tests/pulseio_engine/test_attention_gpu.py \
       > $W/attn-gpu.out 2>&1
@@ -133,7 +121,7 @@ for spec in "$@"; do
   fi
   if [ "$job" = rows28 ] || [ "$job" = rows28q ]; then
     [ $(( $(date +%s) - T0 + ${LIM:-360} )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    d=$job$SUFFIX; rm -rf $W/$d
+    d=$job; rm -rf $W/$d
     configs="8x32768 32x8192"; specs="all-on-gpu:quest+vanilla all-on-gpu:solohead"
     [ $job = rows28q ] && { configs=8x32768; specs=all-on-gpu:quest+vanilla; }
     PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out \

@@ -33,7 +33,6 @@ Why they look the way they do:
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,8 +45,7 @@ from .steering import AHEAD_SALT, keep_threshold, steer_key
 if TYPE_CHECKING:
     from .fused_selection import HotRecall, Steering
 
-_SCORE_TILE_ELEMS = 8192     # TILE * HEADS * D elements of max (and as many of min) per score program
-_SCORE_HEADS = 1             # selecting rows a score program covers (at most; a power of two dividing the rows)
+_SCORE_TILE_ELEMS = 8192     # TILE * D elements of max (and as many of min) per score program
 _MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields (and 10-bit ones a thread)
 
 
@@ -55,37 +53,35 @@ _MAX_BLOCK = 32768           # counts are packed in 16- and 21-bit fields (and 1
 def _score_kernel(q_ptr, dmax_ptr, dmin_ptr, bt_ptr, out_ptr, count_ptr, nb, head0, col0, col_step,
                   stride_qb, stride_qh, stride_dn, stride_dw, stride_btb, stride_btn,
                   stride_ob, stride_os, stride_oc,
-                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, HEADS: tl.constexpr,
-                  MAX_NORM: tl.constexpr, HAS_COUNT: tl.constexpr):
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, TILE: tl.constexpr, MAX_NORM: tl.constexpr,
+                  HAS_COUNT: tl.constexpr):
     tile = tl.program_id(0)
-    s0 = tl.program_id(1) * HEADS
+    s = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     if HAS_COUNT:
-        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s0 == 0) & (b == 0))
+        tl.store(count_ptr, tl.zeros([], tl.int64), mask=(tile == 0) & (s == 0) & (b == 0))
     blocks = tile * TILE + tl.arange(0, TILE)
     valid = blocks < nb
     ids = tl.load(bt_ptr + b * stride_btb + blocks * stride_btn, mask=valid, other=0).to(tl.int64)
-    rows = s0 + tl.arange(0, HEADS)                                                            # [HEADS]
     offs_d = tl.arange(0, HEAD_DIM)
-    at = ((ids * stride_dn)[:, None, None] + ((col0 + rows * col_step) * stride_dw)[None, :, None]
-          + offs_d[None, None, :])                                                         # [TILE, HEADS, D]
-    dmax = tl.load(dmax_ptr + at, mask=valid[:, None, None], other=0.0).to(tl.float32)
-    dmin = tl.load(dmin_ptr + at, mask=valid[:, None, None], other=0.0).to(tl.float32)
-    q_rows = q_ptr + b * stride_qb + ((head0 + rows) * GROUP * stride_qh)[:, None] + offs_d[None, :]  # [HEADS, D]
-    out_rows = out_ptr + b * stride_ob + (rows * stride_os)[None, :] + blocks[:, None]           # [TILE, HEADS]
+    at = (ids * stride_dn + (col0 + s * col_step) * stride_dw)[:, None] + offs_d[None, :]     # [TILE, D]
+    dmax = tl.load(dmax_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+    dmin = tl.load(dmin_ptr + at, mask=valid[:, None], other=0.0).to(tl.float32)
+    q_row = q_ptr + b * stride_qb + ((head0 + s) * GROUP) * stride_qh + offs_d
+    out_row = out_ptr + b * stride_ob + s * stride_os + blocks
     if MAX_NORM:
         for g in tl.static_range(GROUP):
-            qg = tl.load(q_rows + g * stride_qh).to(tl.float32)
-            bound = tl.sum(dmax * tl.maximum(qg, 0.0)[None, :, :] + dmin * tl.minimum(qg, 0.0)[None, :, :], axis=2)
-            tl.store(out_rows + g * stride_oc, bound, mask=valid[:, None])
+            qg = tl.load(q_row + g * stride_qh).to(tl.float32)
+            bound = tl.sum(dmax * tl.maximum(qg, 0.0)[None, :] + dmin * tl.minimum(qg, 0.0)[None, :], axis=1)
+            tl.store(out_row + g * stride_oc, bound, mask=valid)
     else:
-        pos = tl.zeros([HEADS, HEAD_DIM], tl.float32)
-        neg = tl.zeros([HEADS, HEAD_DIM], tl.float32)
+        pos = tl.zeros([HEAD_DIM], tl.float32)
+        neg = tl.zeros([HEAD_DIM], tl.float32)
         for g in tl.static_range(GROUP):
-            qg = tl.load(q_rows + g * stride_qh).to(tl.float32)
+            qg = tl.load(q_row + g * stride_qh).to(tl.float32)
             pos += tl.maximum(qg, 0.0)
             neg += tl.minimum(qg, 0.0)
-        tl.store(out_rows, tl.sum(dmax * pos[None, :, :] + dmin * neg[None, :, :], axis=2), mask=valid[:, None])
+        tl.store(out_row, tl.sum(dmax * pos[None, :] + dmin * neg[None, :], axis=1), mask=valid)
 
 
 @triton.jit
@@ -501,37 +497,32 @@ def _select_kernel(
 
 def launch_score(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, block_tables: torch.Tensor,
                  out: torch.Tensor, count: torch.Tensor | None, *, num_kv_heads: int, head: int | None,
-                 max_norm: bool, tile: int | None = None, heads: int | None = None,
-                 num_warps: int | None = None) -> None:
-    """`fused_selection.score_blocks` on Triton (arguments checked there); tile, heads (selecting rows a program,
-    a power of two dividing them), num_warps: override the launch shape (benchmarks)."""
+                 max_norm: bool, tile: int | None = None, num_warps: int | None = None) -> None:
+    """`fused_selection.score_blocks` on Triton (arguments checked there); tile, num_warps: override the
+    launch shape (benchmarks)."""
     b, hq, d = q.shape
     _, s, _, nb = out.shape
     if out.stride(3) != 1:
         raise ValueError("score_blocks out must be contiguous along NB")
-    heads = heads or math.gcd(s, _SCORE_HEADS)
-    if heads < 1 or heads & (heads - 1) or s % heads:
-        raise ValueError(f"the score's heads a program must be a power of two dividing its {s} rows, got {heads}")
-    tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, tile, heads)
-    _score_kernel[(triton.cdiv(nb, tile), s // heads, b)](
+    tile, head0, col0, col_step = _score_layout(q, dmax, dmin, nb, head, tile)
+    _score_kernel[(triton.cdiv(nb, tile), s, b)](
         q, dmax, dmin, block_tables, out, count if count is not None else out, nb, head0, col0, col_step,
         q.stride(0), q.stride(1), dmax.stride(0), dmax.stride(1), block_tables.stride(0), block_tables.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        GROUP=hq // num_kv_heads, HEAD_DIM=d, TILE=tile, HEADS=heads, MAX_NORM=max_norm,
-        HAS_COUNT=count is not None, num_warps=num_warps or (8 if tile * heads * d >= 8192 else 4),
+        GROUP=hq // num_kv_heads, HEAD_DIM=d, TILE=tile, MAX_NORM=max_norm, HAS_COUNT=count is not None,
+        num_warps=num_warps or (8 if tile * d >= 8192 else 4),
     )  # fmt: skip
 
 
 def _score_layout(q: torch.Tensor, dmax: torch.Tensor, dmin: torch.Tensor, nb: int, head: int | None,
-                  tile: int | None, heads: int = 1) -> tuple[int, int, int, int]:
+                  tile: int | None) -> tuple[int, int, int, int]:
     """(tile, head0, col0, col_step) of the score's programs, checked: TILE block columns a program (`tile` or
-    the default for `heads` rows a program), the first query head group, the digest column of row s
-    (col0 + s * col_step)."""
+    the default), the first query head group, the digest column of row s (col0 + s * col_step)."""
     d = q.shape[2]
     if d & (d - 1) or q.stride(2) != 1 or dmax.stride(2) != 1 or dmax.stride() != dmin.stride():
         raise ValueError(f"the score kernel wants a power-of-two head_dim (got {d}), q and the digests "
                          "contiguous along it, and dmax and dmin of the same strides")
-    tile = tile or max(16 // heads, min(_SCORE_TILE_ELEMS // (d * heads), triton.next_power_of_2(nb)))
+    tile = tile or max(16, min(_SCORE_TILE_ELEMS // d, triton.next_power_of_2(nb)))
     head0 = 0 if head is None else head
     col0, col_step = (0, 1) if head is None else ((0 if dmax.shape[1] == 1 else head), 0)
     return tile, head0, col0, col_step
