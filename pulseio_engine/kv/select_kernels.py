@@ -7,8 +7,12 @@ Why they look the way they do:
   (row, request): TILE ids from the block table, then a [TILE, D] tile of max and of min through them
   (rows of D contiguous elements: 16-byte loads), the row's G queries loaded once, fp32 FMAs and a sum
   over D. The grid (tiles, rows, requests) fills the GPU; nothing is gathered or converted beforehand.
-- Select: one program per row with every block column in registers (BLOCK = next power of two of
-  max(NB, K)). The top-K is a selection, not a sort: scores become order-preserving int32 keys (-0.0 is
+- Select: one program per row with every block column in registers: BLOCK = the next power of two of
+  max(NB, K), or, where NB is just past one, that power of two and a tail of at most half as many
+  (`_row_split`: 2,050 columns run as 2,048 + 256, not 4,096; a row is a chain of CTA-wide steps whose
+  cost grows with the columns a thread holds). Every per-column value then comes in two tensors, and each
+  thread sums its columns of both before a reduction, so a step of the search is still one CTA reduction.
+  The top-K is a selection, not a sort: scores become order-preserving int32 keys (-0.0 is
   0.0 first, as the sort sees them), a radix-4 search of at most 16 steps, started at the first digit where
   the members' smallest and largest keys differ, finds the need-th largest key (each
   step counts three candidate thresholds at once: packed in one int32 per element and summed over a thread's
@@ -538,7 +542,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     k = config.budget_blocks
     if triton.next_power_of_2(max(nb, k)) > _MAX_BLOCK:
         raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} block columns, got {max(nb, k)}")
-    block, tail, warps = select_row_split(nb, k, num_warps)
+    block, tail, warps = _row_split(nb, k, num_warps)
     new = hot.new_token if hot is not None else None
     dummy = out
     bt = block_tables if block_tables is not None else dummy
@@ -590,7 +594,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     )  # fmt: skip
 
 
-def select_row_split(nb: int, k: int, num_warps: int | None = None) -> tuple[int, int, int]:
+def _row_split(nb: int, k: int, num_warps: int | None = None) -> tuple[int, int, int]:
     """(BLOCK, TAIL, warps) of the select's rows of NB columns and budget K: one power of two of columns, or,
     where NB is just past one, that power of two and a tail of at most half as many (2050 columns: 2048 + 256,
     not 4096). A tail holds at least one column a thread, so that each thread sums its columns of both parts

@@ -55,3 +55,23 @@ def test_select_kernel_compiles_for_sm90(variant: str) -> None:
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
     assert "_select_kernel" in kernel.asm["ptx"] and len(kernel.asm["cubin"]) > 0
+
+
+@pytest.mark.parametrize("k", [8, 128, 1024])
+def test_row_split_covers_the_table_in_a_power_of_two_and_a_tail(k: int) -> None:
+    import triton
+
+    from pulseio_engine.kv.select_kernels import _row_split
+
+    for nb in (1, 37, 255, 256, 257, 600, 2047, 2048, 2049, 2050, 2304, 2305, 3072, 3073, 4097, 8200, 20000):
+        block, tail, warps = _row_split(nb, k)
+        threads = 32 * warps
+        assert block == triton.next_power_of_2(block) and block >= k, (nb, k, block)
+        assert block + tail >= nb, (nb, k, block, tail)
+        if tail:  # the smallest power of two of at least a column a thread past the row, at most half of it
+            assert block < nb and tail == max(threads, triton.next_power_of_2(nb - block)), (nb, k, block, tail)
+            assert tail <= block // 2, (nb, k, block, tail)
+        else:
+            assert block == triton.next_power_of_2(max(nb, k)), (nb, k, block)
+    assert _row_split(2050, 128) == (2048, 256, 8)   # the step's table after 32K tokens and 20 steps
+    assert _row_split(3073, 128) == (4096, 0, 8)     # a tail past half the row: the next power of two
