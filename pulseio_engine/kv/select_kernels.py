@@ -129,6 +129,27 @@ def _sum2(x, x_t, PER_THREAD: tl.constexpr, PER_THREAD_T: tl.constexpr, HAS_TAIL
 
 
 @triton.jit
+def _max2(x, x_t, PER_THREAD: tl.constexpr, PER_THREAD_T: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """The largest of a row's columns and its tail's (HAS_TAIL) in one CTA reduction."""
+    if HAS_TAIL:
+        best = tl.max(tl.maximum(
+            tl.max(tl.reshape(x, [x.shape[0] // PER_THREAD, PER_THREAD], can_reorder=True), axis=1),
+            tl.max(tl.reshape(x_t, [x_t.shape[0] // PER_THREAD_T, PER_THREAD_T], can_reorder=True), axis=1)), axis=0)
+    else:
+        best = tl.max(x, axis=0)
+    return best
+
+
+@triton.jit
+def _fold_range(key, member, PER_THREAD: tl.constexpr):
+    """[N] -> ([N / PER_THREAD], [N / PER_THREAD]): each thread's largest and smallest member key (INT32_MIN and
+    INT32_MAX where it holds no member)."""
+    shape: tl.constexpr = [key.shape[0] // PER_THREAD, PER_THREAD]
+    return tl.reduce((tl.reshape(tl.where(member, key, -2147483648), shape, can_reorder=True),
+                      tl.reshape(tl.where(member, key, 2147483647), shape, can_reorder=True)), 1, _max_min)
+
+
+@triton.jit
 def _ge3(counted, t, digit):
     """Three counts packed in 10 bits each: the elements at or above t + digit, t + 2 digit, t + 3 digit (t in
     unsigned key space)."""
@@ -155,16 +176,9 @@ def _top(key, member, key_t, member_t, need, PER_THREAD: tl.constexpr, PER_THREA
     need64 = need.to(tl.int64)
     counted = tl.where(member, key, -2147483648)    # every threshold tried is above INT32_MIN: never counted
     counted_t = tl.where(member_t, key_t, -2147483648)
-    if HAS_TAIL:
-        hi_p, lo_p = tl.reduce((tl.reshape(counted, [key.shape[0] // PER_THREAD, PER_THREAD], can_reorder=True),
-                                tl.reshape(tl.where(member, key, 2147483647), [key.shape[0] // PER_THREAD,
-                                                                               PER_THREAD], can_reorder=True)),
-                               1, _max_min)
-        hi_q, lo_q = tl.reduce((tl.reshape(counted_t, [key_t.shape[0] // PER_THREAD_T, PER_THREAD_T],
-                                           can_reorder=True),
-                                tl.reshape(tl.where(member_t, key_t, 2147483647), [key_t.shape[0] // PER_THREAD_T,
-                                                                                   PER_THREAD_T], can_reorder=True)),
-                               1, _max_min)
+    if HAS_TAIL:  # each thread's range over both parts, then one CTA reduction
+        hi_p, lo_p = _fold_range(key, member, PER_THREAD)
+        hi_q, lo_q = _fold_range(key_t, member_t, PER_THREAD_T)
         hi, lo = tl.reduce((tl.maximum(hi_p, hi_q), tl.minimum(lo_p, lo_q)), 0, _max_min)
     else:
         hi, lo = tl.reduce((counted, tl.where(member, key, 2147483647)), 0, _max_min)
@@ -254,14 +268,8 @@ def _select_kernel(
         for g in tl.static_range(GROUP):
             x = tl.load(b_row + g * stride_bc + ids, mask=in_table, other=0.0)
             x_t = tl.load(b_row + g * stride_bc + ids_t, mask=in_table_t, other=0.0)
-            if HAS_TAIL:
-                best = tl.max(tl.maximum(
-                    tl.max(tl.reshape(tl.where(real, x, float("-inf")), [BLOCK // PER_THREAD, PER_THREAD],
-                                      can_reorder=True), axis=1),
-                    tl.max(tl.reshape(tl.where(real_t, x_t, float("-inf")), [TAIL // PER_THREAD_T, PER_THREAD_T],
-                                      can_reorder=True), axis=1)), axis=0)
-            else:
-                best = tl.max(tl.where(real, x, float("-inf")), axis=0)
+            best = _max2(tl.where(real, x, float("-inf")), tl.where(real_t, x_t, float("-inf")), PER_THREAD,
+                         PER_THREAD_T, HAS_TAIL)
             score = tl.maximum(score, x - best)
             score_t = tl.maximum(score_t, x_t - best)
     else:
@@ -408,8 +416,8 @@ def _select_kernel(
     if HAS_TAIL:
         tl.store(m_row + ids_t, chosen_t.to(tl.uint8), mask=ids_t < nbw)
     for tile in tl.static_range(1, MASK_TILES):                # a mask wider than the row: zeros past it
-        at_m = tile * BLOCK + ids
-        tl.store(m_row + at_m, tl.zeros([BLOCK], tl.uint8), mask=(at_m < nbw) & (at_m >= BLOCK + TAIL * HAS_TAIL))
+        col = tile * BLOCK + ids
+        tl.store(m_row + col, tl.zeros([BLOCK], tl.uint8), mask=(col < nbw) & (col >= BLOCK + TAIL * HAS_TAIL))
     offset = (n_tok - 1) % BLOCK_SIZE
     if not SPLIT:
         tl.store(ctx_ptr + b * stride_cb + s * stride_cs, (n_sel - 1) * BLOCK_SIZE + offset + 1)
@@ -474,14 +482,14 @@ def _select_kernel(
         tl.store(w_at + ids * 0, dev, mask=last)
         if HAS_TAIL:
             tl.store(w_at + ids_t * 0, dev_t, mask=last_t)
-        at = tl.atomic_add(count_ptr, n_need.to(tl.int64))
-        at_r = at + rank
-        tl.store(ids_ptr + at_r, units, mask=need_it & (at_r < capacity))     # (count not zeroed: never past them)
-        tl.store(dst_ptr + at_r, dev, mask=need_it & (at_r < capacity))
+        start = tl.atomic_add(count_ptr, n_need.to(tl.int64))          # the row's place in the recall buffers
+        at = start + rank
+        tl.store(ids_ptr + at, units, mask=need_it & (at < capacity))     # (count not zeroed: never past them)
+        tl.store(dst_ptr + at, dev, mask=need_it & (at < capacity))
         if HAS_TAIL:
-            at_q = at + rank_t
-            tl.store(ids_ptr + at_q, units_t, mask=need_it_t & (at_q < capacity))
-            tl.store(dst_ptr + at_q, dev_t, mask=need_it_t & (at_q < capacity))
+            at_t = start + rank_t
+            tl.store(ids_ptr + at_t, units_t, mask=need_it_t & (at_t < capacity))
+            tl.store(dst_ptr + at_t, dev_t, mask=need_it_t & (at_t < capacity))
         if WRITE_KV:
             slot = _sum2(tl.where(last, dev, 0), tl.where(last_t, dev_t, 0), PER_THREAD, PER_THREAD_T, HAS_TAIL)
             hh = tl.arange(0, HG_PAD)[:, None]
