@@ -13,7 +13,8 @@ bytes read (max and min of every block column of every selecting row) per second
 device copy (read + write bytes, `bench_attention.measure_copy_gbps`) timed in the same process. HOT select runs
 steered (overlap 0.9) so each call recalls ~a tenth of K, as real models do; its recall buffers are sized so the
 replays never run past them.
-`--context 32800` gives a table of 2050 blocks, whose select runs 4096 columns wide, as in the engine's step.
+`--context 32800` gives a table of 2050 blocks, as in the engine's step, whose select runs as a row of 2048 columns and
+a tail of 256.
 `halves`: Quest's whole sparse chain of one all-on-GPU layer (score, select, attention over the selected pages in
 place), as the step runs it and as two halves of the requests on two streams, the second half scored once the first
 is: its select (one CTA a row, the GPU mostly idle) then runs beside the other half's score, its attention beside the

@@ -15,7 +15,7 @@
 #   offload-gpu          the offload / fused-selection / upload GPU tests (~2.5 min; ~58 GiB, so never beside the cases)
 #   halves-quest         one Quest all-on-GPU layer's score -> select -> attention at 8 x 32K, whole and as two halves of
 #                        the requests on two streams (bench_fused_selection.py --parts halves; ~40 s)
-#   select-width         the select kernel per warps at a 32K table (2048 columns) and just past it (4096), paged and
+#   select-width         the select kernel per warps at a 32K table (2048 columns) and just past it (2050), paged and
 #                        steered hot (bench_fused_selection.py --parts select at --context 32768 and 32800; ~1 min)
 #   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
@@ -93,7 +93,7 @@ for spec in "$@"; do
     timeout ${LIM:-90} python benchmarks/bench_fused_selection.py --parts halves --context 32800 > $W/halves-quest.log 2>&1
     log "$job rc=$? $(grep 'quest layer' $W/halves-quest.log | tr -s ' ' | tr '\n' ';')"; continue
   fi
-  if [ "$job" = select-width ]; then   # the select 2048 columns wide (a 32K table) against 4096 (just past it)
+  if [ "$job" = select-width ]; then   # the select at 2048 columns (a 32K table) and just past it (2050)
     for c in 32768 32800; do
       timeout ${LIM:-80} python benchmarks/bench_fused_selection.py --parts select --only "S=8 paged sum,S=1 hot sum steered" \
         --context $c > $W/select-$c.log 2>&1
