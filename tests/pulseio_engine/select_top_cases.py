@@ -27,8 +27,9 @@ def _top_kernel(key_ptr, member_ptr, need_ptr, out_ptr, STRIDE: tl.constexpr, BL
     i_t = BLOCK + tl.arange(0, TAIL)
     key = tl.load(key_ptr + row * STRIDE + i)
     member = tl.load(member_ptr + row * STRIDE + i) != 0
-    key_t = tl.load(key_ptr + row * STRIDE + i_t)
-    member_t = (tl.load(member_ptr + row * STRIDE + i_t) != 0) & HAS_TAIL
+    in_row = (i_t < STRIDE) & HAS_TAIL      # without a tail, i_t is the next row's first column: not read
+    key_t = tl.load(key_ptr + row * STRIDE + i_t, mask=in_row, other=0)
+    member_t = tl.load(member_ptr + row * STRIDE + i_t, mask=in_row, other=0) != 0
     top, top_t = _top(key, member, key_t, member_t, tl.load(need_ptr + row), PER_THREAD, PER_THREAD_T, HAS_TAIL)
     tl.store(out_ptr + row * STRIDE + i, top.to(tl.int8))
     if HAS_TAIL:
