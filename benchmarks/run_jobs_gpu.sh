@@ -25,6 +25,7 @@
 #                        one, each call on KV the L2 does not hold (--cold 3)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
 #                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
+#   copy-small           pulseio bench of recalls of 1-64 blocks of 64 KiB, resident and zero-copy, 16 copy CTAs (~1 min)
 #   gpu-ride             the GPU tests of --ride and --ahead
 #   b{8,16}[hot<X>][ahead[125|15]]   offload bench rows (hot sets of 2 by default; b16 adds --compare-vanilla;
 #                        ahead125 / ahead15: --ahead-budget 1.25 / 1.5)
@@ -34,7 +35,7 @@
 #                        (IRQ, hot sets of 1.5 budgets); ride, ridehot; ahead, ahead125, ahead5ms, ahead3 (--ride
 #                        --ahead; a prediction of 1.25 budgets; the interpreter's 5 ms GIL switch interval; hot sets of
 #                        3 budgets, forecast-tpot-2026-12-06-cpu's configuration; ahead3nofreeze: the same with
-#                        --no-freeze-heap); noirqhot (--no-irq);
+#                        --no-freeze-heap; ahead3o125, ahead3o15: with a prediction of 1.25 / 1.5 budgets); noirqhot (--no-irq);
 #                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
 #                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
 #                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
@@ -158,6 +159,13 @@ for spec in "$@"; do
     prof attn-quest _paged_decode_split_kernel python benchmarks/bench_attention.py --budget-s 5 --shapes "quest b8 k128 rows" --out $W/ncu
     continue
   fi
+  if [ "$job" = copy-small ]; then   # pulseio bench: recalls of 1-64 blocks of 64 KiB over the engine's 16 copy CTAs
+    timeout 110 python -m pulseio.cli bench --block-sizes 65536 --counts 1,4,16,64 --strategies resident,zero_copy \
+      --directions h2d --zero-copy-ctas 16 --no-load --no-progress --verbose --json $W/copy-small.json \
+      --plot $W/copy-small.png > $W/copy-small.log 2>&1
+    log "$job rc=$? $(grep -E "^recall (resident|zero_copy) " $W/copy-small.log | sed -E 's/ load=False//; s/ slow=.*//' \
+      | awk '{printf "%s %s %s %s; ", $2, $5, $6, substr($8, 1, 9)}')"; continue
+  fi
   if [ "$job" = gpu-ride ]; then   # the GPU tests of --ride and --ahead: tokens, steady rounds never sync the host
     [ $(( $(date +%s) - T0 + 330 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     timeout 320 python -m pytest -q -rA -p no:cacheprovider tests/pulseio_engine/test_serving_gpu.py -k "ride or ahead" \
@@ -191,6 +199,8 @@ for spec in "$@"; do
     ahead125) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --ahead-budget 1.25";;
     ahead3) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3";;
     ahead3nofreeze) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --no-freeze-heap";;
+    ahead3o125) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --ahead-budget 1.25";;
+    ahead3o15) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --ahead-budget 1.5";;
     ahead5ms) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --gil-switch-us 0";;
     noirqhot) EXTRA="--max-offload 24 --no-irq --hot-cache 1.5";;
     halves) EXTRA="--max-offload 24 --halves";;

@@ -10,8 +10,12 @@ Each thread keeps `_UNROLL` loads in flight before storing: over PCIe a load tak
 microsecond, so memory-level parallelism, not instruction count, sets the rate.
 
 Each CTA copies one contiguous span of the blocks and first reads the span's ids into shared memory,
-one coalesced load per `IDS_PER_ROUND` ids. On the zero-copy and resident routes the ids live in
-pinned host memory: read one by one, by every warp, each 8-byte id costs a whole PCIe completion.
+one coalesced load per `IDS_PER_ROUND` ids. A transfer of fewer blocks than CTAs cuts each block into
+`parts_of` parts and spreads those instead: a recall of 3 blocks over 16 CTAs is 15 parts copied at once,
+not 3 CTAs each making a whole block's round trips one after another.
+
+On the zero-copy and resident routes the ids live in pinned host memory: read one by one, by every
+warp, each 8-byte id costs a whole PCIe completion: staged in shared memory, they cost one a round.
 On the H200 that held 4096 x 8 KiB H2D at 0.89 of the link (64 KiB blocks, and D2H, whose ids
 travel against the data, reached 0.92-0.93); staged, it moves 0.90-0.91.
 """
@@ -26,64 +30,123 @@ from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 
 THREADS_PER_CTA = 256
 IDS_PER_ROUND = THREADS_PER_CTA  # ids a CTA stages in shared memory at a time (2 x 2 KiB)
-_UNROLL = 4
+_UNROLL = 8
 
 COPY_BLOCKS_SIGNATURE = "void(uint64[:, ::1], int64[::1], uint64[:, ::1], int64[::1], int64)"
 
 
 @cuda.jit(device=True)
-def copy_row(src, s, dst, d):  # pragma: no cover - runs on the GPU / simulator
-    """Every thread of the CTA: row s of src -> row d of dst, _UNROLL loads in flight per thread."""
-    words = src.shape[1]
-    stride = cuda.blockDim.x * _UNROLL
-    full = words - words % stride
-    w = cuda.threadIdx.x
+def copy_words(src, s, dst, d, lo, hi):  # pragma: no cover - runs on the GPU / simulator
+    """Every thread of the CTA: words [lo, hi) of row s of src -> the same words of row d of dst, _UNROLL loads
+    in flight per thread; the last pass (fewer than _UNROLL strides of words) guards each word and still issues
+    every load before its stores."""
+    b = cuda.blockDim.x
+    stride = b * _UNROLL
+    full = hi - (hi - lo) % stride
+    w = lo + cuda.threadIdx.x
     while w < full:
         v0 = src[s, w]
-        v1 = src[s, w + cuda.blockDim.x]
-        v2 = src[s, w + 2 * cuda.blockDim.x]
-        v3 = src[s, w + 3 * cuda.blockDim.x]
+        v1 = src[s, w + b]
+        v2 = src[s, w + 2 * b]
+        v3 = src[s, w + 3 * b]
+        v4 = src[s, w + 4 * b]
+        v5 = src[s, w + 5 * b]
+        v6 = src[s, w + 6 * b]
+        v7 = src[s, w + 7 * b]
         dst[d, w] = v0
-        dst[d, w + cuda.blockDim.x] = v1
-        dst[d, w + 2 * cuda.blockDim.x] = v2
-        dst[d, w + 3 * cuda.blockDim.x] = v3
+        dst[d, w + b] = v1
+        dst[d, w + 2 * b] = v2
+        dst[d, w + 3 * b] = v3
+        dst[d, w + 4 * b] = v4
+        dst[d, w + 5 * b] = v5
+        dst[d, w + 6 * b] = v6
+        dst[d, w + 7 * b] = v7
         w += stride
-    while w < words:
-        dst[d, w] = src[s, w]
-        w += cuda.blockDim.x
+    if w < hi:  # a word past hi is never read: its load falls back to v0 (the same type, not a literal)
+        v0 = src[s, w]
+        v1 = src[s, w + b] if w + b < hi else v0
+        v2 = src[s, w + 2 * b] if w + 2 * b < hi else v0
+        v3 = src[s, w + 3 * b] if w + 3 * b < hi else v0
+        v4 = src[s, w + 4 * b] if w + 4 * b < hi else v0
+        v5 = src[s, w + 5 * b] if w + 5 * b < hi else v0
+        v6 = src[s, w + 6 * b] if w + 6 * b < hi else v0
+        v7 = src[s, w + 7 * b] if w + 7 * b < hi else v0
+        dst[d, w] = v0
+        if w + b < hi:
+            dst[d, w + b] = v1
+        if w + 2 * b < hi:
+            dst[d, w + 2 * b] = v2
+        if w + 3 * b < hi:
+            dst[d, w + 3 * b] = v3
+        if w + 4 * b < hi:
+            dst[d, w + 4 * b] = v4
+        if w + 5 * b < hi:
+            dst[d, w + 5 * b] = v5
+        if w + 6 * b < hi:
+            dst[d, w + 6 * b] = v6
+        if w + 7 * b < hi:
+            dst[d, w + 7 * b] = v7
 
 
 @cuda.jit(device=True)
-def copy_span(a, a_ids, a_at, b, b_ids, b_at, lo, hi, reverse, staged):  # pragma: no cover - GPU / simulator
-    """Every thread of the CTA: for i in lo..hi-1, row a_ids[a_at + i] of a -> row b_ids[b_at + i] of b
-    (b -> a if reverse). staged: shared [2, IDS_PER_ROUND] int64, where the ids are read first, coalesced."""
+def parts_of(ctas, n):  # pragma: no cover - runs on the GPU / simulator
+    """The parts each block of an n-block transfer is cut into for `ctas` CTAs: 1 where there are at least as
+    many blocks as CTAs, else ctas // n, so that a short transfer keeps every CTA copying (a few CTAs each
+    copying a whole block while the rest idle would take a few whole blocks' round trips)."""
+    return 1 if n >= ctas or n <= 0 else ctas // n
+
+
+@cuda.jit(device=True)
+def part_words(words, part, parts):  # pragma: no cover - runs on the GPU / simulator
+    """The words [lo, hi) of a row of `words` words that part `part` of `parts` covers."""
+    return part * words // parts, (part + 1) * words // parts
+
+
+@cuda.jit(device=True)
+def round_rows(lo, hi, parts, cap):  # pragma: no cover - runs on the GPU / simulator
+    """How many blocks units [lo, hi) (part u % parts of block u // parts) touch, at most `cap`: the ids one
+    round stages, from block lo // parts on."""
+    return 0 if lo >= hi else min((hi - 1) // parts + 1 - lo // parts, cap)
+
+
+@cuda.jit(device=True)
+def copy_span(a, a_ids, a_at, b, b_ids, b_at, lo, hi, parts, reverse, staged):  # pragma: no cover - GPU / simulator
+    """Every thread of the CTA: units lo..hi-1 of a transfer, unit u being part u % parts of block u // parts:
+    those words of row a_ids[a_at + u // parts] of a -> row b_ids[b_at + u // parts] of b (b -> a if reverse).
+    staged: shared [2, IDS_PER_ROUND] int64, where the blocks' ids are read first, coalesced."""
+    words = a.shape[1]
     while lo < hi:
-        m = min(hi - lo, staged.shape[1])
+        r0 = lo // parts
+        m = round_rows(lo, hi, parts, staged.shape[1])
         i = cuda.threadIdx.x
         while i < m:
-            staged[0, i] = a_ids[a_at + lo + i]
-            staged[1, i] = b_ids[b_at + lo + i]
+            staged[0, i] = a_ids[a_at + r0 + i]
+            staged[1, i] = b_ids[b_at + r0 + i]
             i += cuda.blockDim.x
         cuda.syncthreads()
-        for j in range(m):
+        end = min(hi, (r0 + m) * parts)
+        for u in range(lo, end):
+            j = u // parts - r0
+            w0, w1 = part_words(words, u % parts, parts)
             if reverse:
-                copy_row(b, staged[1, j], a, staged[0, j])
+                copy_words(b, staged[1, j], a, staged[0, j], w0, w1)
             else:
-                copy_row(a, staged[0, j], b, staged[1, j])
+                copy_words(a, staged[0, j], b, staged[1, j], w0, w1)
         cuda.syncthreads()  # every thread is done with these ids before the next round overwrites them
-        lo += m
+        lo = end
 
 
 @cuda.jit(device=True)
 def span_of(cta, ctas, n):  # pragma: no cover - GPU / simulator
-    """The blocks CTA `cta` of `ctas` copies out of n: a contiguous [lo, hi), sizes differing by at most 1."""
+    """The units CTA `cta` of `ctas` copies out of n: a contiguous [lo, hi), sizes differing by at most 1."""
     return cta * n // ctas, (cta + 1) * n // ctas
 
 
 def _copy_blocks(src, src_ids, dst, dst_ids, n):  # pragma: no cover - runs on the GPU / simulator
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
-    lo, hi = span_of(cuda.blockIdx.x, cuda.gridDim.x, n)
-    copy_span(src, src_ids, 0, dst, dst_ids, 0, lo, hi, False, staged)
+    parts = parts_of(cuda.gridDim.x, n)
+    lo, hi = span_of(cuda.blockIdx.x, cuda.gridDim.x, n * parts)
+    copy_span(src, src_ids, 0, dst, dst_ids, 0, lo, hi, parts, False, staged)
 
 
 @functools.cache

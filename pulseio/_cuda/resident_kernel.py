@@ -35,9 +35,9 @@ CTA 0 is the leader and copies nothing: its thread 0 polls the host entries (one
 poll) and forwards every ready entry into device memory, publishing DEV_POSTED per entry, so the
 copy CTAs (1 .. grid - 1) spin on L2, not on the link, and start a task as soon as its entry is
 read, never behind the leader's read of the next one. Each copy CTA copies one contiguous span of
-a task's blocks (`copy_span`); the last to finish a task raises the watermark and stores the done
-word. The leader decides alone when its generation stops; the copy CTAs then finish what it
-forwarded and exit.
+a task's blocks, or of their parts where the task has fewer blocks than CTAs (`copy_span`); the last
+to finish a task raises the watermark and stores the done word. The leader decides alone when its
+generation stops; the copy CTAs then finish what it forwarded and exit.
 
 Early copies. With the publisher's ids mirror, a doorbell request is on the device (its ids, and its
 row's head: seq and count, `doorbell_kernels.py`) several microseconds before the host has read it and
@@ -100,7 +100,7 @@ from .._native.task_ring import (  # the layout both halves share
     SEQ_SHIFT,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-from .kernels import IDS_PER_ROUND, copy_row, copy_span, span_of
+from .kernels import IDS_PER_ROUND, copy_span, copy_words, part_words, parts_of, round_rows, span_of
 from .sysmem import (
     atomic_add_gpu,
     globaltimer,
@@ -239,17 +239,19 @@ def _check_head(heads, row, q, state):  # pragma: no cover - GPU / simulator
 
 
 @cuda.jit(device=True)
-def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # pragma: no cover - GPU / simulator
-    """Every thread of a copy CTA: this CTA's span [lo, hi) of doorbell request q (n blocks), from its
-    mirror row, before its task arrives; True if the whole span was copied. Only if every id of the
-    request lies in its pool, so a request the poller refuses for an id out of range writes nothing (one
-    it refuses for naming a slot twice may have written its slots). One read of the row checks every id
-    and stages the span's first round of ids, under the row's seqlock; each later round of the span's ids
-    (a span longer than IDS_PER_ROUND) is read under the seqlock again."""
+def _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state):  # pragma: no cover - GPU / simulator
+    """Every thread of a copy CTA: this CTA's units [lo, hi) of doorbell request q (n blocks, each in `parts`
+    parts: `kernels.copy_span`), from its mirror row, before its task arrives; True if they were all copied.
+    Only if every id of the request lies in its pool, so a request the poller refuses for an id out of range
+    writes nothing (one it refuses for naming a slot twice may have written its slots). One read of the row
+    checks every id and stages the first round of the span's blocks' ids, under the row's seqlock; each later
+    round (a span over more than IDS_PER_ROUND blocks) is read under the seqlock again."""
     t = cuda.threadIdx.x
     row = (q - 1) % mirror.shape[0]
     w = mirror.shape[1] // 2
-    m = min(hi - lo, staged.shape[1])
+    words = host.shape[1]
+    r0 = lo // parts
+    m = round_rows(lo, hi, parts, staged.shape[1])
     if t == 0:
         state[BAD] = 0
     cuda.syncthreads()
@@ -258,24 +260,28 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state):  # prag
         a, b = mirror[row, i], mirror[row, w + i]
         if a < 0 or a >= host.shape[0] or b < 0 or b >= pool.shape[0]:
             state[BAD] = 1
-        if lo <= i < lo + m:
-            staged[0, i - lo], staged[1, i - lo] = a, b
+        if r0 <= i < r0 + m:
+            staged[0, i - r0], staged[1, i - r0] = a, b
         i += cuda.blockDim.x
     _check_head(heads, row, q, state)
     while state[BAD] == 0:
-        for j in range(m):
-            copy_row(host, staged[0, j], pool, staged[1, j])
+        end = min(hi, (r0 + m) * parts)
+        for u in range(lo, end):
+            j = u // parts - r0
+            w0, w1 = part_words(words, u % parts, parts)
+            copy_words(host, staged[0, j], pool, staged[1, j], w0, w1)
         cuda.syncthreads()  # every thread is done with these ids (and has read state[BAD]) before the next round
-        lo += m
+        lo = max(lo, end)
         if lo >= hi:
             return True
-        m = min(hi - lo, staged.shape[1])
+        r0 = lo // parts
+        m = round_rows(lo, hi, parts, staged.shape[1])
         if t == 0:
             state[BAD] = 0
         cuda.syncthreads()
         i = t
         while i < m:
-            staged[0, i], staged[1, i] = mirror[row, lo + i], mirror[row, w + lo + i]
+            staged[0, i], staged[1, i] = mirror[row, r0 + i], mirror[row, w + r0 + i]
             i += cuda.blockDim.x
         _check_head(heads, row, q, state)
     return False
@@ -325,8 +331,9 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             q, n = state[LANE_NEXT], state[NEXT_N]
             copied = False
             if 0 < n <= min(cap, w):  # what the fast lane posts as one task; other requests are left to theirs
-                lo, hi = span_of(cta, ctas, n)
-                copied = _copy_early(host, pool, mirror, heads, q, n, lo, hi, staged, state)
+                parts = parts_of(ctas, n)
+                lo, hi = span_of(cta, ctas, n * parts)
+                copied = _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state)
             cuda.syncthreads()  # every thread has read q and n before thread 0 moves on
             if t == 0:
                 if copied:
@@ -338,7 +345,8 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
         word = load_acquire_gpu(dev + 8 * (DEV_HEADER + slot))
         n = word & MAX_TASK_BLOCKS
         d2h = (word >> COUNT_BITS) & 1
-        lo, hi = span_of(cta, ctas, n)
+        parts = parts_of(ctas, n)     # the same units as an early copy of the request: see SKIP
+        lo, hi = span_of(cta, ctas, n * parts)
         task_ids, dst_at = ids[slot], cap
         if (word >> MIRROR_BIT) & 1:
             row = (word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1)
@@ -363,7 +371,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
         if cta == 0 and t == 0:  # publish -> taken is the pickup: when this request's copy began
             store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, state[EARLY_NS] if skip else globaltimer())
         if not skip:
-            copy_span(host, task_ids, 0, pool, task_ids, dst_at, lo, hi, d2h != 0, staged)
+            copy_span(host, task_ids, 0, pool, task_ids, dst_at, lo, hi, parts, d2h != 0, staged)
         if fetch:
             store_release_gpu(target, raise_at)
             store_release_gpu(target + 8, raise_to)

@@ -22,7 +22,10 @@ _SCRIPT = textwrap.dedent(
     rng = np.random.default_rng(7)
     # words per block: a multiple of threads*unroll, a remainder-only size, and a mixed one; spans of
     # unequal length, CTAs with none (n < grid), and spans longer than one round of staged ids
-    for words, n, grid, threads in [(1024, 9, 4, 256), (24, 5, 2, 256), (1024 + 40, 3, 8, 256), (2, 600, 2, 32)]:
+    # (some with fewer blocks than CTAs, each block then copied in ctas // n parts: CTAs with none, parts of a
+    # word or of none)
+    for words, n, grid, threads in [(2048, 9, 4, 256), (24, 5, 2, 256), (2048 + 40, 3, 2, 256), (2, 600, 2, 32),
+                                    (256 + 7, 3, 2, 32), (40, 1, 16, 32), (5, 2, 8, 32), (1024, 3, 8, 256)]:
         src = rng.integers(0, 2**63, size=(n + 7, words), dtype=np.uint64)
         dst = np.full((n + 3, words), 0xDEADBEEF, dtype=np.uint64)
         src_ids = rng.choice(n + 7, size=n, replace=False).astype(np.int64)
@@ -200,7 +203,7 @@ mirror = np.full((3, 2 * cap), -1, dtype=np.int64)
 heads = np.zeros((3, 2), np.int64)
 entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 done = np.zeros(slots, np.int64)
-dev = np.zeros(rk.dev_words(slots, 1), np.int64)
+dev = np.zeros(rk.dev_words(slots, 4), np.int64)
 addr = lambda a: a.ctypes.data
 
 def row(q, h, p):  # the publish kernel's mirror row (written before a launch: the simulator copies arrays)
@@ -216,7 +219,7 @@ def forward(task, n, q):  # the leader's: a task naming request q's mirror row
     dev[rk.DEV_HEADER + (task - 1) % slots] = tr.pack_entry(task, n, tr.H2D, (q - 1) % 3)
     dev[rk.DEV_POSTED] = task
 
-def run(gen, first_task, steps=((0.3, lambda: None),), ctas=1):  # copy CTA 0 of `gen`: steps (s, action), exit
+def run(gen, first_task, steps=((0.3, lambda: None),), ctas=1, cta=0):  # copy CTA cta of `gen`: steps, exit
     dev[rk.DEV_START + gen % 2] = first_task
     t0 = time.time_ns()
     def drive():
@@ -226,7 +229,7 @@ def run(gen, first_task, steps=((0.3, lambda: None),), ctas=1):  # copy CTA 0 of
         dev[rk.DEV_EXIT] = gen
     driver = threading.Thread(target=drive)
     driver.start()
-    copies_only[1, 32](host, pool, ids, mirror, addr(entries), addr(done), addr(dev), gen, addr(heads), 0, ctas)
+    copies_only[1, 32](host, pool, ids, mirror, addr(entries), addr(done), addr(dev), gen, addr(heads), cta, ctas)
     driver.join()
     return t0
 
@@ -280,6 +283,25 @@ row(6, [11, 12, 13, 99], [18, 19, 22, 23])
 publish(6, 4)
 run(6, 6, ctas=2)
 assert (pool[[18, 19, 22, 23]] == 0xDEAD).all()
+# gens 7-11, the CTAs of 4: request 7 has one block, so each CTA copies a quarter of it (CTA c words 10c..10c+9).
+# CTA 1 copies its part early and nothing else of it; then task 5 names the request: CTA 2 copies its own part,
+# CTA 1 skips the part it copied early, CTAs 0 and 3 copy theirs, and the last lands the task
+row(7, [14], [5])
+publish(7, 1)
+run(7, 7, ctas=4, cta=1)
+assert np.array_equal(pool[5, 10:20], host[14, 10:20]), "CTA 1's part, early"
+assert (pool[5, :10] == 0xDEAD).all() and (pool[5, 20:] == 0xDEAD).all(), "only CTA 1's part"
+pool[5, 10:20] = 0xBEEF  # a copy of it again would show
+forward(5, 1, 7)
+run(8, 5, ctas=4, cta=2)
+assert np.array_equal(pool[5, 20:30], host[14, 20:30]) and (pool[5, 30:] == 0xDEAD).all() and done[0] == 1
+run(9, 5, ctas=4, cta=1)
+run(10, 5, ctas=4, cta=0)
+assert (pool[5, 10:20] == 0xBEEF).all(), "CTA 1's part copied again"
+assert done[0] == 1, "landed before every CTA's part"
+run(11, 5, ctas=4, cta=3)
+assert done[0] == 5, "the last part lands the task"
+assert np.array_equal(pool[5, :10], host[14, :10]) and np.array_equal(pool[5, 20:], host[14, 20:])
 print("SIM-OK")
 """
 
@@ -290,5 +312,6 @@ def test_copy_ctas_copy_a_published_request_before_its_task_under_simulator() ->
     mirror row is published (not while it is being written), and skips the copy when the task comes, in
     its generation or the next one's CTA of its index; it copies no request naming a block outside the
     pools, and none after serving the task that names its row (the poller's fence for a request the fast
-    lane did not take)."""
+    lane did not take). A request of fewer blocks than CTAs is copied in parts, early or from its task, each
+    CTA its own part, the task landing once every part has."""
     _run_simulated(_EARLY_SCRIPT)
