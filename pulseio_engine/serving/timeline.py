@@ -12,7 +12,9 @@ by kernel name too, which says what the GPU spends its rounds on. Last, each dev
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
 that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait;
 and each selection on the main chain against the first device wait after it there: a layer's window, from choosing
-its blocks to attending to those its recall brought.
+its blocks to attending to those its recall brought. Last, the main chain between two weight products where it
+attends (a layer's attention section: norms, store, selection, the wait for its recall, attention), by what fills it:
+the layer's time that is not its weights.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from .gpu_busy import idle_gaps, is_pulseio_kernel
 
 BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 1 ms, longer
 DEVICE_WAITS = ("wait_seq", "wait_word")    # pulseio's kernels that hold a stream until a recall has landed
+WEIGHT_PRODUCTS = ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce")   # the projections' kernels, by name (lower)
+ATTENTION = ("_paged_decode", "attn", "attention", "flash")              # attention kernels, by name (lower case)
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,20 @@ class RecallWait:
 
 
 @dataclass(frozen=True)
+class Section:
+    """The main chain from the end of one weight product to the start of the next, where it attends: its length,
+    and the microseconds of each kernel on the chain in it by `kernel_name` (device waits among them); what they
+    leave of `us` the chain stood idle."""
+
+    us: float
+    parts: tuple[tuple[str, float], ...]
+
+    @property
+    def idle_us(self) -> float:
+        return self.us - sum(us for _, us in self.parts)
+
+
+@dataclass(frozen=True)
 class WindowGaps:
     """One timeline: its span from the first model kernel's start to the last one's end, and its gaps."""
 
@@ -83,6 +101,7 @@ class WindowGaps:
     recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
     kernels: dict[str, tuple[float, int]] = field(default_factory=dict)   # model kernels' us and launches, by name
     windows: tuple[tuple[float, float], ...] = ()     # `_selection_windows`: us to each wait's start and end
+    sections: tuple[Section, ...] = ()                 # `_attention_sections`, in order
 
     @property
     def idle_us(self) -> float:
@@ -132,7 +151,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
                       len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered),
-                      _by_kernel(kernels), _selection_windows(kernels, streams))
+                      _by_kernel(kernels), _selection_windows(kernels, streams), _attention_sections(kernels, streams))
 
 
 def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
@@ -171,6 +190,40 @@ def _recall_waits(kernels: list[tuple[float, float, str]],
     return tuple(out)
 
 
+def _main_chain(kernels: list[tuple[float, float, str]], streams: list[object]) -> list[tuple[float, float, str]]:
+    """The kernels of the stream running the most model-kernel time, in order (pulseio's device waits on it too)."""
+    busy: defaultdict[object, float] = defaultdict(float)
+    for (lo, hi, name), stream in zip(kernels, streams, strict=True):
+        if not is_pulseio_kernel(name):
+            busy[stream] += hi - lo
+    if not busy:
+        return []
+    main = max(busy, key=busy.__getitem__)
+    return sorted(k for k, stream in zip(kernels, streams, strict=True) if stream == main)
+
+
+def _attention_sections(kernels: list[tuple[float, float, str]], streams: list[object]) -> tuple[Section, ...]:
+    """The main chain (`_main_chain`) cut at its weight products (`WEIGHT_PRODUCTS`): each stretch between two of them
+    with an attention kernel (`ATTENTION`) in it, by the kernels that ran on the chain there. The copier's kernel
+    runs throughout and is no part of a stretch."""
+    out = []
+    opened, inside = None, []
+    for lo, hi, name in _main_chain(kernels, streams):
+        low = name.lower()
+        if "resident_copy" in low:
+            continue
+        if any(w in low for w in WEIGHT_PRODUCTS):
+            if opened is not None and any(a in kernel_name(n).lower() for _, _, n in inside for a in ATTENTION):
+                parts: defaultdict[str, float] = defaultdict(float)
+                for k_lo, k_hi, k_name in inside:
+                    parts[kernel_name(k_name)] += min(k_hi, lo) - max(k_lo, opened)
+                out.append(Section(lo - opened, tuple(parts.items())))
+            opened, inside = hi, []
+        elif opened is not None:
+            inside.append((lo, hi, name))
+    return tuple(out)
+
+
 def _selection_windows(kernels: list[tuple[float, float, str]],
                        streams: list[object]) -> tuple[tuple[float, float], ...]:
     """On the main chain, the stream running the most model-kernel time: each device wait that is the first after a
@@ -179,16 +232,9 @@ def _selection_windows(kernels: list[tuple[float, float, str]],
     the stream a step is captured on, which a replay keeps as the stream it is launched on; the branches of a captured
     graph (the prediction, the riders, the publishes, with their selections and waits for recalls ahead) run on
     streams the driver picks, so their selection -> wait pairs are not a layer's window and are left out."""
-    busy: defaultdict[object, float] = defaultdict(float)
-    for (lo, hi, name), stream in zip(kernels, streams, strict=True):
-        if not is_pulseio_kernel(name):
-            busy[stream] += hi - lo
-    if not busy:
-        return ()
-    main = max(busy, key=busy.__getitem__)
     out = []
     selected = None
-    for lo, hi, name in sorted(k for k, stream in zip(kernels, streams, strict=True) if stream == main):
+    for lo, hi, name in _main_chain(kernels, streams):
         if "_select_kernel" in name:
             selected = hi
         elif selected is not None and any(w in name for w in DEVICE_WAITS):
@@ -249,6 +295,7 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8, kernels: int = 1
                          f"{key.before} -> {key.after}{inside}")
     lines.extend(_describe_kernels(windows, span, kernels))
     lines.extend(_describe_recalls(windows, span))
+    lines.extend(_describe_sections(windows, kernels))
     for w in windows:
         if not w.listed:
             continue
@@ -308,3 +355,25 @@ def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
             p50 = " / ".join(f"{np.percentile(v, 50):.1f}" for v in parts(list(w.recalls)))
             lines.append(f"  {w.path.name:<28} {len(w.recalls):>6}  {p50}")
     return lines
+
+
+def _describe_sections(windows: list[WindowGaps], top: int) -> list[str]:
+    """The attention sections of the main chain (`_attention_sections`) over all windows: how many, their p50 / p90 /
+    mean, and what fills one on average, the `top` largest kernels and the chain's idle time."""
+    sections = [s for w in windows for s in w.sections]
+    if not sections or not top:
+        return []
+    lengths = [s.us for s in sections]
+    p50, p90 = np.percentile(lengths, [50, 90])
+    parts: defaultdict[str, float] = defaultdict(float)
+    for s in sections:
+        for name, us in s.parts:
+            parts[name] += us
+    n = len(sections)
+    lines = [f"\nthe main chain between weight products where it attends: {n} stretches, p50 / p90 / mean "
+             f"{p50:.1f} / {p90:.1f} / {np.mean(lengths):.1f} us; what fills one, mean us (the {top} largest):"]
+    for name, us in sorted(parts.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {us / n:>8.1f}  {name}")
+    lines.append(f"  {sum(s.idle_us for s in sections) / n:>8.1f}  (the chain idle)")
+    return lines
+

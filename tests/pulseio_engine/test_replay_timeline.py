@@ -63,6 +63,31 @@ def test_run_time_is_summed_by_model_kernel_over_windows_leaving_pulseio_kernels
     assert lines[3].split()[-1] == "norm" and "attn" not in text.split("by run time")[1].split("device waits")[0]
     assert "by run time" not in describe([a], kernels=0)
 
+def _on(stream: int, event: dict) -> dict:
+    return {**event, "args": {"stream": stream}}
+
+
+def test_the_main_chain_between_weight_products_where_it_attends_is_summed_by_what_fills_it(tmp_path: Path) -> None:
+    """On the stream with the most model-kernel time: each stretch from a weight product's end to the next one's
+    start with an attention kernel in it, by kernel (device waits too), the rest idle; a stretch without attention
+    (the MLP's activation), another stream's kernels and the copier's are no part of one."""
+    chain = [("_skinny_gemm_kernel", 0, 100), ("norm", 102, 3), ("_select_kernel", 106, 10), ("wait_seq", 120, 30),
+             ("_paged_decode_split_kernel", 150, 20), ("nvjet_sm90_tst", 175, 25), ("silu", 200, 2),
+             ("_skinny_gemm_kernel", 205, 95), ("norm", 300, 4), ("attn", 306, 14), ("_skinny_gemm_kernel", 322, 80)]
+    events = [_on(7, _kernel(name, ts, dur)) for name, ts, dur in chain]
+    events += [_on(9, _kernel("_select_kernel", 110, 30)), _on(9, _kernel("attn", 140, 20)),
+               _on(11, _kernel("_resident_copy_kernel", 0, 400))]
+    w = read_window(_write(tmp_path / "rounds-0-4.json", events))
+    assert [(s.us, dict(s.parts), s.idle_us) for s in w.sections] == [
+        (75.0, {"norm": 3.0, "_select_kernel": 10.0, "wait_seq": 30.0, "_paged_decode_split_kernel": 20.0}, 12.0),
+        (22.0, {"norm": 4.0, "attn": 14.0}, 4.0)]
+    text = describe([w], kernels=3).split("where it attends: ")[1]
+    assert text.startswith("2 stretches, p50 / p90 / mean 48.5 / 69.7 / 48.5 us"), text
+    assert [line.split() for line in text.splitlines()[1:5]] == [["15.0", "wait_seq"], [
+        "10.0", "_paged_decode_split_kernel"], ["7.0", "attn"], ["8.0", "(the", "chain", "idle)"]]
+    assert "where it attends" not in describe([read_window(_write(tmp_path / "none.json", EVENTS[:1]))])
+
+
 def test_the_cli_reads_a_folder_in_round_order_and_refuses_one_without_timelines(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for first in (25, 5, 15):
