@@ -94,8 +94,8 @@ class Backend(Protocol):
     def open_publisher(self, doorbell: Doorbell, ids_mirror_rows: int = 0) -> Publisher:
         """The producer side of a doorbell ring: the publish kernel on a GPU, a thread on the host.
         ids_mirror_rows > 0 (a GPU): it also writes each request's ids into row (seq - 1) % rows of a
-        device tensor, `ids_mirror`, and the row's (seq, count) into `mirror_heads`, for a resident copier
-        to read there."""
+        device tensor, `ids_mirror`, and the row's head into `mirror_heads`, for a resident copier to read there
+        (and to mark the request landed there once its copy CTAs copied all of it early)."""
 
 
 class Publisher(Protocol):
@@ -103,7 +103,7 @@ class Publisher(Protocol):
 
     waits_on_device: bool  # False: device waits are host waits (no device)
     ids_mirror: Any  # [rows, 2 * max_blocks] int64 device tensor of the requests' ids, or None
-    mirror_heads: Any  # [rows, 2] int64 device tensor: the (seq, count) each mirror row holds, or None
+    mirror_heads: Any  # [rows, HEAD_WORDS] int64 device tensor: each mirror row's head (`layout.HEAD_*`), or None
 
     def post(self, ids: Any, slots: Any, count: Any, tag: int, stream: Any, seq_out: Any = None) -> None:
         """Enqueue the publish of ids[:count] -> slots[:count]; never waits. seq_out: where the publish stores

@@ -11,10 +11,11 @@ busy and fences (system scope), the block writes the payload, fence, barrier, th
 and the stamp (%globaltimer as the publish began), fences, and stores seq. The protocol is in
 `pulseio/doorbell.py`.
 
-`heads` ([rows, 2] int64 device, beside the mirror) says on the device which request a mirror row holds:
-(seq, count), seq negative while the row is being written (a seqlock: thread 0 stores -seq before the
-payload and seq after it). The resident copier's copy CTAs watch it to start a request's copy before
-its task arrives from the host (`resident_kernel.py`).
+`heads` ([rows, HEAD_WORDS] int64 device, beside the mirror) says on the device which request a mirror row
+holds: (seq, count, early, landed), seq negative while the row is being written (a seqlock: thread 0 stores -seq
+before the payload and seq after it). The resident copier's copy CTAs watch it to start a request's copy before
+its task arrives from the host, count their early copies of it in `early` (which the publish zeroes), and the
+last of them stores its seq in `landed` (`resident_kernel.py`), which the device wait also reads.
 
 Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
 a consumer stream enqueues the wait kernel (`wait_kernel.py`) on it, which the copier or a host thread
@@ -29,7 +30,20 @@ from typing import Any
 
 from numba import cuda, int64  # noqa: E402
 
-from .._native.layout import COUNT, HEADER_WORDS, SEQ, STAMP, STATUS, STATUS_BAD_COUNT, STATUS_OK, TAG  # noqa: E402
+from .._native.layout import (  # noqa: E402
+    COUNT,
+    HEAD_COUNT,
+    HEAD_EARLY,
+    HEAD_SEQ,
+    HEAD_WORDS,
+    HEADER_WORDS,
+    SEQ,
+    STAMP,
+    STATUS,
+    STATUS_BAD_COUNT,
+    STATUS_OK,
+    TAG,
+)
 from ..errors import InvalidRequestError
 from . import (
     _numba_compat,  # noqa: F401  (must precede numba.cuda)
@@ -46,9 +60,8 @@ PUBLISH_SIGNATURE = ("void(int64[:, ::1], int64[::1], int64[:, ::1], int64[:, ::
 @cuda.jit(device=True)
 def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma: no cover - GPU / simulator
     """ring: [capacity, slot_words] int64 (host-mapped); counter: [1] int64 device; mirror: [rows, 2 *
-    max_blocks] int64 device (rows may be 0: none) and heads: [rows, 2] int64 device, its rows' (seq,
-    count); ids, slots: [>= n] int64. Call from every thread of exactly one block, once per request.
-    Returns the seq."""
+    max_blocks] int64 device (rows may be 0: none) and heads: [rows, HEAD_WORDS] int64 device, its rows' heads;
+    ids, slots: [>= n] int64. Call from every thread of exactly one block, once per request. Returns the seq."""
     shared = cuda.shared.array(2, int64)
     t = cuda.threadIdx.x
     rows = mirror.shape[0]
@@ -57,7 +70,7 @@ def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma:
         seq = cuda.atomic.add(counter, 0, 1) + 1
         shared[0] = seq
         if rows > 0:
-            heads[(seq - 1) % rows, 0] = -seq  # busy: an early copy of the row's last request stops
+            heads[(seq - 1) % rows, HEAD_SEQ] = -seq  # busy: an early copy of the row's last request stops
             cuda.threadfence()
     cuda.syncthreads()
     seq = shared[0]
@@ -73,9 +86,10 @@ def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma:
         cuda.threadfence()
         cuda.syncthreads()
         if t == 0:
-            heads[(seq - 1) % rows, 1] = n if m == n else -1
+            heads[(seq - 1) % rows, HEAD_COUNT] = n if m == n else -1
+            heads[(seq - 1) % rows, HEAD_EARLY] = 0  # no copy CTA has counted this request yet
             cuda.threadfence()
-            heads[(seq - 1) % rows, 0] = seq
+            heads[(seq - 1) % rows, HEAD_SEQ] = seq
     if t == 0:
         ring[row, SEQ] = -seq  # busy: a reader must not take the old payload for this seq
         cuda.threadfence_system()
@@ -123,7 +137,7 @@ class PublishLauncher:
                  mirror_shape: tuple[int, int], heads_ptr: int) -> None:
         self._kernel = PackedKernel(_compile_publish(), 64)
         fixed = (*array_args(ring_ptr, (capacity, slot_words)), *array_args(counter_ptr, (1,)),
-                 *array_args(mirror_ptr, mirror_shape), *array_args(heads_ptr, (mirror_shape[0], 2)))
+                 *array_args(mirror_ptr, mirror_shape), *array_args(heads_ptr, (mirror_shape[0], HEAD_WORDS)))
         self._kernel.values[: len(fixed)] = fixed
         self._at = len(fixed)
 
@@ -151,7 +165,7 @@ class DevicePublisher:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64: last seq claimed
         # [mirror_rows, 2 * max_blocks] int64: every request's ids again, in device memory (row (seq - 1) % rows)
         self.ids_mirror = torch.zeros((mirror_rows, slot_words - HEADER_WORDS), dtype=torch.int64, device=device)
-        self.mirror_heads = torch.zeros((mirror_rows, 2), dtype=torch.int64, device=device)  # each row's (seq, count)
+        self.mirror_heads = torch.zeros((mirror_rows, HEAD_WORDS), dtype=torch.int64, device=device)  # rows' heads
         self.launch = PublishLauncher(ring_ptr, capacity, slot_words, self.counter.data_ptr(),
                                       self.ids_mirror.data_ptr(), tuple(self.ids_mirror.shape),
                                       self.mirror_heads.data_ptr())
@@ -198,10 +212,12 @@ class DevicePublisher:
     def wait_seq(self, stream: Any, seq_at: int, words_base: int, words: int) -> None:
         """Enqueue on `stream`, which may be capturing a CUDA graph: wait until the wait word of the request
         whose seq the int64 at `seq_at` (device memory, written by an earlier publish on `stream`) holds
-        reaches that seq; the words are `words` int64 at `words_base` (`pulseio._wait_words`)."""
+        reaches that seq, or every copy CTA has copied the request early (its mirror row's head says so); the
+        words are `words` int64 at `words_base` (`pulseio._wait_words`)."""
         self._bind_thread()
         stream = stream if stream is not None else self._torch.cuda.current_stream(self.device)
-        self.wait_for_seq(stream.cuda_stream, seq_at, words_base, words)
+        self.wait_for_seq(stream.cuda_stream, seq_at, words_base, words, self.mirror_heads.data_ptr(),
+                          self.mirror_heads.shape[0])
 
     def _bind_thread(self) -> None:
         if not getattr(self._thread_ready, "ready", False):

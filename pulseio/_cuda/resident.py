@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .._native import task_ring as tr
+from .._native.layout import HEAD_WORDS
 from .._resident import TaskRing
 from ..errors import CudaError, PulseInternalError
 from . import resident_kernel as rk
@@ -93,18 +94,20 @@ class ResidentCopier(TaskRing):
 
     def read_ids_from(self, mirror: torch.Tensor, heads: torch.Tensor) -> None:
         """mirror: [rows, 2 * w] int64 on this device, where a publisher also writes each doorbell request's
-        ids (row (seq - 1) % rows); heads: [rows, 2] int64, the (seq, count) each row holds (seq < 0 while
-        written). Tasks the fast lane posts then name their row instead of carrying their ids, and the
-        kernel reads them there; a copy CTA with no task to serve copies its share of a request as soon as
-        the heads show it, before its task arrives. Call before the first request is published."""
+        ids (row (seq - 1) % rows); heads: [rows, HEAD_WORDS] int64, each row's head (`doorbell_kernels`: its
+        seq, < 0 while written, and count, and the copy CTAs' early copies of it). Tasks the fast lane posts then
+        name their row instead of carrying their ids, and the kernel reads them there; a copy CTA with no task to
+        serve copies its share of a request as soon as the heads show it, before its task arrives, and the last
+        to do so marks the request landed in its head. Call before the first request is published."""
         if mirror.dtype != torch.int64 or mirror.dim() != 2 or not mirror.is_contiguous() or mirror.shape[1] % 2:
             raise PulseInternalError(f"an ids mirror is a contiguous [rows, 2 * w] int64 tensor, got "
                                      f"{tuple(mirror.shape)} {mirror.dtype}")
         if mirror.shape[0] > tr.MAX_MIRROR_ROWS:
             raise PulseInternalError(f"an ids mirror has at most {tr.MAX_MIRROR_ROWS} rows, got {mirror.shape[0]}")
-        if heads.dtype != torch.int64 or tuple(heads.shape) != (mirror.shape[0], 2) or not heads.is_contiguous():
-            raise PulseInternalError(f"an ids mirror's heads are a contiguous [{mirror.shape[0]}, 2] int64 tensor, "
-                                     f"got {tuple(heads.shape)} {heads.dtype}")
+        if (heads.dtype != torch.int64 or tuple(heads.shape) != (mirror.shape[0], HEAD_WORDS)
+                or not heads.is_contiguous()):
+            raise PulseInternalError(f"an ids mirror's heads are a contiguous [{mirror.shape[0]}, {HEAD_WORDS}] int64 "
+                                     f"tensor, got {tuple(heads.shape)} {heads.dtype}")
         with self._launch_lock:
             self._mirror = mirror, heads  # kept alive while kernels read them
             self._kernel.values[27:36] = array_args(mirror.data_ptr(), tuple(mirror.shape))

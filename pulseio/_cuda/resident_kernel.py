@@ -53,6 +53,13 @@ it, and the row is written again only once that task has landed, so an early cop
 reused since (except those of a request given up before the poller read it, which are garbage anyway:
 `pulseio/_device_waits.py`).
 
+Landing on the device. A CTA that copied its part of request q early counts it in q's mirror row head
+(HEAD_EARLY, zeroed by the publish); the CTA counting the last part stores q in the head's HEAD_LANDED (release).
+A device wait for q (`wait_kernel.wait_seq`) ends there as well as on q's wait word, so a request every CTA
+copied early lands for its stream without waiting for the poller to read it, post its task and the leader to
+forward it. The task still comes and lands it for the host (its done word, its Completion), copying nothing
+again. A request with any part copied from its task lands by its task alone.
+
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
 CTRL_STOPPED. At least one sees the other: either the kernel sees the promise and keeps serving,
@@ -80,6 +87,7 @@ import functools
 
 from numba import cuda, int64
 
+from .._native.layout import HEAD_COUNT, HEAD_EARLY, HEAD_LANDED, HEAD_WORDS  # the ids mirror's row heads
 from .._native.task_ring import (  # the layout both halves share
     COUNT_BITS,
     CTRL_CLOSE,
@@ -216,9 +224,9 @@ def _wait_work(task, dev, gen, heads, rows, state):  # pragma: no cover - runs o
             return SERVE_TASK if load_acquire_gpu(dev + 8 * DEV_POSTED) >= task else SERVE_NONE
         if rows > 0:
             q = state[LANE_NEXT]
-            head = load_acquire_gpu(heads + 16 * ((q - 1) % rows))
+            head = load_acquire_gpu(heads + 8 * HEAD_WORDS * ((q - 1) % rows))
             if head == q:
-                state[NEXT_N] = load_acquire_gpu(heads + 16 * ((q - 1) % rows) + 8)  # stored before the head
+                state[NEXT_N] = load_acquire_gpu(heads + 8 * (HEAD_WORDS * ((q - 1) % rows) + HEAD_COUNT))  # before
                 state[NEXT_NS] = globaltimer()
                 return SERVE_EARLY
             if head > q or head < -q:  # the row holds a later request: q has finished, or is not ours to copy
@@ -233,7 +241,7 @@ def _check_head(heads, row, q, state):  # pragma: no cover - GPU / simulator
     state[BAD] if the row's head is no longer q (a publish began rewriting it: what was read may be torn)."""
     cuda.threadfence()  # this thread's reads of the row are done before the head is read again
     cuda.syncthreads()
-    if cuda.threadIdx.x == 0 and load_acquire_gpu(heads + 16 * row) != q:
+    if cuda.threadIdx.x == 0 and load_acquire_gpu(heads + 8 * HEAD_WORDS * row) != q:
         state[BAD] = 1
     cuda.syncthreads()
 
@@ -287,12 +295,24 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state): 
     return False
 
 
+@cuda.jit(device=True)
+def _count_early(heads, row, q, ctas):  # pragma: no cover - GPU / simulator
+    """Thread 0 of a copy CTA that copied its part of request q early (mirror row `row`), after its threads
+    fenced: count the part in the row's HEAD_EARLY (the publish zeroed it; the row holds q until q's task lands,
+    after every CTA is done with q, so no other request's parts are counted there meanwhile). The CTA that counts
+    the last part stores q into HEAD_LANDED, releasing every part the count acquired: q has landed on the device,
+    and a device wait for it may end before its task lands it (`wait_kernel.wait_seq`)."""
+    at = heads + 8 * HEAD_WORDS * row
+    if atomic_add_gpu(at + 8 * HEAD_EARLY, 1) == ctas - 1:
+        store_release_gpu(at + 8 * HEAD_LANDED, q)
+
+
 def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_ns, hold_at, hold_to,
                    holds, heads):  # pragma: no cover - runs on the GPU / simulator
     """host: [H, words] uint64 pinned; pool: [D, words] uint64 device; ids: [slots, 2 * cap] int64 pinned;
     mirror: [rows, 2 * w] int64 device, the publisher's copy of doorbell requests' ids (rows may be 0);
     hold_at, hold_to: a device wait's word and value (0, 0: none); holds: [HOLD_GENS, 2] int64 pinned, every
-    generation's hold; heads: the address of the mirror rows' [rows, 2] int64 (seq, count), on the device
+    generation's hold; heads: the address of the mirror rows' [rows, HEAD_WORDS] int64 heads, on the device
     (unread without a mirror). See the module doc."""
     state = cuda.shared.array(9, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
@@ -334,10 +354,13 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
                 parts = parts_of(ctas, n)
                 lo, hi = span_of(cta, ctas, n * parts)
                 copied = _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state)
-            cuda.syncthreads()  # every thread has read q and n before thread 0 moves on
+            if copied:
+                cuda.threadfence()  # this thread's part is visible on the device before thread 0 counts it
+            cuda.syncthreads()  # every thread has read q and n (and fenced its part) before thread 0 moves on
             if t == 0:
                 if copied:
                     state[EARLY_SEQ], state[EARLY_N], state[EARLY_NS] = q, n, state[NEXT_NS]
+                    _count_early(heads, (q - 1) % rows, q, ctas)
                 state[LANE_NEXT] = q + 1
             cuda.syncthreads()
             continue
@@ -353,7 +376,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             task_ids, dst_at = mirror[row], w
             if t == 0:
                 # the row holds this task's request until the task lands; copied early by this CTA?
-                q = load_acquire_gpu(heads + 16 * row)
+                q = load_acquire_gpu(heads + 8 * HEAD_WORDS * row)
                 state[SKIP] = 1 if 0 < q == state[EARLY_SEQ] and n == state[EARLY_N] and d2h == 0 else 0
                 if q >= state[LANE_NEXT]:  # served now: never copied early after this
                     state[LANE_NEXT] = q + 1

@@ -4,7 +4,9 @@ Device waits (a doorbell request's wait word in pinned host memory, a resident t
 device memory) are this kernel, not `cuStreamWaitValue64`. A stream memory operation on a host word is
 re-read by the GPU's front end on a schedule the driver owns; this kernel reads the word itself, at
 system scope, every ~100 ns, and ends as soon as any writer (the copier, a host thread, the watchdog)
-stores the value. It holds one warp of one SM while it waits.
+stores the value. It holds one warp of one SM while it waits. `wait_seq`, a doorbell request's wait, also ends
+once the request's ids mirror row says every copy CTA copied it early (`doorbell_kernels`): its blocks are in
+place then, before the task the host posts for it lands them.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ import threading
 
 from numba import cuda
 
+from .._native.layout import HEAD_LANDED, HEAD_WORDS
 from ..errors import InvalidRequestError
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 from .driver import is_capturing
 from .launch import PackedKernel
-from .sysmem import load_acquire_sys, load_relaxed_gpu, pause
+from .sysmem import load_acquire_gpu, load_acquire_sys, load_relaxed_gpu, pause
 
 WAIT_SIGNATURE = "void(int64, int64)"
-WAIT_SEQ_SIGNATURE = "void(int64, int64, int64)"
+WAIT_SEQ_SIGNATURE = "void(int64, int64, int64, int64, int64)"
 WAIT_THREADS = 32
 
 
@@ -33,14 +36,20 @@ def wait_word(address, value):  # pragma: no cover - runs on the GPU / simulator
             pause()
 
 
-def wait_seq(seq_at, words_base, words):  # pragma: no cover - runs on the GPU / simulator
+def wait_seq(seq_at, words_base, words, heads, rows):  # pragma: no cover - runs on the GPU / simulator
     """`wait_word` for the request whose seq an earlier kernel of this stream (a publish) stored at seq_at:
     its word is (seq - 1) % words of the `words` int64 at words_base. The seq is read on the device, so
-    this wait can be captured in a CUDA graph: each replay waits for the request that replay published."""
+    this wait can be captured in a CUDA graph: each replay waits for the request that replay published.
+    With an ids mirror (rows > 0: `heads`, the address of its [rows, HEAD_WORDS] int64 heads), the wait also
+    ends once the request's row says it landed early (HEAD_LANDED = seq, stored with release by the last copy CTA
+    to copy its part: acquired here, the parts are visible to what the stream runs next)."""
     if cuda.threadIdx.x == 0:
         seq = load_relaxed_gpu(seq_at)
         address = words_base + 8 * ((seq - 1) % words)
+        landed = heads + 8 * (HEAD_WORDS * ((seq - 1) % max(rows, 1)) + HEAD_LANDED)
         while load_acquire_sys(address) - seq < 0:
+            if rows > 0 and load_acquire_gpu(landed) == seq:
+                return
             pause()
 
 
@@ -68,12 +77,14 @@ class SeqWaitLauncher:
     capturing a CUDA graph."""
 
     def __init__(self) -> None:
-        self._kernel = PackedKernel(compile_wait_seq(), 3)
+        self._kernel = PackedKernel(compile_wait_seq(), 5)
         self._lock = threading.Lock()
 
-    def __call__(self, stream_handle: int, seq_at: int, words_base: int, words: int) -> None:
+    def __call__(self, stream_handle: int, seq_at: int, words_base: int, words: int, heads: int = 0,
+                 rows: int = 0) -> None:
+        """heads, rows: the ids mirror's heads (address, rows), whose landed seq also ends the wait; 0: none."""
         with self._lock:
-            self._kernel.values[:] = (seq_at, words_base, words)
+            self._kernel.values[:] = (seq_at, words_base, words, heads, rows)
             self._kernel.launch(stream_handle, 1, WAIT_THREADS)
 
 

@@ -88,7 +88,7 @@ def post(seq, h, p, direction, raise_to=0, row=-1):
 
 holds = np.zeros((rk.HOLD_GENS, 2), np.int64)  # every generation's hold, by generation
 
-heads = np.zeros((3, 2), np.int64)  # the mirror rows' (seq, count): none published
+heads = np.zeros((3, 4), np.int64)  # the mirror rows' heads (seq, count, early, landed): none published
 
 def launch(gen, idle_ms=5, grid=2, hold_at=0, hold_to=0):
     kernel[grid, 32](host, pool, ids, mirror, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
@@ -200,7 +200,7 @@ host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
 pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
 ids = np.zeros((slots, 2 * cap), dtype=np.int64)
 mirror = np.full((3, 2 * cap), -1, dtype=np.int64)
-heads = np.zeros((3, 2), np.int64)
+heads = np.zeros((3, 4), np.int64)
 entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 done = np.zeros(slots, np.int64)
 dev = np.zeros(rk.dev_words(slots, 4), np.int64)
@@ -211,8 +211,9 @@ def row(q, h, p):  # the publish kernel's mirror row (written before a launch: t
     mirror[(q - 1) % 3, cap : cap + len(p)] = p
 
 def publish(q, n):  # the publish kernel's last store: the row's head
-    heads[(q - 1) % 3] = -q, 0
+    heads[(q - 1) % 3, :2] = -q, 0
     heads[(q - 1) % 3, 1] = n
+    heads[(q - 1) % 3, 2] = 0
     heads[(q - 1) % 3, 0] = q
 
 def forward(task, n, q):  # the leader's: a task naming request q's mirror row
@@ -238,7 +239,7 @@ def run(gen, first_task, steps=((0.3, lambda: None),), ctas=1, cta=0):  # copy C
 # poller's fence (a task of no blocks naming its row) lands
 h1, p1 = rng.choice(H, 5, replace=False), np.array([0, 1, 2, 3, 4])
 row(1, h1, p1)
-heads[0] = -1, 0
+heads[0, :2] = -1, 0
 row(2, [1, 99, 2], [10, 11, 12])
 posted = {}
 def post_task_1():
@@ -250,6 +251,8 @@ assert np.array_equal(pool[p1], host[h1]) and list(done) == [1, 2, 0, 0], done
 taken = entries[0, tr.ENTRY_TAKEN_NS]
 assert t0 + 0.25e9 < taken < posted[1], (taken - t0, posted[1] - t0)  # began after the publish, before its task
 assert (pool[10:13] == 0xDEAD).all(), "a request naming a block outside the pool is not copied early"
+assert heads[0, 2:].tolist() == [1, 1], "the one copy CTA copied request 1 early: landed on the device"
+assert heads[1, 2:].tolist() == [0, 0], "request 2 was not copied early: not landed on the device"
 
 # gen 2 copies request 3 early and exits before its task; gen 3 (its CTA of the same index) lands the task
 # without copying again
@@ -270,7 +273,7 @@ row(4, h4, p4)
 publish(4, 2)
 forward(4, 0, 4)
 run(4, 4)
-assert (pool[p4] == 0xDEAD).all() and done[3] == 4
+assert (pool[p4] == 0xDEAD).all() and done[3] == 4 and heads[0, 2:].tolist() == [0, 1], "4: not landed early"
 # gen 5, the control: request 5, published, no task: copied early
 h5, p5 = np.array([9, 10]), np.array([16, 17])
 row(5, h5, p5)
@@ -290,6 +293,7 @@ row(7, [14], [5])
 publish(7, 1)
 run(7, 7, ctas=4, cta=1)
 assert np.array_equal(pool[5, 10:20], host[14, 10:20]), "CTA 1's part, early"
+assert heads[0, 2:].tolist() == [1, 1], "one part of 4 counted: request 7 has not landed on the device"
 assert (pool[5, :10] == 0xDEAD).all() and (pool[5, 20:] == 0xDEAD).all(), "only CTA 1's part"
 pool[5, 10:20] = 0xBEEF  # a copy of it again would show
 forward(5, 1, 7)
@@ -302,6 +306,15 @@ assert done[0] == 1, "landed before every CTA's part"
 run(11, 5, ctas=4, cta=3)
 assert done[0] == 5, "the last part lands the task"
 assert np.array_equal(pool[5, :10], host[14, :10]) and np.array_equal(pool[5, 20:], host[14, 20:])
+assert heads[0, 2:].tolist() == [1, 1], "three parts came with the task: request 7 landed by its task alone"
+# gens 12-13, the CTAs of 2, both idle: each copies its part of request 8 early; the second to count it marks
+# it landed in its row's head, with no task
+row(8, [3, 4], [6, 7])
+publish(8, 2)
+run(12, 6, ctas=2, cta=0)
+assert heads[1, 2:].tolist() == [1, 5], "one of two parts: not landed (the row's landed seq is still request 5's)"
+run(13, 6, ctas=2, cta=1)
+assert heads[1, 2:].tolist() == [2, 8] and np.array_equal(pool[[6, 7]], host[[3, 4]]) and done[1] == 2
 print("SIM-OK")
 """
 
@@ -313,5 +326,6 @@ def test_copy_ctas_copy_a_published_request_before_its_task_under_simulator() ->
     its generation or the next one's CTA of its index; it copies no request naming a block outside the
     pools, and none after serving the task that names its row (the poller's fence for a request the fast
     lane did not take). A request of fewer blocks than CTAs is copied in parts, early or from its task, each
-    CTA its own part, the task landing once every part has."""
+    CTA its own part, the task landing once every part has. The CTAs count their early copies in the request's
+    mirror row head, and the last of them marks the request landed there, only if every part was copied early."""
     _run_simulated(_EARLY_SCRIPT)

@@ -27,20 +27,22 @@ SCRIPT = textwrap.dedent("""
     slots = np.arange(40, dtype=np.int64)[::-1].copy()
     count = np.array([37], dtype=np.int64)
     mirror = np.full((2, 2 * bell.layout.blocks_per_slot), -1, dtype=np.int64)  # rows by seq: 1 -> 0, 2 -> 1, 3 -> 0
-    heads = np.zeros((2, 2), dtype=np.int64)
+    heads = np.zeros((2, 4), dtype=np.int64)               # (seq, count, early copies counted, landed seq)
     none = np.zeros(0, dtype=np.int64)                      # no seq_out
     seq_out = np.zeros(1, dtype=np.int64)
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7, none)   # count chosen "on the device"
-    assert heads.tolist() == [[1, 37], [0, 0]]
+    assert heads.tolist() == [[1, 37, 0, 0], [0, 0, 0, 0]]
+    heads[0, 2:] = 5, 1                                     # copy CTAs counted request 1's parts, and it landed
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 3, 8, seq_out)  # count passed by the host
     assert seq_out[0] == 2, "the publish stores the seq it took where a captured device wait reads it"
     half = bell.layout.blocks_per_slot
     assert mirror[0, :37].tolist() == ids[:37].tolist() and mirror[0, half:half + 37].tolist() == slots[:37].tolist()
     assert mirror[1, :4].tolist() == [100, 101, 102, -1] and mirror[1, half:half + 3].tolist() == [39, 38, 37]
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 69, 9, none)   # more than a slot holds (68)
-    assert heads.tolist() == [[3, -1], [2, 3]], "a bad count: no ids in the row, and the heads say so"
+    assert heads.tolist() == [[3, -1, 0, 1], [2, 3, 0, 0]], "a bad count: no ids in the row, and the heads say so"
+    # (request 3 took row 0: its early copies are counted from zero; the landed seq stays request 1's)
     no_mirror = np.zeros((0, 2 * half), np.int64)
-    publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 2), np.int64), ids, slots, count, 2, 10, none)
+    publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 4), np.int64), ids, slots, count, 2, 10, none)
     first, second, third, fourth = bell.poll_nowait()
     assert fourth.host_ids.tolist() == [100, 101]
     assert (first.seq, first.tag, first.error) == (1, 7, None), first
@@ -87,8 +89,18 @@ WAIT_SCRIPT = textwrap.dedent("""
     late = threading.Timer(0.3, lambda: words.__setitem__(1, 6))
     late.start()
     t0 = time.perf_counter()
-    wait_seq[1, 32](cell.ctypes.data, words.ctypes.data, 4)
+    wait_seq[1, 32](cell.ctypes.data, words.ctypes.data, 4, 0, 0)
     assert time.perf_counter() - t0 >= 0.25 and words[1] == 6
+    # with an ids mirror of 3 rows: the wait for seq 8 (word 3, row 1) also ends when row 1 says seq 8 landed early,
+    # its word never raised; another seq's landing in the row does not end it
+    cell[0], words[3] = 8, 4
+    heads = np.zeros((3, 4), dtype=np.int64)
+    heads[1, 3] = 5
+    late = threading.Timer(0.3, lambda: heads.__setitem__((1, 3), 8))
+    late.start()
+    t0 = time.perf_counter()
+    wait_seq[1, 32](cell.ctypes.data, words.ctypes.data, 4, heads.ctypes.data, 3)
+    assert time.perf_counter() - t0 >= 0.25 and heads[1, 3] == 8 and words[3] == 4
     print("SIM-OK")
 """)
 
