@@ -291,7 +291,8 @@ assert (pool[[18, 19, 22, 23]] == 0xDEAD).all()
 # CTA 1 skips the part it copied early, CTAs 0 and 3 copy theirs, and the last lands the task
 row(7, [14], [5])
 publish(7, 1)
-run(7, 7, ctas=4, cta=1)
+dev[rk.DEV_HEADER + 4 * slots + rk.EARLY_WORDS * 1 + rk.LANE_NEXT] = 7  # CTA 1 looked at requests 1-6 already
+run(7, 7, steps=((1.0, lambda: None),), ctas=4, cta=1)
 assert np.array_equal(pool[5, 10:20], host[14, 10:20]), "CTA 1's part, early"
 assert heads[0, 2:].tolist() == [1, 1], "one part of 4 counted: request 7 has not landed on the device"
 assert (pool[5, :10] == 0xDEAD).all() and (pool[5, 20:] == 0xDEAD).all(), "only CTA 1's part"
@@ -311,9 +312,9 @@ assert heads[0, 2:].tolist() == [1, 1], "three parts came with the task: request
 # it landed in its row's head, with no task
 row(8, [3, 4], [6, 7])
 publish(8, 2)
-run(12, 6, ctas=2, cta=0)
+run(12, 6, steps=((1.0, lambda: None),), ctas=2, cta=0)
 assert heads[1, 2:].tolist() == [1, 5], "one of two parts: not landed (the row's landed seq is still request 5's)"
-run(13, 6, ctas=2, cta=1)
+run(13, 6, steps=((1.0, lambda: None),), ctas=2, cta=1)
 assert heads[1, 2:].tolist() == [2, 8] and np.array_equal(pool[[6, 7]], host[[3, 4]]) and done[1] == 2
 print("SIM-OK")
 """
