@@ -207,7 +207,8 @@ def _attention_sections(kernels: list[tuple[float, float, str]], streams: list[o
     with an attention kernel (`ATTENTION`) in it, by the kernels that ran on the chain there. The copier's kernel
     runs throughout and is no part of a stretch."""
     out = []
-    opened, inside = None, []
+    opened: float | None = None
+    inside: list[tuple[float, float, str]] = []
     for lo, hi, name in _main_chain(kernels, streams):
         low = name.lower()
         if "resident_copy" in low:
