@@ -55,10 +55,11 @@ reused since (except those of a request given up before the poller read it, whic
 
 Landing on the device. A CTA that copied its part of request q early counts it in q's mirror row head
 (HEAD_EARLY, zeroed by the publish); the CTA counting the last part stores q in the head's HEAD_LANDED (release).
-A device wait for q (`wait_kernel.wait_seq`) ends there as well as on q's wait word, so a request every CTA
-copied early lands for its stream without waiting for the poller to read it, post its task and the leader to
-forward it. The task still comes and lands it for the host (its done word, its Completion), copying nothing
-again. A request with any part copied from its task lands by its task alone.
+A captured device wait for q (`wait_kernel.wait_seq`, a RecallGraph's) ends there as well as on q's wait word
+(`device_wait`'s `wait_word` reads the word alone), so a request every CTA copied early lands for its stream
+without waiting for the poller to read it, post its task and the leader to forward it. The task still comes
+and lands it for the host (its done word, its Completion), copying nothing again. A request with any part
+copied from its task lands by its task alone.
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
