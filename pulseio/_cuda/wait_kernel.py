@@ -47,8 +47,8 @@ def wait_seq(seq_at, words_base, words, heads, rows):  # pragma: no cover - runs
         seq = load_relaxed_gpu(seq_at)
         address = words_base + 8 * ((seq - 1) % words)
         landed = heads + 8 * (HEAD_WORDS * ((seq - 1) % max(rows, 1)) + HEAD_LANDED)
-        while load_acquire_sys(address) - seq < 0:
-            if rows > 0 and load_acquire_gpu(landed) == seq:
+        while not (rows > 0 and load_acquire_gpu(landed) == seq):    # the device word first: an L2 read, not PCIe
+            if load_acquire_sys(address) - seq >= 0:
                 return
             pause()
 

@@ -548,7 +548,7 @@ def launch_select(bounds: torch.Tensor, num_tokens: torch.Tensor, config: Sparse
     (benchmarks)."""
     b, s, c, nb = bounds.shape
     k = config.budget_blocks
-    if triton.next_power_of_2(max(nb, k)) > _MAX_BLOCK:
+    if max(nb, k) > _MAX_BLOCK:                    # (a power of two: so is the row's width then)
         raise ValueError(f"the select kernel holds at most {_MAX_BLOCK} block columns, got {max(nb, k)}")
     block, tail, warps = _row_split(nb, k, num_warps)
     new = hot.new_token if hot is not None else None
