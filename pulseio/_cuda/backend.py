@@ -109,10 +109,11 @@ class CudaRoutes:
         self._bb = host.block_bytes
         if self._bb % 8:
             raise PoolTooSmallError(f"the CUDA routes move blocks as 8-byte words; block_bytes={self._bb}")
-        # high priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
-        self.stream = torch.cuda.Stream(self._device, priority=-1)
-        self._stream_handle = self.stream.cuda_stream
         self._bind_thread()  # the launcher resolves its kernel in the current context
+        # the highest priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
+        self._own_stream = driver.OwnStream(self._device)
+        self.stream = self._own_stream.torch
+        self._stream_handle = self.stream.cuda_stream
         self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
         # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
         self.stage_seconds: Counter[str] = Counter()
@@ -212,6 +213,7 @@ class CudaRoutes:
         self._resident.close()
         self._staging.close()
         self._ids.close()
+        self._own_stream.destroy()
 
     # -- routes --------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 import numpy as np
+import torch
 from cuda.bindings import driver as cu
 
 from ..errors import CudaError
@@ -60,6 +61,28 @@ def relax_stream_capture() -> None:
     in the default (global) mode, calls such as an event query from this thread stay legal."""
     check("cuThreadExchangeStreamCaptureMode",
           cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED))
+
+
+class OwnStream:
+    """A non-blocking CUDA stream of pulseio's own, at the device's highest priority, outside torch's stream pool.
+
+    torch hands out the 32 streams of each priority's pool round-robin, so a pool stream is also what every 32nd
+    later request of that priority gets: another component's work there would queue behind a long-running copy
+    kernel, and a graph captured there would capture (or refuse) pulseio's launches. `torch` wraps the handle for
+    torch's stream APIs; `destroy` releases it once its work is done (CUDA lets queued work finish)."""
+
+    def __init__(self, device: torch.device) -> None:
+        _, greatest = check("cuCtxGetStreamPriorityRange", cu.cuCtxGetStreamPriorityRange())
+        stream = check("cuStreamCreateWithPriority",
+                       cu.cuStreamCreateWithPriority(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), greatest))
+        self.handle = int(stream)
+        self.priority = int(greatest)
+        self.torch = torch.cuda.ExternalStream(self.handle, device=device)
+
+    def destroy(self) -> None:
+        if self.handle:
+            check("cuStreamDestroy", cu.cuStreamDestroy(cu.CUstream(self.handle)))
+            self.handle = 0
 
 
 def host_register(ptr: int, nbytes: int) -> int:

@@ -24,7 +24,7 @@ from .._native.layout import HEAD_WORDS
 from .._resident import TaskRing
 from ..errors import CudaError, PulseInternalError
 from . import resident_kernel as rk
-from .driver import write_value
+from .driver import OwnStream, write_value
 from .kernels import THREADS_PER_CTA
 from .launch import BlockArray, PackedKernel, array_args
 from .wait_kernel import WaitLauncher, refuse_in_capture
@@ -50,7 +50,8 @@ class ResidentCopier(TaskRing):
         self._dev = torch.zeros(rk.dev_words(slots, ctas), dtype=torch.int64, device=self._device)
         self._dev[rk.DEV_START : rk.DEV_START + 2] = 1  # the first generation starts at task 1
         self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
-        self.stream = torch.cuda.Stream(self._device, priority=-1)
+        self._own_stream = OwnStream(self._device)   # never shared: the kernel stays on it while it serves
+        self.stream = self._own_stream.torch
         base = self._memory.device_ptr
         self._kernel = PackedKernel(rk.compile_resident_copy(), 46)
         self._holds = torch.zeros((rk.HOLD_GENS, 2), dtype=torch.int64, pin_memory=True)  # device-mapped (UVA)
@@ -178,3 +179,4 @@ class ResidentCopier(TaskRing):
                 return
             time.sleep(100e-6)
         super().close()
+        self._own_stream.destroy()

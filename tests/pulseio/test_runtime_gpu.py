@@ -202,3 +202,17 @@ def test_reused_mirror_rows_and_requests_off_the_fast_lane_leave_every_slot_bit_
             assert done.wait(timeout=10)
             assert torch.equal(out.cpu(), rt.host_pool.blocks[ids.cpu()]), f"request {i} ({kind})"
         assert refused > 0
+
+
+def test_copy_streams_are_none_of_torchs_pool_streams(rt: pulseio.Runtime) -> None:
+    """torch hands out each priority's 32 pool streams round-robin; a copy stream taken from a pool would be what
+    every 32nd later request of its priority gets, and work there would queue behind the resident kernel."""
+    routes = rt.workers[0]._routes
+    own = {routes.stream.cuda_stream, rt.workers[0].resident.stream.cuda_stream}
+    assert len(own) == 2
+    pool = {torch.cuda.Stream(priority=p).cuda_stream for p in (0, -1, -2, -3) for _ in range(33)}  # torch's 4
+    assert own.isdisjoint(pool)
+    ids = torch.arange(64, device="cuda")
+    done = rt.post_recall(host_ids=ids, device_slots=ids, strategy=Strategy.RESIDENT, tag=9)
+    assert done.wait(timeout=10)
+    assert torch.equal(rt.device_pool.slots[:64].cpu(), rt.host_pool.blocks[:64])
