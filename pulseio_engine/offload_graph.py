@@ -68,6 +68,8 @@ from .kv.recall import AHEAD_TAG, PendingRecall
 from .model.batch_state import BatchState, DecodeAttention
 from .model.llama import CausalLM
 
+CHAIN_PRIORITY = -1     # torch's stream priority of a captured step's chain (see `_Branches`); lower is higher
+
 
 @dataclass(frozen=True)
 class StepRiders:
@@ -89,9 +91,14 @@ class StepRiders:
 @dataclass(frozen=True)
 class _Branches:
     """The streams of a step captured with doorbell recalls: the one it is captured on, and the side streams of each
-    layer's window (`OffloadStepGraph._post_beside_resident`). Taken together from torch's pool, which hands out its
-    32 streams round-robin, so none is another; torch's shared capture stream, taken apart, could be one of them, and
-    a branch on the capturing stream runs in line with it."""
+    layer's window (`OffloadStepGraph._post_beside_resident`). Taken together from torch's pools, which hand out the
+    32 streams of each priority round-robin, so none is another; torch's shared capture stream, taken apart, could be
+    one of them, and a branch on the capturing stream runs in line with it.
+
+    A captured kernel keeps the priority of the stream it was captured on (torch instantiates graphs to honour each
+    node's), so the priorities are set here: the chain, the riders and the publishes high (`CHAIN_PRIORITY`), the
+    prediction at the default, the lowest. The next layer's prediction has the rest of the layer to finish, so where
+    both wait for SMs the block scheduler starts the chain's blocks first."""
 
     capture: torch.cuda.Stream     # the capturing stream: the step's own chain
     publish: torch.cuda.Stream     # doorbell publishes, in post order
@@ -437,7 +444,10 @@ class OffloadStepGraph:
         (not inside one)."""
         if self._branch_streams is None:
             dev = self.model.device
-            self._branch_streams = _Branches(*(torch.cuda.Stream(dev) for _ in range(4)))
+            def high() -> torch.cuda.Stream:
+                return torch.cuda.Stream(dev, priority=CHAIN_PRIORITY)
+            self._branch_streams = _Branches(capture=high(), publish=high(), predict=torch.cuda.Stream(dev),
+                                             riders=high())
         return self._branch_streams
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
