@@ -10,9 +10,9 @@ Each thread keeps `_UNROLL` loads in flight before storing: over PCIe a load tak
 microsecond, so memory-level parallelism, not instruction count, sets the rate.
 
 Each CTA copies one contiguous span of the blocks and first reads the span's ids into shared memory,
-one coalesced load per `IDS_PER_ROUND` ids. A transfer of fewer blocks than CTAs cuts each block into
-`parts_of` parts and spreads those instead: a recall of 3 blocks over 16 CTAs is 15 parts copied at once,
-not 3 CTAs each making a whole block's round trips one after another.
+one coalesced load per `IDS_PER_ROUND` ids. A transfer whose blocks do not divide evenly over the CTAs cuts
+each block into `parts_of` parts and spreads those instead: a recall of 3 blocks over 16 CTAs has each CTA
+copy 3/16 of a block, not 3 CTAs each making a whole block's round trips while the rest idle.
 
 On the zero-copy and resident routes the ids live in pinned host memory: read one by one, by every
 warp, each 8-byte id costs a whole PCIe completion: staged in shared memory, they cost one a round.
@@ -70,16 +70,25 @@ def copy_words(src, s, dst, d, lo, hi):  # pragma: no cover - runs on the GPU / 
 
 @cuda.jit(device=True)
 def parts_of(ctas, n):  # pragma: no cover - runs on the GPU / simulator
-    """The parts each block of an n-block transfer is cut into for `ctas` CTAs: 1 where there are at least as
-    many blocks as CTAs, else ctas // n, so that a short transfer keeps every CTA copying (a few CTAs each
-    copying a whole block while the rest idle would take a few whole blocks' round trips)."""
-    return 1 if n >= ctas or n <= 0 else ctas // n
+    """The parts each block of an n-block transfer is cut into for `ctas` CTAs: 1 where n is a multiple of ctas,
+    else ctas, so that every CTA copies n / ctas blocks' worth. Spans of whole blocks would leave some CTAs a
+    block more than others (19 blocks over 16 CTAs: two blocks' round trips, not 1.2) and a short transfer's
+    other CTAs idle. A CTA copies its units of one block as one run of words (`block_words`)."""
+    return 1 if n <= 0 or n % ctas == 0 else ctas
 
 
 @cuda.jit(device=True)
 def part_words(words, part, parts):  # pragma: no cover - runs on the GPU / simulator
     """The words [lo, hi) of a row of `words` words that part `part` of `parts` covers."""
     return part * words // parts, (part + 1) * words // parts
+
+
+@cuda.jit(device=True)
+def block_words(words, u, end, parts):  # pragma: no cover - runs on the GPU / simulator
+    """Units [u, v) of [u, end) that belong to block u // parts, and the one contiguous run of a row's `words`
+    words they cover: (v, w0, w1)."""
+    v = min(end, (u // parts + 1) * parts)
+    return v, part_words(words, u % parts, parts)[0], part_words(words, (v - 1) % parts, parts)[1]
 
 
 @cuda.jit(device=True)
@@ -105,13 +114,15 @@ def copy_span(a, a_ids, a_at, b, b_ids, b_at, lo, hi, parts, reverse, staged):  
             i += cuda.blockDim.x
         cuda.syncthreads()
         end = min(hi, (r0 + m) * parts)
-        for u in range(lo, end):
+        u = lo
+        while u < end:
             j = u // parts - r0
-            w0, w1 = part_words(words, u % parts, parts)
+            v, w0, w1 = block_words(words, u, end, parts)
             if reverse:
                 copy_words(b, staged[1, j], a, staged[0, j], w0, w1)
             else:
                 copy_words(a, staged[0, j], b, staged[1, j], w0, w1)
+            u = v
         cuda.syncthreads()  # every thread is done with these ids before the next round overwrites them
         lo = end
 

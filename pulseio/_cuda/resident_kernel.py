@@ -35,7 +35,7 @@ CTA 0 is the leader and copies nothing: its thread 0 polls the host entries (one
 poll) and forwards every ready entry into device memory, publishing DEV_POSTED per entry, so the
 copy CTAs (1 .. grid - 1) spin on L2, not on the link, and start a task as soon as its entry is
 read, never behind the leader's read of the next one. Each copy CTA copies one contiguous span of
-a task's blocks, or of their parts where the task has fewer blocks than CTAs (`copy_span`); the last
+a task's blocks, or of their parts where its blocks do not divide evenly over the CTAs (`copy_span`); the last
 to finish a task raises the watermark and stores the done word. The leader decides alone when its
 generation stops; the copy CTAs then finish what it forwarded and exit.
 
@@ -109,7 +109,7 @@ from .._native.task_ring import (  # the layout both halves share
     SEQ_SHIFT,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-from .kernels import IDS_PER_ROUND, copy_span, copy_words, part_words, parts_of, round_rows, span_of
+from .kernels import IDS_PER_ROUND, block_words, copy_span, copy_words, parts_of, round_rows, span_of
 from .sysmem import (
     atomic_add_gpu,
     globaltimer,
@@ -275,10 +275,11 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state): 
     _check_head(heads, row, q, state)
     while state[BAD] == 0:
         end = min(hi, (r0 + m) * parts)
-        for u in range(lo, end):
-            j = u // parts - r0
-            w0, w1 = part_words(words, u % parts, parts)
-            copy_words(host, staged[0, j], pool, staged[1, j], w0, w1)
+        u = lo
+        while u < end:
+            v, w0, w1 = block_words(words, u, end, parts)
+            copy_words(host, staged[0, u // parts - r0], pool, staged[1, u // parts - r0], w0, w1)
+            u = v
         cuda.syncthreads()  # every thread is done with these ids (and has read state[BAD]) before the next round
         lo = max(lo, end)
         if lo >= hi:

@@ -22,10 +22,11 @@ _SCRIPT = textwrap.dedent(
     rng = np.random.default_rng(7)
     # words per block: a multiple of threads*unroll, a remainder-only size, and a mixed one; spans of
     # unequal length, CTAs with none (n < grid), and spans longer than one round of staged ids
-    # (some with fewer blocks than CTAs, each block then copied in ctas // n parts: CTAs with none, parts of a
-    # word or of none)
+    # (blocks that do not divide evenly over the CTAs, each block then copied in `grid` parts, a CTA's run of parts
+    # crossing into the next block: parts of a word or of none; and an even split, whole blocks)
     for words, n, grid, threads in [(2048, 9, 4, 256), (24, 5, 2, 256), (2048 + 40, 3, 2, 256), (2, 600, 2, 32),
-                                    (256 + 7, 3, 2, 32), (40, 1, 16, 32), (5, 2, 8, 32), (1024, 3, 8, 256)]:
+                                    (256 + 7, 3, 2, 32), (40, 1, 16, 32), (5, 2, 8, 32), (1024, 3, 8, 256),
+                                    (1000, 19, 16, 32), (64, 8, 4, 32), (7, 3, 4, 32)]:
         src = rng.integers(0, 2**63, size=(n + 7, words), dtype=np.uint64)
         dst = np.full((n + 3, words), 0xDEADBEEF, dtype=np.uint64)
         src_ids = rng.choice(n + 7, size=n, replace=False).astype(np.int64)
@@ -316,6 +317,16 @@ run(12, 6, steps=((1.0, lambda: None),), ctas=2, cta=0)
 assert heads[1, 2:].tolist() == [1, 5], "one of two parts: not landed (the row's landed seq is still request 5's)"
 run(13, 6, steps=((1.0, lambda: None),), ctas=2, cta=1)
 assert heads[1, 2:].tolist() == [2, 8] and np.array_equal(pool[[6, 7]], host[[3, 4]]) and done[1] == 2
+# gens 14-15, the CTAs of 2: request 9's 3 blocks do not divide over them, so each block is cut in 2 parts and each
+# CTA copies 3 of the 6: CTA 0 block 0 and the first half of block 1 (words 0-19, one run a block), CTA 1 the rest
+row(9, [15, 16, 17], [10, 11, 12])
+publish(9, 3)
+run(14, 6, steps=((1.0, lambda: None),), ctas=2, cta=0)
+assert np.array_equal(pool[10], host[15]) and np.array_equal(pool[11, :20], host[16, :20]), "CTA 0's parts"
+assert (pool[11, 20:] == 0xDEAD).all() and (pool[12] == 0xDEAD).all(), "only CTA 0's parts"
+assert heads[2, 2] == 1 and heads[2, 3] != 9, "one of two CTAs counted: not landed"
+run(15, 6, steps=((1.0, lambda: None),), ctas=2, cta=1)
+assert np.array_equal(pool[[10, 11, 12]], host[[15, 16, 17]]) and heads[2, 2:].tolist() == [2, 9]
 print("SIM-OK")
 """
 
@@ -326,7 +337,8 @@ def test_copy_ctas_copy_a_published_request_before_its_task_under_simulator() ->
     mirror row is published (not while it is being written), and skips the copy when the task comes, in
     its generation or the next one's CTA of its index; it copies no request naming a block outside the
     pools, and none after serving the task that names its row (the poller's fence for a request the fast
-    lane did not take). A request of fewer blocks than CTAs is copied in parts, early or from its task, each
-    CTA its own part, the task landing once every part has. The CTAs count their early copies in the request's
-    mirror row head, and the last of them marks the request landed there, only if every part was copied early."""
+    lane did not take). A request whose blocks do not divide evenly over the CTAs is copied in parts, early or
+    from its task, each CTA its own parts, the task landing once every part has. The CTAs count their early
+    copies in the request's mirror row head, and the last of them marks the request landed there, only if every
+    part was copied early."""
     _run_simulated(_EARLY_SCRIPT)
