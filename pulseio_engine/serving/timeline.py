@@ -11,8 +11,8 @@ the same pair of kernels once a layer or once a round says which boundary loses 
 by kernel name too, which says what the GPU spends its rounds on. Last, each device wait
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
 that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait;
-and each selection on the main chain against the first device wait after it there: a layer's window, from choosing
-its blocks to attending to those its recall brought. Last, the main chain between two weight products where it
+and each layer's own recall from its publish: how long the publish ran, when the main chain reached its wait, when
+the recall landed. Last, the main chain between two weight products where it
 attends (a layer's attention section: norms, store, selection, the wait for its recall, attention), by what fills it:
 the layer's time that is not its weights.
 """
@@ -100,7 +100,7 @@ class WindowGaps:
     boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
     recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
     kernels: dict[str, tuple[float, int]] = field(default_factory=dict)   # model kernels' us and launches, by name
-    windows: tuple[tuple[float, float], ...] = ()     # `_selection_windows`: us to each wait's start and end
+    windows: tuple[tuple[float, float, float], ...] = ()   # `_recall_windows`: publish run, us to the wait, to its end
     sections: tuple[Section, ...] = ()                 # `_attention_sections`, in order
 
     @property
@@ -151,7 +151,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
                       len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered),
-                      _by_kernel(kernels), _selection_windows(kernels, streams), _attention_sections(kernels, streams))
+                      _by_kernel(kernels), _recall_windows(kernels, streams), _attention_sections(kernels, streams))
 
 
 def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
@@ -225,23 +225,29 @@ def _attention_sections(kernels: list[tuple[float, float, str]], streams: list[o
     return tuple(out)
 
 
-def _selection_windows(kernels: list[tuple[float, float, str]],
-                       streams: list[object]) -> tuple[tuple[float, float], ...]:
-    """On the main chain, the stream running the most model-kernel time: each device wait that is the first after a
-    selection (`_select_kernel`) there -> (us from the selection's end to the wait's start, to its end), the layer's
-    window, filled by what runs beside its recall. The batch's own selection and the wait for its recall are both on
-    the stream a step is captured on, which a replay keeps as the stream it is launched on; the branches of a captured
-    graph (the prediction, the riders, the publishes, with their selections and waits for recalls ahead) run on
-    streams the driver picks, so their selection -> wait pairs are not a layer's window and are left out."""
+def _recall_windows(kernels: list[tuple[float, float, str]],
+                    streams: list[object]) -> tuple[tuple[float, float, float], ...]:
+    """A layer's window for its own recall: each device wait on the main chain (the stream running the most
+    model-kernel time) that is the first after a selection (`_select_kernel`) there, against the latest publish
+    that started before it -> (us the publish ran, us from its start to the wait's start, to the wait's end), what
+    runs beside the recall and when it lands. A captured graph's branches run on streams the driver picks, so the
+    selection on the main chain may be another batch's (in a ridden round, the riders'), but the layer's publish
+    comes right after its own selection, and a wait with no selection before it on the chain (a recall ahead) is
+    none of a layer's window."""
+    publishes = sorted((lo, hi) for lo, hi, name in kernels if "publish_kernel" in name)
+    starts = [lo for lo, _ in publishes]
     out = []
-    selected = None
+    selected = False
     for lo, hi, name in _main_chain(kernels, streams):
         if "_select_kernel" in name:
-            selected = hi
-        elif selected is not None and any(w in name for w in DEVICE_WAITS):
-            out.append((lo - selected, hi - selected))
-            selected = None
-    return tuple(sorted(out))
+            selected = True
+        elif selected and any(w in name for w in DEVICE_WAITS):
+            i = bisect_left(starts, lo)
+            if i:
+                p_lo, p_hi = publishes[i - 1]
+                out.append((p_hi - p_lo, lo - p_lo, hi - p_lo))
+            selected = False
+    return tuple(sorted(out, key=lambda w: w[2]))
 
 
 def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float, float]],
@@ -327,7 +333,7 @@ def _describe_kernels(windows: list[WindowGaps], span_us: float, top: int) -> li
 
 def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
     """The device waits for recalls: how many, the idle inside them, their p50 / p90 of each part over all windows and
-    of the layers' windows (`_selection_windows`), then each window's p50s (a window is a few rounds: the batches of
+    of the layers' own recalls (`_recall_windows`), then each window's p50s (a window is a few rounds: the batches of
     one stretch of the run)."""
     recalls = [r for w in windows for r in w.recalls]
     if not recalls:
@@ -347,10 +353,11 @@ def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
                                                       for name, v in zip(names, parts(recalls), strict=True)),
              f"  {'timeline':<28} {'waits':>6}  p50 us: " + " / ".join(names)]
     if selections:
-        start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in (0, 1))
-        lines.insert(2, "  a layer's window, from its selection to the first wait after it on the main chain, "
-                        f"p50 / p90 us: to the wait's start {start[0]:.1f} / {start[1]:.1f}, "
-                        f"to its end {end[0]:.1f} / {end[1]:.1f} ({len(selections)} windows)")
+        ran, start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in (0, 1, 2))
+        lines.insert(2, "  a layer's own recall, from its publish's start to the first wait after a selection on "
+                        f"the main chain, p50 / p90 us: the publish ran {ran[0]:.1f} / {ran[1]:.1f}, the chain "
+                        f"waits from {start[0]:.1f} / {start[1]:.1f}, the recall landed at {end[0]:.1f} / "
+                        f"{end[1]:.1f} ({len(selections)} windows)")
     for w in windows:
         if w.recalls:
             p50 = " / ".join(f"{np.percentile(v, 50):.1f}" for v in parts(list(w.recalls)))
