@@ -23,7 +23,7 @@ import gzip
 import heapq
 import json
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +100,7 @@ class WindowGaps:
     boundaries: dict[Boundary, tuple[float, int]]     # idle microseconds and gaps, by the kernels around them
     recalls: tuple[RecallWait, ...] = ()              # the device waits with a publish before them, in order
     kernels: dict[str, tuple[float, int]] = field(default_factory=dict)   # model kernels' us and launches, by name
-    windows: tuple[tuple[float, float, float], ...] = ()   # `_recall_windows`: publish run, us to the wait, to its end
+    windows: tuple[tuple[float, float, float, float], ...] = ()   # `_recall_windows` (us): select, publish, wait
     sections: tuple[Section, ...] = ()                 # `_attention_sections`, in order
 
     @property
@@ -226,16 +226,18 @@ def _attention_sections(kernels: list[tuple[float, float, str]], streams: list[o
 
 
 def _recall_windows(kernels: list[tuple[float, float, str]],
-                    streams: list[object]) -> tuple[tuple[float, float, float], ...]:
+                    streams: list[object]) -> tuple[tuple[float, float, float, float], ...]:
     """A layer's window for its own recall: each device wait on the main chain (the stream running the most
     model-kernel time) that is the first after a selection (`_select_kernel`) there, against the latest publish
-    that started before it -> (us the publish ran, us from its start to the wait's start, to the wait's end), what
-    runs beside the recall and when it lands. A captured graph's branches run on streams the driver picks, so the
-    selection on the main chain may be another batch's (in a ridden round, the riders'), but the layer's publish
-    comes right after its own selection, and a wait with no selection before it on the chain (a recall ahead) is
-    none of a layer's window."""
+    that started before it and the selection that ended last before that publish, on any stream (the one that
+    planned it) -> (us that selection ran, us the publish ran, us from the publish's start to the wait's start, to
+    the wait's end): what the recall waits for, what runs beside it and when it lands. A captured graph's branches
+    run on streams the driver picks, so the selection on the main chain may be another batch's (in a ridden round,
+    the riders'); a wait with no selection before it on the chain (a recall ahead) is none of a layer's window."""
     publishes = sorted((lo, hi) for lo, hi, name in kernels if "publish_kernel" in name)
     starts = [lo for lo, _ in publishes]
+    selections = sorted((hi, lo) for lo, hi, name in kernels if "_select_kernel" in name)
+    ends = [hi for hi, _ in selections]
     out = []
     selected = False
     for lo, hi, name in _main_chain(kernels, streams):
@@ -243,11 +245,13 @@ def _recall_windows(kernels: list[tuple[float, float, str]],
             selected = True
         elif selected and any(w in name for w in DEVICE_WAITS):
             i = bisect_left(starts, lo)
-            if i:
+            j = bisect_right(ends, starts[i - 1]) if i else 0       # selections that ended by the publish's start
+            if j:
                 p_lo, p_hi = publishes[i - 1]
-                out.append((p_hi - p_lo, lo - p_lo, hi - p_lo))
+                s_hi, s_lo = selections[j - 1]
+                out.append((s_hi - s_lo, p_hi - p_lo, lo - p_lo, hi - p_lo))
             selected = False
-    return tuple(sorted(out, key=lambda w: w[2]))
+    return tuple(sorted(out, key=lambda w: w[3]))
 
 
 def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float, float]],
@@ -353,11 +357,12 @@ def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
                                                       for name, v in zip(names, parts(recalls), strict=True)),
              f"  {'timeline':<28} {'waits':>6}  p50 us: " + " / ".join(names)]
     if selections:
-        ran, start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in (0, 1, 2))
+        chose, ran, start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in range(4))
         lines.insert(2, "  a layer's own recall, from its publish's start to the first wait after a selection on "
-                        f"the main chain, p50 / p90 us: the publish ran {ran[0]:.1f} / {ran[1]:.1f}, the chain "
-                        f"waits from {start[0]:.1f} / {start[1]:.1f}, the recall landed at {end[0]:.1f} / "
-                        f"{end[1]:.1f} ({len(selections)} windows)")
+                        f"the main chain, p50 / p90 us: the selection before it ran {chose[0]:.1f} / {chose[1]:.1f}, "
+                        f"the publish {ran[0]:.1f} / {ran[1]:.1f}, the chain waits from {start[0]:.1f} / "
+                        f"{start[1]:.1f}, the recall landed at {end[0]:.1f} / {end[1]:.1f} ({len(selections)} "
+                        "windows)")
     for w in windows:
         if w.recalls:
             p50 = " / ".join(f"{np.percentile(v, 50):.1f}" for v in parts(list(w.recalls)))

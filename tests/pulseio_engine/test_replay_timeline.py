@@ -142,21 +142,22 @@ def test_each_device_wait_is_read_against_the_publish_before_it(tmp_path: Path) 
 
 def test_a_layers_own_recall_runs_from_its_publish_to_the_first_wait_after_a_selection_on_the_main_chain(
         tmp_path: Path) -> None:
-    """Stream 7, which runs the weights (the main chain), selects at 1000-1010; stream 9, a graph branch, selects
-    1005-1015 and publishes 1010-1020; the chain waits 1100-1130 (from the publish: 90 us to the wait, 120 to its
-    end), then waits again at 1300 with no selection between (a recall ahead: not a window); the next layer selects
-    at 1400-1410, publishes 1410-1425 and waits 1450-1460. Stream 9's own wait (a recall ahead) is none."""
+    """Stream 7, which runs the weights (the main chain), selects at 1000-1010 (the riders'); stream 9, a graph
+    branch, selects 1002-1010 (the batch's own, which plans the recall) and publishes 1010-1020; the chain waits
+    1100-1130 (from the publish: 90 us to the wait, 120 to its end), then waits again at 1300 with no selection
+    between (a recall ahead: not a window); the next layer selects at 1400-1410, publishes 1410-1425 and waits
+    1450-1460. Stream 9's own wait (a recall ahead) is none."""
     def on(stream: int, event: dict) -> dict:
         return {**event, "args": {"stream": stream}}
 
-    events = [on(7, _kernel("_select_kernel", 1000, 10)), on(9, _kernel("_select_kernel", 1005, 10)),
+    events = [on(7, _kernel("_select_kernel", 1000, 10)), on(9, _kernel("_select_kernel", 1002, 8)),
               on(9, _kernel("_publish_kernel", 1010, 10)), on(7, _kernel("attn", 1020, 80)),
               on(7, _kernel("wait_seq", 1100, 30)), on(7, _kernel("gemm", 1130, 170)),
               on(7, _kernel("wait_seq", 1300, 5)), on(9, _kernel("wait_seq", 1390, 5)),
               on(7, _kernel("_select_kernel", 1400, 10)), on(9, _kernel("_publish_kernel", 1410, 15)),
               on(7, _kernel("wait_seq", 1450, 10)), on(7, _kernel("attn", 1460, 40))]
     w = read_window(_write(tmp_path / "rounds-0-4.json", events))
-    assert w.windows == ((15, 40, 50), (10, 90, 120))
+    assert w.windows == ((10, 15, 40, 50), (8, 10, 90, 120))
     assert ("a layer's own recall, from its publish's start to the first wait after a selection on the main chain, "
-            "p50 / p90 us: the publish ran 12.5 / 14.5, the chain waits from 65.0 / 85.0, the recall landed at "
-            "85.0 / 113.0 (2 windows)") in describe([w])
+            "p50 / p90 us: the selection before it ran 9.0 / 9.8, the publish 12.5 / 14.5, the chain waits from "
+            "65.0 / 85.0, the recall landed at 85.0 / 113.0 (2 windows)") in describe([w])
