@@ -73,7 +73,7 @@ def parts_of(ctas, n):  # pragma: no cover - runs on the GPU / simulator
     """The parts each block of an n-block transfer is cut into for `ctas` CTAs: 1 where n is a multiple of ctas,
     else ctas, so that every CTA copies n / ctas blocks' worth. Spans of whole blocks would leave some CTAs a
     block more than others (19 blocks over 16 CTAs: two blocks' round trips, not 1.2) and a short transfer's
-    other CTAs idle. A CTA copies its units of one block as one run of words (`block_words`)."""
+    other CTAs idle. A CTA copies its units of one block as one run of words (`copy_staged`)."""
     return 1 if n <= 0 or n % ctas == 0 else ctas
 
 
@@ -99,11 +99,27 @@ def round_rows(lo, hi, parts, cap):  # pragma: no cover - runs on the GPU / simu
 
 
 @cuda.jit(device=True)
+def copy_staged(a, b, staged, r0, lo, end, parts, reverse):  # pragma: no cover - runs on the GPU / simulator
+    """Every thread of the CTA: units [lo, end) of a transfer (unit u: part u % parts of block u // parts), the ids
+    of whose blocks from block r0 on are staged: those words of row staged[0, u // parts - r0] of a -> row
+    staged[1, u // parts - r0] of b (b -> a if reverse), one run of words (`block_words`) a block."""
+    words = a.shape[1]
+    u = lo
+    while u < end:
+        j = u // parts - r0
+        v, w0, w1 = block_words(words, u, end, parts)
+        if reverse:
+            copy_words(b, staged[1, j], a, staged[0, j], w0, w1)
+        else:
+            copy_words(a, staged[0, j], b, staged[1, j], w0, w1)
+        u = v
+
+
+@cuda.jit(device=True)
 def copy_span(a, a_ids, a_at, b, b_ids, b_at, lo, hi, parts, reverse, staged):  # pragma: no cover - GPU / simulator
     """Every thread of the CTA: units lo..hi-1 of a transfer, unit u being part u % parts of block u // parts:
     those words of row a_ids[a_at + u // parts] of a -> row b_ids[b_at + u // parts] of b (b -> a if reverse).
     staged: shared [2, IDS_PER_ROUND] int64, where the blocks' ids are read first, coalesced."""
-    words = a.shape[1]
     while lo < hi:
         r0 = lo // parts
         m = round_rows(lo, hi, parts, staged.shape[1])
@@ -114,15 +130,7 @@ def copy_span(a, a_ids, a_at, b, b_ids, b_at, lo, hi, parts, reverse, staged):  
             i += cuda.blockDim.x
         cuda.syncthreads()
         end = min(hi, (r0 + m) * parts)
-        u = lo
-        while u < end:
-            j = u // parts - r0
-            v, w0, w1 = block_words(words, u, end, parts)
-            if reverse:
-                copy_words(b, staged[1, j], a, staged[0, j], w0, w1)
-            else:
-                copy_words(a, staged[0, j], b, staged[1, j], w0, w1)
-            u = v
+        copy_staged(a, b, staged, r0, lo, end, parts, reverse)
         cuda.syncthreads()  # every thread is done with these ids before the next round overwrites them
         lo = end
 

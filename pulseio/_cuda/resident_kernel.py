@@ -109,7 +109,7 @@ from .._native.task_ring import (  # the layout both halves share
     SEQ_SHIFT,
 )
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
-from .kernels import IDS_PER_ROUND, block_words, copy_span, copy_words, parts_of, round_rows, span_of
+from .kernels import IDS_PER_ROUND, copy_span, copy_staged, parts_of, round_rows, span_of
 from .sysmem import (
     atomic_add_gpu,
     globaltimer,
@@ -258,7 +258,6 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state): 
     t = cuda.threadIdx.x
     row = (q - 1) % mirror.shape[0]
     w = mirror.shape[1] // 2
-    words = host.shape[1]
     r0 = lo // parts
     m = round_rows(lo, hi, parts, staged.shape[1])
     if t == 0:
@@ -275,11 +274,7 @@ def _copy_early(host, pool, mirror, heads, q, n, lo, hi, parts, staged, state): 
     _check_head(heads, row, q, state)
     while state[BAD] == 0:
         end = min(hi, (r0 + m) * parts)
-        u = lo
-        while u < end:
-            v, w0, w1 = block_words(words, u, end, parts)
-            copy_words(host, staged[0, u // parts - r0], pool, staged[1, u // parts - r0], w0, w1)
-            u = v
+        copy_staged(host, pool, staged, r0, lo, end, parts, False)
         cuda.syncthreads()  # every thread is done with these ids (and has read state[BAD]) before the next round
         lo = max(lo, end)
         if lo >= hi:
