@@ -11,8 +11,8 @@ the same pair of kernels once a layer or once a round says which boundary loses 
 by kernel name too, which says what the GPU spends its rounds on. Last, each device wait
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
 that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait;
-and each layer's own recall from its publish: how long the publish ran, when the main chain reached its wait, when
-the recall landed. Last, the main chain between two weight products where it
+and each layer's own recall from its publish: how long the selection that planned it and the publish ran, when the
+main chain reached its wait, when the recall landed. Last, the main chain between two weight products where it
 attends (a layer's attention section: norms, store, selection, the wait for its recall, attention), by what fills it:
 the layer's time that is not its weights.
 """
@@ -135,6 +135,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
     if not model:
         return WindowGaps(path, 0.0, 0.0, (), 0, {})
     start, end = min(lo for lo, _ in model), max(hi for _, hi in model)
+    chain = _main_chain(kernels, streams)
     ordered = idle_gaps(model, start, end)
     gaps = sorted(ordered, key=lambda g: g[0] - g[1])                                    # longest first
     listed = gaps[:longest]
@@ -151,7 +152,7 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
                       len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered),
-                      _by_kernel(kernels), _recall_windows(kernels, streams), _attention_sections(kernels, streams))
+                      _by_kernel(kernels), _recall_windows(kernels, chain), _attention_sections(chain))
 
 
 def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
@@ -202,14 +203,14 @@ def _main_chain(kernels: list[tuple[float, float, str]], streams: list[object]) 
     return sorted(k for k, stream in zip(kernels, streams, strict=True) if stream == main)
 
 
-def _attention_sections(kernels: list[tuple[float, float, str]], streams: list[object]) -> tuple[Section, ...]:
-    """The main chain (`_main_chain`) cut at its weight products (`WEIGHT_PRODUCTS`): each stretch between two of them
-    with an attention kernel (`ATTENTION`) in it, by the kernels that ran on the chain there. The copier's kernel
-    runs throughout and is no part of a stretch."""
+def _attention_sections(chain: list[tuple[float, float, str]]) -> tuple[Section, ...]:
+    """The main chain (`_main_chain`'s kernels) cut at its weight products (`WEIGHT_PRODUCTS`): each stretch between
+    two of them with an attention kernel (`ATTENTION`) in it, by the kernels that ran on the chain there. The
+    copier's kernel runs throughout and is no part of a stretch."""
     out = []
     opened: float | None = None
     inside: list[tuple[float, float, str]] = []
-    for lo, hi, name in _main_chain(kernels, streams):
+    for lo, hi, name in chain:
         low = name.lower()
         if "resident_copy" in low:
             continue
@@ -226,21 +227,22 @@ def _attention_sections(kernels: list[tuple[float, float, str]], streams: list[o
 
 
 def _recall_windows(kernels: list[tuple[float, float, str]],
-                    streams: list[object]) -> tuple[tuple[float, float, float, float], ...]:
-    """A layer's window for its own recall: each device wait on the main chain (the stream running the most
-    model-kernel time) that is the first after a selection (`_select_kernel`) there, against the latest publish
-    that started before it and the selection that ended last before that publish, on any stream (the one that
-    planned it) -> (us that selection ran, us the publish ran, us from the publish's start to the wait's start, to
-    the wait's end): what the recall waits for, what runs beside it and when it lands. A captured graph's branches
-    run on streams the driver picks, so the selection on the main chain may be another batch's (in a ridden round,
-    the riders'); a wait with no selection before it on the chain (a recall ahead) is none of a layer's window."""
+                    chain: list[tuple[float, float, str]]) -> tuple[tuple[float, float, float, float], ...]:
+    """A layer's window for its own recall: each device wait on the main chain (`chain`: `_main_chain`'s kernels,
+    the stream running the most model-kernel time) that is the first after a selection (`_select_kernel`) there,
+    against the latest publish that started before it and the selection that ended last before that publish, on
+    any stream (the one that planned it) -> (us that selection ran, us the publish ran, us from the publish's start
+    to the wait's start, to the wait's end): what the recall waits for, what runs beside it and when it lands. A
+    captured graph's branches run on streams the driver picks, so the selection on the main chain may be another
+    batch's (in a ridden round, the riders'); a wait with no selection before it on the chain (a recall ahead) is
+    none of a layer's window."""
     publishes = sorted((lo, hi) for lo, hi, name in kernels if "publish_kernel" in name)
     starts = [lo for lo, _ in publishes]
     selections = sorted((hi, lo) for lo, hi, name in kernels if "_select_kernel" in name)
     ends = [hi for hi, _ in selections]
     out = []
     selected = False
-    for lo, hi, name in _main_chain(kernels, streams):
+    for lo, hi, name in chain:
         if "_select_kernel" in name:
             selected = True
         elif selected and any(w in name for w in DEVICE_WAITS):
