@@ -76,7 +76,6 @@ class OwnStream:
         stream = check("cuStreamCreateWithPriority",
                        cu.cuStreamCreateWithPriority(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), greatest))
         self.handle = int(stream)
-        self.priority = int(greatest)
         self.torch = torch.cuda.ExternalStream(self.handle, device=device)
 
     def destroy(self) -> None:

@@ -37,4 +37,3 @@ def slot_words(max_blocks: int) -> int:
 # seq of the last request every copy CTA copied early (its landing on the device, before its task's)
 HEAD_SEQ, HEAD_COUNT, HEAD_EARLY, HEAD_LANDED = range(4)
 HEAD_WORDS = 4
-
