@@ -25,7 +25,8 @@
 #                        one, each call on KV the L2 does not hold (--cold 3)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
 #                        all-on-GPU rows and of the offload step's steered hot row, Quest's score and attention (~4 min)
-#   copy-small           pulseio bench of recalls of 1-64 blocks of 64 KiB, resident and zero-copy, 16 copy CTAs (~1 min)
+#   copy-small           pulseio bench of recalls of 1-64 blocks of 64 KiB, resident and zero-copy, 16 copy CTAs (~1 min;
+#                        COPY_COUNTS=a,b,... other counts)
 #   gpu-ride             the GPU tests of --ride and --ahead
 #   b{8,16}[hot<X>][ahead[125|15]]   offload bench rows (hot sets of 2 by default; b16 adds --compare-vanilla;
 #                        ahead125 / ahead15: --ahead-budget 1.25 / 1.5)
@@ -161,7 +162,7 @@ for spec in "$@"; do
     continue
   fi
   if [ "$job" = copy-small ]; then   # pulseio bench: recalls of 1-64 blocks of 64 KiB over the engine's 16 copy CTAs
-    timeout 110 python -m pulseio.cli bench --block-sizes 65536 --counts 1,4,16,64 --strategies resident,zero_copy \
+    timeout 110 python -m pulseio.cli bench --block-sizes 65536 --counts ${COPY_COUNTS:-1,4,16,64} --strategies resident,zero_copy \
       --directions h2d --zero-copy-ctas 16 --no-load --no-progress --verbose --json $W/copy-small.json \
       --plot $W/copy-small.png > $W/copy-small.log 2>&1
     log "$job rc=$? $(grep -E "^recall (resident|zero_copy) " $W/copy-small.log | sed -E 's/ load=False//; s/ slow=.*//' \
