@@ -429,14 +429,18 @@ class _SparseBatch:
         """The layer's attention output [B, Hq, D], into `out` where given (a step's rows of a larger output)."""
         raise NotImplementedError
 
-    def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, **mode: object) -> None:
-        """Score and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`)."""
+    def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, *, narrowed: bool = False,
+                **mode: object) -> None:
+        """Score and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`). q: [B, Hq, D], or (`narrowed`)
+        only the selecting head's query group ([B, G, D], `CausalLM.selection_query`) where one head selects."""
         o, li = self.owner, layer - self.owner.dense
         head = None if self.head is None else self.head[layer]
+        heads = o.model.num_kv_heads
+        if narrowed and head is not None:
+            head, heads = 0, 1
         with record_function("offload.select"):
             score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
-                         num_kv_heads=o.model.num_kv_heads, head=head, rule=o.sparse.group_score, count=count,
-                         out=self.bounds)
+                         num_kv_heads=heads, head=head, rule=o.sparse.group_score, count=count, out=self.bounds)
             steer = None if o.steering is None else self._steering(o.steering, layer)
             select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
                                 context_lens=self.context_lens, steer=steer, out=self.selected[li],
@@ -519,18 +523,44 @@ class OffloadBatch(_SparseBatch):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Everything of `attend` before the recall, device work only: the new token to the host (and its key
         into the digest), select and plan -> the recall (host units, hot slots, count) for `Recaller.recall`."""
-        o, li = self.owner, layer - self.owner.dense
-        store = o.store
+        store = self.owner.store
         assert store is not None
-        with record_function("offload.store"):
-            store_tokens(store.host_view, self.write_units[li], self.offsets, k, v, digests=o.digests, layer=layer,
-                         digest_blocks=self.blocks)
-        hot = HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
-                        host_map=self.host_map[li], recall_ids=self.recall_ids, recall_dst=self.recall_dst,
-                        count=self.count, write_slot=self.write_slot, new_token=NewToken(k, v, store.hot),
-                        arrivals=self.arrivals)
-        self._select(layer, q, count=self.count, hot=hot)
+        self._store_host(layer, k, v)
+        self._select(layer, q, count=self.count, hot=self._hot_recall(layer, NewToken(k, v, store.hot)))
         return self.recall_ids, self.recall_dst, self.count
+
+    def select_early(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`OffloadConfig.early_select`: `prepare`'s selection and plan from q, the queries `layer`'s weights make of
+        its own input stream (`CausalLM.selection_query` of the selecting heads, as `prefetch` takes), before the
+        layer's k and v exist; `store_new` then stores the new token. The layer's recall ahead must have landed (the
+        plan evicts into entries it may write) -> the recall (host units, hot slots, count)."""
+        self._select(layer, q, count=self.count, hot=self._hot_recall(layer, None), narrowed=True)
+        return self.recall_ids, self.recall_dst, self.count
+
+    def store_new(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """After `select_early`: the new token to the host copy (and its key into the digest) and into the hot slot
+        its selection gave the block being written (`HotRecall.write_slot`). That block is resident, as the
+        prediction selected it (the last blocks are always selected), so the recall never overwrites the token."""
+        store = self.owner.store
+        assert store is not None
+        self._store_host(layer, k, v)
+        with record_function("offload.store"):
+            store_tokens(store.hot, self.write_slot, self.offsets, k, v)
+
+    def _store_host(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The new token to the host copy of the block being written, and its key into that block's digest."""
+        o = self.owner
+        assert o.store is not None
+        with record_function("offload.store"):
+            store_tokens(o.store.host_view, self.write_units[layer - o.dense], self.offsets, k, v, digests=o.digests,
+                         layer=layer, digest_blocks=self.blocks)
+
+    def _hot_recall(self, layer: int, new_token: NewToken | None) -> HotRecall:
+        """`layer`'s hot set and the step's recall buffers, as the selection plans against them."""
+        li = layer - self.owner.dense
+        return HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
+                         host_map=self.host_map[li], recall_ids=self.recall_ids, recall_dst=self.recall_dst,
+                         count=self.count, write_slot=self.write_slot, new_token=new_token, arrivals=self.arrivals)
 
     def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
         """`layer`'s steering, with the profile's rewarm: refills from the hot set's blocks not selected last step.

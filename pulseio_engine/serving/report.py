@@ -37,6 +37,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     17: ("summary.handoffs_landed", "summary.handoffs_waited"),
     18: ("config.freeze_heap", "gc", "longest_gaps"),
     19: ("config.pdl", "config.inductor_pdl"),
+    21: ("config.early_select",),
 }
 _DROPPED = {                     # schema version -> the keys it dropped; a report lacks every key dropped by then
     20: ("config.pdl", "config.inductor_pdl"),    # programmatic dependent launch, taken out: no faster on an H100
@@ -60,7 +61,8 @@ SCHEMA: dict[str, Any] = {
                "copier_ctas": (int, type(None)), "copier_idle_us": (int, type(None)), "skinny_gemm": bool,
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
                "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM, "freeze_heap": bool,
-               "pdl": bool, "inductor_pdl": bool},           # pdl, inductor_pdl: schema 19 alone (see _DROPPED)
+               "pdl": bool, "inductor_pdl": bool,           # pdl, inductor_pdl: schema 19 alone (see _DROPPED)
+               "early_select": bool},
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,
