@@ -37,7 +37,8 @@
 #                        --ahead; a prediction of 1.25 budgets; the interpreter's 5 ms GIL switch interval; hot sets of
 #                        3 budgets, forecast-tpot-2026-12-06-cpu's configuration; ahead3nofreeze: the same with
 #                        --no-freeze-heap; ahead3o125, ahead3o15: with a prediction of 1.25 / 1.5 budgets; ahead3c24, ahead3c32: with
-#                        24 / 32 copy CTAs); noirqhot (--no-irq);
+#                        24 / 32 copy CTAs; ahead3e, ahead3o125e: ahead3, ahead3o125 with --early-select); noirqhot
+#                        (--no-irq);
 #                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
 #                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
 #                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
@@ -205,6 +206,8 @@ for spec in "$@"; do
     ahead3o15) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --ahead-budget 1.5";;
     ahead3c24) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --copier-ctas 24";;
     ahead3c32) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --copier-ctas 32";;
+    ahead3e) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --early-select";;
+    ahead3o125e) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --ahead-budget 1.25 --early-select";;
     ahead5ms) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --gil-switch-us 0";;
     noirqhot) EXTRA="--max-offload 24 --no-irq --hot-cache 1.5";;
     halves) EXTRA="--max-offload 24 --halves";;
