@@ -461,10 +461,21 @@ class DeviceSparseBatch(_SparseBatch):
 
     def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new token (and its key into the digest), select: nothing to recall."""
-        with record_function("offload.store"):
-            self.kv.write(layer, k, v, self.kv_rows, digests=self.owner.digests)
+        self.store_new(layer, k, v)
         self._select(layer, q, block_tables=self.block_tables)
         return None
+
+    def select_early(self, layer: int, q: torch.Tensor) -> None:
+        """`prepare`'s selection before the layer's k and v exist, from q, the queries its weights make of its own
+        input stream (`CausalLM.selection_query` of the selecting heads); `store_new` stores the new token after
+        it (the block being written is always selected, and its score, which lacks the new key then, is not read by
+        the sum rule `OffloadConfig.early_select` requires)."""
+        self._select(layer, q, narrowed=True, block_tables=self.block_tables)
+
+    def store_new(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """The new token into the paged cache, and its key into its block's digest."""
+        with record_function("offload.store"):
+            self.kv.write(layer, k, v, self.kv_rows, digests=self.owner.digests)
 
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:

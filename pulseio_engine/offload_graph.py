@@ -499,28 +499,27 @@ class OffloadStepGraph:
             recalls.wait_device(index)
         self._shared["waits"][layer] = wait
 
-    def _select_early(self, layer: int, state: BatchState, rows: slice, branches: _Branches | None
-                      ) -> tuple[torch.cuda.Stream | None, Any]:
-        """`OffloadConfig.early_select`, before `layer`'s projection: once its recall ahead has landed, the batch's
-        selection and plan from the queries its weights make of the stream entering it (`OffloadBatch.select_early`);
-        captured, on the select branch, so it runs beside the projection and the publish waits for it alone ->
-        (that branch, which the caller joins before the new token is stored, or None; the recall)."""
-        shared, delta = self._shared, state.delta
-        batch = shared["batch"]
+    def _select_early(self, batch: Any, layer: int, state: BatchState, rows: slice, stream: torch.cuda.Stream | None,
+                      *, wait_ahead: bool = False) -> Any:
+        """`OffloadConfig.early_select`, before `layer`'s projection: `batch`'s selection (and, the offload batch's,
+        its plan: `wait_ahead`, once the layer's recall ahead has landed) from the queries the layer's weights make of
+        the stream entering it for `rows` (`select_early` of `OffloadBatch` or `DeviceSparseBatch`); captured, on
+        `stream`, a branch forked here, so it runs beside the projection (the offload batch's publish waits for that
+        branch alone). The caller stores the new token after the projection -> what `select_early` returned."""
+        delta = state.delta
         assert delta is not None, "a layer after the first offloaded one is entered from layer_end"
-        side = branches.select if branches is not None else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):                 # (None: the current stream)
-            wait = shared["waits"].pop(layer, None)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):                 # (None: the current stream)
+            wait = self._shared["waits"].pop(layer, None) if wait_ahead else None
             if wait is not None:
                 wait()
             head = None if batch.head is None else batch.head[layer]
             q = self.model.selection_query(state.hidden[rows], state.positions[rows], layer, head,
                                            delta=delta[rows])
-            args = batch.select_early(layer, q)
+            out = batch.select_early(layer, q)
         self._live.append(q)
-        return side, args
+        return out
 
     def _wait_ahead(self, piece: int) -> None:
         """Before piece `piece` runs as a graph of its own: the device wait of its layer's recall ahead, if posted."""
@@ -554,8 +553,13 @@ class OffloadStepGraph:
             riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
 
     def _select_riders(self, layer: int) -> None:
-        """The riders' store and selection in `layer`."""
-        self._kinds[1].batch.prepare(layer, *self._shared["riders"])
+        """The riders' store and selection in `layer` (`early_select`: their store alone, as they selected before the
+        layer's projection)."""
+        riders, shared = self._kinds[1].batch, self._shared
+        if shared.get("riders_early") == layer:
+            riders.store_new(layer, *shared["riders"][1:])
+        else:
+            riders.prepare(layer, *shared["riders"])
 
     def _pieces(self, branches: _Branches | None = None) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step. `branches`:
@@ -602,7 +606,12 @@ class OffloadStepGraph:
             mine = kinds[0].rows
             side = None
             if early and layer > dense:     # (the first offloaded layer has no prediction: it selects as always)
-                side, args = self._select_early(layer, state, mine, branches)
+                side = None if branches is None else branches.select
+                args = self._select_early(shared["batch"], layer, state, mine, side, wait_ahead=True)
+                if riding:                  # the riders' too, on their branch (their new token stored after it)
+                    self._select_early(kinds[1].batch, layer, state, kinds[1].rows,
+                                       None if branches is None else branches.riders)
+                    shared["riders_early"] = layer
             q, k, v = model.layer_begin(state, layer)
             own = (q, k, v) if not riding else tuple(x[mine] for x in (q, k, v))
             shared["own"] = own
