@@ -246,10 +246,11 @@ class OffloadConfig:
 
     `early_select` (with `ahead`): each offloaded layer after the first selects from the queries its weights make of
     its own input stream (`CausalLM.selection_query`, the selecting heads' rows of W_q), beside its qkv projection
-    rather than after it, so its recall is posted a projection sooner (and a step's riders select so too). The new token reaches the host copy and its
-    hot slot after the selection (`OffloadBatch.store_new`), which is sound because the prediction has made the
-    block being written resident already: the recall never carries it. The score of that block, always selected,
-    then lacks the new key, which the sum rule does not read; the max-norm rule normalizes by it, so it is refused."""
+    rather than after it, so its recall is posted a projection sooner (a step's riders select so too). The new token
+    reaches the host copy and its hot slot after the selection (`OffloadBatch.store_new`), which is sound because the
+    prediction has made the block being written resident already: the recall never carries it. The score of that
+    block, always selected, then lacks the new key, which the sum rule does not read; the max-norm rule normalizes by
+    it, so it is refused."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL

@@ -228,32 +228,57 @@ def _attention_sections(chain: list[tuple[float, float, str]]) -> tuple[Section,
 
 def _recall_windows(kernels: list[tuple[float, float, str]],
                     chain: list[tuple[float, float, str]]) -> tuple[tuple[float, float, float, float], ...]:
-    """A layer's window for its own recall: each device wait on the main chain (`chain`: `_main_chain`'s kernels,
-    the stream running the most model-kernel time) that is the first after a selection (`_select_kernel`) there,
-    against the latest publish that started before it and the selection that ended last before that publish, on
-    any stream (the one that planned it) -> (us that selection ran, us the publish ran, us from the publish's start
-    to the wait's start, to the wait's end): what the recall waits for, what runs beside it and when it lands. A
-    captured graph's branches run on streams the driver picks, so the selection on the main chain may be another
-    batch's (in a ridden round, the riders'); a wait with no selection before it on the chain (a recall ahead) is
-    none of a layer's window."""
+    """A layer's window for its own recall: in each stretch of the main chain (`chain`: `_main_chain`'s kernels, the
+    stream running the most model-kernel time) between two runs of weight products where it attends (a layer's
+    attention section), the last device wait, against the first publish that started once the run of weight
+    products opening the stretch had begun (the layer's own: its recall ahead of the next layer is posted after it,
+    on the same stream, and a recall ahead of this layer came during the layer before) and the selection, on any
+    stream, that ended last before that publish (the one that planned it) -> (us that selection ran, us the publish
+    ran, us from the publish's start to the wait's start, to the wait's end): what the recall waits for, what runs
+    beside it and when it lands. Anchored on the stretch rather than on a selection on the chain, it reads a layer
+    that selected on a graph branch beside its projection (`OffloadConfig.early_select`) as one that selected after
+    it; a stretch whose waits come with no publish since it opened (a recall ahead alone) is none."""
     publishes = sorted((lo, hi) for lo, hi, name in kernels if "publish_kernel" in name)
     starts = [lo for lo, _ in publishes]
     selections = sorted((hi, lo) for lo, hi, name in kernels if "_select_kernel" in name)
     ends = [hi for hi, _ in selections]
     out = []
-    selected = False
+    run_start: float | None = None       # where the run of weight products opening the current stretch began
+    in_run = attends = False
+    last_wait: tuple[float, float] | None = None
     for lo, hi, name in chain:
-        if "_select_kernel" in name:
-            selected = True
-        elif selected and any(w in name for w in DEVICE_WAITS):
-            i = bisect_left(starts, lo)
-            j = bisect_right(ends, starts[i - 1]) if i else 0       # selections that ended by the publish's start
-            if j:
-                p_lo, p_hi = publishes[i - 1]
-                s_hi, s_lo = selections[j - 1]
-                out.append((s_hi - s_lo, p_hi - p_lo, lo - p_lo, hi - p_lo))
-            selected = False
+        low = name.lower()
+        if "resident_copy" in low:
+            continue
+        if any(w in low for w in WEIGHT_PRODUCTS):
+            if not in_run:               # a stretch closes: its last wait, if it attended
+                if run_start is not None and attends and last_wait is not None:
+                    window = _own_window(publishes, starts, selections, ends, run_start, last_wait)
+                    if window is not None:
+                        out.append(window)
+                run_start, in_run, attends, last_wait = lo, True, False, None
+            continue
+        in_run = False
+        if any(w in name for w in DEVICE_WAITS):
+            last_wait = (lo, hi)
+        elif any(a in kernel_name(name).lower() for a in ATTENTION):
+            attends = True
     return tuple(sorted(out, key=lambda w: w[3]))
+
+
+def _own_window(publishes: list[tuple[float, float]], starts: list[float], selections: list[tuple[float, float]],
+                ends: list[float], opened: float, wait: tuple[float, float]
+                ) -> tuple[float, float, float, float] | None:
+    """`_recall_windows`' window of the wait (lo, hi) in a stretch opened at `opened`, or None without a publish
+    between the two or a selection before that publish."""
+    i = bisect_left(starts, opened)
+    if i == len(starts) or starts[i] > wait[0]:
+        return None
+    j = bisect_right(ends, starts[i])                       # selections that ended by the publish's start
+    if not j:
+        return None
+    (p_lo, p_hi), (s_hi, s_lo) = publishes[i], selections[j - 1]
+    return s_hi - s_lo, p_hi - p_lo, wait[0] - p_lo, wait[1] - p_lo
 
 
 def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float, float]],
@@ -360,8 +385,8 @@ def _describe_recalls(windows: list[WindowGaps], span_us: float) -> list[str]:
              f"  {'timeline':<28} {'waits':>6}  p50 us: " + " / ".join(names)]
     if selections:
         chose, ran, start, end = (np.percentile([s[i] for s in selections], [50, 90]) for i in range(4))
-        lines.insert(2, "  a layer's own recall, from its publish's start to the first wait after a selection on "
-                        f"the main chain, p50 / p90 us: the selection before it ran {chose[0]:.1f} / {chose[1]:.1f}, "
+        lines.insert(2, "  a layer's own recall, from its publish's start to the last wait where the main chain "
+                        f"attends, p50 / p90 us: the selection before it ran {chose[0]:.1f} / {chose[1]:.1f}, "
                         f"the publish {ran[0]:.1f} / {ran[1]:.1f}, the chain waits from {start[0]:.1f} / "
                         f"{start[1]:.1f}, the recall landed at {end[0]:.1f} / {end[1]:.1f} ({len(selections)} "
                         "windows)")

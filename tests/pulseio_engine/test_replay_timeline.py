@@ -140,24 +140,33 @@ def test_each_device_wait_is_read_against_the_publish_before_it(tmp_path: Path) 
     assert "\n  rounds-0-4.json                   2  310.0 / 142.5 / 160.0 / 100.0\n" in text, text
 
 
-def test_a_layers_own_recall_runs_from_its_publish_to_the_first_wait_after_a_selection_on_the_main_chain(
+def test_a_layers_own_recall_runs_from_its_publish_to_the_last_wait_where_the_main_chain_attends(
         tmp_path: Path) -> None:
-    """Stream 7, which runs the weights (the main chain), selects at 1000-1010 (the riders'); stream 9, a graph
-    branch, selects 1002-1010 (the batch's own, which plans the recall) and publishes 1010-1020; the chain waits
-    1100-1130 (from the publish: 90 us to the wait, 120 to its end), then waits again at 1300 with no selection
-    between (a recall ahead: not a window); the next layer selects at 1400-1410, publishes 1410-1425 and waits
-    1450-1460. Stream 9's own wait (a recall ahead) is none."""
+    """Stream 7 runs the weights (the main chain). Layer 1 projects at 1000-1030, waits for its recall ahead, selects
+    the riders at 1035-1045; stream 9 selects the batch's own at 1034-1046 and publishes 1046-1056, then predicts the
+    next layer (select 1060-1070) and publishes that recall ahead at 1070 (before the chain's wait, so not the latest
+    publish before it but the second since the projection began); the chain attends and waits 1080-1100 (from the
+    own publish: 34 us to the wait, 54 to its end), attends, and runs o_proj and the MLP as one run of products.
+    Layer 2 selects early, on stream 11 beside its projection (select 1205-1215, publish 1215-1225), and the chain
+    waits 1270-1275. Layer 3 waits with no publish since its projection began (no window); a stretch that never
+    attends (stream 7's last) is none either."""
     def on(stream: int, event: dict) -> dict:
         return {**event, "args": {"stream": stream}}
 
-    events = [on(7, _kernel("_select_kernel", 1000, 10)), on(9, _kernel("_select_kernel", 1002, 8)),
-              on(9, _kernel("_publish_kernel", 1010, 10)), on(7, _kernel("attn", 1020, 80)),
-              on(7, _kernel("wait_seq", 1100, 30)), on(7, _kernel("gemm", 1130, 170)),
-              on(7, _kernel("wait_seq", 1300, 5)), on(9, _kernel("wait_seq", 1390, 5)),
-              on(7, _kernel("_select_kernel", 1400, 10)), on(9, _kernel("_publish_kernel", 1410, 15)),
-              on(7, _kernel("wait_seq", 1450, 10)), on(7, _kernel("attn", 1460, 40))]
+    events = [on(7, _kernel("gemm", 1000, 30)), on(7, _kernel("wait_seq", 1032, 2)),
+              on(7, _kernel("_select_kernel", 1035, 10)), on(9, _kernel("_select_kernel", 1034, 12)),
+              on(9, _kernel("_publish_kernel", 1046, 10)), on(7, _kernel("attn", 1046, 34)),
+              on(9, _kernel("_select_kernel", 1060, 10)), on(9, _kernel("_publish_kernel", 1070, 5)),
+              on(7, _kernel("wait_seq", 1080, 20)), on(7, _kernel("attn", 1100, 10)),
+              on(7, _kernel("gemm", 1110, 20)), on(7, _kernel("gemm", 1130, 70)),
+              on(7, _kernel("gemm", 1200, 30)), on(11, _kernel("_select_kernel", 1205, 10)),
+              on(11, _kernel("_publish_kernel", 1215, 10)), on(7, _kernel("attn", 1235, 35)),
+              on(9, _kernel("_publish_kernel", 1240, 5)), on(7, _kernel("wait_seq", 1270, 5)),
+              on(7, _kernel("attn", 1275, 5)), on(7, _kernel("gemm", 1280, 20)),
+              on(7, _kernel("attn", 1300, 10)), on(7, _kernel("wait_seq", 1310, 5)), on(7, _kernel("gemm", 1315, 20)),
+              on(7, _kernel("norm", 1335, 10)), on(7, _kernel("wait_seq", 1345, 5)), on(7, _kernel("gemm", 1350, 20))]
     w = read_window(_write(tmp_path / "rounds-0-4.json", events))
-    assert w.windows == ((10, 15, 40, 50), (8, 10, 90, 120))
-    assert ("a layer's own recall, from its publish's start to the first wait after a selection on the main chain, "
-            "p50 / p90 us: the selection before it ran 9.0 / 9.8, the publish 12.5 / 14.5, the chain waits from "
-            "65.0 / 85.0, the recall landed at 85.0 / 113.0 (2 windows)") in describe([w])
+    assert w.windows == ((12, 10, 34, 54), (10, 10, 55, 60))
+    assert ("a layer's own recall, from its publish's start to the last wait where the main chain attends, "
+            "p50 / p90 us: the selection before it ran 11.0 / 11.8, the publish 10.0 / 10.0, the chain waits from "
+            "44.5 / 52.9, the recall landed at 57.0 / 59.4 (2 windows)") in describe([w])
