@@ -9,6 +9,8 @@
 #                        steady rounds of IRQ and of ride recalling ahead, admissions and finishes of ride recalling
 #                        ahead under the sync check), side by side (~2.5 min cold; 3-6 GiB each)
 #   dw-chains            the device-wait chains and interleaved cases (44, ~90 s warm)
+#   early-cases          --early-select's GPU cases, side by side: `ahead 1 early` (each class's tokens alone, the
+#                        captured branches) and `nosync 16 overlap ride ahead early` (serving_gpu_case.py; ~2 min cold)
 #   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
@@ -83,6 +85,16 @@ for spec in "$@"; do
     wait
     for f in case-tokens-ahead case-halves-ahead case-ahead case-tokens case-nosync-16-overlap-ahead case-nosync-16-overlap-ride-ahead \
         case-nosync-admit-ride-ahead; do
+      log "$f $(grep -E '^\{' $W/$f.out | tail -1 | cut -c1-300) $(tail -1 $W/$f.out)"; done
+    continue
+  fi
+  if [ "$job" = early-cases ]; then   # --early-select's GPU cases side by side: the captured branches' tokens, no sync
+    [ $(( $(date +%s) - T0 + 200 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    for c in "ahead 1 early" "nosync 16 overlap ride ahead early"; do f=case-${c// /-}
+      ( CASE_DUMP_AFTER_S=170 timeout 190 python tests/pulseio_engine/serving_gpu_case.py $c > $W/$f.out 2>&1; echo "rc=$?" >> $W/$f.out ) &
+    done
+    wait
+    for f in case-ahead-1-early case-nosync-16-overlap-ride-ahead-early; do
       log "$f $(grep -E '^\{' $W/$f.out | tail -1 | cut -c1-300) $(tail -1 $W/$f.out)"; done
     continue
   fi
