@@ -203,66 +203,67 @@ def _main_chain(kernels: list[tuple[float, float, str]], streams: list[object]) 
     return sorted(k for k, stream in zip(kernels, streams, strict=True) if stream == main)
 
 
-def _attention_sections(chain: list[tuple[float, float, str]]) -> tuple[Section, ...]:
-    """The main chain (`_main_chain`'s kernels) cut at its weight products (`WEIGHT_PRODUCTS`): each stretch between
-    two of them with an attention kernel (`ATTENTION`) in it, by the kernels that ran on the chain there. The
-    copier's kernel runs throughout and is no part of a stretch."""
+def _stretches(chain: list[tuple[float, float, str]]
+               ) -> list[tuple[float, float, float, list[tuple[float, float, str]]]]:
+    """The main chain (`_main_chain`'s kernels) cut at its runs of weight products (`WEIGHT_PRODUCTS`): each stretch
+    between two runs with an attention kernel (`ATTENTION`) in it -> (where the opening run began, where it ended,
+    where the closing run begins, the chain's kernels in between). The copier's kernel runs throughout and is no part
+    of a stretch."""
     out = []
-    opened: float | None = None
+    run_start: float | None = None
+    opened = 0.0
+    in_run = False
     inside: list[tuple[float, float, str]] = []
     for lo, hi, name in chain:
         low = name.lower()
         if "resident_copy" in low:
             continue
         if any(w in low for w in WEIGHT_PRODUCTS):
-            if opened is not None and any(a in kernel_name(n).lower() for _, _, n in inside for a in ATTENTION):
-                parts: defaultdict[str, float] = defaultdict(float)
-                for k_lo, k_hi, k_name in inside:
-                    parts[kernel_name(k_name)] += min(k_hi, lo) - max(k_lo, opened)
-                out.append(Section(lo - opened, tuple(parts.items())))
-            opened, inside = hi, []
-        elif opened is not None:
+            if not in_run:
+                if run_start is not None and any(a in kernel_name(n).lower() for _, _, n in inside for a in ATTENTION):
+                    out.append((run_start, opened, lo, inside))
+                run_start, in_run, inside = lo, True, []
+            opened = hi
+        else:
+            in_run = False
             inside.append((lo, hi, name))
+    return out
+
+
+def _attention_sections(chain: list[tuple[float, float, str]]) -> tuple[Section, ...]:
+    """Each of the main chain's attention stretches (`_stretches`), from the end of the weight product before it to
+    the start of the one after, by the kernels that ran on the chain there."""
+    out = []
+    for _, opened, closed, inside in _stretches(chain):
+        parts: defaultdict[str, float] = defaultdict(float)
+        for k_lo, k_hi, k_name in inside:
+            parts[kernel_name(k_name)] += min(k_hi, closed) - max(k_lo, opened)
+        out.append(Section(closed - opened, tuple(parts.items())))
     return tuple(out)
 
 
 def _recall_windows(kernels: list[tuple[float, float, str]],
                     chain: list[tuple[float, float, str]]) -> tuple[tuple[float, float, float, float], ...]:
-    """A layer's window for its own recall: in each stretch of the main chain (`chain`: `_main_chain`'s kernels, the
-    stream running the most model-kernel time) between two runs of weight products where it attends (a layer's
-    attention section), the last device wait, against the first publish that started once the run of weight
-    products opening the stretch had begun (the layer's own: its recall ahead of the next layer is posted after it,
-    on the same stream, and a recall ahead of this layer came during the layer before) and the selection, on any
-    stream, that ended last before that publish (the one that planned it) -> (us that selection ran, us the publish
-    ran, us from the publish's start to the wait's start, to the wait's end): what the recall waits for, what runs
-    beside it and when it lands. Anchored on the stretch rather than on a selection on the chain, it reads a layer
-    that selected on a graph branch beside its projection (`OffloadConfig.early_select`) as one that selected after
-    it; a stretch whose waits come with no publish since it opened (a recall ahead alone) is none."""
+    """A layer's window for its own recall: in each attention stretch of the main chain (`_stretches`; `chain`:
+    `_main_chain`'s kernels, the stream running the most model-kernel time), the last device wait, against the first
+    publish that started once the run of weight products opening the stretch had begun (the layer's own: its recall
+    ahead of the next layer is posted after it, on the same stream, and a recall ahead of this layer came during the
+    layer before) and the selection, on any stream, that ended last before that publish (the one that planned it) ->
+    (us that selection ran, us the publish ran, us from the publish's start to the wait's start, to the wait's end):
+    what the recall waits for, what runs beside it and when it lands. Anchored on the stretch rather than on a
+    selection on the chain, it reads a layer that selected on a graph branch beside its projection
+    (`OffloadConfig.early_select`) as one that selected after it; a stretch whose waits come with no publish since it
+    opened (a recall ahead alone) is none."""
     publishes = sorted((lo, hi) for lo, hi, name in kernels if "publish_kernel" in name)
     starts = [lo for lo, _ in publishes]
     selections = sorted((hi, lo) for lo, hi, name in kernels if "_select_kernel" in name)
     ends = [hi for hi, _ in selections]
     out = []
-    run_start: float | None = None       # where the run of weight products opening the current stretch began
-    in_run = attends = False
-    last_wait: tuple[float, float] | None = None
-    for lo, hi, name in chain:
-        low = name.lower()
-        if "resident_copy" in low:
-            continue
-        if any(w in low for w in WEIGHT_PRODUCTS):
-            if not in_run:               # a stretch closes: its last wait, if it attended
-                if run_start is not None and attends and last_wait is not None:
-                    window = _own_window(publishes, starts, selections, ends, run_start, last_wait)
-                    if window is not None:
-                        out.append(window)
-                run_start, in_run, attends, last_wait = lo, True, False, None
-            continue
-        in_run = False
-        if any(w in name for w in DEVICE_WAITS):
-            last_wait = (lo, hi)
-        elif any(a in kernel_name(name).lower() for a in ATTENTION):
-            attends = True
+    for run_start, _, _, inside in _stretches(chain):
+        waits = [(lo, hi) for lo, hi, name in inside if any(w in name for w in DEVICE_WAITS)]
+        window = _own_window(publishes, starts, selections, ends, run_start, waits[-1]) if waits else None
+        if window is not None:
+            out.append(window)
     return tuple(sorted(out, key=lambda w: w[3]))
 
 
