@@ -431,20 +431,25 @@ class _SparseBatch:
 
     def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, *, narrowed: bool = False,
                 **mode: object) -> None:
-        """Score and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`). q: [B, Hq, D], or (`narrowed`)
-        only the selecting head's query group ([B, G, D], `CausalLM.selection_query`) where one head selects."""
+        """Score (`_score`) and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`)."""
         o, li = self.owner, layer - self.owner.dense
-        head = None if self.head is None else self.head[layer]
-        heads = o.model.num_kv_heads
-        if narrowed and head is not None:
-            head, heads = 0, 1
         with record_function("offload.select"):
-            score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
-                         num_kv_heads=heads, head=head, rule=o.sparse.group_score, count=count, out=self.bounds)
+            self._score(layer, q, count, narrowed=narrowed)
             steer = None if o.steering is None else self._steering(o.steering, layer)
             select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
                                 context_lens=self.context_lens, steer=steer, out=self.selected[li],
                                 **mode)       # type: ignore[arg-type]
+
+    def _score(self, layer: int, q: torch.Tensor, count: torch.Tensor | None, *, narrowed: bool) -> None:
+        """`layer`'s Quest bounds into `bounds`. q: [B, Hq, D], or (`narrowed`) only the selecting head's query group
+        ([B, G, D], `CausalLM.selection_query`) where one head selects, which the score then reads as head 0 of 1."""
+        o = self.owner
+        head = None if self.head is None else self.head[layer]
+        heads = o.model.num_kv_heads
+        if narrowed and head is not None:
+            head, heads = 0, 1
+        score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables, num_kv_heads=heads, head=head,
+                     rule=o.sparse.group_score, count=count, out=self.bounds)
 
     def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
         """`layer`'s steering: the profile's overlap (no rewarm: all blocks on the GPU, no hot set)."""
@@ -566,12 +571,19 @@ class OffloadBatch(_SparseBatch):
             store_tokens(o.store.host_view, self.write_units[layer - o.dense], self.offsets, k, v, digests=o.digests,
                          layer=layer, digest_blocks=self.blocks)
 
-    def _hot_recall(self, layer: int, new_token: NewToken | None) -> HotRecall:
-        """`layer`'s hot set and the step's recall buffers, as the selection plans against them."""
+    def _hot_recall(self, layer: int, new_token: NewToken | None, prediction: _Prefetch | None = None) -> HotRecall:
+        """`layer`'s hot set and the step's recall buffers (or a `prediction`'s, which splits no table), as a selection
+        plans against them."""
         li = layer - self.owner.dense
+        if prediction is None:
+            ids, dst, count, slot, arrivals = (self.recall_ids, self.recall_dst, self.count, self.write_slot,
+                                               self.arrivals)
+        else:
+            p = prediction
+            ids, dst, count, slot, arrivals = p.ids, p.dst, p.count, p.write_slot, None
         return HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
-                         host_map=self.host_map[li], recall_ids=self.recall_ids, recall_dst=self.recall_dst,
-                         count=self.count, write_slot=self.write_slot, new_token=new_token, arrivals=self.arrivals)
+                         host_map=self.host_map[li], recall_ids=ids, recall_dst=dst, count=count, write_slot=slot,
+                         new_token=new_token, arrivals=arrivals)
 
     def _steering(self, profile: SteeringProfile, layer: int) -> Steering:
         """`layer`'s steering, with the profile's rewarm: refills from the hot set's blocks not selected last step.
@@ -594,14 +606,9 @@ class OffloadBatch(_SparseBatch):
         hits that no prediction made (`kv/steering.py`'s ahead class credits those)."""
         o, li, p = self.owner, layer - self.owner.dense, self.ahead
         assert p is not None, "prefetch needs OffloadConfig.ahead"
-        hot = HotRecall(resident=self.resident[li], owner=self.owners[li], hot=self.hot[li], age=self.ages[li],
-                        host_map=self.host_map[li], recall_ids=p.ids, recall_dst=p.dst, count=p.count,
-                        write_slot=p.write_slot)
-        head = None if self.head is None else 0       # q holds the selecting head's group only
+        hot = self._hot_recall(layer, None, p)
         with record_function("offload.prefetch"):
-            score_blocks(q, o.digests.max[layer], o.digests.min[layer], self.block_tables,
-                         num_kv_heads=o.model.num_kv_heads if head is None else 1, head=head,
-                         rule=o.sparse.group_score, count=p.count, out=self.bounds)
+            self._score(layer, q, p.count, narrowed=True)      # q holds the selecting head's group only
             steer = None
             if o.steering is not None:                # reads the previous selection and bumps the counters
                 p.mask.copy_(self.mask[li])
