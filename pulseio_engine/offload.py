@@ -559,17 +559,17 @@ class OffloadBatch(_SparseBatch):
         prediction selected it (the last blocks are always selected), so the recall never overwrites the token."""
         store = self.owner.store
         assert store is not None
-        self._store_host(layer, k, v)
-        with record_function("offload.store"):
-            store_tokens(store.hot, self.write_slot, self.offsets, k, v)
+        self._store_host(layer, k, v, also=(store.hot, self.write_slot))
 
-    def _store_host(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The new token to the host copy of the block being written, and its key into that block's digest."""
+    def _store_host(self, layer: int, k: torch.Tensor, v: torch.Tensor,
+                    also: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """The new token to the host copy of the block being written (and to `also`, in the same launch), and its
+        key into that block's digest."""
         o = self.owner
         assert o.store is not None
         with record_function("offload.store"):
             store_tokens(o.store.host_view, self.write_units[layer - o.dense], self.offsets, k, v, digests=o.digests,
-                         layer=layer, digest_blocks=self.blocks)
+                         layer=layer, digest_blocks=self.blocks, also=also)
 
     def _hot_recall(self, layer: int, new_token: NewToken | None, prediction: _Prefetch | None = None) -> HotRecall:
         """`layer`'s hot set and the step's recall buffers (or a `prediction`'s, which splits no table), as a selection
