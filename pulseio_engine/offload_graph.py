@@ -605,7 +605,8 @@ class OffloadStepGraph:
             state: BatchState = shared["state"]
             mine = kinds[0].rows
             side = None
-            if early and layer > dense:     # (the first offloaded layer has no prediction: it selects as always)
+            selects_early = early and layer > dense    # (the first offloaded layer has no prediction: as always)
+            if selects_early:
                 side = None if branches is None else branches.select
                 args = self._select_early(shared["batch"], layer, state, mine, side, wait_ahead=True)
                 if riding:                  # the riders' too, on their branch (their new token stored after it)
@@ -625,7 +626,7 @@ class OffloadStepGraph:
             if side is not None:
                 torch.cuda.current_stream().wait_stream(side)
                 self._planned_on[len(self._recalls)] = side
-            if early and layer > dense:
+            if selects_early:
                 shared["batch"].store_new(layer, own[1], own[2])
             else:
                 wait = shared["waits"].pop(layer, None)        # this layer's recall ahead: landed before it selects
