@@ -9,8 +9,6 @@
 #                        steady rounds of IRQ and of ride recalling ahead, admissions and finishes of ride recalling
 #                        ahead under the sync check), side by side (~2.5 min cold; 3-6 GiB each)
 #   dw-chains            the device-wait chains and interleaved cases (44, ~90 s warm)
-#   early-cases          --early-select's GPU cases, side by side: `ahead 1 early` (each class's tokens alone, the
-#                        captured branches) and `nosync 16 overlap ride ahead early` (serving_gpu_case.py; ~2 min cold)
 #   rows28               the sparse-step issue's all-on-GPU rows: Quest (+vanilla) and SoloHead at 8 x 32K and 32 x 8K
 #                        (run_sparse_gpu.sh PARTS=bench; ~4 x 60-90 s)
 #   rows28q              its first row alone: Quest (+vanilla) at 8 x 32K
@@ -39,8 +37,7 @@
 #                        --ahead; a prediction of 1.25 budgets; the interpreter's 5 ms GIL switch interval; hot sets of
 #                        3 budgets, forecast-tpot-2026-12-06-cpu's configuration; ahead3nofreeze: the same with
 #                        --no-freeze-heap; ahead3o125, ahead3o15: with a prediction of 1.25 / 1.5 budgets; ahead3c24, ahead3c32: with
-#                        24 / 32 copy CTAs; ahead3e, ahead3o125e: ahead3, ahead3o125 with --early-select); noirqhot
-#                        (--no-irq);
+#                        24 / 32 copy CTAs); noirqhot (--no-irq);
 #                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
 #                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
 #                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
@@ -85,16 +82,6 @@ for spec in "$@"; do
     wait
     for f in case-tokens-ahead case-halves-ahead case-ahead case-tokens case-nosync-16-overlap-ahead case-nosync-16-overlap-ride-ahead \
         case-nosync-admit-ride-ahead; do
-      log "$f $(grep -E '^\{' $W/$f.out | tail -1 | cut -c1-300) $(tail -1 $W/$f.out)"; done
-    continue
-  fi
-  if [ "$job" = early-cases ]; then   # --early-select's GPU cases side by side: the captured branches' tokens, no sync
-    [ $(( $(date +%s) - T0 + 200 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    for c in "ahead 1 early" "nosync 16 overlap ride ahead early"; do f=case-${c// /-}
-      ( CASE_DUMP_AFTER_S=170 timeout 190 python tests/pulseio_engine/serving_gpu_case.py $c > $W/$f.out 2>&1; echo "rc=$?" >> $W/$f.out ) &
-    done
-    wait
-    for f in case-ahead-1-early case-nosync-16-overlap-ride-ahead-early; do
       log "$f $(grep -E '^\{' $W/$f.out | tail -1 | cut -c1-300) $(tail -1 $W/$f.out)"; done
     continue
   fi
@@ -218,8 +205,6 @@ for spec in "$@"; do
     ahead3o15) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --ahead-budget 1.5";;
     ahead3c24) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --copier-ctas 24";;
     ahead3c32) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --copier-ctas 32";;
-    ahead3e) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --early-select";;
-    ahead3o125e) EXTRA="--max-offload 24 --ride --ahead --hot-cache 3 --ahead-budget 1.25 --early-select";;
     ahead5ms) EXTRA="--max-offload 24 --ride --ahead --hot-cache 1.5 --gil-switch-us 0";;
     noirqhot) EXTRA="--max-offload 24 --no-irq --hot-cache 1.5";;
     halves) EXTRA="--max-offload 24 --halves";;

@@ -44,7 +44,7 @@ from pulseio.cliargs import (
 )
 from pulseio.machine import MEMORY_LIMIT_ENV
 
-from .ahead_option import add_ahead_options, check_ahead_budget
+from .ahead_option import add_ahead_budget_option, check_ahead_budget
 from .bench import BenchMode, BenchResult, run_bench
 from .calibration import CalibrationConfig, PromptKind, calibrate_checkpoint
 from .config import CacheConfig, DType, OffloadConfig, SparseConfig, SparseMode
@@ -133,7 +133,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.ahead and (args.mode != SparseBenchMode.OFFLOAD_DOORBELL.value or args.hot_cache <= 1.0):
         raise UsageError(prog, "--ahead recalls each layer's predicted blocks into its hot set's spare entries: "
                                "--mode offload-doorbell with --hot-cache above 1 (e.g. 1.5)")
-    check_ahead_budget(prog, args.ahead, args.ahead_budget, args.early_select)
+    check_ahead_budget(prog, args.ahead, args.ahead_budget)
     if args.compare_vanilla and args.mode == BenchMode.VANILLA.value:
         raise UsageError(prog, "--compare-vanilla compares a sparse mode with vanilla; pass a sparse --mode "
                                "(all-on-gpu, offload-sync, offload-doorbell)")
@@ -143,7 +143,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.mode != BenchMode.VANILLA.value:
         try:
             OffloadConfig(sparse=SparseConfig(token_budget=args.token_budget), hot_cache=args.hot_cache,
-                          ahead=args.ahead, ahead_budget=args.ahead_budget, early_select=args.early_select)
+                          ahead=args.ahead, ahead_budget=args.ahead_budget)
             if args.ahead:
                 ahead_hits(args.ahead_budget)          # a random-weight model is steered at the budgets measured
         except ValueError as exc:       # the budget's, the hot cache's and the prediction's rules, in their words
@@ -185,7 +185,7 @@ def _run_bench(args: argparse.Namespace, source: ModelSource,
             profile=args.profile, use_cuda_graphs=not args.no_cuda_graphs,
             dma=copier_dma(args.copier_ctas, args.copier_idle_us), compare_vanilla=args.compare_vanilla,
             compare_all_on_gpu=args.compare_all_on_gpu, skinny_gemm=not args.no_skinny_gemm, hot_cache=args.hot_cache,
-            ahead=args.ahead, ahead_budget=args.ahead_budget, early_select=args.early_select)
+            ahead=args.ahead, ahead_budget=args.ahead_budget)
         keys = ("step_ms", "step_ms_median", "tokens_per_s", "bytes_per_step", "copy_bandwidth_gbps", "roofline_ms",
                 "roofline_ratio", "kernels_per_step", "cuda_graphs", "graphs_per_step", "host_ms_per_step",
                 "recall_host_ms_per_step", "blocked_ms_per_step", "units_per_step", "recalled_mib_per_step",
@@ -193,8 +193,7 @@ def _run_bench(args: argparse.Namespace, source: ModelSource,
                 "publish_to_landed_us", "publish_to_taken_us_p50", "publish_to_taken_us_p90", "copy_gbps",
                 "copy_fraction_of_peak", "gpu_bytes_per_request", "vanilla_gpu_bytes_per_request", "locality",
                 "copier_ctas", "copier_idle_us", "skinny_gemm", "hot_cache", "ahead", "ahead_budget",
-                "early_select", "ahead_units_per_step", "vanilla_ratio", "all_on_gpu_step_ms", "recall_bound_ms",
-                "recall_bound_ratio")
+                "ahead_units_per_step", "vanilla_ratio", "all_on_gpu_step_ms", "recall_bound_ms", "recall_bound_ratio")
     return result, keys
 
 
@@ -307,7 +306,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="offload-doorbell with --hot-cache above 1: each offloaded layer after the first is also "
                         "recalled during the layer before, from its weights' query of that layer's stream, so it "
                         "recalls after its own selection only what that missed (steered: AHEAD_HITS of it prefetched)")
-    add_ahead_options(b)
+    add_ahead_budget_option(b)
     b.add_argument("--compare-vanilla", action="store_true",
                    help="sparse modes: then run vanilla at the same batch and context in this process and report "
                         "sparse step / vanilla step")

@@ -242,15 +242,7 @@ class OffloadConfig:
 
     `ahead_budget`: the prediction's own budget, in budgets (`ahead_blocks` = ceil(ahead_budget x budget_blocks)
     blocks a selecting row, at most `hot_blocks`). A prediction larger than the budget misses less of what the
-    layer then selects, so less is left to recall after the layer's own query, for more traffic ahead of it.
-
-    `early_select` (with `ahead`): each offloaded layer after the first selects from the queries its weights make of
-    its own input stream (`CausalLM.selection_query`, the selecting heads' rows of W_q), beside its qkv projection
-    rather than after it, so its recall is posted a projection sooner (a step's riders select so too). The new token
-    reaches the host copy and its hot slot after the selection (`OffloadBatch.store_new`), which is sound because the
-    prediction has made the block being written resident already: the recall never carries it. The score of that
-    block, always selected, then lacks the new key, which the sum rule does not read; the max-norm rule normalizes by
-    it, so it is refused."""
+    layer then selects, so less is left to recall after the layer's own query, for more traffic ahead of it."""
 
     sparse: SparseConfig = field(default_factory=SparseConfig)
     recall: RecallMode = RecallMode.DOORBELL
@@ -265,7 +257,6 @@ class OffloadConfig:
     hot_cache: float = 1.0
     ahead: bool = False
     ahead_budget: float = 1.0
-    early_select: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse, SparseConfig):
@@ -300,15 +291,6 @@ class OffloadConfig:
         if self.ahead_budget != 1.0 and not self.ahead:
             raise ValueError(f"OffloadConfig.ahead_budget ({self.ahead_budget!r}) sizes the prediction of "
                              "OffloadConfig.ahead, which is off: turn ahead on or leave ahead_budget at 1.0")
-        if not isinstance(self.early_select, bool):
-            raise TypeError(f"OffloadConfig.early_select must be a bool, got {self.early_select!r}")
-        if self.early_select and not self.ahead:
-            raise ValueError("OffloadConfig.early_select relies on the prediction of OffloadConfig.ahead to make the "
-                             "block being written resident before the layer selects: turn ahead on")
-        if self.early_select and self.sparse.group_score is not GroupScore.SUM:
-            raise ValueError(f"OffloadConfig.early_select scores before the new key reaches its block's digest, which "
-                             f"the {self.sparse.group_score.value!r} group rule reads (it normalizes by the best "
-                             f"block): use {GroupScore.SUM.value!r}")
         if self.ahead_blocks > self.hot_blocks:
             raise ValueError(f"OffloadConfig.ahead_budget ({self.ahead_budget!r}: {self.ahead_blocks} blocks a row) "
                              f"exceeds the hot set ({self.hot_cache!r} budgets: {self.hot_blocks} entries), which must "

@@ -429,12 +429,11 @@ class _SparseBatch:
         """The layer's attention output [B, Hq, D], into `out` where given (a step's rows of a larger output)."""
         raise NotImplementedError
 
-    def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, *, narrowed: bool = False,
-                **mode: object) -> None:
+    def _select(self, layer: int, q: torch.Tensor, count: torch.Tensor | None = None, **mode: object) -> None:
         """Score (`_score`) and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`)."""
         o, li = self.owner, layer - self.owner.dense
         with record_function("offload.select"):
-            self._score(layer, q, count, narrowed=narrowed)
+            self._score(layer, q, count, narrowed=False)
             steer = None if o.steering is None else self._steering(o.steering, layer)
             select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
                                 context_lens=self.context_lens, steer=steer, out=self.selected[li],
@@ -466,21 +465,10 @@ class DeviceSparseBatch(_SparseBatch):
 
     def prepare(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the new token (and its key into the digest), select: nothing to recall."""
-        self.store_new(layer, k, v)
-        self._select(layer, q, block_tables=self.block_tables)
-        return None
-
-    def select_early(self, layer: int, q: torch.Tensor) -> None:
-        """`prepare`'s selection before the layer's k and v exist, from q, the queries its weights make of its own
-        input stream (`CausalLM.selection_query` of the selecting heads); `store_new` stores the new token after
-        it (the block being written is always selected, and its score, which lacks the new key then, is not read by
-        the sum rule `OffloadConfig.early_select` requires)."""
-        self._select(layer, q, narrowed=True, block_tables=self.block_tables)
-
-    def store_new(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """The new token into the paged cache, and its key into its block's digest."""
         with record_function("offload.store"):
             self.kv.write(layer, k, v, self.kv_rows, digests=self.owner.digests)
+        self._select(layer, q, block_tables=self.block_tables)
+        return None
 
     def finish(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                out: torch.Tensor | None = None) -> torch.Tensor:
@@ -539,37 +527,14 @@ class OffloadBatch(_SparseBatch):
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Everything of `attend` before the recall, device work only: the new token to the host (and its key
         into the digest), select and plan -> the recall (host units, hot slots, count) for `Recaller.recall`."""
-        store = self.owner.store
+        o = self.owner
+        store = o.store
         assert store is not None
-        self._store_host(layer, k, v)
+        with record_function("offload.store"):
+            store_tokens(store.host_view, self.write_units[layer - o.dense], self.offsets, k, v, digests=o.digests,
+                         layer=layer, digest_blocks=self.blocks)
         self._select(layer, q, count=self.count, hot=self._hot_recall(layer, NewToken(k, v, store.hot)))
         return self.recall_ids, self.recall_dst, self.count
-
-    def select_early(self, layer: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`OffloadConfig.early_select`: `prepare`'s selection and plan from q, the queries `layer`'s weights make of
-        its own input stream (`CausalLM.selection_query` of the selecting heads, as `prefetch` takes), before the
-        layer's k and v exist; `store_new` then stores the new token. The layer's recall ahead must have landed (the
-        plan evicts into entries it may write) -> the recall (host units, hot slots, count)."""
-        self._select(layer, q, count=self.count, hot=self._hot_recall(layer, None), narrowed=True)
-        return self.recall_ids, self.recall_dst, self.count
-
-    def store_new(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """After `select_early`: the new token to the host copy (and its key into the digest) and into the hot slot
-        its selection gave the block being written (`HotRecall.write_slot`). That block is resident, as the
-        prediction selected it (the last blocks are always selected), so the recall never overwrites the token."""
-        store = self.owner.store
-        assert store is not None
-        self._store_host(layer, k, v, also=(store.hot, self.write_slot))
-
-    def _store_host(self, layer: int, k: torch.Tensor, v: torch.Tensor,
-                    also: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """The new token to the host copy of the block being written (and to `also`, in the same launch), and its
-        key into that block's digest."""
-        o = self.owner
-        assert o.store is not None
-        with record_function("offload.store"):
-            store_tokens(o.store.host_view, self.write_units[layer - o.dense], self.offsets, k, v, digests=o.digests,
-                         layer=layer, digest_blocks=self.blocks, also=also)
 
     def _hot_recall(self, layer: int, new_token: NewToken | None, prediction: _Prefetch | None = None) -> HotRecall:
         """`layer`'s hot set and the step's recall buffers (or a `prediction`'s, which splits no table), as a selection

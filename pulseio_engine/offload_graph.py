@@ -32,12 +32,11 @@ one graph per piece, a doorbell publish captured at each piece's end (`RecallGra
 Recall ahead (`OffloadConfig.ahead`): each piece that begins a layer keeps the stream entering it, and after that
 layer's recall is posted the next layer's predicted blocks are planned and posted too (`_prefetch`: captured as a
 branch of its own, its publish after the layer's own). The next layer's `_begin` waits for that recall on the device
-before it selects (with `OffloadConfig.early_select`, on a branch beside its projection, selecting from the queries
-its weights make of the stream entering it: `_select_early`). A whole step joins the branch there, so the prediction
-runs under the rest of the layer; a split step's piece joins it before the piece ends (a graph may not join a branch
-another graph forked), and the wait is captured into the next piece's graph (`RecallGraph.wait_device`), so the
-caller's own landing check stays the layer's recall. Pieces captured as graphs of their own because their recalls
-run from the host wait for it before the piece is replayed (`_wait_ahead`), as no Python runs inside a replay.
+before it selects. A whole step joins the branch there, so the prediction runs under the rest of the layer; a split
+step's piece joins it before the piece ends (a graph may not join a branch another graph forked), and the wait is
+captured into the next piece's graph (`RecallGraph.wait_device`), so the caller's own landing check stays the layer's
+recall. Pieces captured as graphs of their own because their recalls run from the host wait for it before the piece
+is replayed (`_wait_ahead`), as no Python runs inside a replay.
 
 Riders (`StepRiders`): rows of another engine whose blocks all stay on the GPU (the serving loop's normal batch)
 may ride in the step, after the batch's own rows. They share the step's embedding, projections, norms, MLPs and
@@ -97,15 +96,14 @@ class _Branches:
     one of them, and a branch on the capturing stream runs in line with it.
 
     A captured kernel keeps the priority of the stream it was captured on (torch instantiates graphs to honour each
-    node's), so the priorities are set here: the chain, the riders, the early selection and the publishes high
-    (`CHAIN_PRIORITY`), the prediction at the default, the lowest. The next layer's prediction has the rest of the
-    layer to finish, so where both wait for SMs the block scheduler starts the chain's blocks first."""
+    node's), so the priorities are set here: the chain, the riders and the publishes high (`CHAIN_PRIORITY`), the
+    prediction at the default, the lowest. The next layer's prediction has the rest of the layer to finish, so where
+    both wait for SMs the block scheduler starts the chain's blocks first."""
 
     capture: torch.cuda.Stream     # the capturing stream: the step's own chain
     publish: torch.cuda.Stream     # doorbell publishes, in post order
     predict: torch.cuda.Stream     # the next layer's predicted selection (`OffloadConfig.ahead`)
     riders: torch.cuda.Stream      # the riders' store, selection and attention
-    select: torch.cuda.Stream      # the batch's selection beside its projection (`OffloadConfig.early_select`)
 
 
 def _capturing(branches: _Branches | None) -> torch.cuda.Stream | None:
@@ -184,7 +182,6 @@ class OffloadStepGraph:
         self._leader: OffloadStepGraph | None = None     # halves: the first half, whose arm covers these posts
         self._pending: PendingRecall | None = None     # split: the last piece's recall
         self._branch_streams: _Branches | None = None   # captured: a layer's side streams (`_post_beside_resident`)
-        self._planned_on: dict[int, torch.cuda.Stream] = {}   # captured, early_select: piece -> its plan's stream
 
     def _seat_generations(self) -> tuple[int, ...]:
         return tuple(seats.generation for seats in self._seats)
@@ -404,8 +401,6 @@ class OffloadStepGraph:
             predict stream   `OffloadConfig.ahead`: the next layer's predicted selection and plan (`_prefetch`)
             riders' stream   the riders' store and selection (forked in `_begin`, beside the batch's own), then
                              their attention (`_riders`)
-            select stream    `OffloadConfig.early_select`: the batch's own selection, forked in `_begin` before the
-                             layer's projection (`_select_early`); the publish then waits for it alone
             capturing        the batch's attention over its selected blocks already resident
 
         None of them reads what another writes (the publishes read plans, the attentions no slot a recall writes), so
@@ -424,7 +419,7 @@ class OffloadStepGraph:
         branches = self._shared["branches"]                 # given with `recalls` (`_pieces`)
         if planned:
             publish = branches.publish
-            publish.wait_stream(self._planned_on.get(piece, main))
+            publish.wait_stream(main)
             layer, (ids, dst, count) = self._recalls[piece]                   # type: ignore[misc]
             with torch.cuda.stream(publish):
                 index = recalls.post(host_ids=ids, device_slots=dst, count=count, tag=layer, wait=False)
@@ -452,7 +447,7 @@ class OffloadStepGraph:
             def high() -> torch.cuda.Stream:
                 return torch.cuda.Stream(dev, priority=CHAIN_PRIORITY)
             self._branch_streams = _Branches(capture=high(), publish=high(), predict=torch.cuda.Stream(dev),
-                                             riders=high(), select=high())
+                                             riders=high())
         return self._branch_streams
 
     def _recall(self, piece: int, *, resident: bool = True) -> None:
@@ -499,28 +494,6 @@ class OffloadStepGraph:
             recalls.wait_device(index)
         self._shared["waits"][layer] = wait
 
-    def _select_early(self, batch: Any, layer: int, state: BatchState, rows: slice, stream: torch.cuda.Stream | None,
-                      *, wait_ahead: bool = False) -> Any:
-        """`OffloadConfig.early_select`, before `layer`'s projection: `batch`'s selection (and, the offload batch's,
-        its plan: `wait_ahead`, once the layer's recall ahead has landed) from the queries the layer's weights make of
-        the stream entering it for `rows` (`select_early` of `OffloadBatch` or `DeviceSparseBatch`); captured, on
-        `stream`, a branch forked here, so it runs beside the projection (the offload batch's publish waits for that
-        branch alone). The caller stores the new token after the projection -> what `select_early` returned."""
-        delta = state.delta
-        assert delta is not None, "a layer after the first offloaded one is entered from layer_end"
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):                 # (None: the current stream)
-            wait = self._shared["waits"].pop(layer, None) if wait_ahead else None
-            if wait is not None:
-                wait()
-            head = None if batch.head is None else batch.head[layer]
-            q = self.model.selection_query(state.hidden[rows], state.positions[rows], layer, head,
-                                           delta=delta[rows])
-            out = batch.select_early(layer, q)
-        self._live.append(q)
-        return out
-
     def _wait_ahead(self, piece: int) -> None:
         """Before piece `piece` runs as a graph of its own: the device wait of its layer's recall ahead, if posted."""
         if piece < len(self._recalls):
@@ -553,13 +526,8 @@ class OffloadStepGraph:
             riders.batch.finish(layer, *shared["riders"], out=shared["attn"][riders.rows])
 
     def _select_riders(self, layer: int) -> None:
-        """The riders' store and selection in `layer` (`early_select`: their store alone, as they selected before the
-        layer's projection)."""
-        riders, shared = self._kinds[1].batch, self._shared
-        if shared.get("riders_early") == layer:
-            riders.store_new(layer, *shared["riders"][1:])
-        else:
-            riders.prepare(layer, *shared["riders"])
+        """The riders' store and selection in `layer`."""
+        self._kinds[1].batch.prepare(layer, *self._shared["riders"])
 
     def _pieces(self, branches: _Branches | None = None) -> list[Callable[[], None]]:
         """The step's pieces as closures; running them in order (with the recalls between) is the step. `branches`:
@@ -575,8 +543,7 @@ class OffloadStepGraph:
 
         kinds = self._kinds
         riding = len(kinds) > 1
-        ahead, early = off.offload.ahead, off.offload.early_select
-        self._planned_on = {}
+        ahead = off.offload.ahead
         shared["waits"] = {}          # layer -> the device wait of its recall ahead, posted during the layer before
         shared["branches"] = branches
 
@@ -603,18 +570,8 @@ class OffloadStepGraph:
 
         def _begin(layer: int) -> None:
             state: BatchState = shared["state"]
-            mine = kinds[0].rows
-            side = None
-            selects_early = early and layer > dense    # (the first offloaded layer has no prediction: as always)
-            if selects_early:
-                side = None if branches is None else branches.select
-                args = self._select_early(shared["batch"], layer, state, mine, side, wait_ahead=True)
-                if riding:                  # the riders' too, on their branch (their new token stored after it)
-                    self._select_early(kinds[1].batch, layer, state, kinds[1].rows,
-                                       None if branches is None else branches.riders)
-                    shared["riders_early"] = layer
             q, k, v = model.layer_begin(state, layer)
-            own = (q, k, v) if not riding else tuple(x[mine] for x in (q, k, v))
+            own = (q, k, v) if not riding else tuple(x[kinds[0].rows] for x in (q, k, v))
             shared["own"] = own
             if riding:                              # each kind of row attends into its rows of one output
                 rows = kinds[1].rows
@@ -623,19 +580,13 @@ class OffloadStepGraph:
                     branches.riders.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(branches.riders):
                         self._select_riders(layer)
-            if side is not None:
-                torch.cuda.current_stream().wait_stream(side)
-                self._planned_on[len(self._recalls)] = side
-            if selects_early:
-                shared["batch"].store_new(layer, own[1], own[2])
-            else:
-                wait = shared["waits"].pop(layer, None)        # this layer's recall ahead: landed before it selects
-                if wait is not None:
-                    wait()
-                args = shared["batch"].prepare(layer, *own)
+            wait = shared["waits"].pop(layer, None)        # this layer's recall ahead: landed before it selects
+            if wait is not None:
+                wait()
+            args = shared["batch"].prepare(layer, *own)
             self._live.append(args)
             self._recalls.append((layer, args))
-            # the next layer's recall ahead, from the stream entering this one
+            mine = kinds[0].rows                 # the next layer's recall ahead, from the stream entering this one
             self._aheads.append((layer + 1, state.hidden[mine], state.positions[mine])
                                 if ahead and layer + 1 < layers else None)
 

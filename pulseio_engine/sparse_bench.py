@@ -297,7 +297,6 @@ class SparseBenchResult:
     ahead: bool = False                       # offload-doorbell: each layer recalled ahead too (OffloadConfig.ahead)
     ahead_units_per_step: float = 0.0         # of units_per_step, those recalled ahead
     ahead_budget: float = 1.0                 # the prediction's budget, in budgets (OffloadConfig.ahead_budget)
-    early_select: bool = False                # selections beside the projections (OffloadConfig.early_select)
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -342,7 +341,6 @@ class SparseBenchResult:
             f", {self.recalled_mib_per_step:.1f} MiB/step recalled in {self.unit_bytes >> 10} KiB units{rate}"
         hot = ("" if self.hot_cache == 1.0 else f" hot set={self.hot_cache:g} budgets") + " ahead" * self.ahead
         hot += f" (prediction {self.ahead_budget:g} budgets)" * (self.ahead_budget != 1.0)
-        hot += " early-select" * self.early_select
         return (f"{self.model} {self.mode} ({self.selection}) B={self.batch_size} ctx={self.context_len} "
                 f"budget={self.token_budget}{hot}: {self.step_ms:.2f} ms/step ({self.tokens_per_s:,.0f} tok/s){roof}"
                 f"{kernels}{recall}, main thread {self.host_ms_per_step:.2f} ms/step "
@@ -357,7 +355,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
                      use_cuda_graphs: bool = True, dma: DmaConfig | None = None,
                      compare_vanilla: bool = False, compare_all_on_gpu: bool = False,
                      skinny_gemm: bool = True, hot_cache: float = 1.0, ahead: bool = False,
-                     ahead_budget: float = 1.0, early_select: bool = False) -> SparseBenchResult:
+                     ahead_budget: float = 1.0) -> SparseBenchResult:
     """`profile`: also write a torch.profiler table of the timed steps there, and their timeline beside it as a
     gzipped Chrome trace (they run slower under it).
     `dma`: the offload runtime's transfer settings (`OffloadConfig.dma`; None: the engine's).
@@ -365,7 +363,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
     from them as the locality record's simulated hot caches found (`LocalityProfile.rewarm_for`); `ahead`
     (offload-doorbell, hot_cache > 1): each offloaded layer after the first also recalled a layer early
     (`OffloadConfig.ahead`, its prediction at `ahead_budget` budgets), steered to find `ahead_hits` of the rest of its
-    recall there; `early_select`, each layer's own selection beside its projection (`OffloadConfig.early_select`).
+    recall there.
     `compare_vanilla`: then run the dense bench at the same batch and context in this process
     (`result.vanilla`, `result.vanilla_ratio`). `compare_all_on_gpu` (offload modes): then the all-on-GPU mode
     with the same selection, for the offload step's bound (`result.recall_bound_ms`, `recall_bound_ratio`).
@@ -383,7 +381,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         bandwidth = measure_copy_bandwidth_sync(dev, 2 << 30)
     result = _run_sparse(source, mode, batch_size, context_len, steps, token_budget, selection, warmup, device,
                          locality, progress, seed, profile, use_cuda_graphs, dma, bandwidth, skinny_gemm, hot_cache,
-                         ahead, ahead_budget, early_select)
+                         ahead, ahead_budget)
     if compare_all_on_gpu:
         _release(dev)
         bench_status(progress, f"all-on-gpu at the same batch and context, for the bound ({batch_size} x "
@@ -391,7 +389,7 @@ def run_sparse_bench(model: str | ModelSource, *, mode: SparseBenchMode, batch_s
         try:
             on_gpu = _run_sparse(source, SparseBenchMode.ALL_ON_GPU, batch_size, context_len, steps, token_budget,
                                  selection, warmup, device, locality, progress, seed, None, use_cuda_graphs, None,
-                                 bandwidth, skinny_gemm, 1.0, False, 1.0, False)
+                                 bandwidth, skinny_gemm, 1.0, False, 1.0)
             result = replace(result, all_on_gpu_step_ms=on_gpu.step_ms)
         except (torch.OutOfMemoryError, EngineError) as exc:     # the offload result stands; say why there is no bound
             bench_status(progress, f"all-on-gpu did not run: {exc}")
@@ -415,8 +413,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
                 token_budget: int, selection: SparseMode, warmup: int, device: str,
                 locality: LocalityProfile | None, progress: bool, seed: int, profile: Path | None,
                 use_cuda_graphs: bool, dma: DmaConfig | None, bandwidth: float | None,
-                skinny_gemm: bool, hot_cache: float, ahead: bool, ahead_budget: float,
-                early_select: bool) -> SparseBenchResult:
+                skinny_gemm: bool, hot_cache: float, ahead: bool, ahead_budget: float) -> SparseBenchResult:
     dev = torch.device(device)
     m, bs = source.config, CacheConfig().block_size
     max_len = decode_len(context_len, warmup, steps)
@@ -427,7 +424,7 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
     host_units = 1 + (m.num_layers - OffloadConfig().dense_layers) * groups * batch_size * per_seq
     offload = OffloadConfig(sparse=sparse, recall=mode.recall, host_blocks=1 if on_gpu else host_units,
                             max_seqs=batch_size, offload_only=not on_gpu, dma=dma, hot_cache=hot_cache, ahead=ahead,
-                            ahead_budget=ahead_budget, early_select=early_select)
+                            ahead_budget=ahead_budget)
     locality = locality or default_profile(selection, token_budget, context_len)
     steering = steering_profile(locality, m.num_layers, offload.dense_layers, hot_cache, seed, ahead=ahead,
                                 ahead_budget=ahead_budget)
@@ -524,7 +521,6 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
             skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache, ahead=ahead, ahead_budget=ahead_budget,
-            early_select=early_select,
             ahead_units_per_step=(after.bytes_ahead - before.bytes_ahead) / counted / off.layout.unit_bytes)
 
 

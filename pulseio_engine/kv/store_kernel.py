@@ -2,9 +2,9 @@
 
 One program per (token, KV head): it loads the head's K and V row once, stores them at their unit's slot
 (the paged cache, the host pool through its device-mapped view, or a hot pool: any
-[units, 2, block_size, hg, D] tensor; with ALSO, at a second pool's unit as well), and, when the head is
-digested, folds K into its block's max / min (a token at offset 0 starts the block afresh). Each digest row
-belongs to one token of the batch, so no two programs write the same row.
+[units, 2, block_size, hg, D] tensor), and, when the head is digested, folds K into its block's max / min
+(a token at offset 0 starts the block afresh). Each digest row belongs to one token of the batch, so no
+two programs write the same row.
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ import triton.language as tl
 
 @triton.jit
 def _store_tokens_kernel(
-    k_ptr, v_ptr, pool_ptr, units_ptr, offsets_ptr, dmax_ptr, dmin_ptr, dblock_ptr, digest_head, also_ptr,
-    also_units_ptr,
+    k_ptr, v_ptr, pool_ptr, units_ptr, offsets_ptr, dmax_ptr, dmin_ptr, dblock_ptr, digest_head,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_pu, stride_pkv, stride_po, stride_ph,
     stride_ut, stride_us, stride_off, stride_db,
     stride_dn, stride_dw,
-    stride_au, stride_akv, stride_ao, stride_ah, stride_aut, stride_aus,
     HEADS_PER_UNIT: tl.constexpr, HEAD_DIM: tl.constexpr, DIGEST: tl.constexpr, ALL_HEADS_DIGESTED: tl.constexpr,
-    ALSO: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -35,11 +32,6 @@ def _store_tokens_kernel(
     slot = pool_ptr + unit * stride_pu + offset * stride_po + (h % HEADS_PER_UNIT) * stride_ph + offs_d
     tl.store(slot, k.to(pool_ptr.dtype.element_ty))
     tl.store(slot + stride_pkv, v.to(pool_ptr.dtype.element_ty))
-    if ALSO:
-        unit2 = tl.load(also_units_ptr + t * stride_aut + (h // HEADS_PER_UNIT) * stride_aus).to(tl.int64)
-        slot2 = also_ptr + unit2 * stride_au + offset * stride_ao + (h % HEADS_PER_UNIT) * stride_ah + offs_d
-        tl.store(slot2, k.to(also_ptr.dtype.element_ty))
-        tl.store(slot2 + stride_akv, v.to(also_ptr.dtype.element_ty))
     if DIGEST:
         if ALL_HEADS_DIGESTED or h == digest_head:
             column = h if ALL_HEADS_DIGESTED else 0
@@ -53,9 +45,8 @@ def _store_tokens_kernel(
                 tl.store(dmin_ptr + row, tl.minimum(tl.load(dmin_ptr + row), key))
 
 
-def launch_store_tokens(pool, units, offsets, k, v, digest, also=None) -> None:  # noqa: ANN001 - checked by the caller
-    """digest: None or (dmax [N, W, D], dmin, blocks [T], head or -1 for every head); also: None or a second
-    (pool, units)."""
+def launch_store_tokens(pool, units, offsets, k, v, digest) -> None:  # noqa: ANN001 - checked by the caller
+    """digest: None or (dmax [N, W, D], dmin, blocks [T], head or -1 for every head)."""
     t, hkv, d = k.shape
     hg = pool.shape[3]
     if digest is None:
@@ -64,14 +55,12 @@ def launch_store_tokens(pool, units, offsets, k, v, digest, also=None) -> None: 
     else:
         dmax, dmin, dblock, head = digest
         strides, all_heads = (dmax.stride(0), dmax.stride(1)), head < 0
-    pool2, units2 = also if also is not None else (pool, units)     # (unread without `also`)
     _store_tokens_kernel[(t, hkv)](
-        k, v, pool, units, offsets, dmax, dmin, dblock, max(head, 0), pool2, units2,
+        k, v, pool, units, offsets, dmax, dmin, dblock, max(head, 0),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3),
         units.stride(0), units.stride(1), offsets.stride(0), dblock.stride(0),
         *strides,
-        pool2.stride(0), pool2.stride(1), pool2.stride(2), pool2.stride(3), units2.stride(0), units2.stride(1),
         HEADS_PER_UNIT=hg, HEAD_DIM=d, DIGEST=digest is not None, ALL_HEADS_DIGESTED=all_heads,
-        ALSO=also is not None, num_warps=1,
+        num_warps=1,
     )  # fmt: skip

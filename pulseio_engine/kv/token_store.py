@@ -20,18 +20,13 @@ from .digests import BlockDigests
 
 
 def store_tokens(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 *, digests: BlockDigests | None = None, layer: int = 0, digest_blocks: torch.Tensor | None = None,
-                 also: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 *, digests: BlockDigests | None = None, layer: int = 0, digest_blocks: torch.Tensor | None = None
+                 ) -> None:
     """pool: [n_units, 2, bs, hg, D]; units: [T, S] int64 (S = Hkv / hg); offsets: [T] int64;
-    k, v: [T, Hkv, D]; digest_blocks: [T] int64 physical blocks of the tokens (with `digests`); `also`: a second
-    (pool, units) of the same hg the tokens go to as well, in the same launch (an offloaded layer's new token into
-    its host copy and its hot slot). Each (unit, offset) and each digested block at most once per call. No host sync
-    (graph-safe)."""
+    k, v: [T, Hkv, D]; digest_blocks: [T] int64 physical blocks of the tokens (with `digests`).
+    Each (unit, offset) and each digested block at most once per call. No host sync (graph-safe)."""
     if digests is not None and digest_blocks is None:
         raise ValueError("store_tokens: digests need digest_blocks, the tokens' physical blocks")
-    if also is not None and also[0].shape[3] != pool.shape[3]:
-        raise ValueError(f"store_tokens: `also` must hold as many heads a unit as pool ({pool.shape[3]}), got "
-                         f"{also[0].shape[3]}")
     if k.shape[0] == 0:
         return
     if pool.is_cuda:
@@ -41,11 +36,9 @@ def store_tokens(pool: torch.Tensor, units: torch.Tensor, offsets: torch.Tensor,
         if digests is not None:
             head = -1 if digests.heads is None else digests.heads[layer]
             digest = (digests.max[layer], digests.min[layer], digest_blocks, head)
-        launch_store_tokens(pool, units, offsets, k, v, digest, also)
+        launch_store_tokens(pool, units, offsets, k, v, digest)
         return
     _store_units(pool, units, offsets, k, v)
-    if also is not None:
-        _store_units(*also, offsets, k, v)
     if digests is not None:
         assert digest_blocks is not None     # checked on entry
         digests.update(layer, k, digest_blocks * digests.block_size + offsets)

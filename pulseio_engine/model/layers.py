@@ -58,14 +58,11 @@ def pre_attention(x: torch.Tensor, delta: torch.Tensor | None, positions: torch.
 def select_query(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  input_norm: torch.Tensor, q_rows: torch.Tensor, q_bias: torch.Tensor | None,
                  q_norm: torch.Tensor | None, eps: float, head_dim: int,
-                 workspace: Workspace | None = None, delta: torch.Tensor | None = None) -> torch.Tensor:
-    """The query heads `pre_attention` makes of residual stream x ([T, H], summed; or x + delta, summed as
-    `pre_attention` sums them), from their rows of the layer's qkv weight (q_rows [n * D, H], q_bias their bias or
-    None) -> [T, n, D], normed if Qwen3 and rotated: a layer's selecting queries computed from another layer's
-    stream (`OffloadConfig.ahead`) or from its own before its projection (`OffloadConfig.early_select`)."""
+                 workspace: Workspace | None = None) -> torch.Tensor:
+    """The query heads `pre_attention` makes of residual stream x ([T, H], summed), from their rows of the layer's
+    qkv weight (q_rows [n * D, H], q_bias their bias or None) -> [T, n, D], normed if Qwen3 and rotated: a layer's
+    selecting queries computed from another layer's stream (`OffloadConfig.ahead`)."""
     t = x.shape[0]
-    if delta is not None:
-        x = residual_add(x, delta)
     q = linear(rms_norm(x, input_norm, eps), q_rows, q_bias, workspace).view(t, -1, head_dim)
     if q_norm is not None:
         q = rms_norm(q, q_norm, eps)

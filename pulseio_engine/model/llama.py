@@ -111,21 +111,20 @@ class CausalLM:
         state.next_layer += 1
 
     def selection_query(self, x: torch.Tensor, positions: torch.Tensor, layer_idx: int,
-                        kv_head: int | None, delta: torch.Tensor | None = None) -> torch.Tensor:
+                        kv_head: int | None) -> torch.Tensor:
         """The queries layer `layer_idx` would make of residual stream x ([T, H], e.g. `state.hidden` after an
-        earlier layer's `layer_begin`; with `delta`, the stream x + delta, as a state holds it between `layer_end`
-        and the next `layer_begin`) at these positions ([T]): of KV head `kv_head`'s query group -> [T, G, D],
+        earlier layer's `layer_begin`) at these positions ([T]): of KV head `kv_head`'s query group -> [T, G, D],
         or of every head (None) -> [T, Hq, D]. Reads only those heads' rows of the layer's qkv weight; compiled as
         the decode halves are. Its projection takes no share of the decode workspace, whose split-K counters allow
         one call at a time: a captured step runs it on a branch beside the layer's own projections
-        (`OffloadStepGraph._prefetch`, `_select_early`)."""
+        (`OffloadStepGraph._prefetch`)."""
         cfg, w = self.config, self.weights.layers[layer_idx]
         group = cfg.num_heads // cfg.num_kv_heads
         first, heads = (0, cfg.num_heads) if kv_head is None else (kv_head * group, group)
         rows = slice(first * cfg.head_dim, (first + heads) * cfg.head_dim)
         return self._select_query(x, positions, self.rotary.cos, self.rotary.sin, w.input_norm, w.qkv[rows],
                                   None if w.qkv_bias is None else w.qkv_bias[rows], w.q_norm, cfg.rms_norm_eps,
-                                  cfg.head_dim, delta=delta)
+                                  cfg.head_dim)
 
     def end(self, state: BatchState) -> torch.Tensor:
         """-> logits [S, V] fp32 for `state.logit_rows` (all rows when None)."""

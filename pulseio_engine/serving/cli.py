@@ -33,7 +33,7 @@ from pulseio.cliargs import (
 )
 from pulseio.machine import memory_budget
 
-from ..ahead_option import add_ahead_options, check_ahead_budget
+from ..ahead_option import add_ahead_budget_option, check_ahead_budget
 from ..config import SparseMode
 from ..copier_options import add_copier_options
 from ..gil_option import add_gil_switch_option, gil_switch_s
@@ -115,7 +115,7 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         "recalls only what the prediction missed (under IRQ, the normal layers hide that rest); a "
                         "random-weight preset's steering finds that share of its recall prefetched "
                         "(`sparse_bench.AHEAD_HITS`)")
-    add_ahead_options(r)
+    add_ahead_budget_option(r)
     add_copier_options(r)
     t = r.add_argument_group("trace transformations (applied in this order, each printed)")
     t.add_argument("--start", type=float_at_least(0.0), default=None, help="window start, s of the trace")
@@ -276,7 +276,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
     if args.ahead and mode is not ServeMode.PULSEINFER:
         raise UsageError(prog, f"--ahead recalls each layer's predicted blocks during the layer before, through "
                                f"pulseinfer's doorbell; --mode {mode.value} has no such recall")
-    check_ahead_budget(prog, args.ahead, args.ahead_budget, args.early_select)
+    check_ahead_budget(prog, args.ahead, args.ahead_budget)
     if args.ahead and args.hot_cache <= 1.0:
         raise UsageError(prog, "--ahead recalls into the hot sets' spare entries: give --hot-cache above 1 (e.g. 1.5)")
     if args.selection is not None and mode is ServeMode.VANILLA:
@@ -294,8 +294,7 @@ def _serving_config(prog: str, args: argparse.Namespace) -> ServingConfig:
                              copier_ctas=args.copier_ctas,
                              copier_idle_us=args.copier_idle_us, overlap_rounds=args.overlap_rounds,
                              two_streams=args.two_streams, hot_cache=args.hot_cache, halves=args.halves,
-                             ride=args.ride, ahead=args.ahead, ahead_budget=args.ahead_budget,
-                             early_select=args.early_select)
+                             ride=args.ride, ahead=args.ahead, ahead_budget=args.ahead_budget)
     except ValueError as exc:
         raise UsageError(prog, str(exc)) from None
 

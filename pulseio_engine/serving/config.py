@@ -46,8 +46,7 @@ class ServingConfig:
     layer's predicted blocks during the layer before (`OffloadConfig.ahead`), so only what the prediction missed is
     recalled after the layer's own selection (under IRQ, that rest is what the normal layers hide); hot sets above
     one budget.
-    `ahead_budget`: the prediction's own budget, in budgets (`OffloadConfig.ahead_budget`). `early_select`: each
-    offloaded layer after the first selects beside its projection (`OffloadConfig.early_select`)."""
+    `ahead_budget`: the prediction's own budget, in budgets (`OffloadConfig.ahead_budget`)."""
 
     mode: ServeMode
     gpu_kv_bytes: int
@@ -71,7 +70,6 @@ class ServingConfig:
     ride: bool = False
     ahead: bool = False
     ahead_budget: float = 1.0
-    early_select: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ServeMode):
@@ -126,14 +124,10 @@ class ServingConfig:
         if self.has_offload:
             assert self.recall is not None                                  # (every offload mode recalls)
             OffloadConfig(sparse=self.sparse_config(), hot_cache=self.hot_cache, ahead=self.ahead,   # its rules, in
-                          ahead_budget=self.ahead_budget, recall=self.recall,                # its words
-                          early_select=self.early_select)
+                          ahead_budget=self.ahead_budget, recall=self.recall)                # its words
         elif self.ahead_budget != 1.0:
             raise ValueError(f"{self.mode.value} offloads no request, so it has no prediction for ahead_budget="
                              f"{self.ahead_budget!r} to size (leave it 1.0)")
-        elif self.early_select:
-            raise ValueError(f"{self.mode.value} offloads no request, so it has no recall for early_select to post "
-                             "sooner (leave it False)")
 
     def check_device(self, device: str, use_cuda_graphs: bool) -> None:
         """Several normal steps a round need captured steps on a GPU: the advance between them runs inside the
@@ -191,4 +185,4 @@ class ServingConfig:
         else:
             name = self.mode.value + (" --no-irq" if self.mode is ServeMode.PULSEINFER and not self.interleaves else "")
         budget = f" --ahead-budget {self.ahead_budget:g}" * (self.ahead_budget != 1.0)
-        return name + " --ahead" * self.ahead + budget + " --early-select" * self.early_select
+        return name + " --ahead" * self.ahead + budget

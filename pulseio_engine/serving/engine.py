@@ -142,8 +142,7 @@ class ServingEngine:
         return OffloadConfig(sparse=c.sparse_config(), recall=recall, host_blocks=host_units,  # type: ignore[arg-type]
                              max_seqs=max_seqs, dense_layers=c.dense_layers, offload_only=not on_gpu, dma=dma,
                              kept_step_graphs=kept, hot_cache=1.0 if on_gpu else c.hot_cache,
-                             ahead=c.ahead and not on_gpu, ahead_budget=1.0 if on_gpu else c.ahead_budget,
-                             early_select=c.early_select and not on_gpu)
+                             ahead=c.ahead and not on_gpu, ahead_budget=1.0 if on_gpu else c.ahead_budget)
 
     def copier(self) -> tuple[int, int] | None:
         """The offload runtime's resident copier as it runs: (copy CTAs, idle microseconds); None without one."""

@@ -466,7 +466,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
                    "normal_steps": config.normal_steps, "skinny_gemm": serving.normal.model.workspace is not None,
                    "overlap_rounds": config.overlap_rounds, "two_streams": config.two_streams,
                    "hot_cache": config.hot_cache, "halves": config.halves, "ride": config.ride, "ahead": config.ahead,
-                   "ahead_budget": config.ahead_budget, "early_select": config.early_select,
+                   "ahead_budget": config.ahead_budget,
                    "copier_ctas": None if copier is None else copier[0],
                    "copier_idle_us": None if copier is None else copier[1],
                    "gil_switch_us": gil_switch_us(options.gil_switch_s), "freeze_heap": options.freeze_heap},

@@ -41,6 +41,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
 }
 _DROPPED = {                     # schema version -> the keys it dropped; a report lacks every key dropped by then
     20: ("config.pdl", "config.inductor_pdl"),    # programmatic dependent launch, taken out: no faster on an H100
+    22: ("config.early_select",),                 # selection beside the projection, taken out: no faster on an H100
 }
 _LATEST = max(*_ADDED, *_DROPPED)
 SCHEMA_VERSION = f"pulseio-replay/{_LATEST}"
@@ -62,7 +63,7 @@ SCHEMA: dict[str, Any] = {
                "overlap_rounds": bool, "two_streams": bool, "hot_cache": NUM, "halves": bool,
                "ride": bool, "ahead": bool, "gil_switch_us": OPT_NUM, "ahead_budget": NUM, "freeze_heap": bool,
                "pdl": bool, "inductor_pdl": bool,           # pdl, inductor_pdl: schema 19 alone (see _DROPPED)
-               "early_select": bool},
+               "early_select": bool},                        # schema 21 alone
     "summary": {"requests": int, "completed": int, "complete": bool, "output_tokens": int, "expected_tokens": int,
                 "duration_s": NUM, "decode_throughput_tok_s": NUM, "gpu_busy_fraction": OPT_NUM,
                 "recalls": int, "recalled_bytes": int, "rounds": int, "warming_rounds": int, "wall_s": NUM,

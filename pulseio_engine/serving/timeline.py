@@ -251,9 +251,8 @@ def _recall_windows(kernels: list[tuple[float, float, str]],
     layer before) and the selection, on any stream, that ended last before that publish (the one that planned it) ->
     (us that selection ran, us the publish ran, us from the publish's start to the wait's start, to the wait's end):
     what the recall waits for, what runs beside it and when it lands. Anchored on the stretch rather than on a
-    selection on the chain, it reads a layer that selected on a graph branch beside its projection
-    (`OffloadConfig.early_select`) as one that selected after it; a stretch whose waits come with no publish since it
-    opened (a recall ahead alone) is none."""
+    selection on the chain, it reads a layer whose selection ran on a graph branch as one whose selection ran on the
+    chain; a stretch whose waits come with no publish since it opened (a recall ahead alone) is none."""
     publishes = sorted((lo, hi) for lo, hi, name in kernels if "publish_kernel" in name)
     starts = [lo for lo, _ in publishes]
     selections = sorted((hi, lo) for lo, hi, name in kernels if "_select_kernel" in name)

@@ -11,13 +11,11 @@ before it): python serving_gpu_case.py CASE [ARGS]. Prints one JSON line; exits 
                                 half's step, captured recalls and late ones, overlapped or not: each class's tokens
                                 served alone (`ahead`: recalling ahead too)
     ride                        the same with the normal requests riding in the offload batch's one step (`ride`)
-    ahead [F] [early]           ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
+    ahead [F]                   ride with each layer's blocks recalled a layer early too (`ahead`, hot sets of 1.5
                                 budgets, a prediction of F budgets: `ahead_budget`, default 1): each class's tokens
                                 served alone; captured, the prediction, the riders and the resident attention on
-                                three streams (branches of the graph); `early` (`early_select`): each layer selects
-                                beside its projection, on a fourth, and the offload requests served alone select so
-                                too (the selection's queries come from a projection of their own)
-    nosync ROUNDS [overlap] [two-streams] [halves | ride] [ahead [early]]
+                                three streams (branches of the graph)
+    nosync ROUNDS [overlap] [two-streams] [halves | ride] [ahead]
                                 steady-state IRQ rounds, halves or ridden ones (no admission, no capture), recalling
                                 ahead or not, under torch.cuda.set_sync_debug_mode("error")
     nosync-admit [ride] [ahead] overlapped rounds under set_sync_debug_mode("error") while an offload request with
@@ -65,8 +63,8 @@ NRM, OFF = KVClass.NORMAL, KVClass.OFFLOAD
 
 def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 256, normal_steps: int = 1,
             overlap: bool = False, mode: ServeMode = ServeMode.PULSEINFER, two_streams: bool = False,
-            halves: bool = False, ride: bool = False, ahead: bool = False, ahead_budget: float = 1.0,
-            early_select: bool = False) -> ServingEngine:
+            halves: bool = False, ride: bool = False, ahead: bool = False, ahead_budget: float = 1.0
+            ) -> ServingEngine:
     source = open_model(model)
     ckpt = load_checkpoint(source, dtype=torch.bfloat16 if DEVICE == "cuda" else torch.float32, device=DEVICE)
     m = source.config
@@ -77,7 +75,7 @@ def _engine(model: str, *, irq: bool, gpu_bytes: int = 1 << 30, budget: int = 25
                            max_offload_seqs=None if mode is ServeMode.VANILLA else 32,
                            overlap_rounds=overlap, two_streams=two_streams and DEVICE == "cuda", halves=halves,
                            ride=ride, ahead=ahead, ahead_budget=ahead_budget if ahead else 1.0,
-                           hot_cache=1.5 if ahead else 1.0, early_select=early_select)
+                           hot_cache=1.5 if ahead else 1.0)
     return ServingEngine(config, ckpt, device=DEVICE, dtype=DTYPE, max_model_len=m.max_position_embeddings,
                          heads=heads)
 
@@ -138,7 +136,7 @@ def _serve(classes: dict[int, KVClass], late: int | None, **engine: Any) -> dict
         return {"tokens": _run(serving), "rounds": serving.rounds, "warming_rounds": serving.warming_rounds,
                 "halves_rounds": serving.halves_rounds, "ridden_rounds": serving.ridden_rounds, "m": dict(stats.m),
                 "device_waits": stats.device_waits, "ahead_bytes": serving.recall_statistics()[2],
-                "early_select": serving.config.early_select, "runtime": _runtime(serving)}
+                "runtime": _runtime(serving)}
 
 
 def _recalls_clean(runs: dict[str, dict]) -> bool:
@@ -151,12 +149,12 @@ def _without_tokens(runs: dict[str, dict]) -> dict[str, dict]:
     return {k: {key: v for key, v in r.items() if key != "tokens"} for k, r in runs.items()}
 
 
-def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0, early: bool = False) -> dict:
+def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0) -> dict:
     """The normal requests riding in the offload batch's step: `kind` "halves", the offload batch in two halves whose
     pieces are captured into one RecallGraph (IRQ), or "ride", one whole step a round (`ahead`: each layer's blocks
     also recalled during the layer before, into hot sets of 1.5 budgets, predicted at `ahead_budget`). With captured
     recalls and recalls made to land late (eager posts), rounds overlapped or not: every request's tokens are its
-    class's served alone (`early`: selecting beside each layer's projection, the offload class alone too)."""
+    class's served alone."""
     classes = {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF, 5: OFF}
     runs = {}
     for name, late, which, overlap in (
@@ -164,11 +162,10 @@ def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0, early: boo
             (f"{kind} late", 6, None, False), (f"{kind} overlapped", None, None, True),
             (f"{kind} late overlapped", 6, None, True)):
         riding = which is None
-        early_here = early and which in (None, OFF)
-        with _captured_streams(early) as captures:
+        with _captured_streams() as captures:
             runs[name] = _serve({r: c for r, c in classes.items() if which in (None, c)}, late,
-                                irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding or early_here,
-                                ahead_budget=ahead_budget if riding else 1.0, early_select=early_here,
+                                irq=kind == "halves" and riding, overlap=overlap, ahead=ahead and riding,
+                                ahead_budget=ahead_budget,
                                 **{kind: riding})
         if name == kind == "ride" and ahead and DEVICE == "cuda":   # (halves are captured piece by piece)
             runs[name]["streams"] = [{k: sorted(v) for k, v in c.items()} for c in captures]
@@ -179,7 +176,6 @@ def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0, early: boo
     counter = "halves_rounds" if kind == "halves" else "ridden_rounds"
     ok = ok and all(0 < runs[k][counter] for k in ridden)
     ok = ok and all((runs[k]["ahead_bytes"] > 0) == ahead for k in ridden)     # captured and late steps prefetched
-    ok = ok and all(runs[k]["early_select"] == early for k in ridden)
     ok = ok and _recalls_clean(runs)
     if "streams" in runs[kind]:      # each ridden capture: three branches of the graph, no stream holds two of them
         captured = runs[kind]["streams"]
@@ -189,16 +185,14 @@ def riders(kind: str, ahead: bool = False, ahead_budget: float = 1.0, early: boo
 
 
 @contextlib.contextmanager
-def _captured_streams(early: bool = False) -> Iterator[list[dict[str, set[int]]]]:
+def _captured_streams() -> Iterator[list[dict[str, set[int]]]]:
     """While open: for each capture of a ridden step (`OffloadStepGraph._capture` with riders), the streams it
-    enqueued its layers' predictions (`OffloadBatch.prefetch`), riders' selections (`DeviceSparseBatch.prepare`),
-    resident attention (`OffloadBatch.attend_resident`) and (`early`) own selections (`OffloadBatch.select_early`)
-    on. Per capture: torch hands streams out of a pool, so two steps' streams may be the same."""
+    enqueued its layers' predictions (`OffloadBatch.prefetch`), riders' selections (`DeviceSparseBatch.prepare`) and
+    resident attention (`OffloadBatch.attend_resident`) on. Per capture: torch hands streams out of a pool, so two
+    steps' streams may be the same."""
     captures: list[dict[str, set[int]]] = []
     methods = {"prediction": (OffloadBatch, "prefetch"), "riders": (DeviceSparseBatch, "prepare"),
-               "resident": (OffloadBatch, "attend_resident"), "capture": (OffloadStepGraph, "_capture"),
-               **({"early": (OffloadBatch, "select_early")} if early else {})}
-    watched = [name for name in methods if name != "capture"]
+               "resident": (OffloadBatch, "attend_resident"), "capture": (OffloadStepGraph, "_capture")}
     saved = {name: getattr(cls, attr) for name, (cls, attr) in methods.items()}
     capturing: list[dict[str, set[int]] | None] = [None]     # the ridden capture under way, if one is
 
@@ -206,7 +200,7 @@ def _captured_streams(early: bool = False) -> Iterator[list[dict[str, set[int]]]
         def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if name == "capture":
                 ridden = getattr(self, "rider_batch", None) is not None
-                capturing[0] = {name: set() for name in watched} if ridden else None
+                capturing[0] = {"prediction": set(), "riders": set(), "resident": set()} if ridden else None
                 try:
                     return saved[name](self, *args, **kwargs)
                 finally:
@@ -259,9 +253,9 @@ def _host_syncs_refused() -> Iterator[list[str]]:
 
 
 def nosync(rounds: int, overlap: bool = False, two_streams: bool = False, halves: bool = False,
-           ride: bool = False, ahead: bool = False, early: bool = False) -> dict:
+           ride: bool = False, ahead: bool = False) -> dict:
     with _engine("tiny", irq=not ride, overlap=overlap, two_streams=two_streams, halves=halves, ride=ride,
-                 ahead=ahead, early_select=early) as serving:
+                 ahead=ahead) as serving:
         _add(serving, {0: NRM, 1: OFF, 2: NRM, 3: OFF, 4: OFF}, 900, rounds + 8, 256)
         for _ in range(4):                   # admission, the eager steps, the captures
             serving.step()
@@ -392,12 +386,10 @@ def main() -> int:
     case, args = sys.argv[1], sys.argv[2:]
     cases = {"tokens": lambda: tokens("ahead" in args), "halves": lambda: riders("halves", ahead="ahead" in args),
              "ride": lambda: riders("ride"),
-             "ahead": lambda: riders("ride", ahead=True, early="early" in args,
-                                     ahead_budget=float(next((a for a in args if a != "early"), 1.0))),
+             "ahead": lambda: riders("ride", ahead=True, ahead_budget=float(args[0]) if args else 1.0),
              "vanilla": vanilla,
              "nosync": lambda: nosync(int(args[0]), "overlap" in args[1:], "two-streams" in args[1:],
-                                      "halves" in args[1:], "ride" in args[1:], "ahead" in args[1:],
-                                      "early" in args[1:]),
+                                      "halves" in args[1:], "ride" in args[1:], "ahead" in args[1:]),
              "nosync-admit": lambda: nosync_admit("ride" in args, "ahead" in args),
              "cost": lambda: cost(args[0], int(args[1]), int(args[2]), int(args[3])), "replay": replay}
     out = cases[case]()

@@ -111,10 +111,6 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
     assert (ahead["ahead_budget"], over["ahead_budget"]) == (1.0, 1.5)
     assert "ahead (prediction 1.5 budgets)" in capsys.readouterr().out
     assert 0 < over["ahead_units_per_step"] < over["units_per_step"]          # it prefetched, of the steps' units
-    assert main([*offload, "--hot-cache", "2", "--ahead", "--early-select", "--json", str(path)]) == 0
-    early = json.loads(path.read_text())                  # each layer's selection beside its projection
-    assert (ahead["early_select"], early["early_select"]) == (False, True)
-    assert "ahead early-select" in capsys.readouterr().out and early["ahead_units_per_step"] > 0
     for argv, says in (([*common, "--mode", "all-on-gpu", "--hot-cache", "2"],
                         "--hot-cache sizes offload requests' hot sets, and --mode all-on-gpu holds none"),
                        ([*offload, "--hot-cache", "0.5"], "argument --hot-cache: must be >= 1.0, got 0.5"),
@@ -130,9 +126,7 @@ def test_bench_hot_cache_sizes_the_offload_requests_hot_sets(tmp_path: Path, cap
                        ([*offload, "--hot-cache", "2", "--ahead", "--ahead-budget", "2.5"],
                         "OffloadConfig.ahead_budget (2.5: 160 blocks a row) exceeds the hot set"),
                        ([*offload, "--hot-cache", "2", "--ahead", "--ahead-budget", "1.1"],
-                        "1.1 was not measured"),
-                       ([*offload, "--hot-cache", "2", "--early-select"],
-                        "--early-select relies on the prediction of --ahead to make the block being written resident")):
+                        "1.1 was not measured")):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err

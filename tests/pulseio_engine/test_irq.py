@@ -131,15 +131,15 @@ HEADS = RetrievalHeads(2, best=(0, 1, 0), worst=(1, 0, 1))
 
 def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: int | None = None, seed: int = 0,
            moves: dict[int, dict[int, KVClass]] | None = None, normal_steps: int = 1, ahead: bool = False,
-           late_loads: int | None = None, early: bool = False) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+           late_loads: int | None = None) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
     """Requests of random lengths in the given classes, the first two at once, the others after the first round;
     `moves`: round -> {rid: class}; `ahead`: each layer's predicted blocks recalled during the layer before, into
-    hot sets of 1.5 budgets (`early`: each layer selecting beside its projection); `late` / `late_loads`: recalls /
-    handed-in KV landing after up to so many landing checks."""
+    hot sets of 1.5 budgets; `late` / `late_loads`: recalls / handed-in KV landing after up to so many landing
+    checks."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20, irq=irq,
                            token_budget=64, block_size=16, dense_layers=1, max_batch=16, normal_steps=normal_steps,
-                           ahead=ahead, hot_cache=1.5 if ahead else 1.0, early_select=early)
+                           ahead=ahead, hot_cache=1.5 if ahead else 1.0)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         if late is not None:
@@ -169,20 +169,17 @@ def _serve(path: str, classes: dict[int, KVClass], *, irq: bool = True, late: in
     return out, serving
 
 
-@pytest.mark.parametrize(("seed", "ahead", "early"), [(0, False, False), (1, False, False), (2, False, False),
-                                                     (10, True, False), (11, True, False), (12, True, True)])
+@pytest.mark.parametrize(("seed", "ahead"), [(0, False), (1, False), (2, False), (10, True), (11, True)])
 def test_interleaved_tokens_equal_each_batch_alone_for_random_splits_and_late_recalls(tiny_qwen3, seed: int,
-                                                                                      ahead: bool, early: bool) -> None:
+                                                                                      ahead: bool) -> None:
     """Also with `ahead`: each offload piece also posts the next layer's predicted recall, and the next piece waits
     for it before its selection. The selection stays the layer's own, so the tokens are those without it; the
-    prefetches moved bytes, and are recalls IRQ never waits on. `early`: the pieces select beside their projections
-    (`early_select`), the same tokens."""
+    prefetches moved bytes, and are recalls IRQ never waits on."""
     path = str(tiny_qwen3[0])
     rng = random.Random(seed)
     classes = {rid: rng.choice([NRM, OFF]) for rid in range(rng.randint(3, 7))}
     classes[0], classes[1] = NRM, OFF                                   # both batches, always
-    both, serving = _serve(path, classes, late=rng.randint(1, 6), seed=seed, ahead=ahead, late_loads=rng.randint(1, 6),
-                           early=early)
+    both, serving = _serve(path, classes, late=rng.randint(1, 6), seed=seed, ahead=ahead, late_loads=rng.randint(1, 6))
     alone = {}
     for kv_class in (NRM, OFF):
         alone.update(_serve(path, {r: c for r, c in classes.items() if c is kv_class}, irq=False, seed=seed)[0])

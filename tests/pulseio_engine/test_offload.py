@@ -40,12 +40,12 @@ def _heads(num_layers: int, num_kv_heads: int) -> RetrievalHeads:
 
 def _engine(path: str, mode: SparseMode, recall: RecallMode, *, budget: int, dense: int = 2, sink: int = 1,
             local: int = 2, host_blocks: int = 4096, group: GroupScore = DEFAULT_GROUP_SCORE, hot_cache: float = 1.0,
-            ahead: bool = False, ahead_budget: float = 1.0, early_select: bool = False, **kw) -> Engine:
+            ahead: bool = False, ahead_budget: float = 1.0, **kw) -> Engine:
     m = load_checkpoint(path, dtype=torch.float32, device="cpu", with_tokenizer=False).config
     offload = OffloadConfig(sparse=SparseConfig(mode=mode, token_budget=budget, block_size=BS, sink_blocks=sink,
                                                 local_blocks=local, group_score=group),
                             recall=recall, host_blocks=host_blocks, max_seqs=3, dense_layers=dense, hot_cache=hot_cache,
-                            ahead=ahead, ahead_budget=ahead_budget, early_select=early_select)
+                            ahead=ahead, ahead_budget=ahead_budget)
     return Engine.from_model(path, device="cpu", cache=CacheConfig(block_size=BS, num_blocks=64), offload=offload,
                              retrieval_heads=_heads(m.num_layers, m.num_kv_heads), **kw)
 
@@ -129,20 +129,18 @@ def _prompt_kv(engine: Engine, seq) -> tuple[list[torch.Tensor], list[torch.Tens
     return [k.clone() for k, _ in pairs], [v.clone() for _, v in pairs]
 
 
-@pytest.mark.parametrize("hot_cache,ahead,late,early", [
-    (1.0, 0, False, False), (2.0, 0, False, False), (2.0, 1, False, False), (2.0, 1, True, False),
-    (2.0, 2, False, False), (2.0, 1, False, True), (2.0, 1, True, True)],
-    ids=["hot1", "hot2", "ahead", "ahead-late", "ahead-2-budgets", "early", "early-late"])
+@pytest.mark.parametrize("hot_cache,ahead,late", [(1.0, 0, False), (2.0, 0, False), (2.0, 1, False), (2.0, 1, True),
+                                                  (2.0, 2, False)],
+                         ids=["hot1", "hot2", "ahead", "ahead-late", "ahead-2-budgets"])
 @pytest.mark.parametrize("mode", list(SparseMode))
-def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache, ahead, late, early) -> None:
+def test_recalled_kv_is_bit_exact_against_the_host_copy(tiny_qwen3, mode, hot_cache, ahead, late) -> None:
     """Every block the hot set holds (with two budgets, blocks selected earlier too; `ahead` (the prediction's
     budgets), blocks a prediction recalled a layer early, the block being written among them) equals its host copy.
     `late`: recalls are posted only at their wait or after some landing checks (`LateRecaller`), so a recall ahead
-    the step never waited for never lands, and its blocks would differ. `early` (`early_select`): the new token is
-    stored after the selection, into the slot it gave the block being written, which no recall may overwrite."""
+    the step never waited for never lands, and its blocks would differ."""
     path = str(tiny_qwen3[0])
     with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=0, local=1, hot_cache=hot_cache,
-                 ahead=ahead > 0, ahead_budget=max(ahead, 1), early_select=early) as engine:
+                 ahead=ahead > 0, ahead_budget=max(ahead, 1)) as engine:
         if late:
             engine.offloader.recaller = LateRecaller(engine.offloader.recaller, max_checks=6, seed=3)
         prompt = PROMPTS[0]
@@ -288,20 +286,15 @@ def test_recalling_ahead_decodes_the_same_tokens(tiny_qwen3, mode) -> None:
     and moves blocks, the larger prediction more."""
     path = str(tiny_qwen3[0])
     sampling = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    prompts = [list(range(20, 120)), list(range(130, 200))]
     tokens, stats = {}, {}
     for ahead in (0.0, 1.0, 5 / 3):
         with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1, hot_cache=1.5,
                      ahead=ahead > 0, ahead_budget=max(ahead, 1.0)) as engine:
-            tokens[ahead] = _run(engine, prompts, sampling, [True, True])
+            tokens[ahead] = _run(engine, [list(range(20, 120)), list(range(130, 200))], sampling, [True, True])
             stats[ahead] = engine.offloader.statistics()
             layers = engine.kv.num_layers
             assert engine.offloader.offload.ahead_blocks == (5 if ahead > 1 else 3)
     assert tokens[1.0] == tokens[0.0] == tokens[5 / 3]
-    with _engine(path, mode, RecallMode.DOORBELL, budget=3 * BS, dense=1, local=1, hot_cache=1.5, ahead=True,
-                 early_select=True) as engine:        # selecting from the layer's own stream before its projection
-        assert _run(engine, prompts, sampling, [True, True]) == tokens[0.0]
-        assert engine.offloader.statistics().recalls == stats[1.0].recalls
     steps = stats[0.0].recalls // (layers - 1)                          # one recall a step and offloaded layer
     for ahead in (1.0, 5 / 3):
         assert stats[ahead].recalls == steps * (2 * (layers - 1) - 1)  # and a prefetch for all but the first
@@ -324,15 +317,6 @@ def test_recalling_ahead_needs_doorbell_recalls_a_larger_hot_set_and_the_step_pi
     for bad in (0.5, float("nan"), True):
         with pytest.raises(ValueError, match=r"^OffloadConfig.ahead_budget must be a finite number >= 1.0"):
             OffloadConfig(hot_cache=2.0, ahead=True, ahead_budget=bad)
-    with pytest.raises(ValueError, match=r"^OffloadConfig.early_select relies on the prediction of "
-                                         r"OffloadConfig.ahead .*: turn ahead on"):
-        OffloadConfig(hot_cache=2.0, early_select=True)
-    with pytest.raises(ValueError, match=r"^OffloadConfig.early_select scores before the new key reaches its block's "
-                                         r"digest, which the 'max-norm' group rule reads .*: use 'sum'"):
-        OffloadConfig(sparse=SparseConfig(group_score=GroupScore.MAX_NORM), hot_cache=2.0, ahead=True,
-                      early_select=True)
-    with pytest.raises(TypeError, match=r"^OffloadConfig.early_select must be a bool, got 1"):
-        OffloadConfig(hot_cache=2.0, ahead=True, early_select=1)      # type: ignore[arg-type]
     with pytest.raises(ValueError, match="which use_cuda_graphs=False does not run"):
         _engine(str(tiny_qwen3[0]), SparseMode.SOLOHEAD, RecallMode.DOORBELL, budget=3 * BS, hot_cache=2.0,
                 ahead=True, use_cuda_graphs=False)

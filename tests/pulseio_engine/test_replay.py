@@ -93,8 +93,9 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/21"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/22"
     assert "pdl" not in report["config"] and "inductor_pdl" not in report["config"]      # dropped by schema 20
+    assert "early_select" not in report["config"]                                        # dropped by schema 22
     assert summary["handoffs_landed"] == summary["handoffs_waited"] == 0      # a CPU loads handed-in KV at once
     assert report["config"]["hot_cache"] == 1.0
     unmet = [int(n) for batch in ("normal", "offload") for n in report["batches"][batch] if int(n) > 2]
@@ -240,7 +241,17 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     with pytest.raises(ReportError, match=r"^r: longest_gaps\[0\]\.admitted must be int, got 1\.5$"):
         check_report(report, source="r")
     report["longest_gaps"][0]["admitted"] = 1
-    assert check_report(report, source="r") is report and "pdl" not in report["config"]   # schema 20: none
+    assert check_report(report, source="r") is report and "early_select" not in report["config"]   # schema 22
+    report["schema"] = "pulseio-replay/21"                     # schema 21 alone had config.early_select
+    with pytest.raises(ReportError, match=r"^r: config\.early_select is missing$"):
+        check_report(report, source="r")
+    report["config"]["early_select"] = 0
+    with pytest.raises(ReportError, match=r"^r: config\.early_select must be bool, got 0$"):
+        check_report(report, source="r")
+    report["config"]["early_select"] = True
+    assert check_report(report, source="r") is report
+    _step_back(report, 20, "config.early_select")
+    assert "pdl" not in report["config"]                                                  # schema 20: none
     report["schema"] = "pulseio-replay/19"                     # schema 19 alone had config.pdl, config.inductor_pdl
     with pytest.raises(ReportError, match=r"^r: config\.pdl is missing$"):
         check_report(report, source="r")
@@ -295,10 +306,11 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/21', "
-                                          r"'pulseio-replay/20', 'pulseio-replay/19', 'pulseio-replay/18', "
-                                          r"'pulseio-replay/17', 'pulseio-replay/16', 'pulseio-replay/15', "
-                                          r"'pulseio-replay/14', 'pulseio-replay/13', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/22', "
+                                          r"'pulseio-replay/21', 'pulseio-replay/20', 'pulseio-replay/19', "
+                                          r"'pulseio-replay/18', 'pulseio-replay/17', "
+                                          r"'pulseio-replay/16', 'pulseio-replay/15', 'pulseio-replay/14', "
+                                          r"'pulseio-replay/13', "
                                           r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
                                           r"'pulseio-replay/9', "
                                           r"'pulseio-replay/8', 'pulseio-replay/7', 'pulseio-replay/6', "
@@ -413,8 +425,7 @@ def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(t
     (IRQ's pieces) the same prefetches are posted."""
     runs, over = {}, max(AHEAD_HITS)
     for name, extra in (("ride", ["--ride"]), ("ahead", ["--ride", "--ahead"]),
-                        ("over", ["--ride", "--ahead", "--ahead-budget", str(over)]), ("irq", ["--ahead"]),
-                        ("early", ["--ride", "--ahead", "--early-select"])):
+                        ("over", ["--ride", "--ahead", "--ahead-budget", str(over)]), ("irq", ["--ahead"])):
         out = tmp_path / f"{name}.json"
         assert main(["replay", *SLICES["mooncake"], *COMMON, "--mode", "pulseinfer", "--host-kv-gib", "0.25",
                      "--requests", "12", "--max-output", "8", "--gpu-kv-gib", "0.01", "--token-budget", "1024",
@@ -442,10 +453,6 @@ def test_ahead_rides_and_prefetches_each_layer_steered_to_find_its_share_there(t
     assert 0 < irq["summary"]["ahead_bytes"] < irq["summary"]["recalled_bytes"]
     assert ride["summary"]["ahead_bytes"] == 0 < ahead["summary"]["ahead_bytes"] < ahead["summary"]["recalled_bytes"]
     assert re.search(r"^of them recalled ahead GiB\s+0\.000\s+0\.\d{3}$", table([ride, ahead]), flags=re.M)
-    early = runs["early"]                                 # each layer's selection beside its projection
-    assert early["mode"] == "pulseinfer --ride --ahead --early-select" and early["summary"]["complete"]
-    assert early["config"]["early_select"] and not ahead["config"]["early_select"]
-    assert early["summary"]["recalls"] == steps["early"] * (2 * layers - 1)
 
 
 def test_an_ahead_budget_is_refused_without_ahead_beyond_the_hot_set_or_where_no_share_was_measured(
@@ -624,8 +631,6 @@ def test_a_request_past_the_models_context_is_refused_with_the_fix(capsys: pytes
     (["--mode", "pulseinfer", "--ahead"], "--ahead recalls into the hot sets' spare entries: give --hot-cache"),
     (["--mode", "pulseinfer", "--ride", "--ahead"],
      "--ahead recalls into the hot sets' spare entries: give --hot-cache"),
-    (["--mode", "pulseinfer", "--ride", "--early-select"],
-     "--early-select relies on the prediction of --ahead to make the block being written resident"),
     (["--mode", "quest", "--token-budget", "100"], "token_budget (100) must be a multiple of block_size (16)"),
     (["--mode", "warp"], "'warp'"),
     (["--mode", "pulseinfer", "--no-irq", "--two-streams"], "two_streams puts IRQ's two batches on two streams; "

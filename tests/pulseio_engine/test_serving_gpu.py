@@ -57,13 +57,12 @@ def test_ridden_rounds_tokens_equal_each_class_alone_with_captured_and_late_reca
     _case("ride")
 
 
-@pytest.mark.parametrize("ahead_budget", ["1", "1.5", "1 early"])
+@pytest.mark.parametrize("ahead_budget", ["1", "1.5"])
 def test_ridden_rounds_recalling_ahead_give_each_class_its_tokens_alone_with_captured_and_late_recalls(
         ahead_budget: str) -> None:
     """Also: captured, each layer's prediction, riders and resident attention are branches on streams of their own.
-    With a prediction of 1.5 budgets it fills the hot set; `early`, each layer's own selection is a fourth branch,
-    beside its projection."""
-    result = _case("ahead", *ahead_budget.split())
+    With a prediction of 1.5 budgets it fills the hot set."""
+    result = _case("ahead", ahead_budget)
     assert result["ride"]["streams"], "no ridden step was captured"
 
 
@@ -75,8 +74,7 @@ def test_vanilla_rounds_overlapped_with_the_gpu_behind_keep_their_tokens() -> No
                                                         (False, False, "halves"), (True, False, "halves"),
                                                         (False, False, "ride"), (True, False, "ride"),
                                                         (True, False, "ride ahead"), (True, False, "ahead"),
-                                                        (True, True, "ahead"), (True, False, "halves ahead"),
-                                                        (True, False, "ride ahead early")])
+                                                        (True, True, "ahead"), (True, False, "halves ahead")])
 def test_steady_state_rounds_never_sync_the_host(overlap: bool, two_streams: bool, riders: str) -> None:
     _case("nosync", "16", *(["overlap"] if overlap else []), *(["two-streams"] if two_streams else []),
           *riders.split())

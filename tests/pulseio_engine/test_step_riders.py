@@ -141,15 +141,14 @@ def test_riders_must_keep_every_block_on_the_gpu_and_offload_from_the_same_layer
 
 def _serve(path: str, classes: dict[int, KVClass], *, halves: bool, irq: bool = True, overlap: bool = False,
            seed: int = 0, ride: bool = False, hot_cache: float = 1.0,
-           ahead: bool = False, early: bool = False) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
+           ahead: bool = False) -> tuple[dict[int, tuple[int, ...]], ServingEngine]:
     """Requests of random lengths, all arriving at once in the given classes, served to the end; the offload
-    requests' hot sets hold `hot_cache` budgets, their layers recalled `ahead` or not, and selected `early` (beside
-    their projections) or not."""
+    requests' hot sets hold `hot_cache` budgets, their layers recalled `ahead` or not."""
     ckpt = load_checkpoint(path, dtype=torch.float32, device="cpu")
     config = ServingConfig(ServeMode.PULSEINFER, gpu_kv_bytes=64 << 20, host_kv_bytes=64 << 20,
                            irq=False if ride else irq, token_budget=64, block_size=16, dense_layers=1, max_batch=32,
                            halves=halves, overlap_rounds=overlap, ride=ride, hot_cache=hot_cache,
-                           ahead=ahead, early_select=early)
+                           ahead=ahead)
     out: dict[int, tuple[int, ...]] = {}
     with ServingEngine(config, ckpt, device="cpu", dtype=DType.FLOAT32, max_model_len=512, heads=HEADS) as serving:
         for rid, kv_class in classes.items():
@@ -204,22 +203,19 @@ def test_halves_give_each_request_its_tokens_alone(tiny_qwen3, seed: int, overla
     assert max(normal for normal, _ in serving.batch_sizes) > 16 or requests <= 16, "riders past 16 rows"
 
 
-@pytest.mark.parametrize(("seed", "overlap", "requests", "hot_cache", "ahead", "early"),
-                         [(0, False, 8, 1.0, False, False), (1, True, 8, 1.0, False, False),
-                          (3, True, 24, 1.0, False, False), (4, True, 8, 1.5, False, False),
-                          (5, True, 8, 1.5, True, False), (6, False, 24, 2.0, True, False),
-                          (7, True, 8, 1.5, True, True), (8, False, 24, 2.0, True, True)])
-def test_a_ridden_round_gives_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool, requests: int,
-                                                             hot_cache: float, ahead: bool, early: bool) -> None:
+@pytest.mark.parametrize(("seed", "overlap", "requests", "hot_cache", "ahead"),
+                         [(0, False, 8, 1.0, False), (1, True, 8, 1.0, False), (3, True, 24, 1.0, False),
+                          (4, True, 8, 1.5, False), (5, True, 8, 1.5, True), (6, False, 24, 2.0, True)])
+def test_a_ridden_round_gives_each_request_its_tokens_alone(tiny_qwen3, seed: int, overlap: bool,
+                                                             requests: int, hot_cache: float, ahead: bool) -> None:
     """`ride`: one step a round, the normal requests riding in the offload batch's (in padded rows). Every request's
     tokens are its tokens served by its class alone (hot sets of one budget), rounds overlapped or not, as batches
-    change size, with hot sets of one budget or larger, each layer recalled a layer early or not, and selected
-    beside its projection (`early`) or not; rounds with one class run its step alone; a ridden step reads the weights
-    once."""
+    change size, with hot sets of one budget or larger, each layer recalled a layer early or not; rounds with one
+    class run its step alone; a ridden step reads the weights once."""
     path = str(tiny_qwen3[0])
     classes = _classes(seed, requests, {0: NRM, 1: OFF})
     out, serving = _serve(path, classes, halves=False, overlap=overlap, seed=seed, ride=True, hot_cache=hot_cache,
-                          ahead=ahead, early=early)
+                          ahead=ahead)
     assert out == _served_alone(path, classes, seed) and all(len(out[r]) == 6 + r % 5 for r in classes)
     both = sum(n for (normal, offload), n in serving.batch_sizes.items() if normal and offload)
     assert 0 < serving.ridden_rounds == both and serving.halves_rounds == 0
@@ -245,12 +241,6 @@ def test_ahead_is_pulseinfer_s_in_every_form_and_no_other_mode_s() -> None:
     assert ServingConfig(ServeMode.PULSEINFER, irq=False, **kw).describe() == "pulseinfer --no-irq --ahead"
     assert ServingConfig(ServeMode.PULSEINFER, **kw).describe() == "pulseinfer --ahead"
     assert ServingConfig(ServeMode.PULSEINFER, halves=True, **kw).ahead
-    assert ServingConfig(ServeMode.PULSEINFER, ride=True, early_select=True, **kw).describe() == \
-        "pulseinfer --ride --ahead --early-select"
-    with pytest.raises(ValueError, match="^OffloadConfig.early_select relies on the prediction of OffloadConfig.ahead"):
-        ServingConfig(ServeMode.PULSEINFER, ride=True, early_select=True, **{**kw, "ahead": False})
-    with pytest.raises(ValueError, match="^quest offloads no request, so it has no recall for early_select"):
-        ServingConfig(ServeMode.QUEST, gpu_kv_bytes=1 << 20, early_select=True)
     with pytest.raises(ValueError, match="^ahead recalls each layer's predicted blocks during the layer before, "
                                          "through pulseinfer's doorbell; offload-sync has no such recall$"):
         ServingConfig(ServeMode.OFFLOAD_SYNC, **kw)    # type: ignore[arg-type]
