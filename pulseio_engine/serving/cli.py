@@ -168,15 +168,17 @@ def add_parsers(sub: argparse._SubParsersAction, model_help: str) -> None:
                         description="Read the timelines replay --timeline-dir wrote: the GPU's idle time between the "
                                     "model's kernels, by gap length and by the kernels around them, the model's "
                                     "kernels by run time, the longest gaps with the host calls that overlap them "
-                                    "most, the device waits for recalls against their publishes, and each layer's "
-                                    "window from its selection to its recall's wait.")
+                                    "most, the device waits for recalls against their publishes, each layer's "
+                                    "window from its selection to its recall's wait, and what runs while no weight "
+                                    "product does.")
     tg.add_argument("timelines", nargs="+", type=Path, metavar="PATH",
                     help="timeline files, or folders of them (rounds-*.json)")
     tg.add_argument("--longest", type=int_at_least(1), default=5, help="gaps listed a timeline (default: 5)")
     tg.add_argument("--boundaries", type=int_at_least(0), default=8,
                     help="kinds of boundary (the kernels around a gap) listed with their idle time (default: 8)")
     tg.add_argument("--kernels", type=int_at_least(0), default=12,
-                    help="model kernels listed with their run time (default: 12)")
+                    help="model kernels listed with their run time, and by their time while no weight product "
+                         "runs (default: 12)")
     tg.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     tg.set_defaults(func=_replay_gaps, prog=tg.prog)
 

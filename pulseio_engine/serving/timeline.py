@@ -12,9 +12,10 @@ by kernel name too, which says what the GPU spends its rounds on. Last, each dev
 for a recall is read against the publish before it: how long the recall took as the stream saw it, how much of
 that the model's kernels filled (under IRQ, the other batch's pieces) and how long the GPU stood idle in the wait;
 and each layer's own recall from its publish: how long the selection that planned it and the publish ran, when the
-main chain reached its wait, when the recall landed. Last, the main chain between two weight products where it
+main chain reached its wait, when the recall landed. Then the main chain between two weight products where it
 attends (a layer's attention section: norms, store, selection, the wait for its recall, attention), by what fills it:
-the layer's time that is not its weights.
+the layer's time that is not its weights. Last, the time no weight product runs on any stream, by what runs then:
+what a round costs beyond reading the weights, which decode reads once a step however it attends.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ BUCKETS_US = (10.0, 100.0, 1000.0)          # gap lengths: < 10 us, < 100 us, < 
 DEVICE_WAITS = ("wait_seq", "wait_word")    # pulseio's kernels that hold a stream until a recall has landed
 WEIGHT_PRODUCTS = ("gemm", "nvjet", "cutlass", "xmma", "splitkreduce")   # the projections' kernels, by name (lower)
 ATTENTION = ("_paged_decode", "attn", "attention", "flash")              # attention kernels, by name (lower case)
+IDLE = "(no kernel)"                        # `_outside_weights`' name for time with nothing running
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class WindowGaps:
     kernels: dict[str, tuple[float, int]] = field(default_factory=dict)   # model kernels' us and launches, by name
     windows: tuple[tuple[float, float, float, float], ...] = ()   # `_recall_windows` (us): select, publish, wait
     sections: tuple[Section, ...] = ()                 # `_attention_sections`, in order
+    outside: dict[str, float] = field(default_factory=dict)   # `_outside_weights`: us by kernel name, IDLE
 
     @property
     def idle_us(self) -> float:
@@ -152,7 +155,8 @@ def read_window(path: Path, *, longest: int = 5, top_host: int = 3) -> WindowGap
              for (lo, hi), c in zip(listed, overlap, strict=True)]
     return WindowGaps(path, start, end - start, (*found, *(Gap(lo, hi, ()) for lo, hi in gaps[longest:])),
                       len(listed), _boundaries(kernels, gaps, copies), _recall_waits(kernels, ordered),
-                      _by_kernel(kernels), _recall_windows(kernels, chain), _attention_sections(chain))
+                      _by_kernel(kernels), _recall_windows(kernels, chain), _attention_sections(chain),
+                      _outside_weights(kernels, start, end))
 
 
 def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float, int]]:
@@ -163,6 +167,41 @@ def _by_kernel(kernels: list[tuple[float, float, str]]) -> dict[str, tuple[float
             us, n = out.get(kernel_name(name), (0.0, 0))
             out[kernel_name(name)] = (us + hi - lo, n + 1)
     return out
+
+
+def _outside_weights(kernels: list[tuple[float, float, str]], start: float, end: float) -> dict[str, float]:
+    """The microseconds of [start, end] in which no weight product (`WEIGHT_PRODUCTS`) runs on any stream, by what
+    runs then: each stretch shared evenly among the kernels running in it (by `kernel_name`; pulseio's copier, which
+    runs throughout, left out; its device waits and publishes in), `IDLE` where none runs."""
+    edges = []                                 # (time, 0 = an end / 1 = a start, is a weight product, name)
+    for lo, hi, name in kernels:
+        if "resident_copy" in name or hi <= start or lo >= end:
+            continue
+        weight = any(w in name.lower() for w in WEIGHT_PRODUCTS)
+        short = kernel_name(name)
+        edges += [(max(lo, start), 1, weight, short), (min(hi, end), 0, weight, short)]
+    out: defaultdict[str, float] = defaultdict(float)
+    weights = 0                                # weight products running
+    running: defaultdict[str, int] = defaultdict(int)   # other kernels running, by name
+    last = start
+    for t, starts, weight, short in sorted(edges):            # ends before starts at one instant
+        if t > last and not weights:
+            n = sum(running.values())
+            for name, k in running.items():
+                out[name] += (t - last) * k / n
+            if not n:
+                out[IDLE] += t - last
+        last = max(last, t)
+        step = 1 if starts else -1
+        if weight:
+            weights += step
+        else:
+            running[short] += step
+            if not running[short]:
+                del running[short]
+    if end > last:
+        out[IDLE] += end - last
+    return dict(out)
 
 
 def _recall_waits(kernels: list[tuple[float, float, str]],
@@ -334,6 +373,7 @@ def describe(windows: list[WindowGaps], *, boundaries: int = 8, kernels: int = 1
     lines.extend(_describe_kernels(windows, span, kernels))
     lines.extend(_describe_recalls(windows, span))
     lines.extend(_describe_sections(windows, kernels))
+    lines.extend(_describe_outside(windows, span, kernels))
     for w in windows:
         if not w.listed:
             continue
@@ -417,3 +457,23 @@ def _describe_sections(windows: list[WindowGaps], top: int) -> list[str]:
     lines.append(f"  {sum(s.idle_us for s in sections) / n:>8.1f}  (the chain idle)")
     return lines
 
+
+def _describe_outside(windows: list[WindowGaps], span_us: float, top: int) -> list[str]:
+    """The time no weight product runs (`_outside_weights`) over all windows: its share of the timeline, a round's
+    mean where the windows' names say their rounds (`rounds-A-B`), and the `top` kernels filling it."""
+    total: defaultdict[str, float] = defaultdict(float)
+    for w in windows:
+        for name, us in w.outside.items():
+            total[name] += us
+    if not total or not top:
+        return []
+    outside = sum(total.values())
+    spans = [re.search(r"rounds-(\d+)-(\d+)", w.path.name) for w in windows]
+    rounds = sum(int(m[2]) - int(m[1]) + 1 for m in spans if m) if all(spans) else 0
+    per = f", {outside / rounds / 1e3:.2f} ms a round of {span_us / rounds / 1e3:.2f}" if rounds else ""
+    lines = [f"\nno weight product running: {outside / 1e3:.1f} ms of {span_us / 1e3:.1f} ({outside / span_us:.1%}"
+             f"{per}); what runs then, kernels running at once sharing it evenly (the {top} largest):",
+             f"  {'ms':>8} {'share':>6}  kernel"]
+    for name, us in sorted(total.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {us / 1e3:>8.2f} {us / outside:>6.1%}  {name}")
+    return lines

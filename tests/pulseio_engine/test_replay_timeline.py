@@ -170,3 +170,21 @@ def test_a_layers_own_recall_runs_from_its_publish_to_the_last_wait_where_the_ma
     assert ("a layer's own recall, from its publish's start to the last wait where the main chain attends, "
             "p50 / p90 us: the selection before it ran 11.0 / 11.8, the publish 10.0 / 10.0, the chain waits from "
             "44.5 / 52.9, the recall landed at 57.0 / 59.4 (2 windows)") in describe([w])
+
+
+def test_the_time_no_weight_product_runs_is_shared_among_what_runs_then(tmp_path: Path) -> None:
+    """Weight products cover 0-100 and 200-300; outside them a norm, a select and an attention overlapping it by
+    20 us (each takes half), 10 us with nothing, a device wait, and the riders' attention past the second product's
+    end (its part under the product is the weights' time). The copier, running throughout, is no part of it."""
+    events = [_kernel("void gemm<64>(float*)", 0, 100), _kernel("norm", 100, 20), _kernel("_select_kernel", 120, 30),
+              _on(2, _kernel("attn", 130, 40)), _kernel("wait_seq", 180, 20), _kernel("nvjet_tst", 200, 100),
+              _on(3, _kernel("rider_attn", 250, 70)), _kernel("_resident_copy_kernel", -50, 500)]
+    w = read_window(_write(tmp_path / "rounds-0-4.json", events))
+    assert w.outside == {"norm": 20, "_select_kernel": 20, "attn": 30, "(no kernel)": 10, "wait_seq": 20,
+                         "rider_attn": 20}
+    text = describe([w], kernels=2)
+    assert "no weight product running: 0.1 ms of 0.3 (37.5%, 0.02 ms a round of 0.06); what runs then" in text, text
+    lines = text.split("what runs then")[1].splitlines()
+    assert lines[2:4] == ["      0.03  25.0%  attn", "      0.02  16.7%  norm"], lines
+    other = read_window(_write(tmp_path / "window.json", events))
+    assert "(37.5%); what runs then" in describe([other]), "no rounds in the name: no mean a round"
