@@ -28,7 +28,7 @@ from pulseio_engine.serving.engine import ServingEngine, StepOutcome
 from pulseio_engine.serving.gpu_busy import busy_fraction
 from pulseio_engine.serving.metrics import Recorder, bucket_of
 from pulseio_engine.serving.replay import WARMUP_TOKENS, ReplayOptions, replay, sweep_sizes, warm_up
-from pulseio_engine.serving.report import ReportError, check_report, labels, load_report, table
+from pulseio_engine.serving.report import SCHEMA_VERSION, ReportError, check_report, labels, load_report, table
 from pulseio_engine.serving.roofline import RoundBytes, roofline
 from pulseio_engine.sparse_bench import AHEAD_HITS
 from pulseio_engine.trace import TraceOptions, open_trace
@@ -317,6 +317,11 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
                                           r"'pulseio-replay/5', 'pulseio-replay/4', 'pulseio-replay/3', "
                                           r"'pulseio-replay/2', 'pulseio-replay/1'$"):
         check_report(report, source="r")
+
+
+def test_the_engine_docs_name_the_schema_reports_are_written_in() -> None:
+    docs = (Path(__file__).parents[2] / "docs" / "engine.md").read_text()
+    assert re.findall(r"pulseio-replay/\d+", docs) == [SCHEMA_VERSION]
 
 
 def _tiny_serving(source: ModelSource, mode: ServeMode = ServeMode.PULSEINFER, max_len: int = 512, *,
