@@ -118,6 +118,17 @@ class WindowGaps:
         return sums
 
 
+def _is_weight_product(name: str) -> bool:
+    """A projection's kernel (`WEIGHT_PRODUCTS`), by its name."""
+    low = name.lower()
+    return any(w in low for w in WEIGHT_PRODUCTS)
+
+
+def _is_copier(name: str) -> bool:
+    """pulseio's resident copier, which runs throughout a window: no part of a gap, a stretch or a boundary."""
+    return "resident_copy" in name
+
+
 def kernel_name(name: str) -> str:
     """A kernel's name without its template and argument lists or namespaces, cut to 40 characters."""
     return re.split(r"[(<\[]", name.removeprefix("void "), maxsplit=1)[0].strip().rsplit("::", 1)[-1][:40]
@@ -175,9 +186,9 @@ def _outside_weights(kernels: list[tuple[float, float, str]], start: float, end:
     runs throughout, left out; its device waits and publishes in), `IDLE` where none runs."""
     edges = []                                 # (time, 0 = an end / 1 = a start, is a weight product, name)
     for lo, hi, name in kernels:
-        if "resident_copy" in name or hi <= start or lo >= end:
+        if _is_copier(name) or hi <= start or lo >= end:
             continue
-        weight = any(w in name.lower() for w in WEIGHT_PRODUCTS)
+        weight = _is_weight_product(name)
         short = kernel_name(name)
         edges += [(max(lo, start), 1, weight, short), (min(hi, end), 0, weight, short)]
     out: defaultdict[str, float] = defaultdict(float)
@@ -254,10 +265,9 @@ def _stretches(chain: list[tuple[float, float, str]]
     in_run = False
     inside: list[tuple[float, float, str]] = []
     for lo, hi, name in chain:
-        low = name.lower()
-        if "resident_copy" in low:
+        if _is_copier(name):
             continue
-        if any(w in low for w in WEIGHT_PRODUCTS):
+        if _is_weight_product(name):
             if not in_run:
                 if run_start is not None and any(a in kernel_name(n).lower() for _, _, n in inside for a in ATTENTION):
                     out.append((run_start, opened, lo, inside))
@@ -329,7 +339,7 @@ def _boundaries(kernels: list[tuple[float, float, str]], gaps: list[tuple[float,
         if not is_pulseio_kernel(name):
             ended[hi] = started[lo] = kernel_name(name)
     inside = sorted([(lo, hi, kernel_name(name)) for lo, hi, name in kernels if is_pulseio_kernel(name)
-                     and "resident_copy" not in name] + copies)        # the copier runs throughout: not a boundary's
+                     and not _is_copier(name)] + copies)        # the copier runs throughout: not a boundary's
     starts = [lo for lo, _, _ in inside]
     longest = max((hi - lo for lo, hi, _ in inside), default=0.0)
     out: dict[Boundary, tuple[float, int]] = {}
