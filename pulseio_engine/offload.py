@@ -433,13 +433,13 @@ class _SparseBatch:
         """Score (`_score`) and select `layer`'s blocks (PAGED: `block_tables=`, HOT: `hot=`)."""
         o, li = self.owner, layer - self.owner.dense
         with record_function("offload.select"):
-            self._score(layer, q, count, narrowed=False)
+            self._score(layer, q, count)
             steer = None if o.steering is None else self._steering(o.steering, layer)
             select_blocks_fused(self.bounds, self.num_tokens, o.sparse, mask=self.mask[li], table=self.table,
                                 context_lens=self.context_lens, steer=steer, out=self.selected[li],
                                 **mode)       # type: ignore[arg-type]
 
-    def _score(self, layer: int, q: torch.Tensor, count: torch.Tensor | None, *, narrowed: bool) -> None:
+    def _score(self, layer: int, q: torch.Tensor, count: torch.Tensor | None, *, narrowed: bool = False) -> None:
         """`layer`'s Quest bounds into `bounds`. q: [B, Hq, D], or (`narrowed`) only the selecting head's query group
         ([B, G, D], `CausalLM.selection_query`) where one head selects, which the score then reads as head 0 of 1."""
         o = self.owner
