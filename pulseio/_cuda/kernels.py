@@ -30,7 +30,7 @@ from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 
 THREADS_PER_CTA = 256
 IDS_PER_ROUND = THREADS_PER_CTA  # ids a CTA stages in shared memory at a time (2 x 2 KiB)
-_UNROLL = 8
+_UNROLL = 4
 
 COPY_BLOCKS_SIGNATURE = "void(uint64[:, ::1], int64[::1], uint64[:, ::1], int64[::1], int64)"
 
@@ -38,8 +38,8 @@ COPY_BLOCKS_SIGNATURE = "void(uint64[:, ::1], int64[::1], uint64[:, ::1], int64[
 @cuda.jit(device=True)
 def copy_words(src, s, dst, d, lo, hi):  # pragma: no cover - runs on the GPU / simulator
     """Every thread of the CTA: words [lo, hi) of row s of src -> the same words of row d of dst, _UNROLL loads
-    in flight per thread; the words past the last whole pass (fewer than _UNROLL strides) go in passes of four
-    strides that guard each word and still issue every load before their stores."""
+    in flight per thread; the last pass (fewer than _UNROLL strides of words) guards each word and still issues
+    every load before its stores."""
     b = cuda.blockDim.x
     stride = b * _UNROLL
     full = hi - (hi - lo) % stride
@@ -49,20 +49,12 @@ def copy_words(src, s, dst, d, lo, hi):  # pragma: no cover - runs on the GPU / 
         v1 = src[s, w + b]
         v2 = src[s, w + 2 * b]
         v3 = src[s, w + 3 * b]
-        v4 = src[s, w + 4 * b]
-        v5 = src[s, w + 5 * b]
-        v6 = src[s, w + 6 * b]
-        v7 = src[s, w + 7 * b]
         dst[d, w] = v0
         dst[d, w + b] = v1
         dst[d, w + 2 * b] = v2
         dst[d, w + 3 * b] = v3
-        dst[d, w + 4 * b] = v4
-        dst[d, w + 5 * b] = v5
-        dst[d, w + 6 * b] = v6
-        dst[d, w + 7 * b] = v7
         w += stride
-    while w < hi:  # a word past hi is never read: its load falls back to v0 (the same type, not a literal)
+    if w < hi:  # a word past hi is never read: its load falls back to v0 (the same type, not a literal)
         v0 = src[s, w]
         v1 = src[s, w + b] if w + b < hi else v0
         v2 = src[s, w + 2 * b] if w + 2 * b < hi else v0
@@ -74,7 +66,6 @@ def copy_words(src, s, dst, d, lo, hi):  # pragma: no cover - runs on the GPU / 
             dst[d, w + 2 * b] = v2
         if w + 3 * b < hi:
             dst[d, w + 3 * b] = v3
-        w += 4 * b
 
 
 @cuda.jit(device=True)
