@@ -43,11 +43,6 @@ class PinnedBuffer:
         offset = (-raw.data_ptr()) % _ALIGN
         self.tensor = raw[offset : offset + nbytes]
         self.host_ptr = self.tensor.data_ptr()
-        import ctypes
-        import os
-        if os.environ.get("PULSEIO_THP") == "1":  # experiment: transparent huge pages for the pool
-            rc = ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(self.host_ptr), ctypes.c_size_t(nbytes), 14)
-            log.warning("madvise(MADV_HUGEPAGE) of %d bytes: %d (errno %d)", nbytes, rc, ctypes.get_errno())
         self._chunks: list[int] = []
         self._register(chunk_bytes, threads, label)
         self.device_ptr = self.host_ptr
