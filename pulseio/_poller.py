@@ -68,6 +68,7 @@ class PollerStatistics:
     post_to_landed: LatencySummary  # host clock: post_recall -> pulseio saw the data land
     publish_to_taken: LatencySummary  # producer's clock: publish began -> the copier began it (RESIDENT)
     publish_to_landed: LatencySummary  # producer's clock: publish began -> the copier landed it (RESIDENT)
+    publish_to_early_landed: LatencySummary  # producer's clock: publish began -> it landed early (those that did)
     copy_per_mib: LatencySummary  # producer's clock: the copier began it -> landed, per MiB it moved (RESIDENT)
     stamped_bytes: int = 0  # every request with both device stamps (RESIDENT): its bytes, and
     stamped_publish_to_landed_s: float = 0.0  # its publish -> landed, summed over all of them since the start
@@ -95,6 +96,7 @@ class Poller:
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
         self._publish_to_taken: deque[int] = deque(maxlen=latency_samples)
         self._publish_to_landed: deque[int] = deque(maxlen=latency_samples)
+        self._publish_to_early: deque[int] = deque(maxlen=latency_samples)
         self._copy_per_mib: deque[int] = deque(maxlen=latency_samples)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pulseio-poller", daemon=True)
@@ -241,6 +243,7 @@ class Poller:
             event = t.device_event  # a resident task's stamps: its slot holds them now
             if error is None and hasattr(event, "landed_ns"):
                 completion.taken_ns, completion.landed_ns = event.taken_ns(), event.landed_ns()
+                completion.early_landed_ns = event.early_landed_ns()
             self._finish(completion, error)
 
         transfer.add_done_callback(landed)
@@ -269,6 +272,8 @@ class Poller:
             self._to_landed.append(completion.finished_ns - completion.submitted_ns)
         if span is not None:
             self._publish_to_landed.append(span)
+        if span is not None and published is not None and completion.early_landed_ns is not None:
+            self._publish_to_early.append(completion.early_landed_ns - published)
         if span is not None and published is not None and completion.taken_ns is not None:
             self._publish_to_taken.append(completion.taken_ns - published)
             if completion.nbytes:          # landed = published + span
@@ -300,6 +305,7 @@ class Poller:
                                 post_to_landed=LatencySummary.of(list(self._to_landed)),
                                 publish_to_taken=LatencySummary.of(list(self._publish_to_taken)),
                                 publish_to_landed=LatencySummary.of(list(self._publish_to_landed)),
+                                publish_to_early_landed=LatencySummary.of(list(self._publish_to_early)),
                                 copy_per_mib=LatencySummary.of(list(self._copy_per_mib)),
                                 stamped_bytes=c["stamped_bytes"], stamped_publish_to_landed_s=c["stamped_ns"] / 1e9)
 

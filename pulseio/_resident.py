@@ -191,6 +191,12 @@ class TaskRing:
         """The server's clock when it began task seq's copy, once landed and while its slot still holds it."""
         return self._stamp(seq, tr.ENTRY_TAKEN_NS)
 
+    def early_landed_ns(self, seq: int) -> int | None:
+        """The server's clock when task seq's request had landed early, every copy CTA having copied its part
+        from the ids mirror before the task came (`resident_kernel`), once the task landed and while its slot
+        still holds it; None for a task that landed by itself."""
+        return self._stamp(seq, tr.ENTRY_EARLY_NS) or None
+
     def _stamp(self, seq: int, word: int) -> int | None:
         slot = (seq - 1) % self.slots
         stamp = int(self._entries[slot, word])
@@ -251,6 +257,10 @@ class TaskEvent:
     def taken_ns(self) -> int | None:
         """The server's clock when it began the task's copy (see TaskRing.taken_ns)."""
         return self._ring.taken_ns(self.seq)
+
+    def early_landed_ns(self) -> int | None:
+        """The server's clock when the task's request landed early (see TaskRing.early_landed_ns)."""
+        return self._ring.early_landed_ns(self.seq)
 
     def wait(self, stream: Any = None) -> None:
         """Make `stream` wait for the task (what torch's Stream.wait_event calls)."""

@@ -29,7 +29,8 @@ class Completion(Handle):
     requests add the producer's and the poller's stamps (published_ns on the device clock, seen_ns), and
     RESIDENT ones the copier's (taken_ns and landed_ns, on the producer's clock: landed_ns - published_ns
     is the request's time from publish to its data in place, as the device sees it; taken_ns splits it
-    into the pickup and the copy)."""
+    into the pickup and the copy; early_landed_ns, where the copy CTAs copied it from the ids mirror before
+    its task came, is when it landed for a captured device wait, which ends there)."""
 
     def __init__(self, *, seq: int, tag: int | None, device_waiter: Callable[[Completion, Any], None],
                  awaiter: Callable[[Completion], Any], strategy: Strategy = Strategy.AUTO) -> None:
@@ -39,6 +40,7 @@ class Completion(Handle):
         self.seen_ns: int | None = None  # perf_counter_ns when the poller read the request
         self.taken_ns: int | None = None  # the resident copier's stamp when it began the copy (%globaltimer)
         self.landed_ns: int | None = None  # the resident copier's stamp when the data landed (%globaltimer)
+        self.early_landed_ns: int | None = None  # its stamp when the data had landed early (None: not early)
         self.transfer: Any = None  # the pulseio.Transfer carrying it, once submitted
         self._issued = Latch()  # set once its copies are enqueued, or it finished
         self._device_waiter = device_waiter

@@ -61,6 +61,8 @@ class RuntimeStatistics:
     post_to_landed: LatencySummary
     publish_to_taken: LatencySummary  # on the device clock: publish began -> the copier began it (RESIDENT)
     publish_to_landed: LatencySummary  # on the device clock: publish began -> data landed (RESIDENT requests)
+    publish_to_early_landed: LatencySummary  # on the device clock: publish began -> landed early, before its task
+                                             # (RESIDENT requests every copy CTA copied from the ids mirror)
     copy_per_mib: LatencySummary  # on the device clock: the copier began it -> landed, per MiB moved (RESIDENT):
                                   # a spread here is the copy's pace varying, not the requests' sizes
     doorbell: DoorbellStatistics  # the ring: wake-ups, spurious wake-ups, requests lost to a lap
@@ -349,7 +351,7 @@ class Runtime:
             loop_wakeups=loop_wakeups, device_waits_expired=self._waits.expired,
             post_to_seen=poller.post_to_seen, post_to_landed=poller.post_to_landed,
             publish_to_taken=poller.publish_to_taken, publish_to_landed=poller.publish_to_landed,
-            copy_per_mib=poller.copy_per_mib,
+            publish_to_early_landed=poller.publish_to_early_landed, copy_per_mib=poller.copy_per_mib,
             doorbell=ring, dma=tuple(w.statistics() for w in self.workers), stamped_bytes=poller.stamped_bytes,
             stamped_publish_to_landed_s=poller.stamped_publish_to_landed_s)
 

@@ -15,7 +15,8 @@ layout constants are in `pulseio/_native/task_ring.py`, with the host half of th
   word the kernel sets to RAISE_TO once the task has landed, 0 for none: a doorbell request's wait
   word in pinned host memory, which its consumer streams wait on (a system-scope store: atomics on
   host memory need PCIe atomics); ENTRY_TAKEN_NS / ENTRY_LANDED_NS: %globaltimer when copy CTA 0 began
-  the task's copy / when the task landed. The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:]
+  the task's copy / when the task landed; ENTRY_EARLY_NS: when its request landed early (below), 0 if it
+  did not (the host zeroes it as it posts). The ids are ids[slot, :cap] (host blocks) and ids[slot, cap:]
   (device slots), or, for a doorbell request whose task word names a row of the publisher's device
   mirror, mirror[row, :w] and mirror[row, w:] (w = half its width): read from device memory, so a
   copy CTA starts its first data read one PCIe round trip sooner;
@@ -54,12 +55,13 @@ reused since (except those of a request given up before the poller read it, whic
 `pulseio/_device_waits.py`).
 
 Landing on the device. A CTA that copied its part of request q early counts it in q's mirror row head
-(HEAD_EARLY, zeroed by the publish); the CTA counting the last part stores q in the head's HEAD_LANDED (release).
-A captured device wait for q (`wait_kernel.wait_seq`, a RecallGraph's) ends there as well as on q's wait word
+(HEAD_EARLY, zeroed by the publish); the CTA counting the last part stamps the head's HEAD_LANDED_NS and stores
+q in its HEAD_LANDED (release). The last CTA of q's task copies that stamp into the task's ENTRY_EARLY_NS. A
+captured device wait for q (`wait_kernel.wait_seq`, a RecallGraph's) ends there as well as on q's wait word
 (`device_wait`'s `wait_word` reads the word alone), so a request every CTA copied early lands for its stream
-without waiting for the poller to read it, post its task and the leader to forward it. The task still comes
-and lands it for the host (its done word, its Completion), copying nothing again. A request with any part
-copied from its task lands by its task alone.
+without waiting for the poller to read it, post its task and the leader to forward it. The task still comes and
+lands it for the host (its done word, its Completion), copying nothing again. A request with any part copied
+from its task lands by its task alone.
 
 Stopping without losing a post (a Dekker handshake): an idle leader stores CTRL_STOPPED = gen,
 fences at system scope, then reads CTRL_PROMISED; the host stores CTRL_PROMISED, fences, then reads
@@ -88,13 +90,14 @@ import functools
 
 from numba import cuda, int64
 
-from .._native.layout import HEAD_COUNT, HEAD_EARLY, HEAD_LANDED, HEAD_WORDS  # the ids mirror's row heads
+from .._native.layout import HEAD_COUNT, HEAD_EARLY, HEAD_LANDED, HEAD_LANDED_NS, HEAD_WORDS  # mirror row heads
 from .._native.task_ring import (  # the layout both halves share
     COUNT_BITS,
     CTRL_CLOSE,
     CTRL_LAUNCHED,
     CTRL_PROMISED,
     CTRL_STOPPED,
+    ENTRY_EARLY_NS,
     ENTRY_LANDED_NS,
     ENTRY_RAISE_AT,
     ENTRY_RAISE_TO,
@@ -301,6 +304,7 @@ def _count_early(heads, row, q, ctas):  # pragma: no cover - GPU / simulator
     and a device wait for it may end before its task lands it (`wait_kernel.wait_seq`)."""
     at = heads + 8 * HEAD_WORDS * row
     if atomic_add_gpu(at + 8 * HEAD_EARLY, 1) == ctas - 1:
+        store_release_gpu(at + 8 * HEAD_LANDED_NS, globaltimer())
         store_release_gpu(at + 8 * HEAD_LANDED, q)
 
 
@@ -410,6 +414,11 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
                 raise_at, raise_to = load_relaxed_gpu(target), load_relaxed_gpu(target + 8)  # after the add
                 if raise_at != 0:  # a request's wait word, in pinned host memory: a store, not an atomic
                     store_release_sys(raise_at, raise_to)
+                if n > 0 and (word >> MIRROR_BIT) & 1:  # when its request landed early, if every CTA copied it so
+                    head = heads + 8 * HEAD_WORDS * ((word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1))
+                    q = load_acquire_gpu(head)  # the row holds the task's request until the task has landed
+                    if q > 0 and load_acquire_gpu(head + 8 * HEAD_LANDED) == q:
+                        store_relaxed_sys(entry + 8 * ENTRY_EARLY_NS, load_relaxed_gpu(head + 8 * HEAD_LANDED_NS))
                 store_release_sys(entry + 8 * ENTRY_LANDED_NS, globaltimer())
                 cuda.threadfence_system()
                 store_release_sys(done + 8 * slot, task)

@@ -33,7 +33,8 @@ def slot_words(max_blocks: int) -> int:
     return -(-words // LINE_WORDS) * LINE_WORDS
 
 # the ids mirror's row heads (device memory, [rows, HEAD_WORDS] int64): the request a row holds (-seq while its
-# publish writes it), its block count, the copy CTAs' early copies of it counted (zeroed by the publish), and the
-# seq of the last request every copy CTA copied early (its landing on the device, before its task's)
-HEAD_SEQ, HEAD_COUNT, HEAD_EARLY, HEAD_LANDED = range(4)
-HEAD_WORDS = 4
+# publish writes it), its block count, the copy CTAs' early copies of it counted (zeroed by the publish), the
+# seq of the last request every copy CTA copied early (its landing on the device, before its task's), and the
+# copier's clock (%globaltimer) at that landing
+HEAD_SEQ, HEAD_COUNT, HEAD_EARLY, HEAD_LANDED, HEAD_LANDED_NS = range(5)
+HEAD_WORDS = 5

@@ -34,8 +34,8 @@ CTRL_PROMISED, CTRL_STOPPED, CTRL_CLOSE = 0, 1, 2  # shared with the kernel
 CTRL_TICKET, CTRL_SERVING, CTRL_SEQ = 3, 4, 5  # host only: the posters' ticket lock, the last task posted
 CTRL_LAUNCHED = 6  # host: the last server generation launched; an earlier one stops as soon as it may (kernel doc)
 CTRL_WORDS = 16  # its own 128-byte line
-ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS, ENTRY_TAKEN_NS = 0, 1, 2, 3, 4
-ENTRY_WORDS = 5
+ENTRY_TASK, ENTRY_RAISE_AT, ENTRY_RAISE_TO, ENTRY_LANDED_NS, ENTRY_TAKEN_NS, ENTRY_EARLY_NS = 0, 1, 2, 3, 4, 5
+ENTRY_WORDS = 6
 COUNT_BITS = 15
 MAX_TASK_BLOCKS = (1 << COUNT_BITS) - 1
 MIRROR_BIT = COUNT_BITS + 1  # the task's ids are in the publisher's device mirror, row ROW (a doorbell request)
@@ -71,6 +71,7 @@ def _write_task(task_ids, entries, entries_addr, seq, host_ids, slots, direction
         task_ids[slot, cap : cap + m] = slots
     entries[slot, ENTRY_RAISE_AT] = raise_at
     entries[slot, ENTRY_RAISE_TO] = raise_to
+    entries[slot, ENTRY_EARLY_NS] = 0  # the server stamps it only for a request that landed early
     if publish:
         store_release(entries_addr + 8 * (ENTRY_WORDS * slot + ENTRY_TASK), pack_entry(seq, m, direction, row))
 

@@ -60,6 +60,7 @@ import numpy as np
 from numba import cuda
 from pulseio._cuda import resident_kernel as rk
 from pulseio._native import task_ring as tr
+from pulseio._native.layout import HEAD_WORDS
 
 kernel = rk.compile_resident_copy()
 rng = np.random.default_rng(3)
@@ -89,7 +90,7 @@ def post(seq, h, p, direction, raise_to=0, row=-1):
 
 holds = np.zeros((rk.HOLD_GENS, 2), np.int64)  # every generation's hold, by generation
 
-heads = np.zeros((3, 4), np.int64)  # the mirror rows' heads (seq, count, early, landed): none published
+heads = np.zeros((3, HEAD_WORDS), np.int64)  # the mirror rows' heads (seq, count, early, landed, its time)
 
 def launch(gen, idle_ms=5, grid=2, hold_at=0, hold_to=0):
     kernel[grid, 32](host, pool, ids, mirror, addr(ctrl), addr(entries), addr(done), addr(dev), gen, int(idle_ms * 1e6),
@@ -188,6 +189,7 @@ from numba import cuda, int64
 from pulseio._cuda import resident_kernel as rk
 from pulseio._cuda.kernels import IDS_PER_ROUND
 from pulseio._native import task_ring as tr
+from pulseio._native.layout import HEAD_LANDED_NS, HEAD_WORDS
 
 @cuda.jit
 def copies_only(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas):  # copy CTA cta of ctas
@@ -201,7 +203,7 @@ host = rng.integers(0, 2**63, size=(H, words), dtype=np.uint64)
 pool = np.full((D, words), 0xDEAD, dtype=np.uint64)
 ids = np.zeros((slots, 2 * cap), dtype=np.int64)
 mirror = np.full((3, 2 * cap), -1, dtype=np.int64)
-heads = np.zeros((3, 4), np.int64)
+heads = np.zeros((3, HEAD_WORDS), np.int64)
 entries = np.zeros((slots, tr.ENTRY_WORDS), np.int64)
 done = np.zeros(slots, np.int64)
 dev = np.zeros(rk.dev_words(slots, 4), np.int64)
@@ -217,7 +219,8 @@ def publish(q, n):  # the publish kernel's last store: the row's head
     heads[(q - 1) % 3, 2] = 0
     heads[(q - 1) % 3, 0] = q
 
-def forward(task, n, q):  # the leader's: a task naming request q's mirror row
+def forward(task, n, q):  # the leader's: a task naming request q's mirror row (its entry as the host posts it)
+    entries[(task - 1) % slots, tr.ENTRY_EARLY_NS] = 0
     dev[rk.DEV_HEADER + (task - 1) % slots] = tr.pack_entry(task, n, tr.H2D, (q - 1) % 3)
     dev[rk.DEV_POSTED] = task
 
@@ -252,8 +255,12 @@ assert np.array_equal(pool[p1], host[h1]) and list(done) == [1, 2, 0, 0], done
 taken = entries[0, tr.ENTRY_TAKEN_NS]
 assert t0 + 0.25e9 < taken < posted[1], (taken - t0, posted[1] - t0)  # began after the publish, before its task
 assert (pool[10:13] == 0xDEAD).all(), "a request naming a block outside the pool is not copied early"
-assert heads[0, 2:].tolist() == [1, 1], "the one copy CTA copied request 1 early: landed on the device"
-assert heads[1, 2:].tolist() == [0, 0], "request 2 was not copied early: not landed on the device"
+assert heads[0, 2:4].tolist() == [1, 1], "the one copy CTA copied request 1 early: landed on the device"
+assert heads[1, 2:4].tolist() == [0, 0], "request 2 was not copied early: not landed on the device"
+early = entries[0, tr.ENTRY_EARLY_NS]
+assert early == heads[0, HEAD_LANDED_NS] and taken <= early < posted[1] <= entries[0, tr.ENTRY_LANDED_NS], \
+    "task 1 carries when request 1 landed early: after its copy began, before its task came"
+assert entries[1, tr.ENTRY_EARLY_NS] == 0, "the fence of request 2 (no blocks): no early landing"
 
 # gen 2 copies request 3 early and exits before its task; gen 3 (its CTA of the same index) lands the task
 # without copying again
@@ -267,6 +274,7 @@ forward(3, 2, 3)
 t3 = run(3, 3)
 assert done[2] == 3 and (pool[p3] == 0xBEEF).all(), "copied again"
 assert t2 < entries[2, tr.ENTRY_TAKEN_NS] < t3, "taken when the early copy began"
+assert entries[2, tr.ENTRY_TAKEN_NS] <= entries[2, tr.ENTRY_EARLY_NS] < t3, "landed early in gen 2"
 
 # gen 4: the fence task for request 4's row comes before the CTA looks at its head: never copied early
 h4, p4 = np.array([7, 8]), np.array([14, 15])
@@ -274,7 +282,7 @@ row(4, h4, p4)
 publish(4, 2)
 forward(4, 0, 4)
 run(4, 4)
-assert (pool[p4] == 0xDEAD).all() and done[3] == 4 and heads[0, 2:].tolist() == [0, 1], "4: not landed early"
+assert (pool[p4] == 0xDEAD).all() and done[3] == 4 and heads[0, 2:4].tolist() == [0, 1], "4: not landed early"
 # gen 5, the control: request 5, published, no task: copied early
 h5, p5 = np.array([9, 10]), np.array([16, 17])
 row(5, h5, p5)
@@ -295,7 +303,7 @@ publish(7, 1)
 dev[rk.DEV_HEADER + 4 * slots + rk.EARLY_WORDS * 1 + rk.LANE_NEXT] = 7  # CTA 1 looked at requests 1-6 already
 run(7, 7, steps=((1.0, lambda: None),), ctas=4, cta=1)
 assert np.array_equal(pool[5, 10:20], host[14, 10:20]), "CTA 1's part, early"
-assert heads[0, 2:].tolist() == [1, 1], "one part of 4 counted: request 7 has not landed on the device"
+assert heads[0, 2:4].tolist() == [1, 1], "one part of 4 counted: request 7 has not landed on the device"
 assert (pool[5, :10] == 0xDEAD).all() and (pool[5, 20:] == 0xDEAD).all(), "only CTA 1's part"
 pool[5, 10:20] = 0xBEEF  # a copy of it again would show
 forward(5, 1, 7)
@@ -308,15 +316,16 @@ assert done[0] == 1, "landed before every CTA's part"
 run(11, 5, ctas=4, cta=3)
 assert done[0] == 5, "the last part lands the task"
 assert np.array_equal(pool[5, :10], host[14, :10]) and np.array_equal(pool[5, 20:], host[14, 20:])
-assert heads[0, 2:].tolist() == [1, 1], "three parts came with the task: request 7 landed by its task alone"
+assert heads[0, 2:4].tolist() == [1, 1], "three parts came with the task: request 7 landed by its task alone"
+assert entries[0, tr.ENTRY_EARLY_NS] == 0, "task 5 (request 7) did not land early"
 # gens 12-13, the CTAs of 2, both idle: each copies its part of request 8 early; the second to count it marks
 # it landed in its row's head, with no task
 row(8, [3, 4], [6, 7])
 publish(8, 2)
 run(12, 6, steps=((1.0, lambda: None),), ctas=2, cta=0)
-assert heads[1, 2:].tolist() == [1, 5], "one of two parts: not landed (the row's landed seq is still request 5's)"
+assert heads[1, 2:4].tolist() == [1, 5], "one of two parts: not landed (the row's landed seq is still request 5's)"
 run(13, 6, steps=((1.0, lambda: None),), ctas=2, cta=1)
-assert heads[1, 2:].tolist() == [2, 8] and np.array_equal(pool[[6, 7]], host[[3, 4]]) and done[1] == 2
+assert heads[1, 2:4].tolist() == [2, 8] and np.array_equal(pool[[6, 7]], host[[3, 4]]) and done[1] == 2
 # gens 14-15, the CTAs of 2: request 9's 3 blocks do not divide over them, so each block is cut in 2 parts and each
 # CTA copies 3 of the 6: CTA 0 block 0 and the first half of block 1 (words 0-19, one run a block), CTA 1 the rest
 row(9, [15, 16, 17], [10, 11, 12])
@@ -326,7 +335,7 @@ assert np.array_equal(pool[10], host[15]) and np.array_equal(pool[11, :20], host
 assert (pool[11, 20:] == 0xDEAD).all() and (pool[12] == 0xDEAD).all(), "only CTA 0's parts"
 assert heads[2, 2] == 1 and heads[2, 3] != 9, "one of two CTAs counted: not landed"
 run(15, 6, steps=((1.0, lambda: None),), ctas=2, cta=1)
-assert np.array_equal(pool[[10, 11, 12]], host[[15, 16, 17]]) and heads[2, 2:].tolist() == [2, 9]
+assert np.array_equal(pool[[10, 11, 12]], host[[15, 16, 17]]) and heads[2, 2:4].tolist() == [2, 9]
 print("SIM-OK")
 """
 

@@ -39,6 +39,24 @@ def test_tasks_land_in_order_through_more_tasks_than_slots() -> None:
         copier.close()
 
 
+def test_a_task_carries_its_early_landing_stamp_only_while_its_slot_holds_it() -> None:
+    """ENTRY_EARLY_NS is the GPU server's stamp of a request that landed early (before its task): read as None
+    when 0, and zeroed by the host as it posts the slot's next task, so a later lap never shows an old one."""
+    copier, _, _ = _copier(slots=2)
+    try:
+        first = copier.post(tr.H2D, np.array([1]), np.array([1]))
+        first.synchronize()
+        assert first.early_landed_ns() is None                          # the host's server never lands early
+        copier._entries[(first.seq - 1) % 2, tr.ENTRY_EARLY_NS] = 1234   # as the GPU's server stamps it
+        assert first.early_landed_ns() == 1234 == copier.early_landed_ns(first.seq)
+        copier.post(tr.H2D, np.array([2]), np.array([2])).synchronize()
+        third = copier.post(tr.H2D, np.array([3]), np.array([3]))        # the first's slot again: zeroed as posted
+        third.synchronize()
+        assert third.early_landed_ns() is None and copier.early_landed_ns(first.seq) is None
+    finally:
+        copier.close()
+
+
 def test_a_task_sets_its_word_once_landed() -> None:
     copier, _, device = _copier()
     words = (ctypes.c_int64 * 2)(0, 0)

@@ -211,8 +211,10 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
         for d in done:
             assert None not in (d.published_ns, d.taken_ns, d.landed_ns)
             assert d.published_ns <= d.taken_ns <= d.landed_ns
+            assert d.early_landed_ns is None, "the host's copier has no ids mirror: no request lands early"
         stats = rt.statistics()
         assert stats.publish_to_landed.count == stats.publish_to_taken.count == stats.copy_per_mib.count == 5
+        assert stats.publish_to_early_landed.count == 0
         assert 0 <= stats.publish_to_taken.p50_us <= stats.publish_to_landed.p50_us
         per_mib = sorted((d.landed_ns - d.taken_ns) * 2**20 / d.nbytes / 1e3 for d in done)   # us a MiB, each
         assert stats.copy_per_mib.p50_us == pytest.approx(per_mib[2], abs=1e-3)

@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from pulseio.testing import ManualDoorbell
     from pulseio._cuda.doorbell_kernels import publish_kernel
+    from pulseio._native.layout import HEAD_WORDS
 
     bell = ManualDoorbell(capacity=4, max_blocks=64)
     ring = bell.words.reshape(bell.layout.capacity, bell.layout.slot_words)  # the kernel's [capacity, slot_words] view
@@ -27,19 +28,19 @@ SCRIPT = textwrap.dedent("""
     slots = np.arange(40, dtype=np.int64)[::-1].copy()
     count = np.array([37], dtype=np.int64)
     mirror = np.full((2, 2 * bell.layout.blocks_per_slot), -1, dtype=np.int64)  # rows by seq: 1 -> 0, 2 -> 1, 3 -> 0
-    heads = np.zeros((2, 4), dtype=np.int64)               # (seq, count, early copies counted, landed seq)
+    heads = np.zeros((2, HEAD_WORDS), dtype=np.int64)  # (seq, count, early copies counted, landed seq, its time)
     none = np.zeros(0, dtype=np.int64)                      # no seq_out
     seq_out = np.zeros(1, dtype=np.int64)
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, -1, 7, none)   # count chosen "on the device"
-    assert heads.tolist() == [[1, 37, 0, 0], [0, 0, 0, 0]]
-    heads[0, 2:] = 5, 1                                     # copy CTAs counted request 1's parts, and it landed
+    assert heads.tolist() == [[1, 37, 0, 0, 0], [0, 0, 0, 0, 0]]
+    heads[0, 2:4] = 5, 1                                    # copy CTAs counted request 1's parts, and it landed
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 3, 8, seq_out)  # count passed by the host
     assert seq_out[0] == 2, "the publish stores the seq it took where a captured device wait reads it"
     half = bell.layout.blocks_per_slot
     assert mirror[0, :37].tolist() == ids[:37].tolist() and mirror[0, half:half + 37].tolist() == slots[:37].tolist()
     assert mirror[1, :4].tolist() == [100, 101, 102, -1] and mirror[1, half:half + 3].tolist() == [39, 38, 37]
     publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 69, 9, none)   # more than a slot holds (68)
-    assert heads.tolist() == [[3, -1, 0, 1], [2, 3, 0, 0]], "a bad count: no ids in the row, and the heads say so"
+    assert heads.tolist() == [[3, -1, 0, 1, 0], [2, 3, 0, 0, 0]], "a bad count: no ids in the row, and the heads say so"
     # (request 3 took row 0: its early copies are counted from zero; the landed seq stays request 1's)
     no_mirror = np.zeros((0, 2 * half), np.int64)
     publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 4), np.int64), ids, slots, count, 2, 10, none)
@@ -83,6 +84,7 @@ WAIT_SCRIPT = textwrap.dedent("""
     wait_word[1, 32](address, 12)
 
     from pulseio._cuda.wait_kernel import compile_wait_seq
+    from pulseio._native.layout import HEAD_WORDS
     wait_seq = compile_wait_seq()                 # the seq read on the device: words[(seq - 1) % 4]
     words, cell = np.zeros(4, dtype=np.int64), np.array([6], dtype=np.int64)
     words[:] = [5, 0, 7, 8]                       # only word 1 (seq 6's) is short of its seq
@@ -94,7 +96,7 @@ WAIT_SCRIPT = textwrap.dedent("""
     # with an ids mirror of 3 rows: the wait for seq 8 (word 3, row 1) also ends when row 1 says seq 8 landed early,
     # its word never raised; another seq's landing in the row does not end it
     cell[0], words[3] = 8, 4
-    heads = np.zeros((3, 4), dtype=np.int64)
+    heads = np.zeros((3, HEAD_WORDS), dtype=np.int64)
     heads[1, 3] = 5
     late = threading.Timer(0.3, lambda: heads.__setitem__((1, 3), 8))
     late.start()
