@@ -14,7 +14,10 @@ How each figure is taken:
   publish, the consumer stream's wait on the completion word, and a kernel stamping %globaltimer, so
   everything is enqueued before the publish runs; landed - published is what a consumer sees. With
   --recall 104x65536 each request is a 32K layer's recall in the engine (qwen3-14b, budget 2048), alone
-  on an idle GPU; the resident route also reports its rate from the copier's start and from the publish.
+  on an idle GPU; the resident route also reports its rate from the copier's start and from the publish, and
+  publish -> landed early for the requests every copy CTA copied from the ids mirror before their task came
+  (the copier's stamp: when a captured device wait, a RecallGraph's, would have ended; this bench's wait, on
+  the completion word, ends when the task lands).
 * bandwidth: bytes / wall time of `steps` back-to-back recalls of 2048 x 8 KiB (ids on the GPU via
   the ring, vs ids already on the host straight to the I/O worker), same runtime, same strategy (blocks of
   the --recall size).
@@ -167,6 +170,8 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
             "seen_to_submit_host_us": pct([(d.transfer.submitted_ns - d.seen_ns) / 1e3 for d in posted]),
             "publish_to_task_taken_us": pct([(d.taken_ns - d.published_ns) / 1e3 for d in posted]),
             "publish_to_task_landed_us": pct([(d.landed_ns - d.published_ns) / 1e3 for d in posted]),
+            "publish_to_early_landed_us": pct([(d.early_landed_ns - d.published_ns) / 1e3 for d in posted
+                                               if d.early_landed_ns is not None]),
             "task_landed_to_consumer_us": pct([(landed[i] - d.landed_ns) / 1e3 for i, d in enumerate(posted)]),
             "copy_gbps": pct([d.nbytes / (d.landed_ns - d.taken_ns) for d in posted]),
             "publish_to_task_landed_gbps": pct([d.nbytes / (d.landed_ns - d.published_ns) for d in posted]),
@@ -364,8 +369,10 @@ def print_summary(r: dict) -> None:
               + ("  ERROR" if "error" in lat or "error" in bw else ""))
         if "copy_gbps" in lat:
             taken, copy, whole = lat["publish_to_task_taken_us"], lat["copy_gbps"], lat["publish_to_task_landed_gbps"]
+            early = lat.get("publish_to_early_landed_us", {})
             print(f"{'':>10}  publish->copier's start p50 {taken['p50']:6.1f} us, then {copy['p50']:5.1f} GB/s p50;"
-                  f" publish->landed {whole['p50']:5.1f} GB/s p50")
+                  f" publish->landed {whole['p50']:5.1f} GB/s p50; landed early {early.get('n', 0)} of"
+                  f" {taken['n']}, publish->landed early p50 {early.get('p50', nan):6.1f} us")
     for switch_s in BUSY_SWITCH_S:
         b = r.get(f"busy_host_{switch_s * 1e6:.0f}us")
         if b is None:

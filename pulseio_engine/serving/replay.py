@@ -414,13 +414,15 @@ def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype
 
 _COUNTERS = ("submitted", "completed", "failed", "device_waits_expired", "stamped_bytes",
              "stamped_publish_to_landed_s")
-_LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed", "copy_per_mib")   # pulseio's, last recalls
+_LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed", "publish_to_early_landed",
+              "copy_per_mib")                                                            # pulseio's, last recalls
 
 
 def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | None:
     """pulseio's counters once every recall it was given has finished (its threads count a moment after), and its
     recall latencies (`RuntimeStatistics`: the host's post -> landed, and on the device's clock the publish ->
-    the copier taking it -> landed), microseconds over its last recalls (`Poller`'s `latency_samples`)."""
+    the copier taking it -> landed, and -> landed early where it did), microseconds over its last recalls (`Poller`'s
+    `latency_samples`)."""
     deadline = time.monotonic() + timeout_s
     while True:
         stats = serving.runtime_statistics()

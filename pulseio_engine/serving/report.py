@@ -38,6 +38,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     18: ("config.freeze_heap", "gc", "longest_gaps"),
     19: ("config.pdl", "config.inductor_pdl"),
     21: ("config.early_select",),
+    23: ("pulseio.publish_to_early_landed_us",),
 }
 _DROPPED = {                     # schema version -> the keys it dropped; a report lacks every key dropped by then
     20: ("config.pdl", "config.inductor_pdl"),    # programmatic dependent launch, taken out: no faster on an H100
@@ -95,6 +96,7 @@ M_KEYS = {"recalls": int, "histogram": dict, "mean": OPT_NUM, "p50": OPT_NUM, "p
 _LATENCY = {"count": int, "p50": OPT_NUM, "p99": OPT_NUM}
 PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int,
                 "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY,
+                "publish_to_early_landed_us": _LATENCY,
                 "copy_per_mib_us": _LATENCY, "stamped_bytes": int, "stamped_publish_to_landed_s": NUM}
 
 
@@ -210,6 +212,7 @@ def table(reports: list[dict]) -> str:
         else f"{r['summary']['gpu_busy_fraction']:.1%}")
     row("host ms/round launch/pace/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_landed_us", 0))
+    row("recall publish->landed early p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_early_landed_us", 0))
     row("recall publish->landed GB/s (of link)", _recall_rate)
     row("recall copy us/MiB p50/p99", lambda r: _pulseio_latency(r, "copy_per_mib_us", 1))
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
@@ -282,7 +285,7 @@ def _rss(report: dict) -> str:
 def _pulseio_latency(report: dict, key: str, digits: int) -> str:
     """One of pulseio's latencies as p50/p99 us (publish -> landed; the copier's began -> landed per MiB, whose p99
     far above its p50 is the copy slowing down, not larger requests); '-' without recalls or in a report from
-    before the key (schema 4, 16)."""
+    before the key (schema 4, 16, 23)."""
     lat = (report["pulseio"] or {}).get(key)
     return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.{digits}f}/{lat['p99']:,.{digits}f}"
 

@@ -79,6 +79,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
         lat = report["pulseio"][name]                  # over pulseio's last recalls, this replay's among them
         assert 0 < lat["count"] <= report["pulseio"]["submitted"] + 64 and 0 < lat["p50"] <= lat["p99"], (name, lat)
     assert report["pulseio"]["publish_to_taken_us"]["p50"] <= report["pulseio"]["publish_to_landed_us"]["p50"]
+    early = report["pulseio"]["publish_to_early_landed_us"]     # the CPU's copier has no ids mirror to copy from
+    assert early == {"count": 0, "p50": None, "p99": None}, early
     assert report["pulseio"]["stamped_bytes"] == summary["recalled_bytes"] > 0      # every recall is RESIDENT here
     assert report["pulseio"]["stamped_publish_to_landed_s"] > 0
     m = report["m"]
@@ -93,7 +95,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/22"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/23"
     assert "pdl" not in report["config"] and "inductor_pdl" not in report["config"]      # dropped by schema 20
     assert "early_select" not in report["config"]                                        # dropped by schema 22
     assert summary["handoffs_landed"] == summary["handoffs_waited"] == 0      # a CPU loads handed-in KV at once
@@ -241,6 +243,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     with pytest.raises(ReportError, match=r"^r: longest_gaps\[0\]\.admitted must be int, got 1\.5$"):
         check_report(report, source="r")
     report["longest_gaps"][0]["admitted"] = 1
+    assert re.search(r"^recall publish->landed early p50/p99 \(us\)\s+-\s+-$", table([report, other]), flags=re.M)
+    _step_back(report, 22, "pulseio.publish_to_early_landed_us")
+    assert re.search(r"^recall publish->landed early p50/p99 \(us\)\s+-\s+-$", table([report, other]), flags=re.M)
     assert check_report(report, source="r") is report and "early_select" not in report["config"]   # schema 22
     report["schema"] = "pulseio-replay/21"                     # schema 21 alone had config.early_select
     with pytest.raises(ReportError, match=r"^r: config\.early_select is missing$"):
@@ -306,9 +311,9 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/22', "
-                                          r"'pulseio-replay/21', 'pulseio-replay/20', 'pulseio-replay/19', "
-                                          r"'pulseio-replay/18', 'pulseio-replay/17', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/23', "
+                                          r"'pulseio-replay/22', 'pulseio-replay/21', 'pulseio-replay/20', "
+                                          r"'pulseio-replay/19', 'pulseio-replay/18', 'pulseio-replay/17', "
                                           r"'pulseio-replay/16', 'pulseio-replay/15', 'pulseio-replay/14', "
                                           r"'pulseio-replay/13', "
                                           r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
