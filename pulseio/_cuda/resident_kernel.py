@@ -414,7 +414,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
                 raise_at, raise_to = load_relaxed_gpu(target), load_relaxed_gpu(target + 8)  # after the add
                 if raise_at != 0:  # a request's wait word, in pinned host memory: a store, not an atomic
                     store_release_sys(raise_at, raise_to)
-                if n > 0 and (word >> MIRROR_BIT) & 1:  # when its request landed early, if every CTA copied it so
+                if n > 0 and ((word >> MIRROR_BIT) & 1) != 0:  # when its request landed early: every CTA copied it so
                     head = heads + 8 * HEAD_WORDS * ((word >> ROW_SHIFT) & (MAX_MIRROR_ROWS - 1))
                     q = load_acquire_gpu(head)  # the row holds the task's request until the task has landed
                     if q > 0 and load_acquire_gpu(head + 8 * HEAD_LANDED) == q:
