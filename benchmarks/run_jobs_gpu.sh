@@ -21,6 +21,9 @@
 #   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; the full matrix needs more
 #                        than one call)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
+#   door-small           bench_doorbell.py --quick, resident only, 16 copy CTAs, one recall of 4, 12 and 32 blocks of
+#                        64 KiB at a time on an idle GPU: publish -> copier's start, -> landed early, -> task landed
+#                        (~40 s a size; DOOR_COUNTS=a,b,... other counts)
 #   attn-quest           the sparse attention's configurations at 8 x 32K, Quest's per-head tables and SoloHead's shared
 #                        one, each call on KV the L2 does not hold (--cold 3)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
@@ -130,6 +133,13 @@ for spec in "$@"; do
     PARTS=bench CONFIGS="$configs" SPECS="$specs" R=$W/$d OUT=$W/$d-out \
       timeout ${LIM:-360} bash benchmarks/run_sparse_gpu.sh > $W/$d.out 2>&1
     log "$d rc=$? $(grep -h -E 'ms/step' $W/$d/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
+  fi
+  if [ "$job" = door-small ]; then   # small recalls' flight on an idle GPU, the early landing a captured wait sees
+    for n in $(echo ${DOOR_COUNTS:-4,12,32} | tr ',' ' '); do
+      timeout 90 python benchmarks/bench_doorbell.py --quick --strategies resident --ctas 16 --recall ${n}x65536 \
+        --out $W/door-small-$n.json > $W/door-small-$n.log 2>&1
+      log "$job $n rc=$? $(grep -E "copier's start" $W/door-small-$n.log | tr -s ' ')"
+    done; continue
   fi
   if [ "$job" = doorbell-busy ]; then
     [ $(( $(date +%s) - T0 + 130 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
