@@ -12,10 +12,11 @@ and the stamp (%globaltimer as the publish began), fences, and stores seq. The p
 `pulseio/doorbell.py`.
 
 `heads` ([rows, HEAD_WORDS] int64 device, beside the mirror) says on the device which request a mirror row
-holds: (seq, count, early, landed), seq negative while the row is being written (a seqlock: thread 0 stores -seq
-before the payload and seq after it). The resident copier's copy CTAs watch it to start a request's copy before
-its task arrives from the host, count their early copies of it in `early` (which the publish zeroes), and the
-last of them stores its seq in `landed` (`resident_kernel.py`), which the device wait also reads.
+holds: (seq, count, early, landed, landed_ns), seq negative while the row is being written (a seqlock: thread 0
+stores -seq before the payload and seq after it). The resident copier's copy CTAs watch it to start a request's
+copy before its task arrives from the host, count their early copies of it in `early` (which the publish zeroes),
+and the last of them stamps `landed_ns` and stores its seq in `landed` (`resident_kernel.py`), which the device
+wait also reads.
 
 Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
 a consumer stream enqueues the wait kernel (`wait_kernel.py`) on it, which the copier or a host thread

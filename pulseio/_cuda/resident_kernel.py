@@ -304,7 +304,7 @@ def _count_early(heads, row, q, ctas):  # pragma: no cover - GPU / simulator
     and a device wait for it may end before its task lands it (`wait_kernel.wait_seq`)."""
     at = heads + 8 * HEAD_WORDS * row
     if atomic_add_gpu(at + 8 * HEAD_EARLY, 1) == ctas - 1:
-        store_release_gpu(at + 8 * HEAD_LANDED_NS, globaltimer())
+        store_relaxed_sys(at + 8 * HEAD_LANDED_NS, globaltimer())    # a stamp: the release below orders it
         store_release_gpu(at + 8 * HEAD_LANDED, q)
 
 
