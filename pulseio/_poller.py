@@ -72,6 +72,8 @@ class PollerStatistics:
     copy_per_mib: LatencySummary  # producer's clock: the copier began it -> landed, per MiB it moved (RESIDENT)
     stamped_bytes: int = 0  # every request with both device stamps (RESIDENT): its bytes, and
     stamped_publish_to_landed_s: float = 0.0  # its publish -> landed, summed over all of them since the start
+    stamped_requests: int = 0  # how many such requests landed, and
+    landed_early: int = 0  # of them, those every copy CTA copied from the ids mirror before its task came
 
 
 class Poller:
@@ -91,7 +93,8 @@ class Poller:
         self.error: PulseError | None = None  # why the thread died, once it has
         self._fast = np.zeros(doorbell.layout.capacity, dtype=np.int64)  # [capacity]: seq, or 0
         self._lane = self._open_lane()
-        self._counts = {"completed": 0, "failed": 0, "bytes": 0, "stamped_bytes": 0, "stamped_ns": 0}
+        self._counts = {"completed": 0, "failed": 0, "bytes": 0, "stamped_bytes": 0, "stamped_ns": 0,
+                        "stamped": 0, "early": 0}
         self._to_seen: deque[int] = deque(maxlen=latency_samples)
         self._to_landed: deque[int] = deque(maxlen=latency_samples)
         self._publish_to_taken: deque[int] = deque(maxlen=latency_samples)
@@ -268,6 +271,8 @@ class Poller:
             if span is not None:
                 self._counts["stamped_bytes"] += completion.nbytes
                 self._counts["stamped_ns"] += span
+                self._counts["stamped"] += 1
+                self._counts["early"] += completion.early_landed_ns is not None
         if error is None and completion.finished_ns is not None:
             self._to_landed.append(completion.finished_ns - completion.submitted_ns)
         if span is not None:
@@ -307,7 +312,8 @@ class Poller:
                                 publish_to_landed=LatencySummary.of(list(self._publish_to_landed)),
                                 publish_to_early_landed=LatencySummary.of(list(self._publish_to_early)),
                                 copy_per_mib=LatencySummary.of(list(self._copy_per_mib)),
-                                stamped_bytes=c["stamped_bytes"], stamped_publish_to_landed_s=c["stamped_ns"] / 1e9)
+                                stamped_bytes=c["stamped_bytes"], stamped_publish_to_landed_s=c["stamped_ns"] / 1e9,
+                                stamped_requests=c["stamped"], landed_early=c["early"])
 
 
 def _unheld(completion: Completion, *_: object) -> Any:

@@ -69,6 +69,8 @@ class RuntimeStatistics:
     dma: tuple[DmaStatistics, ...]  # one per I/O worker
     stamped_bytes: int = 0  # RESIDENT requests landed since the open, with both device stamps: their bytes and
     stamped_publish_to_landed_s: float = 0.0  # their publish -> landed summed (device clock), over every one
+    stamped_requests: int = 0  # how many of those requests landed since the open, and
+    landed_early: int = 0  # of them, those every copy CTA copied from the ids mirror before its task came
 
     @property
     def publish_to_landed_gbps(self) -> float | None:
@@ -353,7 +355,8 @@ class Runtime:
             publish_to_taken=poller.publish_to_taken, publish_to_landed=poller.publish_to_landed,
             publish_to_early_landed=poller.publish_to_early_landed, copy_per_mib=poller.copy_per_mib,
             doorbell=ring, dma=tuple(w.statistics() for w in self.workers), stamped_bytes=poller.stamped_bytes,
-            stamped_publish_to_landed_s=poller.stamped_publish_to_landed_s)
+            stamped_publish_to_landed_s=poller.stamped_publish_to_landed_s, stamped_requests=poller.stamped_requests,
+            landed_early=poller.landed_early)
 
     def close(self) -> None:
         """Finish or fail every request, release every waiting stream, stop the threads, free what the

@@ -413,7 +413,7 @@ def _check_memory(source: ModelSource, config: ServingConfig, device: str, dtype
 
 
 _COUNTERS = ("submitted", "completed", "failed", "device_waits_expired", "stamped_bytes",
-             "stamped_publish_to_landed_s")
+             "stamped_publish_to_landed_s", "stamped_requests", "landed_early")
 _LATENCIES = ("post_to_landed", "publish_to_taken", "publish_to_landed", "publish_to_early_landed",
               "copy_per_mib")                                                            # pulseio's, last recalls
 

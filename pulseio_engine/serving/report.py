@@ -39,6 +39,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     19: ("config.pdl", "config.inductor_pdl"),
     21: ("config.early_select",),
     23: ("pulseio.publish_to_early_landed_us",),
+    24: ("pulseio.stamped_requests", "pulseio.landed_early"),
 }
 _DROPPED = {                     # schema version -> the keys it dropped; a report lacks every key dropped by then
     20: ("config.pdl", "config.inductor_pdl"),    # programmatic dependent launch, taken out: no faster on an H100
@@ -97,7 +98,8 @@ _LATENCY = {"count": int, "p50": OPT_NUM, "p99": OPT_NUM}
 PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits_expired": int,
                 "post_to_landed_us": _LATENCY, "publish_to_taken_us": _LATENCY, "publish_to_landed_us": _LATENCY,
                 "publish_to_early_landed_us": _LATENCY,
-                "copy_per_mib_us": _LATENCY, "stamped_bytes": int, "stamped_publish_to_landed_s": NUM}
+                "copy_per_mib_us": _LATENCY, "stamped_bytes": int, "stamped_publish_to_landed_s": NUM,
+                "stamped_requests": int, "landed_early": int}
 
 
 class ReportError(EngineError, ValueError):
@@ -213,6 +215,7 @@ def table(reports: list[dict]) -> str:
     row("host ms/round launch/pace/rest/tokens", _host)
     row("recall publish->landed p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_landed_us", 0))
     row("recall publish->landed early p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_early_landed_us", 0))
+    row("recalls landed early / stamped", _landed_early)
     row("recall publish->landed GB/s (of link)", _recall_rate)
     row("recall copy us/MiB p50/p99", lambda r: _pulseio_latency(r, "copy_per_mib_us", 1))
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
@@ -288,6 +291,16 @@ def _pulseio_latency(report: dict, key: str, digits: int) -> str:
     before the key (schema 4, 16, 23)."""
     lat = (report["pulseio"] or {}).get(key)
     return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.{digits}f}/{lat['p99']:,.{digits}f}"
+
+
+def _landed_early(report: dict) -> str:
+    """Of the recalls with the copier's stamps (RESIDENT), how many every copy CTA copied from the ids mirror before
+    their task came, over the whole replay; '-' without recalls or before schema 24."""
+    pulse = report["pulseio"] or {}
+    stamped = pulse.get("stamped_requests")
+    if not stamped:
+        return "-"
+    return f"{pulse['landed_early']:,} / {stamped:,} ({pulse['landed_early'] / stamped:.0%})"
 
 
 def _recall_rate(report: dict) -> str:

@@ -215,6 +215,7 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
         stats = rt.statistics()
         assert stats.publish_to_landed.count == stats.publish_to_taken.count == stats.copy_per_mib.count == 5
         assert stats.publish_to_early_landed.count == 0
+        assert (stats.stamped_requests, stats.landed_early) == (5, 0)
         assert 0 <= stats.publish_to_taken.p50_us <= stats.publish_to_landed.p50_us
         per_mib = sorted((d.landed_ns - d.taken_ns) * 2**20 / d.nbytes / 1e3 for d in done)   # us a MiB, each
         assert stats.copy_per_mib.p50_us == pytest.approx(per_mib[2], abs=1e-3)
@@ -228,6 +229,24 @@ def test_resident_requests_carry_the_copiers_stamps_on_the_producers_clock() -> 
         stats = rt.statistics()
         assert stats.publish_to_landed.count == stats.publish_to_taken.count == stats.copy_per_mib.count == 0
         assert (stats.stamped_bytes, stats.publish_to_landed_gbps) == (0, None)
+
+
+def test_statistics_count_the_requests_that_landed_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of the stamped RESIDENT requests, those whose task carries an early-landing stamp are counted apart, and
+    their publish -> landed early summarized: the share tells whether the ids mirror's path is the one taken."""
+    from pulseio._resident import TaskEvent
+
+    monkeypatch.setattr(TaskEvent, "early_landed_ns", lambda self: self.landed_ns() if self.seq % 3 == 0 else None)
+    with _runtime(strategy=Strategy.RESIDENT) as rt:
+        done = [rt.post_recall(host_ids=np.array([i]), device_slots=np.array([i]), tag=i) for i in range(1, 8)]
+        assert all(d.wait(timeout=10) for d in done)
+        early = [d for d in done if d.early_landed_ns is not None]
+        assert [d.seq % 3 for d in early] == [0, 0] and len(done) == 7
+        stats = rt.statistics()
+        assert (stats.stamped_requests, stats.landed_early) == (7, 2)
+        assert stats.publish_to_early_landed.count == 2
+        spans = sorted((d.early_landed_ns - d.published_ns) / 1e3 for d in early)
+        assert stats.publish_to_early_landed.p50_us == pytest.approx(sum(spans) / 2, abs=1e-3)
 
 
 def test_recall_graph_needs_a_cuda_device() -> None:

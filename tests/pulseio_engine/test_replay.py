@@ -81,6 +81,8 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert report["pulseio"]["publish_to_taken_us"]["p50"] <= report["pulseio"]["publish_to_landed_us"]["p50"]
     early = report["pulseio"]["publish_to_early_landed_us"]     # the CPU's copier has no ids mirror to copy from
     assert early == {"count": 0, "p50": None, "p99": None}, early
+    stamped = report["pulseio"]["stamped_requests"]            # recalls of no block carry no copier stamps
+    assert 0 < stamped <= summary["recalls"] and report["pulseio"]["landed_early"] == 0
     assert report["pulseio"]["stamped_bytes"] == summary["recalled_bytes"] > 0      # every recall is RESIDENT here
     assert report["pulseio"]["stamped_publish_to_landed_s"] > 0
     m = report["m"]
@@ -95,7 +97,7 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     default = DmaConfig()                                   # what the runtime ran with: given, or its own on a CPU
     copier = (16, 300) if fmt == "mooncake" else (default.zero_copy_ctas, default.resident_idle_us)
     assert (report["config"]["copier_ctas"], report["config"]["copier_idle_us"]) == copier
-    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/23"
+    assert report["summary"]["warmup_s"] > 0 and report["schema"] == "pulseio-replay/24"
     assert "pdl" not in report["config"] and "inductor_pdl" not in report["config"]      # dropped by schema 20
     assert "early_select" not in report["config"]                                        # dropped by schema 22
     assert summary["handoffs_landed"] == summary["handoffs_waited"] == 0      # a CPU loads handed-in KV at once
@@ -244,6 +246,10 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
         check_report(report, source="r")
     report["longest_gaps"][0]["admitted"] = 1
     assert re.search(r"^recall publish->landed early p50/p99 \(us\)\s+-\s+-$", table([report, other]), flags=re.M)
+    n = report["pulseio"]["stamped_requests"]
+    assert re.search(rf"^recalls landed early / stamped\s+0 / {n:,} \(0%\)\s", table([report, other]), flags=re.M)
+    _step_back(report, 23, "pulseio.stamped_requests", "pulseio.landed_early")
+    assert re.search(r"^recalls landed early / stamped\s+-\s+0 / [\d,]+ \(0%\)$", table([report, other]), flags=re.M)
     _step_back(report, 22, "pulseio.publish_to_early_landed_us")
     assert re.search(r"^recall publish->landed early p50/p99 \(us\)\s+-\s+-$", table([report, other]), flags=re.M)
     assert check_report(report, source="r") is report and "early_select" not in report["config"]   # schema 22
@@ -311,9 +317,10 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     _step_back(report, 1, "summary.warmup_s")
     assert re.search(r"^warm-up before the clock \(s\)\s+-\s+\d+\.\d$", table([report, other]), flags=re.M)
     report["schema"] = "pulseio-replay/0"
-    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/23', "
-                                          r"'pulseio-replay/22', 'pulseio-replay/21', 'pulseio-replay/20', "
-                                          r"'pulseio-replay/19', 'pulseio-replay/18', 'pulseio-replay/17', "
+    with pytest.raises(ReportError, match=r"^r: schema is 'pulseio-replay/0', this engine reads 'pulseio-replay/24', "
+                                          r"'pulseio-replay/23', 'pulseio-replay/22', 'pulseio-replay/21', "
+                                          r"'pulseio-replay/20', 'pulseio-replay/19', 'pulseio-replay/18', "
+                                          r"'pulseio-replay/17', "
                                           r"'pulseio-replay/16', 'pulseio-replay/15', 'pulseio-replay/14', "
                                           r"'pulseio-replay/13', "
                                           r"'pulseio-replay/12', 'pulseio-replay/11', 'pulseio-replay/10', "
