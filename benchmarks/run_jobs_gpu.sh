@@ -44,11 +44,14 @@
 #                        halves; irqahead, irqahead125, irqahead3, irqahead2s, halvesahead (IRQ or halves recalling
 #                        ahead; 3 normal steps a round; two streams). On a cold machine a replay's warm-up takes ~2 min
 #                        more; vanilla needs ~240 s (sg) / ~360 s (mc) of limit on a warm one.
+#   patch:NAME ... unpatch   the jobs between them run with $KERNEL_CACHE/NAME.patch applied (an experiment, kept
+#                        out of the tree: commit it, revert it, and keep its diff there), writing in NAME/ of the output
 # Compiled kernels kept across machines: KERNEL_CACHE/cache.txz.* (default .devrun, carried to the machine: an earlier
 # call's $OUT/cache.txz.*, xz split in parts under the 16 MiB a returned file may hold) seeds the Triton and Inductor
 # caches of a cold machine; each call hands the caches back the same way.
 set -u
-W=${WORK:-/tmp/pulseio-jobs}; mkdir -p $W
+W0=${WORK:-/tmp/pulseio-jobs}; W=$W0; mkdir -p $W
+PATCHED=""
 C=/tmp/pulseio-kernel-cache
 K=${KERNEL_CACHE:-.devrun}
 if [ ! -d $C ] && ls $K/cache.txz.* > /dev/null 2>&1; then mkdir -p $C && cat $K/cache.txz.* | xz -d | tar xf - -C $C; fi
@@ -58,9 +61,10 @@ T0=$(date +%s)
 TAG=${TAG:-jobs}
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a $W/$TAG.log >> $OUT/$TAG-live.log; }
 finish() {
-  for d in $W/*-r/timelines-*; do [ -d $d ] || continue
+  [ -n "$PATCHED" ] && patch -p1 -R -s < $K/$PATCHED.patch
+  for d in $W0/*-r/timelines-* $W0/*/*-r/timelines-*; do [ -d $d ] || continue
     keep=$(ls $d | sort -t- -k2 -n | sed -n 5p); [ -n "$keep" ] && gzip -c $d/$keep > $d.$keep.gz; rm -rf $d; done
-  rm -f $W/*/serving.tgz; tar czf $OUT/$TAG.tgz -C $W .
+  rm -f $W0/*/serving.tgz $W0/*/*/serving.tgz; tar czf $OUT/$TAG.tgz -C $W0 .
   tar cf - -C $C . | xz -T0 -6 > /tmp/cache.txz && [ $(stat -c %s /tmp/cache.txz) -lt 45000000 ] && \
     split -b 15000000 -d /tmp/cache.txz $OUT/cache.txz.
   echo "cache $(du -sh $C | cut -f1), packed $(stat -c %s /tmp/cache.txz) bytes" >> $OUT/$TAG-live.log
@@ -76,6 +80,13 @@ for spec in "$@"; do
     h100:*) spec=${spec#h100:}; case $GPU in *H100*) ;; *) log "skip $spec (not an H100)"; continue;; esac;;
   esac
   job=${spec%@*}; LIM=""; [ "$spec" != "$job" ] && LIM=${spec#*@}
+  case $job in   # an experiment: the jobs between patch:NAME and unpatch run on the tree with $K/NAME.patch, in NAME/
+    patch:*) [ -n "$PATCHED" ] && { log "skip $job ($PATCHED is applied)"; continue; }
+      PATCHED=${job#patch:}; patch -p1 -s < $K/$PATCHED.patch || { log "$K/$PATCHED.patch does not apply"; exit 1; }
+      W=$W0/$PATCHED; mkdir -p $W; log "applied $K/$PATCHED.patch: the jobs up to unpatch write in $PATCHED/"; continue;;
+    unpatch) [ -n "$PATCHED" ] && patch -p1 -R -s < $K/$PATCHED.patch && log "reverted $PATCHED"
+      PATCHED=""; W=$W0; continue;;
+  esac
   if [ "$job" = tests ]; then   # the GPU cases the captured branches touch, side by side (a hang fails its case)
     [ $(( $(date +%s) - T0 + 260 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     for c in "tokens ahead" "halves ahead" ahead tokens "nosync 16 overlap ahead" "nosync 16 overlap ride ahead" \
