@@ -19,7 +19,9 @@ fixed-size tensors, and counts them on the device. Then:
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,6 +37,45 @@ class RecallError(EngineError, RuntimeError):
 
 
 AHEAD_TAG = 1 << 30   # in a recall's tag beside its layer: a recall ahead (`OffloadConfig.ahead`), counted apart
+FLIGHT_SAMPLE_EVERY = 8     # `check_landed` samples the recalls of one step in this many (`RecallFlights`)
+FLIGHT_SAMPLES = 4096       # the latencies a `RecallFlights` keeps, the last ones
+
+
+@dataclass
+class RecallFlights:
+    """Sampled doorbell recalls of one kind, a layer's own or ahead of it, that carry the copier's device stamps
+    (RESIDENT): how many, their bytes, how many landed early (every copy CTA copied its part from the ids mirror
+    before the task came, which is when a captured device wait ends), and on the device's clock publish -> landed
+    early and publish -> landed by the task, over the last FLIGHT_SAMPLES. pulseio's statistics mix both kinds;
+    a layer's own recall is the one its attention waits for."""
+
+    stamped: int = 0
+    nbytes: int = 0
+    landed_early: int = 0
+    to_early_ns: deque[int] = field(default_factory=lambda: deque(maxlen=FLIGHT_SAMPLES))
+    to_landed_ns: deque[int] = field(default_factory=lambda: deque(maxlen=FLIGHT_SAMPLES))
+
+    def add(self, done: Any) -> None:
+        """A landed recall's Completion; one without both device stamps is not counted."""
+        published, landed = done.published_ns, done.landed_ns
+        if published is None or landed is None:
+            return
+        self.stamped += 1
+        self.nbytes += done.nbytes or 0
+        self.to_landed_ns.append(landed - published)
+        if done.early_landed_ns is not None:
+            self.landed_early += 1
+            self.to_early_ns.append(done.early_landed_ns - published)
+
+    def summary(self) -> dict:
+        """The counters, and each latency's count / p50 / p99 in microseconds (None without samples)."""
+        def latency(samples: deque[int]) -> dict:
+            lat = pulseio.LatencySummary.of(list(samples))
+            return {"count": lat.count, "p50": lat.p50_us if lat.count else None,
+                    "p99": lat.p99_us if lat.count else None}
+        return {"stamped": self.stamped, "bytes": self.nbytes, "landed_early": self.landed_early,
+                "publish_to_early_landed_us": latency(self.to_early_ns),
+                "publish_to_landed_us": latency(self.to_landed_ns)}
 
 
 def tag_name(tag: int | None) -> str:
@@ -61,6 +102,8 @@ class Recaller:
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
         self.ahead_bytes = 0     # bytes the doorbell recalls tagged AHEAD_TAG moved, as check_landed saw them land
+        self.flights = {"own": RecallFlights(), "ahead": RecallFlights()}     # one step in FLIGHT_SAMPLE_EVERY's
+        self._checks = 0
         self._posted: list[tuple[int | None, Any]] = []     # (tag, completion) of doorbell recalls since check_landed
 
     @property
@@ -110,15 +153,22 @@ class Recaller:
         """After a step's results reached the host: raise RecallError if a doorbell recall since the last
         check failed (its layer attended slots that were not written). One whose completion pulseio has not
         marked yet (its data is in place: the step is over) is looked at again next time. Counts the bytes of those
-        recalled ahead (`ahead_bytes`)."""
+        recalled ahead (`ahead_bytes`), and samples the flights of one call's recalls in FLIGHT_SAMPLE_EVERY
+        (`flights`)."""
         pending, failed = [], []
+        self._checks += 1
+        sample = self._checks % FLIGHT_SAMPLE_EVERY == 0
         for tag, done in self._posted:
             if not done.done():
                 pending.append((tag, done))
             elif (error := done.exception()) is not None:
                 failed.append((tag, error))
-            elif tag is not None and tag & AHEAD_TAG:
-                self.ahead_bytes += done.nbytes or 0
+            else:
+                ahead = tag is not None and (tag & AHEAD_TAG) != 0
+                if ahead:
+                    self.ahead_bytes += done.nbytes or 0
+                if sample:
+                    self.flights["ahead" if ahead else "own"].add(done)
         self._posted = pending
         if failed:
             tag, error = failed[0]

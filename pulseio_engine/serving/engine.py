@@ -33,6 +33,7 @@ from ..copier_options import copier_dma
 from ..engine import Engine
 from ..kv.handoff import KVSource
 from ..kv.handoff_loads import HandoffLoadStatistics
+from ..kv.recall import RecallFlights
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
@@ -401,8 +402,9 @@ class ServingEngine:
             finished[rid] = (*self._requests.pop(rid).earlier, *out.output_ids)
 
     def reset_statistics(self) -> None:
-        """Count rounds, batch sizes, IRQ's m, moves and the bytes read from zero again (after a warm-up); pulseio's
-        own counters (`recall_statistics`, `runtime_statistics`) run on, so callers take a baseline of those."""
+        """Count rounds, batch sizes, IRQ's m, moves, the bytes read and the sampled recall flights from zero again
+        (after a warm-up); pulseio's own counters (`recall_statistics`, `runtime_statistics`) run on, so callers take a
+        baseline of those."""
         if self._requests:
             raise RuntimeError(f"reset_statistics with {len(self._requests)} requests running (this is a bug in "
                                "pulseio_engine: the warm-up must finish its requests)")
@@ -415,6 +417,9 @@ class ServingEngine:
         self.read = RoundBytes()
         self._graphs_before += self.step_graphs_built()
         self._handoffs_before = self._handoff_totals()
+        off = None if self.offload is None else self.offload.offloader
+        if off is not None and off.recaller is not None:
+            off.recaller.flights = {kind: RecallFlights() for kind in off.recaller.flights}
 
     def step_graphs_built(self) -> int:
         """Both engines' offload step graphs built (captured, on a GPU) since the statistics were reset: a batch
@@ -437,6 +442,14 @@ class ServingEngine:
             return 0, 0, 0
         stats = self.offload.offloader.statistics()
         return stats.recalls, stats.bytes_recalled, stats.bytes_ahead
+
+    def recall_flights(self) -> dict | None:
+        """The offload engine's sampled recall flights, a layer's own and ahead (`Recaller.flights`, summarized);
+        None without a doorbell recaller."""
+        off = None if self.offload is None else self.offload.offloader
+        if off is None or off.recaller is None or off.recaller.mode is not RecallMode.DOORBELL:
+            return None
+        return {kind: flights.summary() for kind, flights in off.recaller.flights.items()}
 
     def host_pool_bytes(self) -> int:
         """The offload engine's host pool (pinned host memory), 0 without one."""

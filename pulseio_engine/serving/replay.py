@@ -485,7 +485,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
         "tpot_ms": rec.tpot_by_bucket(),
         "host_ms_per_round": serving.host.ms_per_round(serving.rounds),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,
-        "moves": asdict(serving.moves), "pulseio": pulse,
+        "moves": asdict(serving.moves), "pulseio": pulse, "recall_flights": serving.recall_flights(),
         "memory": {"gpu_kv_cap_bytes": config.gpu_kv_bytes, **asdict(sizes), "gpu_pools_bytes": pools,
                    "host_pool_bytes": serving.host_pool_bytes()},
         "roofline": roofline(serving.read, recalled, span - rec.idle_s, tokens, copy_gbps=rates[0],

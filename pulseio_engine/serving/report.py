@@ -39,7 +39,7 @@ _ADDED = {                       # schema version -> the keys it added; a report
     19: ("config.pdl", "config.inductor_pdl"),
     21: ("config.early_select",),
     23: ("pulseio.publish_to_early_landed_us",),
-    24: ("pulseio.stamped_requests", "pulseio.landed_early"),
+    24: ("pulseio.stamped_requests", "pulseio.landed_early", "recall_flights"),
 }
 _DROPPED = {                     # schema version -> the keys it dropped; a report lacks every key dropped by then
     20: ("config.pdl", "config.inductor_pdl"),    # programmatic dependent launch, taken out: no faster on an H100
@@ -76,6 +76,7 @@ SCHEMA: dict[str, Any] = {
     "m": (dict, type(None)),
     "moves": {"to_offload": int, "to_normal": int, "bytes_to_host": int, "bytes_from_host": int},
     "pulseio": (dict, type(None)),
+    "recall_flights": (dict, type(None)),
     "memory": {"gpu_kv_cap_bytes": int, "normal_blocks": int, "offload_blocks": int, "max_offload": int,
                "host_units": int, "gpu_pools_bytes": int, "host_pool_bytes": int},
     "timeline": {"t_s": list, "throughput_tok_s": list, "normal_batch": list, "offload_batch": list,
@@ -100,6 +101,9 @@ PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits
                 "publish_to_early_landed_us": _LATENCY,
                 "copy_per_mib_us": _LATENCY, "stamped_bytes": int, "stamped_publish_to_landed_s": NUM,
                 "stamped_requests": int, "landed_early": int}
+FLIGHT_KINDS = ("own", "ahead")                  # `recall_flights`: a layer's own recalls, and those ahead of it
+FLIGHT_KEYS = {"stamped": int, "bytes": int, "landed_early": int, "publish_to_early_landed_us": _LATENCY,
+               "publish_to_landed_us": _LATENCY}
 
 
 class ReportError(EngineError, ValueError):
@@ -129,6 +133,8 @@ def check_report(report: dict, *, source: str = "report") -> dict:
         _check(report["m"], M_KEYS, source, "m.")
     if report["pulseio"] is not None:
         _check(report["pulseio"], pulse_spec, source, "pulseio.")
+    if report.get("recall_flights") is not None:
+        _check(report["recall_flights"], {kind: FLIGHT_KEYS for kind in FLIGHT_KINDS}, source, "recall_flights.")
     return report
 
 
@@ -216,6 +222,12 @@ def table(reports: list[dict]) -> str:
     row("recall publish->landed p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_landed_us", 0))
     row("recall publish->landed early p50/p99 (us)", lambda r: _pulseio_latency(r, "publish_to_early_landed_us", 0))
     row("recalls landed early / stamped", _landed_early)
+    for kind in FLIGHT_KINDS:
+        row(f"{kind} recalls sampled: landed early, mean KiB", lambda r, k=kind: _flights(r, k))
+        row(f"{kind} recall publish->landed early p50/p99 (us)",
+            lambda r, k=kind: _flight_latency(r, k, "publish_to_early_landed_us"))
+        row(f"{kind} recall publish->landed p50/p99 (us)",
+            lambda r, k=kind: _flight_latency(r, k, "publish_to_landed_us"))
     row("recall publish->landed GB/s (of link)", _recall_rate)
     row("recall copy us/MiB p50/p99", lambda r: _pulseio_latency(r, "copy_per_mib_us", 1))
     row("step graphs built", lambda r: str(r["summary"].get("step_graphs_built", "-")))
@@ -301,6 +313,22 @@ def _landed_early(report: dict) -> str:
     if not stamped:
         return "-"
     return f"{pulse['landed_early']:,} / {stamped:,} ({pulse['landed_early'] / stamped:.0%})"
+
+
+def _flights(report: dict, kind: str) -> str:
+    """Of the sampled recalls of one kind (`recall_flights`), how many landed early, and their mean size; '-' without
+    any or before schema 24."""
+    f = (report.get("recall_flights") or {}).get(kind)
+    if not f or not f["stamped"]:
+        return "-"
+    return f"{f['landed_early']:,} / {f['stamped']:,} ({f['landed_early'] / f['stamped']:.0%}), " \
+           f"{f['bytes'] / f['stamped'] / 1024:,.0f}"
+
+
+def _flight_latency(report: dict, kind: str, key: str) -> str:
+    """One latency of the sampled recalls of one kind as p50/p99 us; '-' without samples or before schema 24."""
+    lat = ((report.get("recall_flights") or {}).get(kind) or {}).get(key)
+    return "-" if lat is None or lat["p50"] is None else f"{lat['p50']:,.0f}/{lat['p99']:,.0f}"
 
 
 def _recall_rate(report: dict) -> str:

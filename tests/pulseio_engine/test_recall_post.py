@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
+import pytest
 import torch
 
 import pulseio
 from pulseio_engine.config import RecallMode
-from pulseio_engine.kv.recall import PendingRecall, Recaller
+from pulseio_engine.kv.recall import AHEAD_TAG, FLIGHT_SAMPLE_EVERY, PendingRecall, Recaller
 
 CONFIG = pulseio.RuntimeConfig(device="cpu", host_blocks=64, device_slots=32, block_bytes=64, ring_slots=8,
                                max_blocks_per_request=16, spin_iterations=2000)
@@ -91,3 +93,37 @@ def test_arm_waits_only_for_room_and_counts_it_as_blocked() -> None:
     done = recaller.arm(_FullThenRoom(full=3))
     assert [c.tag for c in done] == [3] and recaller.blocked_ns >= 2_000_000, "three full looks: ~3 ms blocked"
     assert len(recaller._posted) == 2, "armed completions are watched by check_landed"
+
+
+def test_check_landed_samples_the_flights_of_own_and_ahead_recalls_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One check_landed call in FLIGHT_SAMPLE_EVERY samples its recalls' device stamps, a layer's own and those
+    ahead (AHEAD_TAG) apart: stamped, bytes, landed early, publish -> landed early / -> landed."""
+    from pulseio._resident import TaskEvent
+
+    monkeypatch.setattr(TaskEvent, "early_landed_ns", lambda self: self.landed_ns() if self.seq % 2 == 0 else None)
+    config = dataclasses.replace(CONFIG, strategy=pulseio.Strategy.RESIDENT)
+    with pulseio.open_runtime(config) as rt:
+        recaller = Recaller(rt, RecallMode.DOORBELL)
+        sampled = []
+        for call in range(1, 2 * FLIGHT_SAMPLE_EVERY + 1):
+            posts = [recaller.post(*_args(n), tag=tag) for n, tag in ((4, 5), (2, 5 | AHEAD_TAG), (3, 6))]
+            for p in posts:
+                p.wait_device()
+            deadline = time.monotonic() + 10
+            while not all(p.handle.done() for p in posts):        # pulseio marks them a moment after the data
+                assert time.monotonic() < deadline
+                time.sleep(1e-3)
+            recaller.check_landed()
+            if call % FLIGHT_SAMPLE_EVERY == 0:
+                sampled.extend(p.handle for p in posts)
+        own, ahead = recaller.flights["own"].summary(), recaller.flights["ahead"].summary()
+        assert (own["stamped"], ahead["stamped"]) == (4, 2), "two calls sampled, each 2 own recalls and 1 ahead"
+        assert (own["bytes"], ahead["bytes"]) == (2 * 7 * CONFIG.block_bytes, 2 * 2 * CONFIG.block_bytes)
+        early = {kind: [h for h in sampled if h.early_landed_ns is not None and (h.tag & AHEAD_TAG != 0) == kind]
+                 for kind in (False, True)}
+        assert (own["landed_early"], ahead["landed_early"]) == (len(early[False]), len(early[True]))
+        assert 0 < own["landed_early"] + ahead["landed_early"] < len(sampled) == 6     # the tasks of even seqs
+        assert own["publish_to_early_landed_us"]["count"] == own["landed_early"]
+        assert own["publish_to_landed_us"]["count"] == 4 and own["publish_to_landed_us"]["p50"] > 0
+        spans = sorted((h.landed_ns - h.published_ns) / 1e3 for h in sampled if h.tag & AHEAD_TAG)
+        assert ahead["publish_to_landed_us"]["p50"] == pytest.approx(sum(spans) / 2, abs=1e-3)

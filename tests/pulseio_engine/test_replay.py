@@ -83,6 +83,13 @@ def test_a_50_request_slice_completes_with_every_output(reports: dict[str, dict]
     assert early == {"count": 0, "p50": None, "p99": None}, early
     stamped = report["pulseio"]["stamped_requests"]            # recalls of no block carry no copier stamps
     assert 0 < stamped <= summary["recalls"] and report["pulseio"]["landed_early"] == 0
+    flights = report["recall_flights"]                          # one round's recalls in FLIGHT_SAMPLE_EVERY, by kind
+    assert 0 < flights["own"]["stamped"] + flights["ahead"]["stamped"] <= stamped
+    assert (flights["ahead"]["stamped"] > 0) == report["config"]["ahead"]
+    for kind in ("own", "ahead"):
+        f = flights[kind]
+        assert f["landed_early"] == f["publish_to_early_landed_us"]["count"] == 0
+        assert f["publish_to_landed_us"]["count"] == min(f["stamped"], 4096) and f["bytes"] >= f["stamped"]
     assert report["pulseio"]["stamped_bytes"] == summary["recalled_bytes"] > 0      # every recall is RESIDENT here
     assert report["pulseio"]["stamped_publish_to_landed_s"] > 0
     m = report["m"]
@@ -248,8 +255,20 @@ def test_reports_of_older_schemas_still_read_without_what_came_later(reports: di
     assert re.search(r"^recall publish->landed early p50/p99 \(us\)\s+-\s+-$", table([report, other]), flags=re.M)
     n = report["pulseio"]["stamped_requests"]
     assert re.search(rf"^recalls landed early / stamped\s+0 / {n:,} \(0%\)\s", table([report, other]), flags=re.M)
-    _step_back(report, 23, "pulseio.stamped_requests", "pulseio.landed_early")
+    own = report["recall_flights"]["own"]
+    assert re.search(rf"^own recalls sampled: landed early, mean KiB\s+0 / {own['stamped']:,} \(0%\), "
+                     rf"{own['bytes'] / own['stamped'] / 1024:,.0f}\s", table([report, other]), flags=re.M)
+    lat = own["publish_to_landed_us"]
+    assert re.search(rf"^own recall publish->landed p50/p99 \(us\)\s+{lat['p50']:,.0f}/{lat['p99']:,.0f}\s",
+                     table([report, other]), flags=re.M)
+    own["stamped"] = 1.5
+    with pytest.raises(ReportError, match=r"^r: recall_flights\.own\.stamped must be int, got 1\.5$"):
+        check_report(report, source="r")
+    own["stamped"] = 1
+    _step_back(report, 23, "recall_flights", "pulseio.stamped_requests", "pulseio.landed_early")
     assert re.search(r"^recalls landed early / stamped\s+-\s+0 / [\d,]+ \(0%\)$", table([report, other]), flags=re.M)
+    assert re.search(r"^own recall publish->landed p50/p99 \(us\)\s+-\s+[\d,]+/[\d,]+$", table([report, other]),
+                     flags=re.M)
     _step_back(report, 22, "pulseio.publish_to_early_landed_us")
     assert re.search(r"^recall publish->landed early p50/p99 \(us\)\s+-\s+-$", table([report, other]), flags=re.M)
     assert check_report(report, source="r") is report and "early_select" not in report["config"]   # schema 22
