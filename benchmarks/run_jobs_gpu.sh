@@ -246,7 +246,7 @@ for spec in "$@"; do
   log "$job rc=$? $(grep -h -E 'completed|tok/s' $W/$job-r/progress.log 2>/dev/null | tail -2 | tr '\n' ' ')"
   [ -d $W/$job-r/timelines-$mode ] && timeout 60 python -m pulseio_engine.cli replay-gaps \
     $W/$job-r/timelines-$mode --kernels 30 > $W/$job-r/gaps-kernels.txt 2>&1
-  grep -h -E "roofline|decode tok/s|GPU busy|TPOT p50/p99 <8K|rounds ridden|step graphs|warm-up|host ms|publish->landed GB/s|recall copy|GC |longest gap" \
+  grep -h -E "roofline|decode tok/s|GPU busy|TPOT p50/p99 <8K|rounds ridden|step graphs|warm-up|host ms|publish->landed GB/s|recall copy|GC |longest gap|landed early|own recall|ahead recall" \
     $W/$job-r/table.txt $W/$job-r/*.log 2>/dev/null | sort -u | tee -a $W/$TAG.log
 done
 log done
