@@ -103,6 +103,13 @@ WAIT_SCRIPT = textwrap.dedent("""
     t0 = time.perf_counter()
     wait_seq[1, 32](cell.ctypes.data, words.ctypes.data, 4, heads.ctypes.data, 3)
     assert time.perf_counter() - t0 >= 0.25 and heads[1, 3] == 8 and words[3] == 4
+    # ... and still ends on its word, the row never saying it landed early (a request its task landed)
+    cell[0], words[2] = 7, 3                      # seq 7: word 2, row 0, whose head holds no landing
+    late = threading.Timer(0.3, lambda: words.__setitem__(2, 7))
+    late.start()
+    t0 = time.perf_counter()
+    wait_seq[1, 32](cell.ctypes.data, words.ctypes.data, 4, heads.ctypes.data, 3)
+    assert time.perf_counter() - t0 >= 0.25 and words[2] == 7 and heads[0, 3] == 0
     print("SIM-OK")
 """)
 
