@@ -196,7 +196,8 @@ class TimedRecaller:
         return StampTotals(sum(r.nbytes for r in stamped), len(stamped),
                            sum(r.landed_ns - r.published_ns for r in stamped) / 1e9,
                            tuple(r.taken_ns - r.published_ns for r in stamped),
-                           tuple(r.seen_ns - r.published_ns for r in stamped if r.seen_ns is not None))
+                           tuple(r.seen_ns - r.published_ns for r in stamped if r.seen_ns is not None),
+                           tuple(r.early_landed_ns - r.published_ns for r in stamped if r.early_landed_ns is not None))
 
 
 HOST_AHEAD = 2   # timed steps the host may enqueue in front of the GPU: one runs while the next waits, so the GPU
@@ -207,19 +208,28 @@ HOST_AHEAD = 2   # timed steps the host may enqueue in front of the GPU: one run
 @dataclass(frozen=True)
 class StampTotals:
     """Doorbell requests' stamps: bytes and publish -> landed summed (device clock); per request, publish ->
-    the copier's start (the pickup; the rest is the copy), and publish -> the poller's read of it (device
-    clock to host clock: only differences between requests mean anything)."""
+    the copier's start (the pickup; the rest is the copy), publish -> the poller's read of it (device
+    clock to host clock: only differences between requests mean anything), and, for those every copy CTA copied
+    from the ids mirror before their task came, publish -> landed early (when a captured device wait ends)."""
 
     nbytes: int = 0
     requests: int = 0
     publish_to_landed_s: float = 0.0
     pickups_ns: tuple[int, ...] = ()
     publish_to_seen_ns: tuple[int, ...] = ()
+    publish_to_early_ns: tuple[int, ...] = ()
 
     def __add__(self, other: StampTotals) -> StampTotals:
         return StampTotals(self.nbytes + other.nbytes, self.requests + other.requests,
                            self.publish_to_landed_s + other.publish_to_landed_s, self.pickups_ns + other.pickups_ns,
-                           self.publish_to_seen_ns + other.publish_to_seen_ns)
+                           self.publish_to_seen_ns + other.publish_to_seen_ns,
+                           self.publish_to_early_ns + other.publish_to_early_ns)
+
+    def landed_early_fraction(self) -> float | None:
+        return len(self.publish_to_early_ns) / self.requests if self.requests else None
+
+    def early_us(self, percentile: float) -> float | None:
+        return _percentile_us(self.publish_to_early_ns, percentile)
 
     def pickup_us(self, percentile: float) -> float | None:
         return _percentile_us(self.pickups_ns, percentile)
@@ -297,6 +307,8 @@ class SparseBenchResult:
     ahead: bool = False                       # offload-doorbell: each layer recalled ahead too (OffloadConfig.ahead)
     ahead_units_per_step: float = 0.0         # of units_per_step, those recalled ahead
     ahead_budget: float = 1.0                 # the prediction's budget, in budgets (OffloadConfig.ahead_budget)
+    landed_early_fraction: float | None = None          # of the stamped requests, those landed early (StampTotals)
+    publish_to_early_landed_us_p50: float | None = None  # their publish -> landed early, device clock
 
     @property
     def vanilla_ratio(self) -> float | None:
@@ -329,6 +341,10 @@ class SparseBenchResult:
             rate += (f", publish -> landed {self.publish_gbps:.1f} GB/s{_of_peak(self.publish_fraction_of_peak)} "
                      f"({self.publish_to_landed_us:.0f} us a request, "
                      f"pickup p50 {self.publish_to_taken_us_p50:.0f} us)")
+        if self.landed_early_fraction is not None:
+            early = "" if self.publish_to_early_landed_us_p50 is None else \
+                f", publish -> landed early p50 {self.publish_to_early_landed_us_p50:.0f} us"
+            rate += f", {self.landed_early_fraction:.0%} landed early{early}"
         roof = "" if self.roofline_ms is None else \
             f", roofline {self.roofline_ms:.2f} ms ({self.step_bytes.total / 1e9:.1f} GB) -> {self.roofline_ratio:.2f}x"
         kernels = "" if self.kernels_per_step is None else f", {self.kernels_per_step:,.0f} kernels/step"
@@ -521,7 +537,9 @@ def _run_sparse(source: ModelSource, mode: SparseBenchMode, batch_size: int, con
             kv_side // batch_size, per_token * per_seq * bs, host, describe(locality),
             None if used is None else used.zero_copy_ctas, None if used is None else used.resident_idle_us,
             skinny_gemm=engine.model.workspace is not None, hot_cache=hot_cache, ahead=ahead, ahead_budget=ahead_budget,
-            ahead_units_per_step=(after.bytes_ahead - before.bytes_ahead) / counted / off.layout.unit_bytes)
+            ahead_units_per_step=(after.bytes_ahead - before.bytes_ahead) / counted / off.layout.unit_bytes,
+            landed_early_fraction=published.landed_early_fraction(),
+            publish_to_early_landed_us_p50=published.early_us(50))
 
 
 def _release(device: torch.device) -> None:

@@ -40,9 +40,12 @@ def test_each_mode_reports_its_traffic_memory_and_waits(mode: SparseBenchMode, s
         assert 0 <= r.publish_to_taken_us < r.publish_to_landed_us and r.copy_gbps > r.publish_gbps
         assert 0 <= r.publish_to_taken_us_p50 <= r.publish_to_taken_us_p90
         assert 0 <= r.poller_lag_us_p50 <= r.poller_lag_us_p90
+        assert r.landed_early_fraction == 0.0 and r.publish_to_early_landed_us_p50 is None, "no ids mirror on a CPU"
+        assert "0% landed early" in r.summary()
     else:
         assert r.publish_gbps is None and r.publish_to_landed_us is None and r.copy_gbps is None
         assert r.publish_to_taken_us_p50 is None and r.poller_lag_us_p50 is None
+        assert r.landed_early_fraction is None and "landed early" not in r.summary()
     blocked = r.blocked_ms_per_step
     assert blocked == 0 if mode is not SparseBenchMode.OFFLOAD_SYNC else blocked > 0
     assert 0 <= r.recall_host_ms_per_step <= r.host_ms_per_step
@@ -160,3 +163,17 @@ def test_compare_all_on_gpu_runs_the_bounds_step_in_the_same_process() -> None:
     assert "bound" in bounded.summary()
     with pytest.raises(ValueError, match="^compare_all_on_gpu compares an offload mode"):
         run_sparse_bench("tiny", mode=SparseBenchMode.ALL_ON_GPU, compare_all_on_gpu=True, **args)
+
+
+def test_stamp_totals_count_the_requests_that_landed_early() -> None:
+    """Of the stamped requests, the share whose publish -> landed early was stamped, and its percentiles; sums of
+    totals keep every sample."""
+    from pulseio_engine.sparse_bench import StampTotals
+
+    a = StampTotals(nbytes=4096, requests=3, publish_to_landed_s=1e-4, publish_to_early_ns=(10_000, 30_000))
+    b = StampTotals(nbytes=1024, requests=1, publish_to_landed_s=2e-5)
+    both = a + b
+    assert both.requests == 4 and both.publish_to_early_ns == (10_000, 30_000)
+    assert both.landed_early_fraction() == 0.5 and both.early_us(50) == 20.0
+    assert b.landed_early_fraction() == 0.0 and b.early_us(50) is None
+    assert StampTotals().landed_early_fraction() is None
