@@ -4,6 +4,7 @@ and the time the submitting thread is blocked per step, doorbell path vs the syn
     PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick] [--strategies resident,auto]
         [--recall 104x65536]   # the latency section's request: blocks x bytes (default 64 x 8 KiB)
         [--ctas 52]            # the copy kernels' CTA budget (DmaConfig.zero_copy_ctas; default 64)
+        [--busy-gpu-gib 1]     # the resident route's latency again, the GPU busy copying device memory meanwhile
 
 How each figure is taken:
 * publish->seen: the publish kernel stamps %globaltimer into the slot; the poller stamps
@@ -17,7 +18,9 @@ How each figure is taken:
   on an idle GPU; the resident route also reports its rate from the copier's start and from the publish, and
   publish -> landed early for the requests every copy CTA copied from the ids mirror before their task came
   (the copier's stamp: when a captured device wait, a RecallGraph's, would have ended; this bench's wait, on
-  the completion word, ends when the task lands).
+  the completion word, ends when the task lands). With --busy-gpu-gib G the resident route's latency is taken
+  again while a second stream copies G GiB of device memory each step (a kernel on every SM streaming HBM, as a
+  decode step's weight products do): what the model's kernels beside the copier do to a recall's flight.
 * bandwidth: bytes / wall time of `steps` back-to-back recalls of 2048 x 8 KiB (ids on the GPU via
   the ring, vs ids already on the host straight to the I/O worker), same runtime, same strategy (blocks of
   the --recall size).
@@ -141,10 +144,15 @@ def open_rt(strategy: Strategy = Strategy.AUTO, block_bytes: int = BLOCK, ctas: 
     return rt
 
 
-def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> dict:
+def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64, busy_gib: float = 0.0) -> dict:
     _, _, stamp = gpu_kernels()
     from numba import cuda
 
+    side, src, dst = None, None, None
+    if busy_gib > 0:          # a device copy each step on its own stream, running through the step's publish
+        side = torch.cuda.Stream()
+        src = torch.empty(int(busy_gib * 2**30) // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
     stream = torch.cuda.Stream()
     nstream = cuda.external_stream(stream.cuda_stream)
     stamps = torch.zeros(iters, dtype=torch.int64, device="cuda")
@@ -153,6 +161,9 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
     torch.cuda.synchronize()
     posted = []
     for i in range(-5, iters):
+        if side is not None:
+            with torch.cuda.stream(side):
+                dst.copy_(src)                                                  # type: ignore[union-attr]
         with torch.cuda.stream(stream):
             torch.cuda._sleep(1_000_000)  # ~0.5 ms: all of the step is enqueued before the publish runs
         done = rt.post_recall(host_ids=ids_all[max(i, 0)], device_slots=slots, stream=stream, tag=i)
@@ -163,6 +174,7 @@ def latency(rt: pulseio.Runtime, offset_ns: float, iters: int, k: int = 64) -> d
         stream.synchronize()
         if i >= 0:
             posted.append(done)
+    torch.cuda.synchronize()
     landed = stamps.cpu().numpy()
     stages = {}
     if all(d.landed_ns is not None for d in posted):  # resident tasks: when each landed, on the GPU clock
@@ -303,6 +315,9 @@ def main() -> None:
                         help="the latency section's request, blocks x bytes per block (default 64x8192)")
     parser.add_argument("--ctas", type=int, default=DmaConfig.zero_copy_ctas,
                         help="CTA budget of the copy kernels, DmaConfig.zero_copy_ctas (default %(default)s)")
+    parser.add_argument("--busy-gpu-gib", type=float, default=0.0, metavar="GIB",
+                        help="also time the resident route's latency while another stream copies this many GiB of "
+                             "device memory each step (default: skip)")
     parser.add_argument("--busy-host-us", type=float, default=0.0, metavar="US",
                         help="also time two requests a step while the submitting thread runs this long in pure "
                              "Python, at GIL switch intervals of 5 ms and 100 us (resident route; default: skip)")
@@ -313,7 +328,7 @@ def main() -> None:
                               "git_sha": sha, "torch": torch.__version__, "python": platform.python_version(),
                               "recall_blocks": args.recall[0], "block_bytes": args.recall[1], "quick": args.quick,
                               "strategies": [s.value for s in args.strategies], "ctas": args.ctas,
-                              "busy_host_us": args.busy_host_us}}
+                              "busy_host_us": args.busy_host_us, "busy_gpu_gib": args.busy_gpu_gib}}
     section(results, "clock", calibrate_clock)
     for strategy in args.strategies:
         rt = open_rt(strategy, args.recall[1], args.ctas)
@@ -323,6 +338,9 @@ def main() -> None:
             section(results, f"clock_{strategy.value}", calibrate_clock)
             offset = results[f"clock_{strategy.value}"].get("offset_ns", float("nan"))
             section(results, f"latency_{strategy.value}", latency, rt, offset, n_lat, args.recall[0])
+            if args.busy_gpu_gib > 0 and strategy is Strategy.RESIDENT:
+                section(results, "latency_busy_gpu_resident", latency, rt, offset, n_lat, args.recall[0],
+                        args.busy_gpu_gib)
             section(results, f"bandwidth_2048_{strategy.value}", bandwidth, rt, strategy, n_bw)
             if strategy in BLOCKED_STRATEGIES:
                 for k in (64, 1024):
@@ -349,6 +367,16 @@ def _shape(text: str) -> tuple[int, int]:
     return blocks, nbytes
 
 
+def _stages(lat: dict) -> str:
+    """A resident latency section's device-clock stages, one line."""
+    nan = float("nan")
+    taken, copy, whole = lat["publish_to_task_taken_us"], lat["copy_gbps"], lat["publish_to_task_landed_gbps"]
+    early = lat.get("publish_to_early_landed_us", {})
+    return (f"publish->copier's start p50 {taken['p50']:6.1f} us, then {copy['p50']:5.1f} GB/s p50; publish->landed "
+            f"{whole['p50']:5.1f} GB/s p50; landed early {early.get('n', 0)} of {taken['n']}, publish->landed early "
+            f"p50 {early.get('p50', nan):6.1f} us")
+
+
 def print_summary(r: dict) -> None:
     nan = float("nan")
     meta, c = r["meta"], r.get("clock", {})
@@ -368,11 +396,11 @@ def print_summary(r: dict) -> None:
               f" ratio {bw.get('doorbell_over_direct', nan):.3f}"
               + ("  ERROR" if "error" in lat or "error" in bw else ""))
         if "copy_gbps" in lat:
-            taken, copy, whole = lat["publish_to_task_taken_us"], lat["copy_gbps"], lat["publish_to_task_landed_gbps"]
-            early = lat.get("publish_to_early_landed_us", {})
-            print(f"{'':>10}  publish->copier's start p50 {taken['p50']:6.1f} us, then {copy['p50']:5.1f} GB/s p50;"
-                  f" publish->landed {whole['p50']:5.1f} GB/s p50; landed early {early.get('n', 0)} of"
-                  f" {taken['n']}, publish->landed early p50 {early.get('p50', nan):6.1f} us")
+            print(f"{'':>10}  {_stages(lat)}")
+        busy = r.get("latency_busy_gpu_resident") if s is Strategy.RESIDENT else None
+        if busy is not None:
+            print(f"{'':>10}  busy GPU ({meta['busy_gpu_gib']:g} GiB copied a step): " +
+                  (_stages(busy) if "copy_gbps" in busy else "ERROR"))
     for switch_s in BUSY_SWITCH_S:
         b = r.get(f"busy_host_{switch_s * 1e6:.0f}us")
         if b is None:
