@@ -4,7 +4,7 @@ and the time the submitting thread is blocked per step, doorbell path vs the syn
     PYTHONPATH=. python benchmarks/bench_doorbell.py --out results.json [--quick] [--strategies resident,auto]
         [--recall 104x65536]   # the latency section's request: blocks x bytes (default 64 x 8 KiB)
         [--ctas 52]            # the copy kernels' CTA budget (DmaConfig.zero_copy_ctas; default 64)
-        [--busy-gpu-gib 1]     # the resident route's latency again, the GPU busy copying device memory meanwhile
+        [--busy-gpu-gib 4]     # the resident route's latency again, the GPU busy copying device memory meanwhile
 
 How each figure is taken:
 * publish->seen: the publish kernel stamps %globaltimer into the slot; the poller stamps
@@ -20,7 +20,8 @@ How each figure is taken:
   (the copier's stamp: when a captured device wait, a RecallGraph's, would have ended; this bench's wait, on
   the completion word, ends when the task lands). With --busy-gpu-gib G the resident route's latency is taken
   again while a second stream copies G GiB of device memory each step (a kernel on every SM streaming HBM, as a
-  decode step's weight products do): what the model's kernels beside the copier do to a recall's flight.
+  decode step's weight products do; 4 GiB copy for longer than a step, so the copies run back to back through
+  every publish): what the model's kernels beside the copier do to a recall's flight.
 * bandwidth: bytes / wall time of `steps` back-to-back recalls of 2048 x 8 KiB (ids on the GPU via
   the ring, vs ids already on the host straight to the I/O worker), same runtime, same strategy (blocks of
   the --recall size).

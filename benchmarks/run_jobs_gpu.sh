@@ -24,8 +24,9 @@
 #   door-small           bench_doorbell.py --quick, resident only, 16 copy CTAs, one recall of 4, 12 and 32 blocks of
 #                        64 KiB at a time on an idle GPU: publish -> copier's start, -> landed early, -> task landed
 #                        (~40 s a size; DOOR_COUNTS=a,b,... other counts)
-#   door-busy            door-small, and each size again while another stream copies DOOR_BUSY_GIB (1) GiB of device
-#                        memory a step (bench_doorbell.py --busy-gpu-gib): the flight beside kernels on every SM
+#   door-busy            door-small, and each size again while another stream copies DOOR_BUSY_GIB (4) GiB of device
+#                        memory a step, back to back (bench_doorbell.py --busy-gpu-gib): the flight beside kernels on
+#                        every SM
 #   attn-quest           the sparse attention's configurations at 8 x 32K, Quest's per-head tables and SoloHead's shared
 #                        one, each call on KV the L2 does not hold (--cold 3)
 #   ncu-select           Nsight Compute (--set full, source pages as csv) of one launch each: the select of Quest's
@@ -149,7 +150,7 @@ for spec in "$@"; do
     log "$d rc=$? $(grep -h -E 'ms/step' $W/$d/*.log 2>/dev/null | cut -c1-260 | tr '\n' ' ')"; continue
   fi
   if [ "$job" = door-small ] || [ "$job" = door-busy ]; then   # small recalls' flight, the early landing a captured
-    busy=""; [ $job = door-busy ] && busy="--busy-gpu-gib ${DOOR_BUSY_GIB:-1}"   # wait sees; door-busy: also beside
+    busy=""; [ $job = door-busy ] && busy="--busy-gpu-gib ${DOOR_BUSY_GIB:-4}"   # wait sees; door-busy: also beside
     for n in $(echo ${DOOR_COUNTS:-4,12,32} | tr ',' ' '); do                   # a device copy on every SM
       timeout 120 python benchmarks/bench_doorbell.py --quick --strategies resident --ctas 16 --recall ${n}x65536 \
         $busy --out $W/$job-$n.json > $W/$job-$n.log 2>&1
