@@ -16,7 +16,8 @@ holds: (seq, count, early, landed, landed_ns), seq negative while the row is bei
 stores -seq before the payload and seq after it). The resident copier's copy CTAs watch it to start a request's
 copy before its task arrives from the host, count their early copies of it in `early` (which the publish zeroes),
 and the last of them stamps `landed_ns` and stores its seq in `landed` (`resident_kernel.py`), which the device
-wait also reads.
+wait also reads. A request of no blocks has nothing to copy: its publish stores its seq in `landed` itself, so a
+device wait for it ends at once instead of waiting for the host to read the request and its task to land.
 
 Completion on the device: each request has a wait word in pinned host memory (`pulseio._wait_words`);
 a consumer stream enqueues the wait kernel (`wait_kernel.py`) on it, which the copier or a host thread
@@ -35,6 +36,7 @@ from .._native.layout import (  # noqa: E402
     COUNT,
     HEAD_COUNT,
     HEAD_EARLY,
+    HEAD_LANDED,
     HEAD_SEQ,
     HEAD_WORDS,
     HEADER_WORDS,
@@ -89,6 +91,8 @@ def publish_device(ring, counter, mirror, heads, ids, slots, n, tag):  # pragma:
         if t == 0:
             heads[(seq - 1) % rows, HEAD_COUNT] = n if m == n else -1
             heads[(seq - 1) % rows, HEAD_EARLY] = 0  # no copy CTA has counted this request yet
+            if n == 0:  # nothing to copy: landed on the device as it is published
+                heads[(seq - 1) % rows, HEAD_LANDED] = seq
             cuda.threadfence()
             heads[(seq - 1) % rows, HEAD_SEQ] = seq
     if t == 0:

@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     from pulseio._cuda.doorbell_kernels import publish_kernel
     from pulseio._native.layout import HEAD_WORDS
 
-    bell = ManualDoorbell(capacity=4, max_blocks=64)
+    bell = ManualDoorbell(capacity=8, max_blocks=64)
     ring = bell.words.reshape(bell.layout.capacity, bell.layout.slot_words)  # the kernel's [capacity, slot_words] view
     counter = np.zeros(1, dtype=np.int64)
     ids = np.arange(100, 140, dtype=np.int64)
@@ -44,14 +44,18 @@ SCRIPT = textwrap.dedent("""
     # (request 3 took row 0: its early copies are counted from zero; the landed seq stays request 1's)
     no_mirror = np.zeros((0, 2 * half), np.int64)
     publish_kernel[1, 32](ring, counter, no_mirror, np.zeros((0, 4), np.int64), ids, slots, count, 2, 10, none)
-    first, second, third, fourth = bell.poll_nowait()
-    assert fourth.host_ids.tolist() == [100, 101]
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 0, 11, none)     # seq 5, row 0: no blocks
+    assert heads[0].tolist() == [5, 0, 0, 5, 0], "nothing to copy: landed on the device as it is published"
+    publish_kernel[1, 32](ring, counter, mirror, heads, ids, slots, count, 1, 12, none)     # seq 6, row 1: one block
+    assert heads[1].tolist() == [6, 1, 0, 0, 0], "a request with blocks lands when its copies do"
+    first, second, third, fourth, fifth, sixth = bell.poll_nowait()
+    assert fourth.host_ids.tolist() == [100, 101] and fifth.host_ids.tolist() == [] and fifth.error is None
     assert (first.seq, first.tag, first.error) == (1, 7, None), first
     assert first.host_ids.tolist() == list(range(100, 137)) and first.device_slots.tolist() == list(range(39, 2, -1))
     assert (second.seq, second.tag, second.host_ids.tolist()) == (2, 8, [100, 101, 102])
     assert third.error is not None and "asked for 69 blocks" in third.error
     assert bell.layout.blocks_per_slot == 68
-    assert first.published_ns > 0 and counter[0] == 4
+    assert first.published_ns > 0 and counter[0] == 6
     print("SIM-OK")
 """)
 
