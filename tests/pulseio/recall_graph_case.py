@@ -1,7 +1,8 @@
 """One RecallGraph case in a fresh process: python recall_graph_case.py LAYERS K REPLAYS cold|warm [split].
 
 Captures one CUDA graph of LAYERS "layers", each: a selection kernel (ids and a device count derived from a
-step counter the host bumps between replays), `RecallGraph.post` (publish + captured device wait), and a
+step counter the host bumps between replays; K = 1: every other replay's count is 0, a request of no blocks, which
+lands as its publish stores it), `RecallGraph.post` (publish + captured device wait), and a
 consumer that reads the recalled slots into an output buffer. Then REPLAYS times: bump the step, `arm()`,
 replay, and check every layer's output bit for bit against the host pool and every Completion. "cold": the
 consumer's kernels are first launched inside the capture; "warm": they ran once before it. The submitting
@@ -47,7 +48,7 @@ def main(layers: int, k: int, replays: int, temperature: str, split: bool = Fals
                 base = (step * 613 + layer * 97) % cfg.host_blocks                  # [1]
                 ids = (base + torch.arange(k, device="cuda") * stride) % cfg.host_blocks   # [K] distinct
                 slots = 1 + layer * k + torch.arange(k, device="cuda")
-                count = (k - (step + layer) % min(k, 3)).reshape(1)              # decided on the device
+                count = (k - (step + layer) % min(k + 1, 3)).reshape(1)              # decided on the device
                 if recalls is not None:
                     recalls.post(host_ids=ids, device_slots=slots, count=count, tag=layer)
                 outs[layer].copy_(pool.index_select(0, slots))                  # the consumer
@@ -83,7 +84,7 @@ def main(layers: int, k: int, replays: int, temperature: str, split: bool = Fals
             for layer in range(layers):
                 base = ((r + 1) * 613 + layer * 97) % cfg.host_blocks
                 ids = (base + np.arange(k) * stride) % cfg.host_blocks
-                n = k - (r + 1 + layer) % min(k, 3)
+                n = k - (r + 1 + layer) % min(k + 1, 3)
                 want = host[torch.from_numpy(ids[:n])]
                 ok = bool(torch.equal(got[layer][:n], want))
                 landed = done[layer].wait(10) is done[layer] and done[layer].num_blocks == n
@@ -104,7 +105,7 @@ def _capture_split(torch, recalls, layers, k, host_blocks, stride, step, pool, o
         with torch.cuda.graph(publish, stream=stream):
             base = (step * 613 + layer * 97) % host_blocks
             ids = (base + torch.arange(k, device="cuda") * stride) % host_blocks
-            count = (k - (step + layer) % min(k, 3)).reshape(1)
+            count = (k - (step + layer) % min(k + 1, 3)).reshape(1)
             assert recalls.post(host_ids=ids, device_slots=slots, count=count, tag=layer, wait=False) == layer
         with torch.cuda.graph(consume, stream=stream):
             outs[layer].copy_(pool.index_select(0, slots))
