@@ -18,8 +18,9 @@
 #   select-width         the select kernel per warps at a 32K table (2048 columns) and just past it (2050), paged and
 #                        steered hot (bench_fused_selection.py --parts select at --context 32768 and 32800; ~1 min)
 #   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
-#   pulseio-gpu          pulseio's GPU tests (runtime, recall graphs, device-wait patterns; each test named as it passes;
-#                        230 s by default, and the whole matrix needs more than one call)
+#   pulseio-gpu          pulseio's GPU tests of the runtime and of recall graphs (21, ~2 min; each named as it passes)
+#   dw-patterns          every device-wait pattern (374 cases, each in child processes; more than one call's time: a
+#                        cut run names the cases that passed)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
 #   door-small           bench_doorbell.py --quick, resident only, 16 copy CTAs, one recall of 4, 12 and 32 blocks of
 #                        64 KiB at a time on an idle GPU: publish -> copier's start, -> landed early, -> task landed
@@ -125,13 +126,14 @@ for spec in "$@"; do
       > $W/attn-gpu.out 2>&1
     log "$job rc=$? $(tail -1 $W/attn-gpu.out)"; continue
   fi
-  if [ "$job" = pulseio-gpu ]; then
+  if [ "$job" = pulseio-gpu ] || [ "$job" = dw-patterns ]; then
+    files="tests/pulseio/test_runtime_gpu.py tests/pulseio/test_recall_graph_gpu.py"
+    [ $job = dw-patterns ] && files=tests/pulseio/test_device_wait_patterns_gpu.py
     L=${LIM:-230}; [ $(( $(date +%s) - T0 + L + 10 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
-    timeout $L python -m pytest -v -rfE -p no:cacheprovider -m gpu tests/pulseio/test_runtime_gpu.py \
-      tests/pulseio/test_recall_graph_gpu.py tests/pulseio/test_device_wait_patterns_gpu.py > $W/pulseio-gpu.out 2>&1
-    echo "rc=$?" >> $W/pulseio-gpu.out
-    log "pulseio-gpu $(grep -c ' PASSED' $W/pulseio-gpu.out) PASSED $(grep -c ' FAILED' $W/pulseio-gpu.out) FAILED;" \
-      "$(grep -E '[0-9]+ (passed|failed)' $W/pulseio-gpu.out | tail -1) $(tail -1 $W/pulseio-gpu.out)"
+    timeout $L python -m pytest -v -rfE -p no:cacheprovider -m gpu $files > $W/$job.out 2>&1
+    echo "rc=$?" >> $W/$job.out
+    log "$job $(grep -c ' PASSED' $W/$job.out) PASSED $(grep -c ' FAILED' $W/$job.out) FAILED;" \
+      "$(grep -E '[0-9]+ (passed|failed)' $W/$job.out | tail -1) $(tail -1 $W/$job.out)"
     continue
   fi
   if [ "$job" = dw-chains ]; then   # the device-wait chains (the watchdog's short timeout) and the engine's shape
