@@ -68,14 +68,10 @@ class RecallFlights:
             self.to_early_ns.append(done.early_landed_ns - published)
 
     def summary(self) -> dict:
-        """The counters, and each latency's count / p50 / p99 in microseconds (None without samples)."""
-        def latency(samples: deque[int]) -> dict:
-            lat = pulseio.LatencySummary.of(list(samples))
-            return {"count": lat.count, "p50": lat.p50_us if lat.count else None,
-                    "p99": lat.p99_us if lat.count else None}
+        """The counters, and each latency as a `pulseio.LatencySummary` (as pulseio's own statistics give them)."""
         return {"stamped": self.stamped, "bytes": self.nbytes, "landed_early": self.landed_early,
-                "publish_to_early_landed_us": latency(self.to_early_ns),
-                "publish_to_landed_us": latency(self.to_landed_ns)}
+                "publish_to_early_landed": pulseio.LatencySummary.of(list(self.to_early_ns)),
+                "publish_to_landed": pulseio.LatencySummary.of(list(self.to_landed_ns))}
 
 
 def tag_name(tag: int | None) -> str:
@@ -105,6 +101,10 @@ class Recaller:
         self.flights = {"own": RecallFlights(), "ahead": RecallFlights()}     # one step in FLIGHT_SAMPLE_EVERY's
         self._checks = 0
         self._posted: list[tuple[int | None, Any]] = []     # (tag, completion) of doorbell recalls since check_landed
+
+    def reset_flights(self) -> None:
+        """Sample the flights from zero again (`flights`)."""
+        self.flights = {kind: RecallFlights() for kind in self.flights}
 
     @property
     def captures(self) -> bool:

@@ -33,7 +33,6 @@ from ..copier_options import copier_dma
 from ..engine import Engine
 from ..kv.handoff import KVSource
 from ..kv.handoff_loads import HandoffLoadStatistics
-from ..kv.recall import RecallFlights
 from ..kv.retrieval_heads import RetrievalHeads
 from ..model.checkpoint import Checkpoint
 from ..offload import SteeringProfile
@@ -419,7 +418,7 @@ class ServingEngine:
         self._handoffs_before = self._handoff_totals()
         off = None if self.offload is None else self.offload.offloader
         if off is not None and off.recaller is not None:
-            off.recaller.flights = {kind: RecallFlights() for kind in off.recaller.flights}
+            off.recaller.reset_flights()
 
     def step_graphs_built(self) -> int:
         """Both engines' offload step graphs built (captured, on a GPU) since the statistics were reset: a batch

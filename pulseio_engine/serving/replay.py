@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pulseio import LatencySummary
 from pulseio.gc_pauses import GCPauses, GCPauseStatistics, frozen_heap
 from pulseio.machine import gib, memory_budget
 
@@ -430,12 +431,24 @@ def _settled_runtime(serving: ServingEngine, timeout_s: float = 10.0) -> dict | 
             return None
         if stats.in_flight == 0 or time.monotonic() > deadline:                # type: ignore[attr-defined]
             out: dict = {k: getattr(stats, k) for k in _COUNTERS}
-            for name in _LATENCIES:
-                lat = getattr(stats, name)
-                out[f"{name}_us"] = {"count": lat.count, "p50": lat.p50_us if lat.count else None,
-                                     "p99": lat.p99_us if lat.count else None}
+            out.update({f"{name}_us": _latency_us(getattr(stats, name)) for name in _LATENCIES})
             return out
         time.sleep(1e-3)
+
+
+def _latency_us(lat: LatencySummary) -> dict:
+    """A latency summary as the report holds it: count, p50 and p99 in microseconds (None without samples)."""
+    return {"count": lat.count, "p50": lat.p50_us if lat.count else None, "p99": lat.p99_us if lat.count else None}
+
+
+def _recall_flights(serving: ServingEngine) -> dict | None:
+    """`ServingEngine.recall_flights` with its latencies as the report holds them (`_latency_us`)."""
+    flights = serving.recall_flights()
+    if flights is None:
+        return None
+    return {kind: {"stamped": f["stamped"], "bytes": f["bytes"], "landed_early": f["landed_early"],
+                   "publish_to_early_landed_us": _latency_us(f["publish_to_early_landed"]),
+                   "publish_to_landed_us": _latency_us(f["publish_to_landed"])} for kind, f in flights.items()}
 
 
 def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: ReplayOptions, kind: ClockKind,
@@ -485,7 +498,7 @@ def _report(trace: Trace, source: ModelSource, config: ServingConfig, options: R
         "tpot_ms": rec.tpot_by_bucket(),
         "host_ms_per_round": serving.host.ms_per_round(serving.rounds),
         "m": m_summary(stats.m, stats.seen_landed, stats.device_waits) if config.interleaves else None,
-        "moves": asdict(serving.moves), "pulseio": pulse, "recall_flights": serving.recall_flights(),
+        "moves": asdict(serving.moves), "pulseio": pulse, "recall_flights": _recall_flights(serving),
         "memory": {"gpu_kv_cap_bytes": config.gpu_kv_bytes, **asdict(sizes), "gpu_pools_bytes": pools,
                    "host_pool_bytes": serving.host_pool_bytes()},
         "roofline": roofline(serving.read, recalled, span - rec.idle_s, tokens, copy_gbps=rates[0],

@@ -123,7 +123,9 @@ def test_check_landed_samples_the_flights_of_own_and_ahead_recalls_apart(monkeyp
                  for kind in (False, True)}
         assert (own["landed_early"], ahead["landed_early"]) == (len(early[False]), len(early[True]))
         assert 0 < own["landed_early"] + ahead["landed_early"] < len(sampled) == 6     # the tasks of even seqs
-        assert own["publish_to_early_landed_us"]["count"] == own["landed_early"]
-        assert own["publish_to_landed_us"]["count"] == 4 and own["publish_to_landed_us"]["p50"] > 0
+        assert own["publish_to_early_landed"].count == own["landed_early"]
+        assert own["publish_to_landed"].count == 4 and own["publish_to_landed"].p50_us > 0
         spans = sorted((h.landed_ns - h.published_ns) / 1e3 for h in sampled if h.tag & AHEAD_TAG)
-        assert ahead["publish_to_landed_us"]["p50"] == pytest.approx(sum(spans) / 2, abs=1e-3)
+        assert ahead["publish_to_landed"].p50_us == pytest.approx(sum(spans) / 2, abs=1e-3)
+        recaller.reset_flights()                                        # after a warm-up: from zero again
+        assert all(f.stamped == f.landed_early == 0 and not f.to_landed_ns for f in recaller.flights.values())
