@@ -35,6 +35,8 @@
 #   copy-small           pulseio bench of recalls of 1-64 blocks of 64 KiB, resident and zero-copy, 16 copy CTAs (~1 min;
 #                        COPY_COUNTS=a,b,... other counts)
 #   gpu-ride             the GPU tests of --ride and --ahead
+#   skinny               bench_skinny_gemm.py for qkv and o_proj at 24, 32 and 16 rows (SKINNY_MS=a,b,... other
+#                        counts): which of cuBLAS and skinny_linear reads the weight faster on this card (~1.5 min)
 #   b{8,16}[hot<X>][ahead[125|15]]   offload bench rows (hot sets of 2 by default; b16 adds --compare-vanilla;
 #                        ahead125 / ahead15: --ahead-budget 1.25 / 1.5)
 #   {mc,sg}-KIND[-tl]    replays: mc the Mooncake sample's first 40 s x0.15, sg the ServeGen mix from 600 s, 60 s x0.05;
@@ -195,6 +197,12 @@ for spec in "$@"; do
       --plot $W/copy-small.png > $W/copy-small.log 2>&1
     log "$job rc=$? $(grep -E "^recall (resident|zero_copy) " $W/copy-small.log | sed -E 's/ load=False//; s/ slow=.*//' \
       | awk '{printf "%s %s %s %s; ", $2, $5, $6, substr($8, 1, 9)}')"; continue
+  fi
+  if [ "$job" = skinny ]; then   # the projections a ridden round runs past 16 rows: cuBLAS or skinny_linear
+    L=${LIM:-100}; [ $(( $(date +%s) - T0 + L )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
+    timeout $L python benchmarks/bench_skinny_gemm.py --shapes qkv,o --ms ${SKINNY_MS:-24,32,16} --budget-s $((L - 25)) \
+      --json $W/skinny.json > $W/skinny.log 2>&1
+    log "$job rc=$? $(grep -A12 SUMMARY $W/skinny.log | grep -E '^(qkv|o) ' | tr -s ' ' | tr '\n' ';')"; continue
   fi
   if [ "$job" = gpu-ride ]; then   # the GPU tests of --ride and --ahead: tokens, steady rounds never sync the host
     [ $(( $(date +%s) - T0 + 330 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
