@@ -45,7 +45,8 @@ row's head: seq and count, `doorbell_kernels.py`) several microseconds before th
 posted its task. A copy CTA with no task to serve watches the head of the next request's row and copies
 its own span of that request at once (`_copy_early`: only if every id of the request lies in its pool,
 and each round of ids read under the row's seqlock). When the task naming that row arrives, a CTA that copied its
-span lands it without copying again, and copy CTA 0 stamps the task taken when its early copy began. A
+span lands it without copying again (it remembers its last EARLY_RING early copies: it may have copied later
+requests early before this task came), and copy CTA 0 stamps the task taken when its early copy began. A
 CTA copies early, in seq order, only requests whose row no task it served has named since they were
 published, so never one that has landed (landing takes every CTA's part), and keeps that state for the
 next generation's CTA of its index, which serves the same span of each task. For a request the fast lane
@@ -136,16 +137,22 @@ HOLD_GENS = 256  # generations whose holds `holds` keeps (by generation modulo)
 
 RESIDENT_SIGNATURE = ("void(uint64[:, ::1], uint64[:, ::1], int64[:, ::1], int64[:, ::1], int64, int64, int64, int64, "
                       "int64, int64, int64, int64, int64, int64)")
-# a copy CTA's shared words: the next doorbell request it may copy early and its last early copy (request,
-# count, start time), which it keeps in device memory for the next generation's CTA of its index (first,
-# EARLY_WORDS of them); then what thread 0 decided, and scratch
-LANE_NEXT, EARLY_SEQ, EARLY_N, EARLY_NS, WORK, SKIP, BAD, NEXT_N, NEXT_NS = range(9)
-EARLY_WORDS = 4
+# a copy CTA's shared words: the next doorbell request it may copy early and its last EARLY_RING early copies
+# (request, count, start time; request q's at EARLY_AT + 3 * (q % EARLY_RING)), which it keeps in device memory for
+# the next generation's CTA of its index (first, EARLY_WORDS of them); then what thread 0 decided, and scratch.
+# A ring, not the last copy alone: a CTA may copy the next request early before the task of the one it copied
+# comes (a layer's recall ahead is published before its own recall's task is posted), and that task must still
+# find its copy.
+EARLY_RING = 4
+LANE_NEXT, EARLY_AT = 0, 1
+EARLY_WORDS = EARLY_AT + 3 * EARLY_RING
+WORK, SKIP, SKIP_NS, BAD, NEXT_N, NEXT_NS = range(EARLY_WORDS, EARLY_WORDS + 6)
+STATE_WORDS = EARLY_WORDS + 6
 SERVE_NONE, SERVE_TASK, SERVE_EARLY = 0, 1, 2
 
 
 def dev_words(slots: int, ctas: int) -> int:
-    return DEV_HEADER + 4 * slots + 4 * ctas
+    return DEV_HEADER + 4 * slots + EARLY_WORDS * ctas
 
 
 @cuda.jit(device=True)
@@ -315,7 +322,7 @@ def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_
     hold_at, hold_to: a device wait's word and value (0, 0: none); holds: [HOLD_GENS, 2] int64 pinned, every
     generation's hold; heads: the address of the mirror rows' [rows, HEAD_WORDS] int64 heads, on the device
     (unread without a mirror). See the module doc."""
-    state = cuda.shared.array(9, int64)
+    state = cuda.shared.array(STATE_WORDS, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
     if cuda.blockIdx.x == 0:
         if cuda.threadIdx.x == 0:
@@ -360,7 +367,8 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             cuda.syncthreads()  # every thread has read q and n (and fenced its part) before thread 0 moves on
             if t == 0:
                 if copied:
-                    state[EARLY_SEQ], state[EARLY_N], state[EARLY_NS] = q, n, state[NEXT_NS]
+                    e = EARLY_AT + 3 * (q % EARLY_RING)
+                    state[e], state[e + 1], state[e + 2] = q, n, state[NEXT_NS]
                     _count_early(heads, (q - 1) % rows, q, ctas)
                 state[LANE_NEXT] = q + 1
             cuda.syncthreads()
@@ -378,7 +386,9 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             if t == 0:
                 # the row holds this task's request until the task lands; copied early by this CTA?
                 q = load_acquire_gpu(heads + 8 * HEAD_WORDS * row)
-                state[SKIP] = 1 if 0 < q == state[EARLY_SEQ] and n == state[EARLY_N] and d2h == 0 else 0
+                e = EARLY_AT + 3 * (max(q, 0) % EARLY_RING)
+                state[SKIP] = 1 if 0 < q == state[e] and n == state[e + 1] and d2h == 0 else 0
+                state[SKIP_NS] = state[e + 2]
                 if q >= state[LANE_NEXT]:  # served now: never copied early after this
                     state[LANE_NEXT] = q + 1
         elif t == 0:
@@ -393,7 +403,7 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
             raise_at = load_relaxed_sys(entry + 8 * ENTRY_RAISE_AT)
             raise_to = load_relaxed_sys(entry + 8 * ENTRY_RAISE_TO)
         if cta == 0 and t == 0:  # publish -> taken is the pickup: when this request's copy began
-            store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, state[EARLY_NS] if skip else globaltimer())
+            store_relaxed_sys(entry + 8 * ENTRY_TAKEN_NS, state[SKIP_NS] if skip else globaltimer())
         if not skip:
             copy_span(host, task_ids, 0, pool, task_ids, dst_at, lo, hi, parts, d2h != 0, staged)
         if fetch:

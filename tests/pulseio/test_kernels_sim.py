@@ -193,7 +193,7 @@ from pulseio._native.layout import HEAD_LANDED_NS, HEAD_WORDS
 
 @cuda.jit
 def copies_only(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas):  # copy CTA cta of ctas
-    state = cuda.shared.array(9, int64)
+    state = cuda.shared.array(rk.STATE_WORDS, int64)
     staged = cuda.shared.array((2, IDS_PER_ROUND), int64)
     rk._serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas, state, staged)
 
@@ -336,6 +336,26 @@ assert (pool[11, 20:] == 0xDEAD).all() and (pool[12] == 0xDEAD).all(), "only CTA
 assert heads[2, 2] == 1 and heads[2, 3] != 9, "one of two CTAs counted: not landed"
 run(15, 6, steps=((1.0, lambda: None),), ctas=2, cta=1)
 assert np.array_equal(pool[[10, 11, 12]], host[[15, 16, 17]]) and heads[2, 2:4].tolist() == [2, 9]
+# gens 16-17, one copy CTA: it copies requests 10 and 11 early before either task comes (as a layer's recall ahead
+# is published before the poller posts the task of its own recall); both tasks then land with no copy again, each
+# taken when its own request's early copy began
+h10, p10, h11, p11 = np.array([18, 19]), np.array([0, 1]), np.array([20, 21]), np.array([2, 3])
+row(10, h10, p10)
+publish(10, 2)
+row(11, h11, p11)
+publish(11, 2)
+t16 = run(16, 6)
+assert np.array_equal(pool[p10], host[h10]) and np.array_equal(pool[p11], host[h11])
+pool[[0, 1, 2, 3]] = 0xBEEF  # a copy from either task would show
+forward(6, 2, 10)
+forward(7, 2, 11)
+t17 = run(17, 6)
+assert done[1] == 6 and done[2] == 7, done
+assert (pool[p10] == 0xBEEF).all(), "request 10 copied again: its task came after request 11's early copy"
+assert (pool[p11] == 0xBEEF).all(), "request 11 copied again"
+k10, k11 = entries[1, tr.ENTRY_TAKEN_NS], entries[2, tr.ENTRY_TAKEN_NS]
+assert t16 < k10 < k11 < t17, "each task taken when its own request's early copy began"
+assert (entries[[1, 2], tr.ENTRY_EARLY_NS] > 0).all(), "both landed early"
 print("SIM-OK")
 """
 
@@ -349,5 +369,6 @@ def test_copy_ctas_copy_a_published_request_before_its_task_under_simulator() ->
     lane did not take). A request whose blocks do not divide evenly over the CTAs is copied in parts, early or
     from its task, each CTA its own parts, the task landing once every part has. The CTAs count their early
     copies in the request's mirror row head, and the last of them marks the request landed there, only if every
-    part was copied early."""
+    part was copied early. A CTA that copied several requests early before their tasks came skips the copy of each.
+    """
     _run_simulated(_EARLY_SCRIPT)
