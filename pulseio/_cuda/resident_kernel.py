@@ -343,8 +343,8 @@ def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, 
     task = load_acquire_gpu(dev + 8 * (DEV_START + gen % 2))
     kept = dev + 8 * (DEV_HEADER + 4 * slots + EARLY_WORDS * cta)  # this CTA index's early-copy state
     if t == 0:
-        for i in range(EARLY_WORDS):
-            state[i] = load_acquire_gpu(kept + 8 * i)
+        for i in range(EARLY_WORDS):  # stored by the last generation, which exited before this one started:
+            state[i] = load_relaxed_gpu(kept + 8 * i)  # relaxed, so the ring's loads overlap on a CTA's start
         state[LANE_NEXT] = max(state[LANE_NEXT], 1)
     while True:
         if t == 0:
