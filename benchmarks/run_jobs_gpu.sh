@@ -18,7 +18,7 @@
 #   select-width         the select kernel per warps at a 32K table (2048 columns) and just past it (2050), paged and
 #                        steered hot (bench_fused_selection.py --parts select at --context 32768 and 32800; ~1 min)
 #   attn-gpu             the attention kernels' GPU tests (tests/pulseio_engine/test_attention_gpu.py; ~1 min)
-#   pulseio-gpu          pulseio's GPU tests of the runtime and of recall graphs (21, ~2 min; each named as it passes)
+#   pulseio-gpu          pulseio's GPU tests of the runtime, of recall graphs and of partly built routes (23, ~2 min)
 #   dw-patterns          every device-wait pattern (374 cases, each in child processes; more than one call's time: a
 #                        cut run names the cases that passed)
 #   doorbell-busy        bench_doorbell.py --quick, resident only, --busy-host-us 1500 (the GIL's hold on the poller)
@@ -129,7 +129,7 @@ for spec in "$@"; do
     log "$job rc=$? $(tail -1 $W/attn-gpu.out)"; continue
   fi
   if [ "$job" = pulseio-gpu ] || [ "$job" = dw-patterns ]; then
-    files="tests/pulseio/test_runtime_gpu.py tests/pulseio/test_recall_graph_gpu.py"
+    files="tests/pulseio/test_runtime_gpu.py tests/pulseio/test_recall_graph_gpu.py tests/pulseio/test_cuda_partial_init.py"
     [ $job = dw-patterns ] && files=tests/pulseio/test_device_wait_patterns_gpu.py
     L=${LIM:-230}; [ $(( $(date +%s) - T0 + L + 10 )) -gt ${CALL_S:-590} ] && { log "skip $job (time)"; continue; }
     timeout $L python -m pytest -v -rfE -p no:cacheprovider -m gpu $files > $W/$job.out 2>&1

@@ -10,6 +10,7 @@ fixed ids area, where the gather kernel reads them through UVA.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -110,36 +111,41 @@ class CudaRoutes:
         if self._bb % 8:
             raise PoolTooSmallError(f"the CUDA routes move blocks as 8-byte words; block_bytes={self._bb}")
         self._bind_thread()  # the launcher resolves its kernel in the current context
-        # the highest priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
-        self._own_stream = driver.OwnStream(self._device)
-        self.stream = self._own_stream.torch
-        self._stream_handle = self.stream.cuda_stream
-        self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
-        # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
-        self.stage_seconds: Counter[str] = Counter()
-        self._capacity = max(1, config.staging_bytes // self._bb)
-        self._staging = BufferRing(
-            backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging", reclaim
-        )
-        self._id_capacity = config.merge_blocks
-        self._ids = BufferRing(backend, _ID_BUFFERS, 2 * self._id_capacity * _ID, False, "id ring", reclaim)
-        self._id_views = [b.tensor.numpy().view(np.int64) for b in self._ids.pinned]
-        self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
-        self._batch = {
-            Direction.H2D: driver.MemcpyBatch(host_to_device=True, device_ordinal=self._device.index),
-            Direction.D2H: driver.MemcpyBatch(host_to_device=False, device_ordinal=self._device.index),
-        }
-        self._host_array = BlockArray(host.device_ptr, host.num_blocks, self._bb)
-        self._pool_array = BlockArray(device.device_ptr, device.num_slots, self._bb)
-        # Load the kernel now: under CUDA lazy loading its first launch waits for the device to go
-        # idle, which deadlocks if a consumer stream is already waiting for this very copy.
-        arange = self._arange.data_ptr()
-        self._copy_blocks(self.stream.cuda_stream, self._pool_array, arange, self._pool_array, arange, 0)
-        self.stream.synchronize()
-        self._resident = ResidentCopier(
-            backend, self._host_array, self._pool_array, ctas=config.zero_copy_ctas, slots=_ID_BUFFERS,
-            cap=min(config.merge_blocks, MAX_TASK_BLOCKS), idle_us=config.resident_idle_us,
-        )
+        with contextlib.ExitStack() as built:  # a part that fails frees those built before it
+            # the highest priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
+            self._own_stream = driver.OwnStream(self._device)
+            built.callback(self._own_stream.destroy)
+            self.stream = self._own_stream.torch
+            self._stream_handle = self.stream.cuda_stream
+            self._copy_blocks = CopyBlocksLauncher(max_ctas=config.zero_copy_ctas)
+            # host seconds spent per stage of the gather_dma recall path, cumulative (read by diagnostics)
+            self.stage_seconds: Counter[str] = Counter()
+            self._capacity = max(1, config.staging_bytes // self._bb)
+            self._staging = BufferRing(
+                backend, config.staging_buffers, self._capacity * (self._bb + _ID), True, "staging", reclaim
+            )
+            built.callback(self._staging.close)
+            self._id_capacity = config.merge_blocks
+            self._ids = BufferRing(backend, _ID_BUFFERS, 2 * self._id_capacity * _ID, False, "id ring", reclaim)
+            built.callback(self._ids.close)
+            self._id_views = [b.tensor.numpy().view(np.int64) for b in self._ids.pinned]
+            self._arange = torch.arange(self._capacity, dtype=torch.int64, device=self._device)
+            self._batch = {
+                Direction.H2D: driver.MemcpyBatch(host_to_device=True, device_ordinal=self._device.index),
+                Direction.D2H: driver.MemcpyBatch(host_to_device=False, device_ordinal=self._device.index),
+            }
+            self._host_array = BlockArray(host.device_ptr, host.num_blocks, self._bb)
+            self._pool_array = BlockArray(device.device_ptr, device.num_slots, self._bb)
+            # Load the kernel now: under CUDA lazy loading its first launch waits for the device to go
+            # idle, which deadlocks if a consumer stream is already waiting for this very copy.
+            arange = self._arange.data_ptr()
+            self._copy_blocks(self.stream.cuda_stream, self._pool_array, arange, self._pool_array, arange, 0)
+            self.stream.synchronize()
+            self._resident = ResidentCopier(
+                backend, self._host_array, self._pool_array, ctas=config.zero_copy_ctas, slots=_ID_BUFFERS,
+                cap=min(config.merge_blocks, MAX_TASK_BLOCKS), idle_us=config.resident_idle_us,
+            )
+            built.pop_all()
         self._routes = {
             Strategy.RESIDENT: self._route_resident, Strategy.ZERO_COPY: self._route_zero_copy,
             Strategy.BATCHED: self._route_batched, Strategy.GATHER_DMA: self._route_gather_dma,

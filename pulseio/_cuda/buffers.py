@@ -14,6 +14,7 @@ from ..errors import PulseInternalError
 
 if TYPE_CHECKING:
     from .backend import CudaBackend
+    from .hostmem import PinnedBuffer
 
 log = logging.getLogger(__name__)
 ID_BYTES = 8  # bytes per id (int64)
@@ -30,7 +31,13 @@ class BufferRing:
         reclaim: Callable[[], bool],
     ) -> None:
         self._reclaim = reclaim
-        self.pinned = [backend.alloc_host(nbytes, label=label) for _ in range(count)]
+        self.pinned: list[PinnedBuffer] = []
+        try:
+            for _ in range(count):
+                self.pinned.append(backend.alloc_host(nbytes, label=label))
+        except BaseException:  # the buffers pinned before the failing one go back
+            self.close()
+            raise
         device = backend.device if on_device else None
         self.device = [torch.empty(nbytes, dtype=torch.uint8, device=device) for _ in range(count)] if device else []
         self._free: queue.SimpleQueue[int] = queue.SimpleQueue()

@@ -11,6 +11,7 @@ protocol), and stopping it at close.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -45,30 +46,34 @@ class ResidentCopier(TaskRing):
     def __init__(self, backend: Any, host: BlockArray, pool: BlockArray, *, ctas: int, slots: int, cap: int,
                  idle_us: int) -> None:
         super().__init__(backend.alloc_host, slots=slots, cap=cap)
-        self._device = backend.device
-        self._ctas = ctas
-        self._dev = torch.zeros(rk.dev_words(slots, ctas), dtype=torch.int64, device=self._device)
-        self._dev[rk.DEV_START : rk.DEV_START + 2] = 1  # the first generation starts at task 1
-        self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
-        self._own_stream = OwnStream(self._device)   # never shared: the kernel stays on it while it serves
-        self.stream = self._own_stream.torch
-        base = self._memory.device_ptr
-        self._kernel = PackedKernel(rk.compile_resident_copy(), 46)
-        self._holds = torch.zeros((rk.HOLD_GENS, 2), dtype=torch.int64, pin_memory=True)  # device-mapped (UVA)
-        self._holds_view = self._holds.numpy()
-        self._wait = WaitLauncher()
-        self._kernel.values[:27] = (
-            *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)))
-        self._kernel.values[27:36] = array_args(self._dev.data_ptr(), (0, 2))  # no ids mirror (`read_ids_from`)
-        self._kernel.values[36:40] = base, self._entries_host, self._done_host, self._dev.data_ptr()
-        self._kernel.values[41] = idle_us * 1000
-        self._kernel.values[44] = self._holds.data_ptr()
-        self._kernel.values[45] = self._dev.data_ptr()  # no mirror heads (`read_ids_from`): unread
-        self._launch_lock = threading.Lock()
-        self._gen = 0
-        self.launches = 0
-        self._published = torch.cuda.Event()  # re-recorded per serve_for: a stream wait takes the record of its call
-        self._warm_up()
+        with contextlib.ExitStack() as built:  # a part that fails frees the ring and those built before it
+            built.callback(super().close)
+            self._device = backend.device
+            self._ctas = ctas
+            self._dev = torch.zeros(rk.dev_words(slots, ctas), dtype=torch.int64, device=self._device)
+            self._dev[rk.DEV_START : rk.DEV_START + 2] = 1  # the first generation starts at task 1
+            self.watermark_addr = self._dev.data_ptr() + 8 * rk.DEV_WATERMARK
+            self._own_stream = OwnStream(self._device)   # never shared: the kernel stays on it while it serves
+            built.callback(self._own_stream.destroy)
+            self.stream = self._own_stream.torch
+            base = self._memory.device_ptr
+            self._kernel = PackedKernel(rk.compile_resident_copy(), 46)
+            self._holds = torch.zeros((rk.HOLD_GENS, 2), dtype=torch.int64, pin_memory=True)  # device-mapped (UVA)
+            self._holds_view = self._holds.numpy()
+            self._wait = WaitLauncher()
+            self._kernel.values[:27] = (
+                *host.kernel_args, *pool.kernel_args, *array_args(base + 8 * self._ids_at, (slots, 2 * cap)))
+            self._kernel.values[27:36] = array_args(self._dev.data_ptr(), (0, 2))  # no ids mirror (`read_ids_from`)
+            self._kernel.values[36:40] = base, self._entries_host, self._done_host, self._dev.data_ptr()
+            self._kernel.values[41] = idle_us * 1000
+            self._kernel.values[44] = self._holds.data_ptr()
+            self._kernel.values[45] = self._dev.data_ptr()  # no mirror heads (`read_ids_from`): unread
+            self._launch_lock = threading.Lock()
+            self._gen = 0
+            self.launches = 0
+            self._published = torch.cuda.Event()  # re-recorded per serve_for: a stream wait takes its call's record
+            self._warm_up()
+            built.pop_all()
 
     def _warm_up(self) -> None:
         """Launch once with CTRL_CLOSE set: loads the kernel now (a first launch under lazy module loading

@@ -1,0 +1,109 @@
+"""The CUDA routes' parts that fail to build free what was built before them (pinned memory, streams, rings)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.needs_package("cuda.bindings")   # pulseio._cuda imports it
+
+
+class _Pinned:
+    def __init__(self, closed: list[int], index: int) -> None:
+        self._closed, self._index = closed, index
+
+    def close(self) -> None:
+        self._closed.append(self._index)
+
+
+class _Backend:
+    """alloc_host hands out buffers that record their close, and fails at call `fail_at`."""
+
+    device = None
+
+    def __init__(self, fail_at: int) -> None:
+        self.closed: list[int] = []
+        self._calls, self._fail_at = 0, fail_at
+
+    def alloc_host(self, nbytes: int, *, label: str) -> _Pinned:
+        self._calls += 1
+        if self._calls == self._fail_at:
+            raise MemoryError(f"cannot pin {nbytes} bytes for the {label}")
+        return _Pinned(self.closed, self._calls)
+
+
+def test_a_buffer_ring_that_cannot_pin_every_buffer_frees_those_it_pinned() -> None:
+    from pulseio._cuda.buffers import BufferRing
+
+    backend = _Backend(fail_at=3)
+    with pytest.raises(MemoryError, match="cannot pin 64 bytes for the staging"):
+        BufferRing(backend, 4, 64, False, "staging", lambda: False)  # type: ignore[arg-type]
+    assert backend.closed == [1, 2]
+
+
+def test_a_buffer_ring_that_pins_every_buffer_keeps_them() -> None:
+    from pulseio._cuda.buffers import BufferRing
+
+    backend = _Backend(fail_at=0)
+    ring = BufferRing(backend, 3, 64, False, "ids", lambda: False)  # type: ignore[arg-type]
+    assert backend.closed == [] and len(ring.pinned) == 3
+    ring.close()
+    assert backend.closed == [1, 2, 3]
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch, owner: type, name: str, calls: list[str], label: str) -> None:
+    original = getattr(owner, name)
+
+    def spy(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(label)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+
+
+@pytest.mark.gpu
+def test_routes_whose_copier_fails_free_their_rings_and_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pulseio
+    from pulseio._cuda import backend as cuda_backend
+    from pulseio._cuda.buffers import BufferRing
+    from pulseio._cuda.driver import OwnStream
+
+    backend = pulseio.open_backend("cuda")
+    host = pulseio.HostPool(backend, 64, 4096)
+    device = pulseio.DevicePool(backend, 16, 4096)
+    calls: list[str] = []
+    _spy(monkeypatch, BufferRing, "close", calls, "ring")
+    _spy(monkeypatch, OwnStream, "destroy", calls, "stream")
+
+    def broken_copier(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("no resident copier here")
+
+    monkeypatch.setattr(cuda_backend, "ResidentCopier", broken_copier)
+    with pytest.raises(RuntimeError, match="no resident copier here"):
+        backend.open_routes(host, device, pulseio.DmaConfig(), lambda: False)
+    assert calls == ["ring", "ring", "stream"], "the id ring, the staging ring, then the stream, in reverse order"
+
+
+@pytest.mark.gpu
+def test_a_copier_whose_warm_up_fails_frees_its_ring_and_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pulseio
+    from pulseio._cuda import resident
+    from pulseio._cuda.driver import OwnStream
+    from pulseio._cuda.launch import BlockArray
+    from pulseio._resident import TaskRing
+
+    backend = pulseio.open_backend("cuda")
+    host = pulseio.HostPool(backend, 64, 4096)
+    device = pulseio.DevicePool(backend, 16, 4096)
+    calls: list[str] = []
+    _spy(monkeypatch, TaskRing, "close", calls, "ring")
+    _spy(monkeypatch, OwnStream, "destroy", calls, "stream")
+
+    def broken_warm_up(self) -> None:  # noqa: ANN001
+        raise RuntimeError("the warm-up launch failed")
+
+    monkeypatch.setattr(resident.ResidentCopier, "_warm_up", broken_warm_up)
+    with pytest.raises(RuntimeError, match="the warm-up launch failed"):
+        resident.ResidentCopier(backend, BlockArray(host.device_ptr, host.num_blocks, 4096),
+                                BlockArray(device.device_ptr, device.num_slots, 4096), ctas=4, slots=4, cap=16,
+                                idle_us=100)
+    assert calls == ["stream", "ring"]
