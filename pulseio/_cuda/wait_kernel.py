@@ -21,11 +21,12 @@ from ..errors import InvalidRequestError
 from . import _numba_compat  # noqa: F401  (must precede numba.cuda)
 from .driver import is_capturing
 from .launch import PackedKernel
-from .sysmem import load_acquire_gpu, load_acquire_sys, load_relaxed_gpu, pause
+from .sysmem import globaltimer, load_acquire_gpu, load_acquire_sys, load_relaxed_gpu, pause
 
 WAIT_SIGNATURE = "void(int64, int64)"
 WAIT_SEQ_SIGNATURE = "void(int64, int64, int64, int64, int64)"
 WAIT_THREADS = 32
+HOST_POLL_NS = 8_000  # with an ids mirror, how often `wait_seq` reads the request's host word between its row's reads
 
 
 def wait_word(address, value):  # pragma: no cover - runs on the GPU / simulator
@@ -42,14 +43,24 @@ def wait_seq(seq_at, words_base, words, heads, rows):  # pragma: no cover - runs
     this wait can be captured in a CUDA graph: each replay waits for the request that replay published.
     With an ids mirror (rows > 0: `heads`, the address of its [rows, HEAD_WORDS] int64 heads), the wait also
     ends once the request's row says it landed early (HEAD_LANDED = seq, stored with release by the last copy CTA
-    to copy its part: acquired here, the parts are visible to what the stream runs next)."""
+    to copy its part: acquired here, the parts are visible to what the stream runs next). It reads the row each pass
+    and the host word every HOST_POLL_NS: a host read is a PCIe round trip (microseconds beside the copier's
+    traffic) in which a landing on the row would go unseen."""
     if cuda.threadIdx.x == 0:
         seq = load_relaxed_gpu(seq_at)
         address = words_base + 8 * ((seq - 1) % words)
-        landed = heads + 8 * (HEAD_WORDS * ((seq - 1) % max(rows, 1)) + HEAD_LANDED)
-        while not (rows > 0 and load_acquire_gpu(landed) == seq):    # the device word first: an L2 read, not PCIe
-            if load_acquire_sys(address) - seq >= 0:
-                return
+        if rows == 0:
+            while load_acquire_sys(address) - seq < 0:
+                pause()
+            return
+        landed = heads + 8 * (HEAD_WORDS * ((seq - 1) % rows) + HEAD_LANDED)
+        polled = globaltimer() - HOST_POLL_NS                        # the host word at once, then every HOST_POLL_NS
+        while load_acquire_gpu(landed) != seq:                       # an L2 read each pass
+            now = globaltimer()
+            if now - polled >= HOST_POLL_NS:                         # a PCIe round trip, in which no L2 read is made
+                if load_acquire_sys(address) - seq >= 0:
+                    return
+                polled = now
             pause()
 
 
