@@ -60,24 +60,33 @@ def _spy(monkeypatch: pytest.MonkeyPatch, owner: type, name: str, calls: list[st
     monkeypatch.setattr(owner, name, spy)
 
 
+def _watched_pools(monkeypatch: pytest.MonkeyPatch, ring: type):  # noqa: ANN202
+    """(backend, host pool, device pool, calls): each close of a `ring` and each stream destroyed appends to calls."""
+    import pulseio
+    from pulseio._cuda.driver import OwnStream
+
+    backend = pulseio.open_backend("cuda")
+    calls: list[str] = []
+    _spy(monkeypatch, ring, "close", calls, "ring")
+    _spy(monkeypatch, OwnStream, "destroy", calls, "stream")
+    return backend, pulseio.HostPool(backend, 64, 4096), pulseio.DevicePool(backend, 16, 4096), calls
+
+
+def _fail(message: str):  # noqa: ANN202
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError(message)
+
+    return broken
+
+
 @pytest.mark.gpu
 def test_routes_whose_copier_fails_free_their_rings_and_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     import pulseio
     from pulseio._cuda import backend as cuda_backend
     from pulseio._cuda.buffers import BufferRing
-    from pulseio._cuda.driver import OwnStream
 
-    backend = pulseio.open_backend("cuda")
-    host = pulseio.HostPool(backend, 64, 4096)
-    device = pulseio.DevicePool(backend, 16, 4096)
-    calls: list[str] = []
-    _spy(monkeypatch, BufferRing, "close", calls, "ring")
-    _spy(monkeypatch, OwnStream, "destroy", calls, "stream")
-
-    def broken_copier(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        raise RuntimeError("no resident copier here")
-
-    monkeypatch.setattr(cuda_backend, "ResidentCopier", broken_copier)
+    backend, host, device, calls = _watched_pools(monkeypatch, BufferRing)
+    monkeypatch.setattr(cuda_backend, "ResidentCopier", _fail("no resident copier here"))
     with pytest.raises(RuntimeError, match="no resident copier here"):
         backend.open_routes(host, device, pulseio.DmaConfig(), lambda: False)
     assert calls == ["ring", "ring", "stream"], "the id ring, the staging ring, then the stream, in reverse order"
@@ -85,23 +94,12 @@ def test_routes_whose_copier_fails_free_their_rings_and_stream(monkeypatch: pyte
 
 @pytest.mark.gpu
 def test_a_copier_whose_warm_up_fails_frees_its_ring_and_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pulseio
     from pulseio._cuda import resident
-    from pulseio._cuda.driver import OwnStream
     from pulseio._cuda.launch import BlockArray
     from pulseio._resident import TaskRing
 
-    backend = pulseio.open_backend("cuda")
-    host = pulseio.HostPool(backend, 64, 4096)
-    device = pulseio.DevicePool(backend, 16, 4096)
-    calls: list[str] = []
-    _spy(monkeypatch, TaskRing, "close", calls, "ring")
-    _spy(monkeypatch, OwnStream, "destroy", calls, "stream")
-
-    def broken_warm_up(self) -> None:  # noqa: ANN001
-        raise RuntimeError("the warm-up launch failed")
-
-    monkeypatch.setattr(resident.ResidentCopier, "_warm_up", broken_warm_up)
+    backend, host, device, calls = _watched_pools(monkeypatch, TaskRing)
+    monkeypatch.setattr(resident.ResidentCopier, "_warm_up", _fail("the warm-up launch failed"))
     with pytest.raises(RuntimeError, match="the warm-up launch failed"):
         resident.ResidentCopier(backend, BlockArray(host.device_ptr, host.num_blocks, 4096),
                                 BlockArray(device.device_ptr, device.num_slots, 4096), ctas=4, slots=4, cap=16,
