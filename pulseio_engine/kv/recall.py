@@ -38,6 +38,7 @@ class RecallError(EngineError, RuntimeError):
 
 AHEAD_TAG = 1 << 30   # in a recall's tag beside its layer: a recall ahead (`OffloadConfig.ahead`), counted apart
 FLIGHT_SAMPLE_EVERY = 8     # `check_landed` samples the recalls of one step in this many (`RecallFlights`)
+FLIGHT_KINDS = ("own", "ahead")  # the flights sampled apart: a layer's own recalls, and those ahead of it
 FLIGHT_SAMPLES = 4096       # the latencies a `RecallFlights` keeps, the last ones
 
 
@@ -98,7 +99,7 @@ class Recaller:
         self.timeout_s = timeout_s
         self.blocked_ns = 0      # main-thread time spent waiting: sync's ids and copies, a doorbell's full ring
         self.ahead_bytes = 0     # bytes the doorbell recalls tagged AHEAD_TAG moved, as check_landed saw them land
-        self.flights = {"own": RecallFlights(), "ahead": RecallFlights()}     # one step in FLIGHT_SAMPLE_EVERY's
+        self.flights = {kind: RecallFlights() for kind in FLIGHT_KINDS}     # one step in FLIGHT_SAMPLE_EVERY's
         self._checks = 0
         self._posted: list[tuple[int | None, Any]] = []     # (tag, completion) of doorbell recalls since check_landed
 

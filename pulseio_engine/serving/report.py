@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
+from ..kv.recall import FLIGHT_KINDS  # `recall_flights`' keys
 from .host_time import PHASES
 from .metrics import BUCKETS
 
@@ -101,7 +102,6 @@ PULSEIO_KEYS = {"submitted": int, "completed": int, "failed": int, "device_waits
                 "publish_to_early_landed_us": _LATENCY,
                 "copy_per_mib_us": _LATENCY, "stamped_bytes": int, "stamped_publish_to_landed_s": NUM,
                 "stamped_requests": int, "landed_early": int}
-FLIGHT_KINDS = ("own", "ahead")                  # `recall_flights`: a layer's own recalls, and those ahead of it
 FLIGHT_KEYS = {"stamped": int, "bytes": int, "landed_early": int, "publish_to_early_landed_us": _LATENCY,
                "publish_to_landed_us": _LATENCY}
 
