@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -31,7 +32,9 @@ _PROGRESS_BYTES = 2 << 30
 
 class PinnedBuffer:
     """`nbytes` of pinned host memory as `tensor` ([nbytes] uint8, CPU); `device_ptr` is its UVA address;
-    registered in chunks of `segment_bytes` (a DMA must not span two)."""
+    registered in chunks of `segment_bytes` (a DMA must not span two). A buffer collected without `close` is
+    unpinned then: its memory goes back to the allocator, and a registration left on it would make the next
+    allocation placed there fail to pin (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)."""
 
     def __init__(
         self, nbytes: int, *, context: Any, chunk_bytes: int = SEGMENT_TARGET_BYTES, threads: int = 4, label: str = ""
@@ -44,6 +47,8 @@ class PinnedBuffer:
         self.tensor = raw[offset : offset + nbytes]
         self.host_ptr = self.tensor.data_ptr()
         self._chunks: list[int] = []
+        unpin = weakref.finalize(self, _unregister, context, self._chunks, label)
+        unpin.atexit = False  # the process is ending: its context goes with it
         self._register(chunk_bytes, threads, label)
         self.device_ptr = self.host_ptr
 
@@ -88,3 +93,13 @@ class PinnedBuffer:
             driver.set_current(self._context)
         while self._chunks:
             driver.host_unregister(self._chunks.pop())
+
+
+def _unregister(context: Any, chunks: list[int], label: str) -> None:
+    """A PinnedBuffer's finalizer: unpin the chunks `close` has not (none after a close)."""
+    if not chunks:
+        return
+    log.debug("unpinning the %s, collected without close", label or "pinned buffer")
+    driver.set_current(context)
+    while chunks:
+        driver.host_unregister(chunks.pop())

@@ -105,3 +105,63 @@ def test_a_copier_whose_warm_up_fails_frees_its_ring_and_stream(monkeypatch: pyt
                                 BlockArray(device.device_ptr, device.num_slots, 4096), ctas=4, slots=4, cap=16,
                                 idle_us=100)
     assert calls == ["stream", "ring"]
+
+
+class _Driver:
+    """driver.host_register / host_unregister / set_current, recorded, on a machine with no GPU."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from pulseio._cuda import driver
+
+        self.registered: list[int] = []
+        self.unregistered: list[int] = []
+        monkeypatch.setattr(driver, "host_register", self._register)
+        monkeypatch.setattr(driver, "host_unregister", self.unregistered.append)
+        monkeypatch.setattr(driver, "set_current", lambda context: None)
+
+    def _register(self, ptr: int, nbytes: int) -> int:
+        self.registered.append(ptr)
+        return ptr
+
+
+def test_a_pinned_buffer_collected_without_close_is_unpinned(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from pulseio._cuda.hostmem import PinnedBuffer
+
+    driver = _Driver(monkeypatch)
+    buffer = PinnedBuffer(3 << 12, context=None, chunk_bytes=1 << 12)
+    assert len(driver.registered) == 3 and driver.unregistered == []
+    del buffer
+    gc.collect()
+    assert sorted(driver.unregistered) == sorted(driver.registered), "every chunk unpinned before its memory is freed"
+
+
+def test_a_closed_pinned_buffer_is_unpinned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from pulseio._cuda.hostmem import PinnedBuffer
+
+    driver = _Driver(monkeypatch)
+    buffer = PinnedBuffer(2 << 12, context=None, chunk_bytes=1 << 12)
+    buffer.close()
+    assert sorted(driver.unregistered) == sorted(driver.registered)
+    del buffer
+    gc.collect()
+    assert len(driver.unregistered) == 2
+
+
+@pytest.mark.gpu
+def test_pinned_buffers_dropped_without_close_leave_their_memory_pinnable() -> None:
+    import gc
+
+    import pulseio
+
+    backend = pulseio.open_backend("cuda")
+    places = set()
+    for _ in range(6):  # the allocator hands the same memory back: pinning it again must not find it registered
+        buffer = backend.alloc_host(4 << 20, label="dropped buffer")
+        places.add(buffer.host_ptr)
+        del buffer
+        gc.collect()
+    assert len(places) < 6, "the test needs the allocator to place a buffer where a dropped one was"
