@@ -164,4 +164,5 @@ def test_pinned_buffers_dropped_without_close_leave_their_memory_pinnable() -> N
         places.add(buffer.host_ptr)
         del buffer
         gc.collect()
-    assert len(places) < 6, "the test needs the allocator to place a buffer where a dropped one was"
+    if len(places) == 6:
+        pytest.skip("the allocator never placed a buffer where a dropped one was: nothing was re-pinned")
