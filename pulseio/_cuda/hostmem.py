@@ -99,7 +99,8 @@ def _unregister(context: Any, chunks: list[int], label: str) -> None:
     """A PinnedBuffer's finalizer: unpin the chunks `close` has not (none after a close)."""
     if not chunks:
         return
-    log.debug("unpinning the %s, collected without close", label or "pinned buffer")
+    # a warning: its owner was dropped unclosed, and unpinning may wait for the device at whatever moment GC runs
+    log.warning("the %s was collected without close: unpinning it now", label or "pinned buffer")
     driver.set_current(context)
     while chunks:
         driver.host_unregister(chunks.pop())

@@ -124,17 +124,19 @@ class _Driver:
         return ptr
 
 
-def test_a_pinned_buffer_collected_without_close_is_unpinned(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_pinned_buffer_collected_without_close_is_unpinned(monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     import gc
 
     from pulseio._cuda.hostmem import PinnedBuffer
 
     driver = _Driver(monkeypatch)
-    buffer = PinnedBuffer(3 << 12, context=None, chunk_bytes=1 << 12)
+    buffer = PinnedBuffer(3 << 12, context=None, chunk_bytes=1 << 12, label="test pool")
     assert len(driver.registered) == 3 and driver.unregistered == []
     del buffer
     gc.collect()
     assert sorted(driver.unregistered) == sorted(driver.registered), "every chunk unpinned before its memory is freed"
+    assert "the test pool was collected without close" in caplog.text, "its owner's missing close is said"
 
 
 def test_a_closed_pinned_buffer_is_unpinned_once(monkeypatch: pytest.MonkeyPatch) -> None:
