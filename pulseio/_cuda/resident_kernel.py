@@ -336,7 +336,7 @@ def _resident_copy(host, pool, ids, mirror, ctrl, entries, done, dev, gen, idle_
 def _serve_copies(host, pool, ids, mirror, entries, done, dev, gen, heads, cta, ctas, state,
                   staged):  # pragma: no cover - runs on the GPU / simulator
     """Every thread of copy CTA `cta` of `ctas`: serve the tasks the leader forwards until the generation
-    exits; state: shared [9] int64; staged: shared [2, IDS_PER_ROUND] int64."""
+    exits; state: shared [STATE_WORDS] int64; staged: shared [2, IDS_PER_ROUND] int64."""
     t = cuda.threadIdx.x
     slots, cap = ids.shape[0], ids.shape[1] // 2
     rows, w = mirror.shape[0], mirror.shape[1] // 2
