@@ -47,7 +47,7 @@ class PinnedBuffer:
         self.tensor = raw[offset : offset + nbytes]
         self.host_ptr = self.tensor.data_ptr()
         self._chunks: list[int] = []
-        unpin = weakref.finalize(self, _unregister, context, self._chunks, label)
+        unpin = weakref.finalize(self, _unpin_collected, context, self._chunks, label)
         unpin.atexit = False  # the process is ending: its context goes with it
         self._register(chunk_bytes, threads, label)
         self.device_ptr = self.host_ptr
@@ -89,18 +89,19 @@ class PinnedBuffer:
 
     def close(self) -> None:
         """Unpin. The tensor stays valid as plain memory until it is garbage-collected."""
-        if self._chunks:
-            driver.set_current(self._context)
-        while self._chunks:
-            driver.host_unregister(self._chunks.pop())
+        _unpin(self._context, self._chunks)
 
 
-def _unregister(context: Any, chunks: list[int], label: str) -> None:
-    """A PinnedBuffer's finalizer: unpin the chunks `close` has not (none after a close)."""
-    if not chunks:
-        return
-    # a warning: its owner was dropped unclosed, and unpinning may wait for the device at whatever moment GC runs
-    log.warning("the %s was collected without close: unpinning it now", label or "pinned buffer")
-    driver.set_current(context)
+def _unpin(context: Any, chunks: list[int]) -> None:
+    """Unregister the pinned chunks left in `chunks`, emptying it."""
+    if chunks:
+        driver.set_current(context)
     while chunks:
         driver.host_unregister(chunks.pop())
+
+
+def _unpin_collected(context: Any, chunks: list[int], label: str) -> None:
+    """A PinnedBuffer's finalizer: unpin the chunks `close` has not (none after a close)."""
+    if chunks:  # a warning: its owner was dropped unclosed, and the unpin may wait for the device whenever GC runs
+        log.warning("the %s was collected without close: unpinning it now", label or "pinned buffer")
+        _unpin(context, chunks)
