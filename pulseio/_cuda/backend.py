@@ -111,7 +111,7 @@ class CudaRoutes:
         if self._bb % 8:
             raise PoolTooSmallError(f"the CUDA routes move blocks as 8-byte words; block_bytes={self._bb}")
         self._bind_thread()  # the launcher resolves its kernel in the current context
-        with contextlib.ExitStack() as built:  # a part that fails frees those built before it
+        with contextlib.ExitStack() as built:  # a part that fails frees those built before it, in reverse
             # the highest priority: under a GEMM, the scatter / zero-copy CTAs get SMs as soon as any free up
             self._own_stream = driver.OwnStream(self._device)
             built.callback(self._own_stream.destroy)
@@ -145,7 +145,8 @@ class CudaRoutes:
                 backend, self._host_array, self._pool_array, ctas=config.zero_copy_ctas, slots=_ID_BUFFERS,
                 cap=min(config.merge_blocks, MAX_TASK_BLOCKS), idle_us=config.resident_idle_us,
             )
-            built.pop_all()
+            built.callback(self._resident.close)
+            self._teardown = built.pop_all()  # what `close` frees: the same parts, in reverse
         self._routes = {
             Strategy.RESIDENT: self._route_resident, Strategy.ZERO_COPY: self._route_zero_copy,
             Strategy.BATCHED: self._route_batched, Strategy.GATHER_DMA: self._route_gather_dma,
@@ -216,10 +217,7 @@ class CudaRoutes:
 
     def close(self) -> None:
         self.stream.synchronize()
-        self._resident.close()
-        self._staging.close()
-        self._ids.close()
-        self._own_stream.destroy()
+        self._teardown.close()
 
     # -- routes --------------------------------------------------------------------------------
 
